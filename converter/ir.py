@@ -1,0 +1,174 @@
+"""The one internal model representation every step after import reads.
+
+A ``ModelIR`` is a config plus named tensors.  Tensor names and shapes (``[out, in]``
+for matrices, like ``torch.nn.Linear.weight``):
+
+    tok_embeddings            [vocab, dim]
+    layers.{i}.attn_norm      [dim]
+    layers.{i}.attn.wq        [n_heads * head_dim, dim]
+    layers.{i}.attn.wk        [n_kv_heads * head_dim, dim]
+    layers.{i}.attn.wv        [n_kv_heads * head_dim, dim]
+    layers.{i}.attn.wo        [dim, n_heads * head_dim]
+    layers.{i}.ffn_norm       [dim]
+    layers.{i}.ffn.w1         [hidden_dim, dim]      gate (SiLU branch)
+    layers.{i}.ffn.w2         [dim, hidden_dim]      down
+    layers.{i}.ffn.w3         [hidden_dim, dim]      up
+    norm                      [dim]
+    output                    [vocab, dim]           only when the head is untied
+
+RoPE rotates adjacent pairs (x[2i], x[2i+1]) of each head, as llama2.c does.
+A tensor value is fp32 ``np.ndarray`` or, for files that arrive quantized (llama2.c v2),
+a ``QTensor`` that the quantizer passes through unchanged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+FORMATS = ("f32", "q8", "q4")
+QMAX = {"q8": 127, "q4": 7}
+
+
+class ModelError(ValueError):
+    """A model file or model description that cannot be used; the message is for the user."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    vocab_size: int
+    hidden_dim: int
+    max_seq_len: int
+    tied: bool = True
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    def validate(self) -> None:
+        ints = dict(dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads,
+                    n_kv_heads=self.n_kv_heads, vocab_size=self.vocab_size,
+                    hidden_dim=self.hidden_dim, max_seq_len=self.max_seq_len)
+        for name, v in ints.items():
+            if not isinstance(v, (int, np.integer)) or v <= 0:
+                raise ModelError(f"config: {name} must be a positive integer, got {v!r}")
+        if self.dim % self.n_heads:
+            raise ModelError(f"config: dim {self.dim} is not a multiple of n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ModelError(f"config: n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ModelError(f"config: head_dim {self.head_dim} must be even for RoPE")
+        limits = dict(dim=1 << 16, hidden_dim=1 << 18, vocab_size=1 << 20,
+                      max_seq_len=1 << 16, n_layers=1 << 10, n_heads=1 << 10)
+        for name, lim in limits.items():
+            if ints[name] > lim:
+                raise ModelError(f"config: {name} {ints[name]} is implausibly large (limit {lim})")
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor a model of this config has, in canonical order."""
+        d, hd = self.dim, self.head_dim
+        shapes: dict[str, tuple[int, ...]] = {"tok_embeddings": (self.vocab_size, d)}
+        for i in range(self.n_layers):
+            p = f"layers.{i}."
+            shapes[p + "attn_norm"] = (d,)
+            shapes[p + "attn.wq"] = (self.n_heads * hd, d)
+            shapes[p + "attn.wk"] = (self.kv_dim, d)
+            shapes[p + "attn.wv"] = (self.kv_dim, d)
+            shapes[p + "attn.wo"] = (d, self.n_heads * hd)
+            shapes[p + "ffn_norm"] = (d,)
+            shapes[p + "ffn.w1"] = (self.hidden_dim, d)
+            shapes[p + "ffn.w2"] = (d, self.hidden_dim)
+            shapes[p + "ffn.w3"] = (self.hidden_dim, d)
+        shapes["norm"] = (d,)
+        if not self.tied:
+            shapes["output"] = (self.vocab_size, d)
+        return shapes
+
+    def n_params(self) -> int:
+        return int(sum(np.prod(s) for s in self.tensor_shapes().values()))
+
+
+@dataclass
+class QTensor:
+    """Symmetric group-wise quantized matrix: ``w[r, c] ~= codes[r, c] * scales[r, c // group_size]``.
+
+    Groups run along a row; the last group of a row is ragged when ``cols % group_size``.
+    ``codes`` is int8 in [-qmax, qmax] (int4 codes are stored unpacked here; packing is the blob's job).
+    """
+    fmt: str
+    codes: np.ndarray       # int8 [rows, cols]
+    scales: np.ndarray      # float32 [rows, n_groups]
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)  # type: ignore[return-value]
+
+    @property
+    def n_groups(self) -> int:
+        return -(-self.codes.shape[1] // self.group_size)
+
+    def dequantize(self) -> np.ndarray:
+        g = np.arange(self.codes.shape[1]) // self.group_size
+        return (self.codes.astype(np.float32) * self.scales[:, g]).astype(np.float32)
+
+
+@dataclass
+class Tokenizer:
+    """Token pieces as the raw bytes they decode to, plus what the host needs to encode text.
+
+    ``kind`` is ``"llama2c"`` (score-driven pair merging over ``pieces``, as llama2.c's
+    tokenizer.bin) or ``"bpe"`` (a ``tokenizers`` ByteLevel BPE whose JSON is ``hf_json``).
+    """
+    pieces: list[bytes]
+    scores: list[float]
+    kind: str = "llama2c"
+    bos_id: int | None = None
+    eos_id: int | None = None
+    hf_json: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+
+@dataclass
+class ModelIR:
+    config: ModelConfig
+    tensors: dict[str, np.ndarray | QTensor]
+    tokenizer: Tokenizer | None = None
+    # RoPE tables [max_seq_len, head_dim // 2] when the source file carries them (llama2.c v0);
+    # otherwise the quantizer computes them from the config.
+    rope_cos: np.ndarray | None = None
+    rope_sin: np.ndarray | None = None
+    source: str = ""
+    meta: dict = field(default_factory=dict)
+
+    def validate(self) -> None:
+        self.config.validate()
+        want = self.config.tensor_shapes()
+        missing = [n for n in want if n not in self.tensors]
+        if missing:
+            raise ModelError(f"model is missing tensors: {', '.join(missing[:4])}"
+                             + (" ..." if len(missing) > 4 else ""))
+        extra = [n for n in self.tensors if n not in want]
+        if extra:
+            raise ModelError(f"model has unexpected tensors: {', '.join(extra[:4])}")
+        for name, shape in want.items():
+            t = self.tensors[name]
+            if tuple(t.shape) != shape:
+                raise ModelError(f"tensor {name}: shape {tuple(t.shape)}, expected {shape}")
+            if isinstance(t, np.ndarray) and not np.all(np.isfinite(t)):
+                raise ModelError(f"tensor {name} holds NaN or infinite values")
+        if self.tokenizer is not None and len(self.tokenizer) != self.config.vocab_size:
+            raise ModelError(f"tokenizer has {len(self.tokenizer)} pieces but the model's vocab is "
+                             f"{self.config.vocab_size}")
