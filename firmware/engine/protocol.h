@@ -43,7 +43,10 @@ void flm_tx_end(flm_tx *t);
 
 /* Receiver: feed bytes one at a time; returns 1 when a valid frame is ready in type/seq/payload.
  * Bytes are collected until a 0x00 delimiter; oversize, COBS-invalid or CRC-failing frames are
- * counted in bad_frames and dropped. The caller owns buf (the raw frame bytes, pre-COBS-decode). */
+ * counted in bad_frames and dropped. The caller owns buf (the raw frame bytes, pre-COBS-decode).
+ * Decoding is in place: payload points into buf and is valid until the next flm_rx_feed call.
+ * Empty frames (repeated delimiters) are ignored and not counted. cap bounds the COBS-encoded
+ * frame: a frame of L bytes needs cap >= L + L/254 + 1. */
 typedef struct {
     uint8_t *buf;
     size_t cap;
@@ -61,6 +64,7 @@ void flm_rx_init(flm_rx *r, uint8_t *buf, size_t cap);
 int flm_rx_feed(flm_rx *r, uint8_t byte);
 
 /* Little-endian field readers for payload parsing; bounds are the caller's job. */
+uint16_t flm_get_u16(const uint8_t *p);
 uint32_t flm_get_u32(const uint8_t *p);
 uint64_t flm_get_u64(const uint8_t *p);
 float flm_get_f32(const uint8_t *p);

@@ -1,0 +1,315 @@
+"""The weights blob (flash image), format version 1 — layout in docs/formats.md section 1.
+
+The C reader (firmware/engine/blob.c) validates the same fields; ``read_blob`` turns a blob
+back into the QuantModel it encodes, so tests run the reference on exactly the bytes the
+firmware reads.
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .ir import ModelConfig, ModelError, QTensor, Tokenizer
+from .quantize import QuantModel
+
+MAGIC = b"FLMB"
+VERSION = 1
+HEADER_SIZE = 112
+ENTRY_SIZE = 64
+ALIGN = 64
+FMT_CODE = {"f32": 0, "q8": 1, "q4": 2, "bytes": 3}
+FMT_NAME = {v: k for k, v in FMT_CODE.items()}
+TIER_CODE = {"flash": 0, "psram": 1, "sram": 2}
+TIER_NAME = {v: k for k, v in TIER_CODE.items()}
+NONE_ID = 0xFFFFFFFF
+CONFIG_FMT = "<10I2f4I"        # 64-byte config block at offset 48
+ENTRY_FMT = "<32s8I"
+
+
+class BlobError(ModelError):
+    pass
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    path: Path
+    size: int
+    model_hash: bytes
+    layout_id: int
+    crc: int
+
+
+@dataclass
+class Entry:
+    name: str
+    fmt: str
+    rows: int
+    cols: int
+    group_size: int
+    tier: str
+    offset: int
+    length: int
+    row_stride: int
+
+
+def _pad4(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def group_lengths(cols: int, g: int) -> list[int]:
+    ng = -(-cols // g)
+    return [g] * (ng - 1) + [cols - (ng - 1) * g]
+
+
+def block_bytes(fmt: str, n: int) -> int:
+    return 4 + _pad4(n if fmt == "q8" else (n + 1) // 2)
+
+
+def row_stride(fmt: str, cols: int, g: int) -> int:
+    return sum(block_bytes(fmt, n) for n in group_lengths(cols, g))
+
+
+def encode_qtensor(q: QTensor) -> bytes:
+    """Rows of blocks: f32 scale, then the group's codes (int8, or int4 nibble pairs), padded to 4."""
+    rows, cols = q.shape
+    parts = []
+    start = 0
+    for gi, n in enumerate(group_lengths(cols, q.group_size)):
+        codes = q.codes[:, start:start + n].astype(np.int8)
+        if q.fmt == "q8":
+            body = codes.view(np.uint8)
+        else:
+            nib = (codes.astype(np.int16) & 0xF).astype(np.uint8)
+            if n % 2:
+                nib = np.concatenate([nib, np.zeros((rows, 1), np.uint8)], axis=1)
+            body = nib[:, 0::2] | (nib[:, 1::2] << 4)
+        pad = _pad4(body.shape[1]) - body.shape[1]
+        block = np.concatenate([q.scales[:, gi:gi + 1].astype("<f4").view(np.uint8), body,
+                                np.zeros((rows, pad), np.uint8)], axis=1)
+        parts.append(block)
+        start += n
+    return np.ascontiguousarray(np.concatenate(parts, axis=1)).tobytes()
+
+
+def decode_qtensor(buf: bytes, fmt: str, rows: int, cols: int, g: int) -> QTensor:
+    stride = row_stride(fmt, cols, g)
+    raw = np.frombuffer(buf, np.uint8, rows * stride).reshape(rows, stride)
+    lens = group_lengths(cols, g)
+    codes = np.zeros((rows, cols), np.int8)
+    scales = np.zeros((rows, len(lens)), np.float32)
+    off = start = 0
+    for gi, n in enumerate(lens):
+        scales[:, gi] = raw[:, off:off + 4].copy().view("<f4")[:, 0]
+        body = raw[:, off + 4:off + block_bytes(fmt, n)]
+        if fmt == "q8":
+            codes[:, start:start + n] = body[:, :n].view(np.int8)
+        else:
+            nib = np.stack([body & 0xF, body >> 4], axis=2).reshape(rows, -1)[:, :n].astype(np.int8)
+            codes[:, start:start + n] = np.where(nib > 7, nib - 16, nib)
+        off += block_bytes(fmt, n)
+        start += n
+    return QTensor(fmt, codes, scales, g)
+
+
+def encode_tokenizer(tok: Tokenizer | None, vocab: int) -> bytes:
+    pieces = tok.pieces if tok is not None else [f"<{i}>".encode() for i in range(vocab)]
+    offs = np.zeros(len(pieces) + 1, "<u4")
+    offs[1:] = np.cumsum([len(p) for p in pieces])
+    maxlen = max((len(p) for p in pieces), default=0)
+    return struct.pack("<2I", len(pieces), maxlen) + offs.tobytes() + b"".join(pieces)
+
+
+def decode_tokenizer(buf: bytes) -> list[bytes]:
+    if len(buf) < 8:
+        raise BlobError("tokenizer section too short")
+    n, _ = struct.unpack_from("<2I", buf)
+    if 8 + 4 * (n + 1) > len(buf):
+        raise BlobError("tokenizer section truncated")
+    offs = np.frombuffer(buf, "<u4", n + 1, 8)
+    base = 8 + 4 * (n + 1)
+    if np.any(np.diff(offs.astype(np.int64)) < 0) or offs[0] != 0 or base + int(offs[-1]) > len(buf):
+        raise BlobError("tokenizer section has bad offsets")
+    return [bytes(buf[base + offs[i]:base + offs[i + 1]]) for i in range(n)]
+
+
+def _sections(qm: QuantModel) -> list[tuple[str, str, int, int, int, bytes]]:
+    """(name, fmt, rows, cols, group, data) in blob order: tokenizer, RoPE tables, tensors."""
+    c = qm.config
+    tok = encode_tokenizer(qm.tokenizer, c.vocab_size)
+    out = [("tokenizer", "bytes", 1, len(tok), 0, tok)]
+    for name, t in (("rope.cos", qm.rope_cos), ("rope.sin", qm.rope_sin)):
+        a = np.ascontiguousarray(t, "<f4")
+        out.append((name, "f32", a.shape[0], a.shape[1], 0, a.tobytes()))
+    for name in c.tensor_shapes():
+        t = qm.tensors[name]
+        if isinstance(t, QTensor):
+            out.append((name, t.fmt, t.shape[0], t.shape[1], t.group_size, encode_qtensor(t)))
+        else:
+            a = np.ascontiguousarray(t, "<f4").reshape(1, -1)
+            out.append((name, "f32", 1, a.shape[1], 0, a.tobytes()))
+    return out
+
+
+def config_block(c: ModelConfig, tok: Tokenizer | None) -> bytes:
+    bos = tok.bos_id if tok is not None and tok.bos_id is not None else NONE_ID
+    eos = tok.eos_id if tok is not None and tok.eos_id is not None else NONE_ID
+    return struct.pack(CONFIG_FMT, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.hidden_dim,
+                       c.vocab_size, c.max_seq_len, 1 if c.tied else 0, bos, eos,
+                       c.norm_eps, c.rope_theta, 0, 0, 0, 0)
+
+
+def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None) -> bytes:
+    """Serialize; ``tiers`` maps tensor name -> tier (default: everything read from flash)."""
+    tiers = tiers or {}
+    secs = _sections(qm)
+    if any(len(s[0]) > 31 for s in secs):
+        raise BlobError("a tensor name is longer than 31 bytes")
+    table_off = HEADER_SIZE
+    off = -(-(table_off + ENTRY_SIZE * len(secs)) // ALIGN) * ALIGN
+    entries, body = [], bytearray()
+    hasher = hashlib.sha256(config_block(qm.config, qm.tokenizer))
+    tier_codes = []
+    for name, fmt, rows, cols, g, data in secs:
+        tier = TIER_CODE[tiers.get(name, "flash")]
+        tier_codes.append(tier)
+        stride = row_stride(fmt, cols, g) if fmt in ("q8", "q4") else (cols * 4 if fmt == "f32" else cols)
+        entries.append(struct.pack(ENTRY_FMT, name.encode(), FMT_CODE[fmt], rows, cols, g, tier,
+                                   off, len(data), stride))
+        hasher.update(struct.pack("<32s4I", name.encode(), FMT_CODE[fmt], rows, cols, g) + data)
+        pad = -(-len(data) // ALIGN) * ALIGN - len(data)
+        body += data + bytes(pad)
+        off += len(data) + pad
+    table = b"".join(entries)
+    data_start = -(-(table_off + len(table)) // ALIGN) * ALIGN
+    total = data_start + len(body)
+    layout_id = zlib.crc32(bytes(tier_codes))
+    head = bytearray(MAGIC + struct.pack("<3I", VERSION, total, 0) + hasher.digest()[:16]
+                     + struct.pack("<4I", layout_id, len(secs), table_off, 0)
+                     + config_block(qm.config, qm.tokenizer))
+    assert len(head) == HEADER_SIZE
+    blob = head + table + bytes(data_start - table_off - len(table)) + body
+    struct.pack_into("<I", blob, 12, zlib.crc32(memoryview(blob)[16:]))
+    return bytes(blob)
+
+
+def write_blob(qm: QuantModel, path, tiers: dict[str, str] | None = None) -> BlobInfo:
+    path = Path(path)
+    blob = build_blob(qm, tiers)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(blob)
+    tmp.replace(path)
+    h = parse_header(blob, str(path))
+    return BlobInfo(path, len(blob), h.model_hash, h.layout_id, h.crc)
+
+
+@dataclass
+class BlobHeader:
+    version: int
+    total_size: int
+    crc: int
+    model_hash: bytes
+    layout_id: int
+    config: ModelConfig
+    bos_id: int | None
+    eos_id: int | None
+    entries: list[Entry]
+
+
+def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> BlobHeader:
+    """Validate magic, version, size, CRC and the tensor table's bounds (the same checks as the C reader)."""
+    if len(blob) < HEADER_SIZE:
+        raise BlobError(f"{what}: {len(blob)} bytes is too short for a flashlm blob header")
+    if blob[:4] != MAGIC:
+        raise BlobError(f"{what}: not a flashlm blob (magic {blob[:4]!r}, expected {MAGIC!r})")
+    version, total, crc = struct.unpack_from("<3I", blob, 4)
+    if version != VERSION:
+        raise BlobError(f"{what}: blob format version {version}, this tool reads version {VERSION}")
+    if total != len(blob):
+        raise BlobError(f"{what}: truncated or padded: header says {total} bytes, file has {len(blob)}")
+    if check_crc and zlib.crc32(memoryview(blob)[16:]) != crc:
+        raise BlobError(f"{what}: CRC mismatch: the image is corrupted")
+    mhash = bytes(blob[16:32])
+    layout_id, n, table_off, _ = struct.unpack_from("<4I", blob, 32)
+    v = struct.unpack_from(CONFIG_FMT, blob, 48)
+    try:
+        cfg = ModelConfig(dim=v[0], n_layers=v[1], n_heads=v[2], n_kv_heads=v[3], hidden_dim=v[4],
+                          vocab_size=v[5], max_seq_len=v[6], tied=bool(v[7] & 1),
+                          norm_eps=float(v[10]), rope_theta=float(v[11]))
+        cfg.validate()
+    except (ModelError, ZeroDivisionError) as e:
+        raise BlobError(f"{what}: bad model config in header: {e}") from None
+    if table_off + n * ENTRY_SIZE > total or n > 100000:
+        raise BlobError(f"{what}: tensor table out of bounds")
+    entries = []
+    for i in range(n):
+        raw = struct.unpack_from(ENTRY_FMT, blob, table_off + i * ENTRY_SIZE)
+        name = raw[0].split(b"\0", 1)[0].decode("ascii", "replace")
+        fmt, rows, cols, g, tier, off, length, stride = raw[1:]
+        if fmt not in FMT_NAME or tier not in TIER_NAME:
+            raise BlobError(f"{what}: tensor {name}: unknown format {fmt} or tier {tier}")
+        if off % ALIGN or off + length > total or off < table_off + n * ENTRY_SIZE:
+            raise BlobError(f"{what}: tensor {name}: data out of bounds")
+        fname = FMT_NAME[fmt]
+        if fname in ("q8", "q4"):
+            if not 1 <= g <= 1024 or stride != row_stride(fname, cols, g) or length != rows * stride:
+                raise BlobError(f"{what}: tensor {name}: inconsistent quantized layout")
+        elif fname == "f32" and length != rows * cols * 4:
+            raise BlobError(f"{what}: tensor {name}: length {length} != {rows}x{cols} f32")
+        entries.append(Entry(name, fname, rows, cols, g, TIER_NAME[tier], off, length, stride))
+    return BlobHeader(version, total, crc, mhash, layout_id, cfg,
+                      None if v[8] == NONE_ID else v[8], None if v[9] == NONE_ID else v[9], entries)
+
+
+def read_header(path) -> BlobHeader:
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise BlobError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise BlobError(f"{path}: is a directory, expected a .flmb blob") from None
+    return parse_header(data, str(path))
+
+
+def read_blob(path_or_bytes) -> QuantModel:
+    """Decode a blob back into the QuantModel it holds (checks everything parse_header checks)."""
+    if isinstance(path_or_bytes, (bytes, bytearray)):
+        blob, what = bytes(path_or_bytes), "blob"
+    else:
+        blob, what = Path(path_or_bytes).read_bytes(), str(path_or_bytes)
+    h = parse_header(blob, what)
+    c = h.config
+    by = {e.name: e for e in h.entries}
+    want = set(c.tensor_shapes()) | {"tokenizer", "rope.cos", "rope.sin"}
+    missing = want - set(by)
+    if missing:
+        raise BlobError(f"{what}: missing tensors: {', '.join(sorted(missing)[:3])}")
+    tensors: dict = {}
+    for name, shape in c.tensor_shapes().items():
+        e = by[name]
+        buf = blob[e.offset:e.offset + e.length]
+        if e.fmt in ("q8", "q4"):
+            if (e.rows, e.cols) != shape:
+                raise BlobError(f"{what}: tensor {name}: shape {(e.rows, e.cols)}, expected {shape}")
+            tensors[name] = decode_qtensor(buf, e.fmt, e.rows, e.cols, e.group_size)
+        else:
+            if e.fmt != "f32" or e.rows * e.cols != int(np.prod(shape)):
+                raise BlobError(f"{what}: tensor {name}: bad format or size")
+            tensors[name] = np.frombuffer(buf, "<f4").reshape(shape).astype(np.float32)
+    rope = {}
+    for name in ("rope.cos", "rope.sin"):
+        e = by[name]
+        if e.fmt != "f32" or (e.rows, e.cols) != (c.max_seq_len, c.head_dim // 2):
+            raise BlobError(f"{what}: {name} has the wrong shape")
+        rope[name] = np.frombuffer(blob, "<f4", e.rows * e.cols, e.offset).reshape(e.rows, e.cols).copy()
+    e = by["tokenizer"]
+    pieces = decode_tokenizer(blob[e.offset:e.offset + e.length])
+    if len(pieces) != c.vocab_size:
+        raise BlobError(f"{what}: tokenizer has {len(pieces)} pieces, vocab is {c.vocab_size}")
+    tok = Tokenizer(pieces, [0.0] * len(pieces), kind="blob", bos_id=h.bos_id, eos_id=h.eos_id)
+    return QuantModel(c, tensors, rope["rope.cos"], rope["rope.sin"], tok, source=what)

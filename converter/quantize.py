@@ -1,0 +1,166 @@
+"""Symmetric group-wise int8/int4 weight quantization with a per-tensor recipe.
+
+Recipe: every matrix gets the default format and group size; the token embedding and an untied
+output head stay q8 when the default is q4 (they are the tensors whose error reaches the logits
+directly); norms stay f32.  Overrides ``PATTERN=FMT[:GROUP]`` (fnmatch on tensor names; a pattern
+also matches everything below it, so ``layers.*.ffn=q4`` covers ``layers.3.ffn.w1``) win, last
+one first.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .ir import FORMATS, QMAX, ModelConfig, ModelError, ModelIR, QTensor, Tokenizer
+
+MAX_GROUP = 1024   # keeps every int32 group sum below 2**24, so its float conversion is exact
+
+
+@dataclass
+class QuantModel:
+    config: ModelConfig
+    tensors: dict[str, QTensor | np.ndarray]
+    rope_cos: np.ndarray
+    rope_sin: np.ndarray
+    tokenizer: Tokenizer | None
+    recipe: dict[str, str] = field(default_factory=dict)   # name -> "q8:32" / "f32"
+    source: str = ""
+
+    def head(self) -> QTensor:
+        return self.tensors["tok_embeddings" if self.config.tied else "output"]  # type: ignore
+
+
+@dataclass(frozen=True)
+class Override:
+    pattern: str
+    fmt: str
+    group_size: int | None
+
+    def matches(self, name: str) -> bool:
+        return fnmatch.fnmatchcase(name, self.pattern) or fnmatch.fnmatchcase(name, self.pattern + ".*")
+
+
+def parse_overrides(items) -> list[Override]:
+    out = []
+    for item in items or ():
+        pat, sep, spec = item.partition("=")
+        fmt, _, gs = spec.partition(":")
+        if not sep or not pat or fmt not in ("q8", "q4"):
+            raise ModelError(f"bad --quant {item!r}: expected PATTERN=q8|q4[:GROUP], e.g. 'layers.*.ffn=q4:32'")
+        try:
+            g = int(gs) if gs else None
+        except ValueError:
+            raise ModelError(f"bad --quant {item!r}: group size {gs!r} is not an integer") from None
+        if g is not None:
+            check_group_size(g)
+        out.append(Override(pat, fmt, g))
+    return out
+
+
+def check_group_size(g: int) -> None:
+    if not 1 <= g <= MAX_GROUP:
+        raise ModelError(f"group size {g} out of range 1..{MAX_GROUP}")
+
+
+def rope_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [max_seq_len, head_dim/2]: float64 angles rounded once to float32."""
+    hd = cfg.head_dim
+    inv = cfg.rope_theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    ang = np.arange(cfg.max_seq_len, dtype=np.float64)[:, None] * inv[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def quantize_matrix(w: np.ndarray, fmt: str, group_size: int) -> QTensor:
+    """Per row, per group of ``group_size`` columns: scale = max|w| / qmax, code = round(w / scale)."""
+    rows, cols = w.shape
+    ng = -(-cols // group_size)
+    wp = np.zeros((rows, ng * group_size), np.float32)
+    wp[:, :cols] = w
+    wg = wp.reshape(rows, ng, group_size)
+    amax = np.abs(wg).max(axis=2)
+    scales = (amax / np.float32(QMAX[fmt])).astype(np.float32)
+    safe = np.where(scales > 0, scales, np.float32(1))
+    codes = np.rint(wg / safe[:, :, None])
+    codes = np.clip(codes, -QMAX[fmt], QMAX[fmt]).astype(np.int8)
+    codes[scales == 0] = 0
+    return QTensor(fmt, codes.reshape(rows, ng * group_size)[:, :cols].copy(), scales, group_size)
+
+
+def default_spec(name: str, default_format: str, group_size: int) -> tuple[str, int]:
+    if name in ("tok_embeddings", "output") and default_format == "q4":
+        return "q8", group_size
+    return default_format, group_size
+
+
+def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, overrides=()) -> QuantModel:
+    if default_format not in ("q8", "q4"):
+        raise ModelError(f"format must be q8 or q4, got {default_format!r}")
+    check_group_size(group_size)
+    ovs = overrides if overrides and isinstance(overrides[0], Override) else parse_overrides(overrides)
+    ir.validate()
+    cfg = ir.config
+    unused = [o.pattern for o in ovs if not any(o.matches(n) for n in ir.tensors)]
+    if unused:
+        raise ModelError(f"--quant pattern {unused[0]!r} matches no tensor (names look like "
+                         f"'layers.0.ffn.w1', 'tok_embeddings', 'output')")
+    tensors: dict[str, QTensor | np.ndarray] = {}
+    recipe: dict[str, str] = {}
+    for name, t in ir.tensors.items():
+        if t.ndim == 1:
+            tensors[name] = np.asarray(t, np.float32)
+            recipe[name] = "f32"
+            continue
+        fmt, g = default_spec(name, default_format, group_size)
+        if isinstance(t, QTensor) and not ovs:
+            fmt, g = t.fmt, t.group_size      # arrived quantized: keep it unless told otherwise
+        for o in reversed(ovs):
+            if o.matches(name):
+                fmt, g = o.fmt, (o.group_size or g)
+                break
+        if isinstance(t, QTensor) and (t.fmt, t.group_size) == (fmt, g):
+            tensors[name] = t
+        else:
+            w = t.dequantize() if isinstance(t, QTensor) else np.asarray(t, np.float32)
+            tensors[name] = quantize_matrix(w, fmt, g)
+        recipe[name] = f"{fmt}:{g}"
+    if ir.rope_cos is not None and ir.rope_sin is not None:
+        cos, sin = np.asarray(ir.rope_cos, np.float32), np.asarray(ir.rope_sin, np.float32)
+    else:
+        cos, sin = rope_tables(cfg)
+    return QuantModel(cfg, tensors, cos, sin, ir.tokenizer, recipe, ir.source)
+
+
+def quality_report(ir: ModelIR, qm: QuantModel, positions: int = 48, tokens=None, seed: int = 0) -> dict:
+    """Per-tensor weight error, and on a sample of positions the logits' top-1 agreement and
+    KL(fp32 || quantized), both models fed the same token sequence."""
+    from .reference import Fp32Model, Reference
+
+    rows = []
+    for name, q in qm.tensors.items():
+        if not isinstance(q, QTensor):
+            continue
+        src = ir.tensors[name]
+        w = src.dequantize() if isinstance(src, QTensor) else np.asarray(src, np.float32)
+        err = q.dequantize().astype(np.float64) - w
+        denom = float(np.sqrt(np.mean(w.astype(np.float64) ** 2))) or 1.0
+        rows.append(dict(name=name, format=q.fmt, group_size=q.group_size,
+                         rel_rmse=float(np.sqrt(np.mean(err ** 2)) / denom),
+                         max_abs_err=float(np.abs(err).max())))
+    n = min(positions, qm.config.max_seq_len)
+    if tokens is None:
+        tokens = np.random.default_rng(seed).integers(0, qm.config.vocab_size, n).tolist()
+    tokens = list(tokens)[:n]
+    ref, fp = Reference(qm), Fp32Model(ir, qm.rope_cos, qm.rope_sin)
+    agree, kls = 0, []
+    for pos, tok in enumerate(tokens):
+        lq = ref.forward(tok, pos).astype(np.float64)
+        lf = fp.forward(tok, pos).astype(np.float64)
+        agree += int(np.argmax(lq) == np.argmax(lf))
+        pf = np.exp(lf - lf.max()); pf /= pf.sum()
+        lpq = lq - lq.max() - np.log(np.exp(lq - lq.max()).sum())
+        lpf = np.log(np.maximum(pf, 1e-300))
+        kls.append(float(np.sum(pf * (lpf - lpq))))
+    return dict(tensors=rows, positions=len(tokens), top1_agreement=agree / max(len(tokens), 1),
+                kl_mean=float(np.mean(kls)) if kls else 0.0)

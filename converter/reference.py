@@ -1,0 +1,277 @@
+"""The NumPy reference forward pass: the specification the C engine reproduces bit for bit.
+
+Every float is IEEE binary32 and every operation has one order (the C engine in
+firmware/engine/ does the same operations in the same order):
+
+* sequential sums are left folds that start from the first term: ((t0 + t1) + t2) + ...
+  (``np.add.accumulate`` is such a fold; ``np.sum`` is not and is never used on floats here);
+* activation quantization, per group of the matrix's group size:
+  ``amax = max|x|``; if 0 all codes and the scale are 0, else ``scale = amax / 127``,
+  ``inv = 127 / amax``, ``v = x * inv``, ``code = trunc(v + (v >= 0 ? 0.5 : -0.5))`` clipped to ±127;
+* matmul row r: ``isum_g = sum_k wcode * xcode`` (int32, exact),
+  ``term_g = float(isum_g) * (wscale_rg * xscale_g)``, ``y_r = fold(term_g)``;
+* RMSNorm: ``ss = fold(x*x) / n + eps``, ``inv = 1 / sqrt(ss)`` (IEEE sqrt), ``y = (x * inv) * w``;
+* RoPE with converter-written tables: ``(a*c - b*s, a*s + b*c)`` on pairs (2i, 2i+1);
+* attention: ``s_t = fold(q*k_t) * (1/sqrt(head_dim))``, softmax ``e = exp(s - max)``,
+  ``a = e * (1 / fold(e))``, ``out = fold_t(a_t * v_t)``;
+* ``exp`` is ``fexp`` below (range reduction + degree-6 polynomial, no libm), SiLU is
+  ``x / (1 + fexp(-x))``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .ir import ModelIR, QTensor
+from .quantize import QuantModel
+
+F = np.float32
+NO_TOKEN = 0xFFFFFFFF
+
+# fexp constants (binary32): ln2 split so k*LN2_HI is exact for |k| < 2**8
+LOG2E = F(1.44269504088896341)
+LN2_HI = F(0.693145751953125)
+LN2_LO = F(1.42860682030941723e-6)
+EXP_C = [F(1.0 / 720.0), F(1.0 / 120.0), F(1.0 / 24.0), F(1.0 / 6.0), F(0.5), F(1.0), F(1.0)]
+EXP_LO, EXP_HI = F(-86.0), F(88.0)
+
+
+def round_half_away(v: np.ndarray) -> np.ndarray:
+    return (v + np.where(v >= 0, F(0.5), F(-0.5)).astype(F)).astype(np.int32)
+
+
+def fexp(x) -> np.ndarray:
+    x = np.asarray(x, F)
+    xc = np.clip(x, EXP_LO, EXP_HI)
+    k = round_half_away(xc * LOG2E)
+    kf = k.astype(F)
+    r = (xc - kf * LN2_HI) - kf * LN2_LO
+    p = np.full_like(r, EXP_C[0])
+    for c in EXP_C[1:]:
+        p = p * r + c
+    scale = ((k + 127).astype(np.uint32) << np.uint32(23)).view(F)
+    y = p * scale
+    y = np.where(x < EXP_LO, F(0.0), y)
+    return np.where(x > EXP_HI, F(np.inf), y).astype(F)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return (x / (F(1.0) + fexp(-x))).astype(F)
+
+
+def fold(a: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Sequential left-fold sum along ``axis`` (the engine's loop order)."""
+    return np.take(np.add.accumulate(a, axis=axis, dtype=F), -1, axis=axis)
+
+
+def quantize_activation(x: np.ndarray, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """-> codes int32 [n_groups, group_size] (zero-padded), scales f32 [n_groups]."""
+    n = x.shape[0]
+    ng = -(-n // group_size)
+    xp = np.zeros(ng * group_size, F)
+    xp[:n] = x
+    xp = xp.reshape(ng, group_size)
+    amax = np.abs(xp).max(axis=1)
+    nz = amax > 0
+    safe = np.where(nz, amax, F(1.0))
+    scale = np.where(nz, safe / F(127.0), F(0.0)).astype(F)
+    inv = (F(127.0) / safe).astype(F)
+    v = xp * inv[:, None]
+    codes = np.clip(round_half_away(v), -127, 127)
+    codes[~nz] = 0
+    return codes, scale
+
+
+class PackedMatrix:
+    """A QTensor with codes padded to whole groups, as int32, ready for exact integer dots."""
+
+    def __init__(self, q: QTensor):
+        rows, cols = q.shape
+        self.q, self.group_size, self.rows, self.cols = q, q.group_size, rows, cols
+        ng = q.n_groups
+        c = np.zeros((rows, ng * q.group_size), np.int32)
+        c[:, :cols] = q.codes
+        self.codes = c.reshape(rows, ng, q.group_size)
+        self.scales = q.scales.astype(F)
+
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        xq, xs = quantize_activation(x, self.group_size)
+        isum = np.einsum("rgk,gk->rg", self.codes, xq, dtype=np.int64).astype(np.int32)
+        terms = isum.astype(F) * (self.scales * xs[None, :])
+        return fold(terms, axis=1)
+
+    def row(self, r: int) -> np.ndarray:
+        g = np.arange(self.cols) // self.group_size
+        return self.q.codes[r].astype(F) * self.scales[r, g]
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: np.float32) -> np.ndarray:
+    ss = fold(x * x) / F(x.shape[0]) + eps
+    inv = F(1.0) / np.sqrt(F(ss))
+    return ((x * inv) * w).astype(F)
+
+
+def rope(v: np.ndarray, n_heads: int, hd: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    v = v.reshape(n_heads, hd // 2, 2)
+    a, b = v[:, :, 0], v[:, :, 1]
+    out = np.empty_like(v)
+    out[:, :, 0] = a * cos - b * sin
+    out[:, :, 1] = a * sin + b * cos
+    return out.reshape(-1)
+
+
+def attend(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, n_heads: int, n_kv: int, hd: int,
+           scale: np.float32, exp=fexp) -> np.ndarray:
+    """q [n_heads*hd], kc/vc [T, n_kv, hd] -> [n_heads*hd]"""
+    rep = n_heads // n_kv
+    out = np.empty(n_heads * hd, F)
+    for h in range(n_heads):
+        kh = h // rep
+        qh = q[h * hd:(h + 1) * hd]
+        s = fold(qh[None, :] * kc[:, kh, :], axis=1) * scale
+        e = exp(s - s.max())
+        a = e * (F(1.0) / fold(e))
+        out[h * hd:(h + 1) * hd] = fold(a[:, None] * vc[:, kh, :], axis=0)
+    return out
+
+
+class Reference:
+    """Quantized forward pass, one token at a time, with its own fp32 KV cache."""
+
+    def __init__(self, qm: QuantModel):
+        c = self.cfg = qm.config
+        self.qm = qm
+        self.mats = {n: PackedMatrix(t) for n, t in qm.tensors.items() if isinstance(t, QTensor)}
+        self.vecs = {n: np.asarray(t, F) for n, t in qm.tensors.items() if not isinstance(t, QTensor)}
+        self.head = self.mats["tok_embeddings" if c.tied else "output"]
+        self.eps = F(c.norm_eps)
+        self.att_scale = F(1.0) / np.sqrt(F(c.head_dim))
+        self.kc = np.zeros((c.n_layers, c.max_seq_len, c.n_kv_heads, c.head_dim), F)
+        self.vc = np.zeros_like(self.kc)
+
+    def forward(self, token: int, pos: int) -> np.ndarray:
+        c, m, v = self.cfg, self.mats, self.vecs
+        hd = c.head_dim
+        cos, sin = self.qm.rope_cos[pos], self.qm.rope_sin[pos]
+        x = m["tok_embeddings"].row(token)
+        for i in range(c.n_layers):
+            p = f"layers.{i}."
+            xb = rmsnorm(x, v[p + "attn_norm"], self.eps)
+            q = rope(m[p + "attn.wq"].matvec(xb), c.n_heads, hd, cos, sin)
+            k = rope(m[p + "attn.wk"].matvec(xb), c.n_kv_heads, hd, cos, sin)
+            self.kc[i, pos] = k.reshape(c.n_kv_heads, hd)
+            self.vc[i, pos] = m[p + "attn.wv"].matvec(xb).reshape(c.n_kv_heads, hd)
+            att = attend(q, self.kc[i, :pos + 1], self.vc[i, :pos + 1], c.n_heads, c.n_kv_heads, hd,
+                         self.att_scale)
+            x = x + m[p + "attn.wo"].matvec(att)
+            xb = rmsnorm(x, v[p + "ffn_norm"], self.eps)
+            hb = silu(m[p + "ffn.w1"].matvec(xb)) * m[p + "ffn.w3"].matvec(xb)
+            x = x + m[p + "ffn.w2"].matvec(hb)
+        return self.head.matvec(rmsnorm(x, v["norm"], self.eps))
+
+
+class Fp32Model:
+    """The same architecture in plain float math on the unquantized weights (no activation
+    quantization, numpy's own sums and exp): what the quantized model is measured against."""
+
+    def __init__(self, ir: ModelIR, rope_cos: np.ndarray, rope_sin: np.ndarray):
+        c = self.cfg = ir.config
+        self.w = {n: (t.dequantize() if isinstance(t, QTensor) else np.asarray(t, F))
+                  for n, t in ir.tensors.items()}
+        self.cos, self.sin = rope_cos, rope_sin
+        self.kc = np.zeros((c.n_layers, c.max_seq_len, c.n_kv_heads, c.head_dim), F)
+        self.vc = np.zeros_like(self.kc)
+
+    def forward(self, token: int, pos: int) -> np.ndarray:
+        c, w = self.cfg, self.w
+        hd, eps = c.head_dim, F(c.norm_eps)
+
+        def norm(x, g):
+            return (x / np.sqrt(np.mean(x * x) + eps) * g).astype(F)
+
+        cos, sin = self.cos[pos], self.sin[pos]
+        x = w["tok_embeddings"][token].copy()
+        for i in range(c.n_layers):
+            p = f"layers.{i}."
+            xb = norm(x, w[p + "attn_norm"])
+            q = rope(w[p + "attn.wq"] @ xb, c.n_heads, hd, cos, sin)
+            self.kc[i, pos] = rope(w[p + "attn.wk"] @ xb, c.n_kv_heads, hd, cos, sin).reshape(-1, hd)
+            self.vc[i, pos] = (w[p + "attn.wv"] @ xb).reshape(-1, hd)
+            att = attend(q, self.kc[i, :pos + 1], self.vc[i, :pos + 1], c.n_heads, c.n_kv_heads,
+                         hd, F(1.0 / np.sqrt(hd)), exp=np.exp)
+            x = x + w[p + "attn.wo"] @ att
+            xb = norm(x, w[p + "ffn_norm"])
+            h1 = w[p + "ffn.w1"] @ xb
+            x = x + w[p + "ffn.w2"] @ ((h1 / (F(1) + np.exp(-h1))) * (w[p + "ffn.w3"] @ xb))
+        head = w["tok_embeddings" if c.tied else "output"]
+        return (head @ norm(x, w["norm"])).astype(F)
+
+
+class Rng:
+    """xorshift64* — the device's RNG, so a seed gives the same tokens on every target."""
+    MASK = (1 << 64) - 1
+
+    def __init__(self, seed: int):
+        s = (seed ^ 0x9E3779B97F4A7C15) & self.MASK
+        self.state = s or 1
+
+    def next_u32(self) -> int:
+        x = self.state
+        x ^= x >> 12
+        x ^= (x << 25) & self.MASK
+        x ^= x >> 27
+        self.state = x
+        return ((x * 0x2545F4914F6CDD1D) & self.MASK) >> 32
+
+    def coin(self) -> np.float32:
+        return F(self.next_u32() >> 8) * F(1.0 / 16777216.0)
+
+
+def sample(logits: np.ndarray, temperature: float, top_p: float, rng: Rng) -> int:
+    """Greedy (first maximum) when temperature <= 0; else softmax(logits / T) with our fexp,
+    optionally restricted to the top-p nucleus (sorted by probability, then index)."""
+    temperature, top_p = F(temperature), F(top_p)   # what travels on the wire
+    if temperature <= 0:
+        return int(np.argmax(logits))
+    z = logits * (F(1.0) / temperature)
+    e = fexp(z - z.max())
+    p = e * (F(1.0) / fold(e))
+    coin = rng.coin()
+    n = p.shape[0]
+    if top_p <= 0 or top_p >= 1:
+        idx = np.nonzero(coin < np.add.accumulate(p, dtype=F))[0]
+        return int(idx[0]) if idx.size else n - 1
+    cutoff = (F(1.0) - top_p) / F(n - 1)
+    cand = np.nonzero(p >= cutoff)[0]
+    if cand.size == 0:
+        return int(np.argmax(p))
+    order = cand[np.lexsort((cand, -p[cand]))]
+    cum = np.add.accumulate(p[order], dtype=F)
+    over = np.nonzero(cum > top_p)[0]
+    last = int(over[0]) if over.size else len(order) - 1
+    r = coin * cum[last]
+    hit = np.nonzero(r < cum[:last + 1])[0]
+    return int(order[hit[0]] if hit.size else order[last])
+
+
+def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float = 0.0,
+             top_p: float = 0.0, seed: int = 0, keep_logits: bool = False) -> list[dict]:
+    """What the device does for one GENERATE: one record per forward step
+    (pos, in_id, out_id or NO_TOKEN, logits if keep_logits), stopping on max tokens, EOS or a full context."""
+    ref, rng = Reference(qm), Rng(seed)
+    eos = qm.tokenizer.eos_id if qm.tokenizer is not None else None
+    steps, prompt = [], list(prompt_ids)
+    tok, generated, pos = prompt[0], 0, 0
+    while pos < qm.config.max_seq_len and generated < max_new_tokens:
+        logits = ref.forward(tok, pos)
+        out = NO_TOKEN
+        if pos + 1 < len(prompt):
+            nxt = prompt[pos + 1]
+        else:
+            out = nxt = sample(logits, temperature, top_p, rng)
+            generated += 1
+        steps.append(dict(pos=pos, in_id=tok, out_id=out, logits=logits if keep_logits else None))
+        if out == eos:
+            break
+        tok, pos = nxt, pos + 1
+    return steps

@@ -1,0 +1,84 @@
+"""Render a firmware project for a board from the Jinja templates, and build it where this
+machine can (the native board: the system C compiler through the rendered Makefile)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from converter.boards import load_board
+from converter.footprint import arena_bytes
+from converter.blob import read_header
+from converter.ir import ModelConfig
+
+FW_DIR = Path(__file__).resolve().parent
+ENGINE_DIR = FW_DIR / "engine"
+FW_VERSION = "0.1.0"
+
+
+class BuildError(RuntimeError):
+    """The firmware could not be rendered or compiled; the message is for the user."""
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    board: str
+    project_dir: Path
+    binary: Path | None
+    size_text: str
+
+
+def engine_sources() -> list[str]:
+    return sorted(p.name for p in ENGINE_DIR.glob("*.c"))
+
+
+def render_project(board: str, out_dir, config: ModelConfig, min_group: int) -> Path:
+    """Write a complete project for ``board`` sized for a model of ``config`` into out_dir."""
+    prof = load_board(board)
+    out = Path(out_dir)
+    src = out / "src"
+    for d in (src / "engine", src / "hal"):
+        if d.exists():
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+    for p in ENGINE_DIR.iterdir():
+        if p.suffix in (".c", ".h"):
+            shutil.copy2(p, src / "engine" / p.name)
+    hal_dir = FW_DIR / "hal" / prof["hal"]
+    hal_sources = sorted(p.name for p in hal_dir.glob("*.c"))
+    for p in hal_dir.iterdir():
+        shutil.copy2(p, src / "hal" / p.name)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(FW_DIR / "templates"),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    c = config
+    ctx = dict(board=prof, fw_version=FW_VERSION, max_layers=c.n_layers,
+               arena_bytes=arena_bytes(c, min_group), rx_cap=64 + 28 + 4 * c.max_seq_len,
+               engine_sources=engine_sources(), hal_sources=hal_sources,
+               model_summary=(f"dim {c.dim}, {c.n_layers} layers, {c.n_heads}/{c.n_kv_heads} heads, "
+                              f"hidden {c.hidden_dim}, vocab {c.vocab_size}, context {c.max_seq_len}"))
+    (out / "flm_config.h").write_text(env.get_template("flm_config.h.j2").render(ctx))
+    (src / "main.c").write_text(env.get_template("main.c.j2").render(ctx))
+    if prof.get("build") == "make":
+        (out / "Makefile").write_text(env.get_template("Makefile.j2").render(ctx))
+    return out
+
+
+def build_firmware(board: str, out_dir, blob) -> BuildResult:
+    """Render and build the project for ``board`` sized for the model in the blob file ``blob``."""
+    prof = load_board(board)
+    h = read_header(blob)
+    min_group = min(e.group_size for e in h.entries if e.fmt in ("q8", "q4"))
+    out = render_project(board, out_dir, h.config, min_group)
+    if prof.get("build") != "make":
+        return BuildResult(board, out, None, "")
+    if shutil.which("make") is None or shutil.which("cc") is None:
+        raise BuildError("building the native board needs make and a C compiler (apt-get install build-essential)")
+    r = subprocess.run(["make", "-s", "-C", str(out)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise BuildError(f"firmware build failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+    binary = out / "firmware"
+    size = subprocess.run(["size", str(binary)], capture_output=True, text=True).stdout.strip()
+    return BuildResult(board, out, binary, size)

@@ -1,0 +1,166 @@
+#include "blob.h"
+#include "crc32.h"
+#include <string.h>
+
+#define HEADER_SIZE 112u
+#define ENTRY_SIZE 64u
+
+uint32_t flm_rd32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static float rdf(const uint8_t *p) { uint32_t u = flm_rd32(p); float f; memcpy(&f, &u, 4); return f; }
+
+/* Small formatter: err = a + decimal(v) + b (no stdio on bare-metal boards). */
+static int fail(char *err, size_t n, const char *a, const char *name, uint32_t v, int with_v) {
+    size_t i = 0;
+    const char *parts[2] = {a, name};
+    for (int k = 0; k < 2; k++)
+        for (const char *s = parts[k]; s && *s && i + 1 < n; s++) err[i++] = *s;
+    if (with_v) {
+        char d[10]; int nd = 0;
+        do { d[nd++] = (char)('0' + v % 10); v /= 10; } while (v && nd < 10);
+        if (i + 1 < n) err[i++] = ' ';
+        while (nd && i + 1 < n) err[i++] = d[--nd];
+    }
+    if (n) err[i < n ? i : n - 1] = 0;
+    return -1;
+}
+
+static uint32_t pad4(uint32_t n) { return (n + 3u) & ~3u; }
+
+static uint32_t stride_of(uint32_t fmt, uint32_t cols, uint32_t g) {
+    uint32_t full = cols / g, last = cols - full * g, s;
+    if (fmt == FLM_Q8) {
+        s = full * (4u + pad4(g));
+        if (last) s += 4u + pad4(last);
+    } else {
+        s = full * (4u + pad4((g + 1u) / 2u));
+        if (last) s += 4u + pad4((last + 1u) / 2u);
+    }
+    return s;
+}
+
+static const char *const LAYER_NAMES[9] = {"attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo",
+                                             "ffn_norm", "ffn.w1", "ffn.w2", "ffn.w3"};
+
+static flm_tensor *layer_slot(flm_layer *L, int k) {
+    flm_tensor *ts[9] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->w1, &L->w2, &L->w3};
+    return ts[k];
+}
+
+/* Where a table entry goes and what it must look like; NULL for names the engine does not use. */
+static flm_tensor *slot(flm_model *m, flm_tensor *tokenizer, const char *name, uint32_t *fmts,
+                        uint32_t *rows, uint32_t *cols) {
+    const uint32_t F32 = 1u << FLM_F32, Q = (1u << FLM_Q8) | (1u << FLM_Q4);
+    *rows = 1; *cols = m->dim; *fmts = F32;
+    if (!strcmp(name, "norm")) return &m->norm;
+    if (!strcmp(name, "tokenizer")) { *fmts = 1u << FLM_BYTES; *cols = 0; return tokenizer; }
+    if (!strcmp(name, "rope.cos") || !strcmp(name, "rope.sin")) {
+        *rows = m->seq_len; *cols = m->head_dim / 2u;
+        return name[5] == 'c' ? &m->rope_cos : &m->rope_sin;
+    }
+    *fmts = Q; *rows = m->vocab;
+    if (!strcmp(name, "tok_embeddings")) return &m->tok_emb;
+    if (!strcmp(name, "output")) return m->tied ? 0 : &m->head;
+    if (strncmp(name, "layers.", 7) != 0) return 0;
+    const char *p = name + 7;
+    uint32_t l = 0;
+    if (*p < '0' || *p > '9') return 0;
+    while (*p >= '0' && *p <= '9' && l < 100000u) l = l * 10u + (uint32_t)(*p++ - '0');
+    if (*p++ != '.' || l >= m->n_layers) return 0;
+    for (int k = 0; k < 9; k++) {
+        if (strcmp(p, LAYER_NAMES[k]) != 0) continue;
+        static const uint8_t is_norm[9] = {1, 0, 0, 0, 0, 1, 0, 0, 0};
+        uint32_t r[9] = {1, m->dim, m->kv_dim, m->kv_dim, m->dim, 1, m->hidden, m->dim, m->hidden};
+        uint32_t c[9] = {m->dim, m->dim, m->dim, m->dim, m->dim, m->dim, m->dim, m->hidden, m->dim};
+        *fmts = is_norm[k] ? F32 : Q; *rows = r[k]; *cols = c[k];
+        return layer_slot(&m->layers[l], k);
+    }
+    return 0;
+}
+
+int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t en) {
+    memset(m, 0, sizeof *m);
+    if (len < HEADER_SIZE) return fail(err, en, "image too short for a header:", 0, (uint32_t)len, 1);
+    if (memcmp(b, "FLMB", 4) != 0) return fail(err, en, "bad magic: no flashlm image in flash", 0, 0, 0);
+    if (flm_rd32(b + 4) != 1u) return fail(err, en, "unsupported image format version", 0, flm_rd32(b + 4), 1);
+    uint32_t total = flm_rd32(b + 8);
+    if (total != len) return fail(err, en, "image size mismatch (truncated or wrong partition), header says", 0, total, 1);
+    if (flm_crc32_update(0, b + 16, len - 16) != flm_rd32(b + 12))
+        return fail(err, en, "CRC mismatch: image corrupted", 0, 0, 0);
+    memcpy(m->model_hash, b + 16, 16);
+    m->layout_id = flm_rd32(b + 32);
+    uint32_t n = flm_rd32(b + 36), table = flm_rd32(b + 40);
+    const uint8_t *c = b + 48;
+    m->dim = flm_rd32(c); m->n_layers = flm_rd32(c + 4); m->n_heads = flm_rd32(c + 8);
+    m->n_kv_heads = flm_rd32(c + 12); m->hidden = flm_rd32(c + 16); m->vocab = flm_rd32(c + 20);
+    m->seq_len = flm_rd32(c + 24); m->tied = flm_rd32(c + 28) & 1u; m->bos = flm_rd32(c + 32);
+    m->eos = flm_rd32(c + 36); m->eps = rdf(c + 40);
+    if (!m->dim || !m->n_heads || !m->n_kv_heads || !m->vocab || !m->seq_len || !m->hidden ||
+        m->dim % m->n_heads || m->n_heads % m->n_kv_heads || (m->dim / m->n_heads) % 2u ||
+        m->dim > 65536u || m->hidden > 262144u || m->vocab > (1u << 20) || m->seq_len > 65536u)
+        return fail(err, en, "bad model config in image", 0, 0, 0);
+    if (m->n_layers == 0 || m->n_layers > FLM_MAX_LAYERS)
+        return fail(err, en, "layer count unsupported by this build:", 0, m->n_layers, 1);
+    m->head_dim = m->dim / m->n_heads;
+    m->kv_dim = m->n_kv_heads * m->head_dim;
+    if (n > 100000u || table < HEADER_SIZE || (uint64_t)table + (uint64_t)n * ENTRY_SIZE > len)
+        return fail(err, en, "tensor table out of bounds", 0, 0, 0);
+
+    flm_tensor tokenizer = {0};
+    uint32_t data_min = table + n * ENTRY_SIZE;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *e = b + table + i * ENTRY_SIZE;
+        char name[33];
+        memcpy(name, e, 32);
+        name[32] = 0;
+        uint32_t fmt = flm_rd32(e + 32), rows = flm_rd32(e + 36), cols = flm_rd32(e + 40);
+        uint32_t g = flm_rd32(e + 44), tier = flm_rd32(e + 48), off = flm_rd32(e + 52);
+        uint32_t length = flm_rd32(e + 56), stride = flm_rd32(e + 60);
+        if (fmt > FLM_BYTES || tier >= FLM_N_TIERS || off % 64u || off < data_min ||
+            (uint64_t)off + length > len)
+            return fail(err, en, "tensor out of bounds or bad format: ", name, 0, 0);
+        uint32_t fmts, wr, wc;
+        flm_tensor *t = slot(m, &tokenizer, name, &fmts, &wr, &wc);
+        if (!t) continue;
+        if (!((fmts >> fmt) & 1u) || rows != wr || (wc && cols != wc))
+            return fail(err, en, "tensor has the wrong shape or format: ", name, 0, 0);
+        if (fmt == FLM_Q8 || fmt == FLM_Q4) {
+            if (g == 0 || g > 1024u || stride != stride_of(fmt, cols, g) || (uint64_t)rows * stride != length)
+                return fail(err, en, "tensor has an inconsistent quantized layout: ", name, 0, 0);
+        } else if (fmt == FLM_F32 && (uint64_t)rows * cols * 4u != length) {
+            return fail(err, en, "tensor has the wrong length: ", name, 0, 0);
+        }
+        *t = (flm_tensor){b + off, fmt, rows, cols, g, stride, tier, length};
+    }
+    const char *missing = !tokenizer.data ? "tokenizer" : !m->tok_emb.data ? "tok_embeddings"
+                        : !m->norm.data ? "norm" : !m->rope_cos.data ? "rope.cos"
+                        : !m->rope_sin.data ? "rope.sin" : (!m->tied && !m->head.data) ? "output" : 0;
+    if (missing) return fail(err, en, "image lacks tensor ", missing, 0, 0);
+    for (uint32_t l = 0; l < m->n_layers; l++)
+        for (int k = 0; k < 9; k++)
+            if (!layer_slot(&m->layers[l], k)->data)
+                return fail(err, en, "image lacks a layer tensor: ", LAYER_NAMES[k], l, 1);
+    if (m->tied) m->head = m->tok_emb;
+    /* tokenizer section: u32 n, u32 maxlen, u32 off[n+1], bytes */
+    if (tokenizer.length < 8u || flm_rd32(tokenizer.data) != m->vocab ||
+        8u + 4u * ((uint64_t)m->vocab + 1u) > tokenizer.length)
+        return fail(err, en, "tokenizer section does not match the vocabulary", 0, 0, 0);
+    m->tok_off = tokenizer.data + 8;
+    m->tok_data = m->tok_off + 4u * (m->vocab + 1u);
+    uint32_t room = tokenizer.length - 8u - 4u * (m->vocab + 1u), prev = 0;
+    for (uint32_t i = 0; i <= m->vocab; i++) {
+        uint32_t o = flm_rd32(m->tok_off + 4u * i);
+        if (o < prev || o > room || (i == 0 && o != 0))
+            return fail(err, en, "tokenizer offsets are corrupt", 0, 0, 0);
+        prev = o;
+    }
+    return 0;
+}
+
+const uint8_t *flm_piece(const flm_model *m, uint32_t id, uint32_t *len) {
+    uint32_t a = flm_rd32(m->tok_off + 4u * id), z = flm_rd32(m->tok_off + 4u * id + 4u);
+    *len = z - a;
+    return m->tok_data + a;
+}

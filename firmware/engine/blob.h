@@ -1,0 +1,41 @@
+/* Reader of the weights blob (docs/formats.md section 1): validates, then exposes tensor views. */
+#ifndef FLM_BLOB_H
+#define FLM_BLOB_H
+#include <stddef.h>
+#include <stdint.h>
+
+#ifndef FLM_MAX_LAYERS
+#define FLM_MAX_LAYERS 32
+#endif
+
+enum { FLM_F32 = 0, FLM_Q8 = 1, FLM_Q4 = 2, FLM_BYTES = 3 };
+enum { FLM_TIER_FLASH = 0, FLM_TIER_PSRAM = 1, FLM_TIER_SRAM = 2, FLM_N_TIERS = 3 };
+#define FLM_NONE 0xFFFFFFFFu
+
+typedef struct {
+    const uint8_t *data;
+    uint32_t fmt, rows, cols, group, stride, tier, length;
+} flm_tensor;
+
+typedef struct {
+    flm_tensor attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3;
+} flm_layer;
+
+typedef struct {
+    uint32_t dim, n_layers, n_heads, n_kv_heads, hidden, vocab, seq_len, tied, bos, eos;
+    uint32_t head_dim, kv_dim, layout_id;
+    float eps;
+    uint8_t model_hash[16];
+    flm_tensor tok_emb, head, norm, rope_cos, rope_sin;
+    flm_layer layers[FLM_MAX_LAYERS];
+    const uint8_t *tok_data;       /* piece bytes; piece i = tok_data[tok_off[i] .. tok_off[i+1]) */
+    const uint8_t *tok_off;        /* u32 little-endian offsets, n_pieces + 1 */
+} flm_model;
+
+/* Validate magic, version, size, CRC-32, config and every table entry's bounds and layout,
+ * then fill m. Returns 0, or -1 with a one-line reason in err. */
+int flm_blob_open(flm_model *m, const uint8_t *blob, size_t len, char *err, size_t errlen);
+/* Piece bytes of token id; *len receives the length. */
+const uint8_t *flm_piece(const flm_model *m, uint32_t id, uint32_t *len);
+uint32_t flm_rd32(const uint8_t *p);
+#endif

@@ -1,0 +1,174 @@
+#include "engine.h"
+#include "flm_math.h"
+#include "hal.h"
+#include "kernels.h"
+#include <string.h>
+
+static size_t up8(size_t n) { return (n + 7u) & ~(size_t)7u; }
+
+/* Smallest group size among the matrices decides how many activation scales a vector can need. */
+static uint32_t min_group(const flm_model *m) {
+    uint32_t g = m->tok_emb.group < m->head.group ? m->tok_emb.group : m->head.group;
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        const flm_layer *L = &m->layers[l];
+        const flm_tensor *ts[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w1, &L->w2, &L->w3};
+        for (int k = 0; k < 7; k++) if (ts[k]->group < g) g = ts[k]->group;
+    }
+    return g;
+}
+
+typedef struct { uint8_t *p; size_t used, cap; } carver;
+
+static void *carve(carver *c, size_t bytes) {
+    void *r = c->p ? c->p + c->used : 0;
+    c->used += up8(bytes);
+    return r;
+}
+
+static size_t layout(flm_state *s, const flm_model *m, uint8_t *arena) {
+    carver c = {arena, 0, 0};
+    uint32_t wide = m->dim > m->hidden ? m->dim : m->hidden;   /* longest matmul input */
+    size_t kv = (size_t)m->n_layers * m->seq_len * m->kv_dim * sizeof(float);
+    s->x = carve(&c, m->dim * 4u);
+    s->xb = carve(&c, m->dim * 4u);
+    s->xb2 = carve(&c, m->dim * 4u);
+    s->q = carve(&c, m->dim * 4u);
+    s->att = carve(&c, m->seq_len * 4u);
+    s->hb = carve(&c, m->hidden * 4u);
+    s->hb2 = carve(&c, m->hidden * 4u);
+    s->logits = carve(&c, m->vocab * 4u);
+    s->cos = carve(&c, m->head_dim / 2u * 4u);
+    s->sin = carve(&c, m->head_dim / 2u * 4u);
+    s->xq = carve(&c, wide);
+    s->xs = carve(&c, (wide / min_group(m) + 1u) * 4u);
+    s->probs = carve(&c, m->vocab * 4u);
+    s->idx = carve(&c, m->vocab * 4u);
+    s->kc = carve(&c, kv);
+    s->vc = carve(&c, kv);
+    return c.used;
+}
+
+size_t flm_state_bytes(const flm_model *m) {
+    flm_state tmp;
+    return layout(&tmp, m, 0);
+}
+
+int flm_state_init(flm_state *s, const flm_model *m, uint8_t *arena, size_t cap, uint32_t kv_tier) {
+    memset(s, 0, sizeof *s);
+    if (flm_state_bytes(m) > cap) return -1;
+    layout(s, m, arena);
+    s->m = m;
+    s->kv_tier = kv_tier;
+    return 0;
+}
+
+static void rmsnorm(float *o, const float *x, const flm_tensor *w, uint32_t n, float eps, flm_step_stats *st) {
+    const float *g = (const float *)(const void *)w->data;
+    float ss = x[0] * x[0];
+    for (uint32_t i = 1; i < n; i++) ss = ss + x[i] * x[i];
+    ss = ss / (float)n + eps;
+    float inv = 1.0f / flm_sqrtf(ss);
+    for (uint32_t i = 0; i < n; i++) o[i] = (x[i] * inv) * g[i];
+    st->bytes[w->tier] += n * 4u;
+}
+
+static void matvec(flm_state *s, const flm_tensor *w, const float *x, float *out, flm_step_stats *st) {
+    flm_quantize_act(x, w->cols, w->group, s->xq, s->xs);
+    flm_matvec(w, s->xq, s->xs, out);
+    st->bytes[w->tier] += w->length;
+}
+
+static void rope(float *v, uint32_t n_heads, uint32_t hd, const float *cos, const float *sin) {
+    for (uint32_t h = 0; h < n_heads; h++) {
+        float *p = v + h * hd;
+        for (uint32_t i = 0; i < hd / 2u; i++) {
+            float a = p[2 * i], b = p[2 * i + 1];
+            p[2 * i] = a * cos[i] - b * sin[i];
+            p[2 * i + 1] = a * sin[i] + b * cos[i];
+        }
+    }
+}
+
+static void attention(flm_state *s, uint32_t l, uint32_t pos, flm_step_stats *st) {
+    const flm_model *m = s->m;
+    const uint32_t hd = m->head_dim, kvd = m->kv_dim, rep = m->n_heads / m->n_kv_heads;
+    const float scale = 1.0f / flm_sqrtf((float)hd);
+    const float *kc = s->kc + (size_t)l * m->seq_len * kvd, *vc = s->vc + (size_t)l * m->seq_len * kvd;
+    for (uint32_t h = 0; h < m->n_heads; h++) {
+        const float *q = s->q + h * hd;
+        const uint32_t koff = (h / rep) * hd;
+        float mx = 0.0f;
+        for (uint32_t t = 0; t <= pos; t++) {
+            const float *k = kc + (size_t)t * kvd + koff;
+            float d = q[0] * k[0];
+            for (uint32_t i = 1; i < hd; i++) d = d + q[i] * k[i];
+            d = d * scale;
+            s->att[t] = d;
+            if (t == 0 || d > mx) mx = d;
+        }
+        float sum = 0.0f;
+        for (uint32_t t = 0; t <= pos; t++) {
+            float e = flm_expf(s->att[t] - mx);
+            s->att[t] = e;
+            sum = t == 0 ? e : sum + e;
+        }
+        float inv = 1.0f / sum;
+        for (uint32_t t = 0; t <= pos; t++) s->att[t] = s->att[t] * inv;
+        float *o = s->xb2 + h * hd;
+        for (uint32_t t = 0; t <= pos; t++) {
+            const float *v = vc + (size_t)t * kvd + koff;
+            const float a = s->att[t];
+            if (t == 0) for (uint32_t i = 0; i < hd; i++) o[i] = a * v[i];
+            else for (uint32_t i = 0; i < hd; i++) o[i] = o[i] + a * v[i];
+        }
+        st->bytes[s->kv_tier] += 2u * (pos + 1u) * hd * 4u;
+    }
+}
+
+const float *flm_forward(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st) {
+    const flm_model *m = s->m;
+    const uint32_t dim = m->dim, hd = m->head_dim, kvd = m->kv_dim;
+    memset(st, 0, sizeof *st);
+    uint64_t t0 = hal_time_us();
+
+    flm_dequant_row(&m->tok_emb, token, s->x);
+    st->bytes[m->tok_emb.tier] += m->tok_emb.stride;
+    uint64_t t1 = hal_time_us();
+    st->us[FLM_PH_EMBED] = (uint32_t)(t1 - t0);
+
+    /* this position's RoPE rows, read once */
+    memcpy(s->cos, m->rope_cos.data + (size_t)pos * hd / 2u * 4u, hd / 2u * 4u);
+    memcpy(s->sin, m->rope_sin.data + (size_t)pos * hd / 2u * 4u, hd / 2u * 4u);
+    st->bytes[m->rope_cos.tier] += hd / 2u * 4u;
+    st->bytes[m->rope_sin.tier] += hd / 2u * 4u;
+
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        const flm_layer *L = &m->layers[l];
+        float *kpos = s->kc + ((size_t)l * m->seq_len + pos) * kvd;
+        float *vpos = s->vc + ((size_t)l * m->seq_len + pos) * kvd;
+        rmsnorm(s->xb, s->x, &L->attn_norm, dim, m->eps, st);
+        matvec(s, &L->wq, s->xb, s->q, st);
+        matvec(s, &L->wk, s->xb, kpos, st);
+        matvec(s, &L->wv, s->xb, vpos, st);
+        rope(s->q, m->n_heads, hd, s->cos, s->sin);
+        rope(kpos, m->n_kv_heads, hd, s->cos, s->sin);
+        attention(s, l, pos, st);
+        matvec(s, &L->wo, s->xb2, s->xb, st);
+        for (uint32_t i = 0; i < dim; i++) s->x[i] = s->x[i] + s->xb[i];
+        uint64_t t2 = hal_time_us();
+        st->us[FLM_PH_ATTN] += (uint32_t)(t2 - t1);
+
+        rmsnorm(s->xb, s->x, &L->ffn_norm, dim, m->eps, st);
+        matvec(s, &L->w1, s->xb, s->hb, st);
+        matvec(s, &L->w3, s->xb, s->hb2, st);
+        for (uint32_t i = 0; i < m->hidden; i++) s->hb[i] = flm_silu(s->hb[i]) * s->hb2[i];
+        matvec(s, &L->w2, s->hb, s->xb, st);
+        for (uint32_t i = 0; i < dim; i++) s->x[i] = s->x[i] + s->xb[i];
+        t1 = hal_time_us();
+        st->us[FLM_PH_FFN] += (uint32_t)(t1 - t2);
+    }
+    rmsnorm(s->xb, s->x, &m->norm, dim, m->eps, st);
+    matvec(s, &m->head, s->xb, s->logits, st);
+    st->us[FLM_PH_OUTPUT] = (uint32_t)(hal_time_us() - t1);
+    return s->logits;
+}

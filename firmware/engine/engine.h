@@ -1,0 +1,28 @@
+/* The forward pass: one token at a time, every buffer carved once from a caller-given arena. */
+#ifndef FLM_ENGINE_H
+#define FLM_ENGINE_H
+#include "blob.h"
+
+enum { FLM_PH_EMBED, FLM_PH_ATTN, FLM_PH_FFN, FLM_PH_OUTPUT, FLM_PH_SAMPLE, FLM_N_PHASES };
+
+typedef struct {
+    uint32_t us[FLM_N_PHASES];      /* from hal_time_us */
+    uint32_t bytes[FLM_N_TIERS];    /* weights, norms, RoPE rows and KV cache read, per tier */
+} flm_step_stats;
+
+typedef struct {
+    const flm_model *m;
+    float *x, *xb, *xb2, *q, *att, *hb, *hb2, *logits, *cos, *sin, *kc, *vc, *xs, *probs;
+    int8_t *xq;
+    uint32_t *idx;
+    uint32_t kv_tier;               /* where the KV cache lives (the arena's tier) */
+} flm_state;
+
+/* Bytes of arena flm_state_init needs for model m (KV cache included). */
+size_t flm_state_bytes(const flm_model *m);
+/* Returns 0, or -1 when cap is too small. kv_tier names the arena's memory tier. */
+int flm_state_init(flm_state *s, const flm_model *m, uint8_t *arena, size_t cap, uint32_t kv_tier);
+/* Run token at pos (< seq_len) through the model; returns the logits[vocab].
+ * Fills st's embed/attention/ffn/output times and byte counts (sampling is the caller's). */
+const float *flm_forward(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st);
+#endif

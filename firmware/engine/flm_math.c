@@ -1,0 +1,61 @@
+#include "flm_math.h"
+#include <stdint.h>
+#include <string.h>
+
+/* Constants as hex floats so both sides hold the very same binary32 values. */
+#define LOG2E 0x1.715476p+0f
+#define LN2_HI 0x1.62e4p-1f          /* few mantissa bits: k * LN2_HI is exact for |k| < 256 */
+#define LN2_LO 0x1.7f7d1cp-20f
+#define EXP_LO (-86.0f)              /* below: 0 (keeps 2^k and the result normal) */
+#define EXP_HI 88.0f                 /* above: +inf */
+
+static float from_bits(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
+
+float flm_expf(float x) {
+    if (x < EXP_LO) return 0.0f;
+    if (x > EXP_HI) return from_bits(0x7f800000u);
+    float t = x * LOG2E;
+    int32_t k = (int32_t)(t + (t >= 0.0f ? 0.5f : -0.5f));
+    float kf = (float)k;
+    float r = (x - kf * LN2_HI) - kf * LN2_LO;
+    float p = 0x1.6c16c2p-10f;       /* 1/720 */
+    p = p * r + 0x1.111112p-7f;      /* 1/120 */
+    p = p * r + 0x1.555556p-5f;      /* 1/24 */
+    p = p * r + 0x1.555556p-3f;      /* 1/6 */
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    return p * from_bits((uint32_t)(k + 127) << 23);
+}
+
+float flm_sqrtf(float x) {
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    if (!(x > 0.0f) || b >= 0x7f800000u) return x;   /* 0, -0, negatives, inf, nan: unused */
+    int32_t e = (int32_t)(b >> 23);
+    uint32_t m = b & 0x7fffffu;
+    if (e == 0) {                                  /* subnormal: normalise */
+        e = 1;
+        while (!(m & 0x800000u)) { m <<= 1; e--; }
+    } else {
+        m |= 0x800000u;
+    }
+    int32_t ex = e - 150;                          /* x = m * 2^ex, m in [2^23, 2^24) */
+    if (ex & 1) { m <<= 1; ex -= 1; }              /* even exponent: m in [2^23, 2^25) */
+    int s = (m < (1u << 24)) ? 26 : 24;            /* M = m << s in [2^48, 2^50) */
+    uint64_t M = (uint64_t)m << s;
+    /* floor(sqrt(M)), 25 bits, digit by digit */
+    uint64_t root = 0, rem = M, bit = (uint64_t)1 << 48;
+    while (bit) {
+        if (rem >= root + bit) { rem -= root + bit; root = (root >> 1) + bit; }
+        else root >>= 1;
+        bit >>= 2;
+    }
+    /* round to 24 bits; an exact tie is impossible because M is even and not an odd square */
+    uint32_t r = (uint32_t)((root + 1) >> 1);
+    int32_t k = (ex - s) / 2 + 1;                  /* sqrt(x) = r * 2^k */
+    if (r == (1u << 24)) { r >>= 1; k += 1; }
+    return from_bits(((uint32_t)(k + 23 + 127) << 23) | (r & 0x7fffffu));
+}
+
+float flm_silu(float x) { return x / (1.0f + flm_expf(-x)); }

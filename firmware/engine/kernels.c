@@ -1,0 +1,78 @@
+#include "kernels.h"
+#include <string.h>
+
+static float rdf(const uint8_t *p) { float f; memcpy(&f, p, 4); return f; }   /* blocks are 4-aligned */
+static int32_t nib(uint32_t v) { return (int32_t)(v & 15u) - (int32_t)((v & 8u) << 1); }
+
+void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float *xs) {
+    for (uint32_t s = 0, gi = 0; s < n; s += g, gi++) {
+        uint32_t len = n - s < g ? n - s : g;
+        float amax = 0.0f;
+        for (uint32_t i = 0; i < len; i++) {
+            float a = x[s + i] < 0.0f ? -x[s + i] : x[s + i];
+            if (a > amax) amax = a;
+        }
+        if (amax == 0.0f) {
+            xs[gi] = 0.0f;
+            memset(xq + s, 0, len);
+            continue;
+        }
+        xs[gi] = amax / 127.0f;
+        float inv = 127.0f / amax;
+        for (uint32_t i = 0; i < len; i++) {
+            float v = x[s + i] * inv;
+            int32_t q = (int32_t)(v + (v >= 0.0f ? 0.5f : -0.5f));
+            xq[s + i] = (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
+        }
+    }
+}
+
+static int32_t dot_q8(const int8_t *w, const int8_t *x, uint32_t n) {
+    int32_t s = 0;
+    for (uint32_t i = 0; i < n; i++) s += (int32_t)w[i] * (int32_t)x[i];
+    return s;
+}
+
+static int32_t dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) {
+    int32_t s = 0;
+    uint32_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        uint32_t b = w[i >> 1];
+        s += nib(b) * (int32_t)x[i] + nib(b >> 4) * (int32_t)x[i + 1];
+    }
+    if (i < n) s += nib(w[i >> 1]) * (int32_t)x[i];
+    return s;
+}
+
+void flm_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out) {
+    const uint32_t g = w->group, cols = w->cols;
+    for (uint32_t r = 0; r < w->rows; r++) {
+        const uint8_t *p = w->data + (size_t)r * w->stride;
+        float acc = 0.0f;
+        for (uint32_t s = 0, gi = 0; s < cols; s += g, gi++) {
+            uint32_t len = cols - s < g ? cols - s : g;
+            uint32_t nbytes = w->fmt == FLM_Q8 ? len : (len + 1u) / 2u;
+            int32_t isum = w->fmt == FLM_Q8 ? dot_q8((const int8_t *)(p + 4), xq + s, len)
+                                            : dot_q4(p + 4, xq + s, len);
+            float term = (float)isum * (rdf(p) * xs[gi]);
+            acc = gi == 0 ? term : acc + term;
+            p += 4u + ((nbytes + 3u) & ~3u);
+        }
+        out[r] = acc;
+    }
+}
+
+void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out) {
+    const uint8_t *p = w->data + (size_t)r * w->stride;
+    for (uint32_t s = 0; s < w->cols; s += w->group) {
+        uint32_t len = w->cols - s < w->group ? w->cols - s : w->group;
+        uint32_t nbytes = w->fmt == FLM_Q8 ? len : (len + 1u) / 2u;
+        float sc = rdf(p);
+        for (uint32_t i = 0; i < len; i++) {
+            int32_t c = w->fmt == FLM_Q8 ? (int32_t)((const int8_t *)(p + 4))[i]
+                                         : nib((uint32_t)p[4 + (i >> 1)] >> ((i & 1u) * 4u));
+            out[s + i] = (float)c * sc;
+        }
+        p += 4u + ((nbytes + 3u) & ~3u);
+    }
+}
