@@ -15,8 +15,8 @@ static float rdf(const uint8_t *p) { uint32_t u = flm_rd32(p); float f; memcpy(&
 static int fail(char *err, size_t n, const char *a, const char *name, uint32_t v, int with_v) {
     size_t i = 0;
     const char *parts[2] = {a, name};
-    for (int k = 0; k < 2; k++)
-        for (const char *s = parts[k]; s && *s && i + 1 < n; s++) err[i++] = *s;
+    for (int k = 0; k < 2; k++)   /* names come from the image: printable ASCII only */
+        for (const char *s = parts[k]; s && *s && i + 1 < n; s++) err[i++] = (*s >= ' ' && *s <= '~') ? *s : '?';
     if (with_v) {
         char d[10]; int nd = 0;
         do { d[nd++] = (char)('0' + v % 10); v /= 10; } while (v && nd < 10);

@@ -1,0 +1,26 @@
+/* Reads a blob file, runs the firmware's validator on it, prints "ok" or the refusal reason. */
+#include <stdio.h>
+#include <stdlib.h>
+#include "blob.h"
+
+int main(int argc, char **argv) {
+    FILE *f = argc > 1 ? fopen(argv[1], "rb") : 0;
+    if (!f) return 2;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *buf = malloc(n ? (size_t)n : 1);
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) return 2;
+    fclose(f);
+    static flm_model m;
+    char err[120];
+    if (flm_blob_open(&m, buf, (size_t)n, err, sizeof err) == 0) {
+        uint32_t len;
+        for (uint32_t i = 0; i < m.vocab; i++) (void)flm_piece(&m, i, &len);
+        puts("ok");
+    } else {
+        puts(err);
+    }
+    free(buf);
+    return 0;
+}

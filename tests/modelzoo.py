@@ -1,0 +1,26 @@
+"""Small random models for tests: our PyTorch Transformer with perturbed norms, as ModelIR."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from converter.ir import ModelConfig, ModelIR
+from converter.torch_model import Transformer
+
+
+def random_model(seed: int = 0, **cfg) -> tuple[Transformer, ModelIR]:
+    base = dict(dim=72, n_layers=2, n_heads=6, n_kv_heads=2, vocab_size=97, hidden_dim=100,
+                max_seq_len=48, tied=True)
+    base.update(cfg)
+    config = ModelConfig(**base)
+    torch.manual_seed(seed)
+    model = Transformer(config).eval()
+    with torch.no_grad():       # norms away from 1 so their multiply matters; larger weights so
+        for name, p in model.named_parameters():    # attention is not uniform
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.mul_(4.0)
+    tensors = {k[: -len(".weight")]: v.detach().numpy().astype(np.float32)
+               for k, v in model.state_dict().items()}
+    return model, ModelIR(config, tensors, source=f"random seed {seed}")

@@ -1,0 +1,69 @@
+"""Run a QuantModel on the native virtual board: blob, build (cached per model shape), pty, Link."""
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import serial
+
+from converter.blob import write_blob
+from firmware.build import build_firmware
+from host.protocol import Done, Error, Generate, Hello, Link, Logits, Ping, Token
+from host.virtual import start_native_board
+
+_builds: dict = {}
+
+
+def binary_for(blob: Path, build_root: Path) -> Path:
+    from converter.blob import read_header
+    h = read_header(blob)
+    key = (h.config, min(e.group_size for e in h.entries if e.group_size))
+    if key not in _builds:
+        _builds[key] = build_firmware("native", build_root / f"fw{len(_builds)}", blob).binary
+    return _builds[key]
+
+
+@contextlib.contextmanager
+def native_link(qm, tmp: Path, build_root: Path, blob_bytes: bytes | None = None):
+    """Yields (link, hello_frames) for a board running qm (or raw blob_bytes sized like qm)."""
+    blob = tmp / "model.flmb"
+    write_blob(qm, blob)
+    binary = binary_for(blob, build_root)
+    if blob_bytes is not None:
+        blob.write_bytes(blob_bytes)
+    with start_native_board(binary, blob) as board:
+        port = serial.Serial(board.port, 115200, timeout=0.05)
+        try:
+            link = Link(port)
+            link.send(Ping())
+            boot = recv_until(link, lambda m: isinstance(m, Hello))
+            yield link, boot
+        finally:
+            port.close()
+
+
+def recv_until(link, done, timeout: float = 30.0) -> list:
+    out, t0 = [], time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        f = link.recv(0.5)
+        if f is not None:
+            out.append(f.msg)
+            if done(f.msg):
+                return out
+    raise AssertionError(f"no answer from the board within {timeout}s; got {out[-3:]}")
+
+
+def run(link, prompt, n, temperature=0.0, top_p=0.0, seed=0, logits=True):
+    link.send(Generate(list(prompt), n, temperature, top_p, seed, send_logits=logits))
+    msgs = recv_until(link, lambda m: isinstance(m, (Done, Error)))
+    return ([m for m in msgs if isinstance(m, Token)], [m for m in msgs if isinstance(m, Logits)],
+            msgs[-1])
+
+
+def drain(link, quiet: float = 0.3) -> list:
+    """Collect frames until the link has been quiet for ``quiet`` seconds."""
+    out = []
+    while (f := link.recv(quiet)) is not None:
+        out.append(f.msg)
+    return out

@@ -1,0 +1,104 @@
+"""The C engine on the native board reproduces the NumPy reference bit for bit."""
+import subprocess
+import zlib
+
+import numpy as np
+import pytest
+
+from converter.quantize import quantize
+from converter.reference import NO_TOKEN, fexp, generate, silu
+from modelzoo import random_model
+from nativeboard import native_link, run
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+CASES = {
+    # name: (model config, default format, group size, overrides)
+    "q8-tied-gqa-ragged": (dict(), "q8", 32, []),
+    "q4-untied-mha": (dict(dim=64, n_heads=4, n_kv_heads=4, hidden_dim=96, tied=False, vocab_size=120),
+                      "q4", 16, ["tok_embeddings=q4:16", "output=q4:32"]),
+    "mixed-mqa-odd-groups": (dict(dim=48, n_heads=4, n_kv_heads=1, hidden_dim=70, n_layers=3, vocab_size=61),
+                             "q8", 20, ["layers.*.ffn=q4:7", "layers.1.attn.wq=q4:48"]),
+    "q4-tied-head": (dict(dim=40, n_heads=2, n_kv_heads=1, hidden_dim=64, vocab_size=50),
+                     "q4", 32, ["tok_embeddings=q4:24"]),
+}
+
+
+@pytest.fixture(scope="module")
+def build_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("builds")
+
+
+def bits(a):
+    return np.asarray(a, np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_engine_matches_reference_bit_for_bit(case, tmp_path, build_root):
+    cfg, fmt, g, ov = CASES[case]
+    _, ir = random_model(seed=len(case), **cfg)
+    qm = quantize(ir, fmt, g, ov)
+    prompt = [1, 7, 3]
+    runs = [(0.0, 0.0, 0), (0.9, 0.0, 11), (0.8, 0.9, 12345)]
+    with native_link(qm, tmp_path, build_root) as (link, _):
+        for temperature, top_p, seed in runs:
+            ref = generate(qm, prompt, 34, temperature, top_p, seed, keep_logits=True)
+            toks, logits, done = run(link, prompt, 34, temperature, top_p, seed)
+            assert done.reason == "max_tokens" and done.generated == 34 and len(toks) == len(ref) == 36
+            assert [t.in_id for t in toks] == [r["in_id"] for r in ref]
+            assert [NO_TOKEN if t.out_id is None else t.out_id for t in toks] == [r["out_id"] for r in ref]
+            for t, lg, r in zip(toks, logits, ref):
+                assert lg.step == t.step
+                assert np.array_equal(bits(lg.values), bits(r["logits"])), f"step {t.step}"
+                assert t.logits_crc == zlib.crc32(r["logits"].tobytes())
+
+
+def test_context_full_and_eos_stop(tmp_path, build_root):
+    _, ir = random_model(seed=3, max_seq_len=12)
+    qm = quantize(ir, "q8", 32)
+    with native_link(qm, tmp_path, build_root) as (link, _):
+        toks, _, done = run(link, [2, 4], 50, logits=False)
+        assert done.reason == "context_full" and done.steps == 12 and done.generated == 11
+        ref = generate(qm, [2, 4], 50)
+        assert [t.out_id for t in toks[1:]] == [r["out_id"] for r in ref[1:]]
+
+
+def test_bytes_read_per_tier(tmp_path, build_root):
+    """Every step reads each matrix once, one embedding row, norms, RoPE rows; KV grows with pos."""
+    _, ir = random_model(seed=5)
+    qm = quantize(ir, "q8", 32)
+    c = qm.config
+    from converter.blob import build_blob, parse_header
+    h = parse_header(build_blob(qm))
+    by = {e.name: e for e in h.entries}
+    mats = sum(e.length for e in h.entries if e.fmt in ("q8", "q4") and e.name != "tok_embeddings")
+    head = by["tok_embeddings"].length if c.tied else 0
+    flash = mats + head + by["tok_embeddings"].row_stride + (2 * c.n_layers + 1) * c.dim * 4 + c.head_dim * 4
+    with native_link(qm, tmp_path, build_root) as (link, _):
+        toks, _, _ = run(link, [1], 5, logits=False)
+    for t in toks:
+        kv = c.n_layers * c.n_heads * 2 * (t.pos + 1) * c.head_dim * 4
+        assert t.bytes_read == (flash, 0, kv)
+
+
+def test_c_math_matches_numpy(tmp_path):
+    exe = tmp_path / "math_check"
+    subprocess.run(["cc", "-std=c99", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror",
+                    f"-I{ROOT}/firmware/engine", str(ROOT / "tests/c/math_check.c"),
+                    str(ROOT / "firmware/engine/flm_math.c"), "-o", str(exe)], check=True)
+    rng = np.random.default_rng(0)
+    x = np.concatenate([
+        rng.standard_normal(200000).astype(np.float32) * 30,
+        rng.uniform(-100, 100, 100000).astype(np.float32),
+        np.array([0.0, -0.0, -86.0, -86.00001, 88.0, 88.00001, 1e-30, -1e-30, 0.5, -0.5,
+                  np.float32(0.34657359), 1e-40, 3e38], np.float32),
+        rng.integers(1, 0x7f800000, 100000, dtype=np.uint32).view(np.float32)])
+    out = subprocess.run([str(exe)], input=x.tobytes(), capture_output=True, check=True).stdout
+    got = np.frombuffer(out, np.float32).reshape(-1, 3)
+    with np.errstate(all="ignore"):
+        assert np.array_equal(bits(got[:, 0]), bits(fexp(x)))
+        assert np.array_equal(bits(got[:, 1]), bits(np.sqrt(np.abs(x))))
+        assert np.array_equal(bits(got[:, 2]), bits(silu(x)))
+    exact = np.exp(x[:300000].astype(np.float64))
+    ok = (x[:300000] > -80) & (x[:300000] < 80)
+    assert np.max(np.abs(got[:300000, 0][ok] - exact[ok]) / exact[ok]) < 5e-7
