@@ -108,7 +108,7 @@ def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, over
     tensors: dict[str, QTensor | np.ndarray] = {}
     recipe: dict[str, str] = {}
     for name, t in ir.tensors.items():
-        if t.ndim == 1:
+        if len(t.shape) == 1:
             tensors[name] = np.asarray(t, np.float32)
             recipe[name] = "f32"
             continue

@@ -1,0 +1,58 @@
+"""Group-wise quantization and the per-tensor recipe."""
+import numpy as np
+import pytest
+
+from converter.ir import ModelError, QTensor
+from converter.quantize import parse_overrides, quantize, quantize_matrix
+from modelzoo import random_model
+
+
+@pytest.mark.parametrize("fmt,qmax", [("q8", 127), ("q4", 7)])
+def test_matrix_quantization_is_symmetric_groupwise_with_ragged_last_group(fmt, qmax):
+    w = np.random.default_rng(0).standard_normal((6, 45)).astype(np.float32)
+    w[2, 32:] = 0.0                                     # an all-zero (ragged) group
+    q = quantize_matrix(w, fmt, 16)
+    assert q.codes.shape == (6, 45) and q.scales.shape == (6, 3)
+    assert q.scales[2, 2] == 0 and not q.codes[2, 32:].any()
+    for g, (a, b) in enumerate([(0, 16), (16, 32), (32, 45)]):
+        amax = np.abs(w[:, a:b]).max(axis=1)
+        np.testing.assert_array_equal(q.scales[:, g], (amax / np.float32(qmax)).astype(np.float32))
+        assert (np.abs(q.codes[:, a:b]).max(axis=1)[amax > 0] == qmax).all()
+    err = np.abs(q.dequantize() - w)
+    g_of = np.arange(45) // 16
+    assert (err <= q.scales[:, g_of] / 2 + 1e-7).all()
+
+
+def test_default_recipe_and_overrides():
+    _, ir = random_model(seed=0, tied=False)
+    qm = quantize(ir, "q4", 32)
+    assert qm.recipe["tok_embeddings"] == "q8:32" and qm.recipe["output"] == "q8:32"
+    assert qm.recipe["layers.0.ffn.w1"] == "q4:32" and qm.recipe["norm"] == "f32"
+    qm = quantize(ir, "q8", 32, ["layers.*.ffn=q4:16", "layers.1.ffn.w2=q8", "output=q4"])
+    assert qm.recipe["layers.0.ffn.w3"] == "q4:16" and qm.recipe["layers.1.ffn.w2"] == "q8:32"
+    assert qm.recipe["layers.1.ffn.w1"] == "q4:16" and qm.recipe["output"] == "q4:32"
+    assert qm.recipe["layers.0.attn.wq"] == "q8:32"
+    assert isinstance(qm.tensors["layers.0.attn_norm"], np.ndarray)
+
+
+@pytest.mark.parametrize("bad", ["ffn", "x=q3", "layers.*=q4:0", "layers.*=q4:abc", "nomatch.*=q4"])
+def test_bad_overrides_are_clear_errors(bad):
+    _, ir = random_model(seed=0)
+    with pytest.raises(ModelError) as e:
+        quantize(ir, "q8", 32, [bad])
+    assert "\n" not in str(e.value)
+
+
+def test_prequantized_tensors_pass_through_unchanged():
+    _, ir = random_model(seed=0)
+    pre = quantize_matrix(ir.tensors["layers.0.attn.wq"], "q8", 24)
+    ir.tensors["layers.0.attn.wq"] = pre
+    qm = quantize(ir, "q8", 32)
+    assert qm.tensors["layers.0.attn.wq"] is pre and qm.recipe["layers.0.attn.wq"] == "q8:24"
+    assert isinstance(qm.tensors["layers.0.attn.wk"], QTensor)
+
+
+def test_parse_overrides():
+    o = parse_overrides(["a.*=q4:64", "b=q8"])
+    assert (o[0].pattern, o[0].fmt, o[0].group_size) == ("a.*", "q4", 64) and o[1].group_size is None
+    assert o[0].matches("a.x.y") and not o[1].matches("bb")
