@@ -1,0 +1,667 @@
+"""``flashlm``: convert a checkpoint, build firmware, run it on a board (or the native virtual
+board) and show where each token's time goes.
+
+Every user error prints ``flashlm: error: <one line>`` on stderr and exits 2; Ctrl-C exits 130.
+Set ``FLASHLM_DEBUG=1`` to get the traceback instead.  Heavy modules (torch, matplotlib, the
+converter) are imported inside the command that needs them.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import inspect
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = REPO_ROOT / "models" / "default" / "model.pt"
+DEFAULT_PROMPT = "Once upon a time"
+MANIFEST = "manifest.json"
+BLOB_NAME = "model.flmb"
+
+
+class UserError(Exception):
+    """A mistake in how flashlm was called; the message is one line for the user."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own errors, in the same one-line shape as ours
+        sys.stderr.write(f"flashlm: error: {self.prog.removeprefix('flashlm').strip() + ': ' if self.prog != 'flashlm' else ''}"
+                         f"{message} (see '{self.prog} --help')\n")
+        raise SystemExit(2)
+
+
+def _need(module: str, what: str):
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and (module == e.name or module.startswith(e.name + ".")):
+            raise UserError(f"{what} is not available in this installation ({module} is missing)") from None
+        raise
+
+
+def _console():
+    from rich.console import Console
+    return Console(highlight=False)
+
+
+def _step(console, text: str) -> None:
+    console.print(f"[bold cyan]→[/] {text}", soft_wrap=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# argument types
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{s} must be at least 1")
+    return v
+
+
+def _nonneg_int(s: str) -> int:
+    try:
+        v = int(s, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not an integer") from None
+    if not 0 <= v < 1 << 64:
+        raise argparse.ArgumentTypeError(f"{s} must be in [0, 2^64)")
+    return v
+
+
+def _nonneg_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"{s} must be a finite number >= 0")
+    return v
+
+
+def _top_p(s: str) -> float:
+    v = _nonneg_float(s)
+    if v > 1:
+        raise argparse.ArgumentTypeError(f"{s} must be in [0, 1] (0 or 1 turns top-p off)")
+    return v
+
+
+def _seconds(s: str) -> float:
+    v = _nonneg_float(s)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{s} must be more than 0 seconds")
+    return v
+
+
+def parse_ids(text: str) -> list[int]:
+    parts = [p for p in text.replace(",", " ").split()]
+    if not parts:
+        raise UserError("--prompt-ids is empty; give token ids like 1,2,3")
+    try:
+        ids = [int(p) for p in parts]
+    except ValueError:
+        bad = next(p for p in parts if not p.lstrip("-").isdigit())
+        raise UserError(f"--prompt-ids: {bad!r} is not an integer token id") from None
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------
+# model directory (what `convert` writes)
+
+def load_manifest(model_dir) -> tuple[Path, dict]:
+    d = Path(model_dir)
+    if d.is_file() and d.name == MANIFEST:
+        d = d.parent
+    if not d.exists():
+        raise UserError(f"model directory {d} does not exist (create it with 'flashlm convert CHECKPOINT -o {d}')")
+    if not d.is_dir():
+        raise UserError(f"--model {d} is a file; pass the directory 'flashlm convert' wrote")
+    mp = d / MANIFEST
+    if not mp.is_file():
+        raise UserError(f"no {MANIFEST} in {d} (create it with 'flashlm convert CHECKPOINT -o {d}')")
+    try:
+        m = json.loads(mp.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{mp} is not valid JSON: {e}") from None
+    if not isinstance(m, dict):
+        raise UserError(f"{mp} is not a flashlm manifest")
+    cfg = m.get("config")
+    missing = [k for k in ("blob", "model_hash", "config") if k not in m]
+    if not missing and isinstance(cfg, dict):
+        missing = [f"config.{k}" for k in ("max_seq_len", "vocab_size") if not isinstance(cfg.get(k), int)]
+    if missing or not isinstance(cfg, dict):
+        raise UserError(f"{mp} lacks {', '.join(missing) or 'config'}; re-run 'flashlm convert'")
+    try:
+        bytes.fromhex(m["model_hash"])
+    except (TypeError, ValueError):
+        raise UserError(f"{mp}: model_hash {m['model_hash']!r} is not hex") from None
+    return d, m
+
+
+def _load_model_tokenizer(model_dir: Path, manifest: dict, required: bool):
+    name = manifest.get("tokenizer")
+    if not name:
+        if required:
+            raise UserError(f"the model in {model_dir} has no tokenizer; pass --prompt-ids instead of --prompt")
+        return None
+    path = model_dir / name
+    if not path.is_file():
+        if required:
+            raise UserError(f"tokenizer {path} is missing; re-run 'flashlm convert'")
+        return None
+    T = _need("converter.tokenizer", "the tokenizer")
+    if not required:
+        try:
+            return T.load_tokenizer(path)
+        except Exception:
+            return None
+    return T.load_tokenizer(path)
+
+
+def encode_prompt(args, model_dir: Path, manifest: dict) -> tuple[list[int], object]:
+    """Token ids for --prompt / --prompt-ids, checked against the model before anything is sent."""
+    cfg = manifest["config"]
+    vocab, ctx = int(cfg["vocab_size"]), int(cfg["max_seq_len"])
+    if args.prompt_ids is not None:
+        ids = parse_ids(args.prompt_ids)
+        tok = _load_model_tokenizer(model_dir, manifest, required=False)
+    else:
+        if args.prompt == "":
+            raise UserError("the prompt is empty")
+        tok = _load_model_tokenizer(model_dir, manifest, required=True)
+        T = _need("converter.tokenizer", "the tokenizer")
+        ids = list(T.encode(tok, args.prompt, bos=True))
+        if not ids:
+            raise UserError("the prompt encodes to no tokens")
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise UserError(f"token id {bad[0]} is outside the model's vocabulary of {vocab}")
+    check_prompt_length(len(ids), ctx, "the model's")
+    return ids, tok
+
+
+def check_prompt_length(n: int, ctx: int, whose: str) -> None:
+    if n > ctx:
+        raise UserError(f"prompt is {n} tokens but {whose} context is {ctx} tokens; shorten the prompt")
+
+
+# ---------------------------------------------------------------------------------------------
+# convert
+
+def _write_tokenizer(ir, tokenizer_arg, outdir: Path) -> str | None:
+    if tokenizer_arg:
+        src = Path(tokenizer_arg)
+        with src.open("rb") as f:
+            is_json = src.suffix.lower() == ".json" or f.read(64).lstrip().startswith(b"{")
+        name = "tokenizer.json" if is_json else "tokenizer.bin"
+        if src.resolve() != (outdir / name).resolve():
+            shutil.copyfile(src, outdir / name)
+        return name
+    tok = getattr(ir, "tokenizer", None)
+    if tok is None:
+        return None
+    from .report import atomic_write_bytes
+    if tok.hf_json:
+        atomic_write_bytes(outdir / "tokenizer.json", tok.hf_json.encode("utf-8"))
+        return "tokenizer.json"
+    data = _need("converter.tokenizer", "the tokenizer").tokenizer_bin_bytes(tok)   # llama2.c format
+    atomic_write_bytes(outdir / "tokenizer.bin", data)
+    return "tokenizer.bin"
+
+
+def _print_quality(console, rep: dict) -> None:
+    from rich.table import Table
+    t = Table(title="quantization quality (weights vs fp32)", title_justify="left")
+    for col, just in (("tensor", "left"), ("format", "left"), ("group", "right"),
+                      ("rel RMSE", "right"), ("max |err|", "right")):
+        t.add_column(col, justify=just)
+    for r in rep.get("tensors", []):
+        t.add_row(r["name"], r["format"], str(r["group_size"]), f"{r['rel_rmse']:.4f}", f"{r['max_abs_err']:.4g}")
+    console.print(t)
+    if "top1_agreement" in rep:
+        console.print(f"logits over {rep.get('positions', '?')} positions: top-1 agreement "
+                      f"[bold]{rep['top1_agreement'] * 100:.1f}%[/], mean KL(fp32 || quantized) "
+                      f"[bold]{rep.get('kl_mean', float('nan')):.5f}[/] nats")
+
+
+def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32, quant=(),
+            report=True) -> dict:
+    """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest."""
+    from dataclasses import asdict
+
+    ckpt = Path(checkpoint)
+    if not ckpt.exists():
+        raise UserError(f"checkpoint {ckpt} does not exist")
+    if tokenizer is not None and not Path(tokenizer).is_file():
+        raise UserError(f"tokenizer {tokenizer} does not exist")
+    Q = _need("converter.quantize", "quantization")
+    overrides = Q.parse_overrides(list(quant or ()))          # fail fast, before the slow part
+    if hasattr(Q, "check_group_size"):
+        Q.check_group_size(group_size)
+    L = _need("converter.load", "checkpoint loading")
+    B = _need("converter.blob", "blob writing")
+    from .report import atomic_write_bytes
+
+    outdir = Path(outdir)
+    _step(console, f"loading {ckpt}")
+    with console.status(f"loading {ckpt.name}"):
+        ir = L.load_model(str(ckpt), tokenizer_path=str(tokenizer) if tokenizer else None)
+    c = ir.config
+    console.print(f"  dim {c.dim}, {c.n_layers} layers, {c.n_heads}/{c.n_kv_heads} heads, hidden {c.hidden_dim}, "
+                  f"vocab {c.vocab_size}, context {c.max_seq_len}, {c.n_params():,} parameters")
+    _step(console, f"quantizing to {fmt} (group {group_size})" + (f" with {len(overrides)} override(s)" if overrides else ""))
+    with console.status("quantizing"):
+        qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=overrides)
+    rep = None
+    if report:
+        _step(console, "measuring quality (quantized vs fp32 logits)")
+        with console.status("running both models"):
+            rep = Q.quality_report(ir, qm)
+        _print_quality(console, rep)
+    outdir.mkdir(parents=True, exist_ok=True)
+    _step(console, f"writing {outdir / BLOB_NAME}")
+    info = B.write_blob(qm, outdir / BLOB_NAME)
+    tok_name = _write_tokenizer(ir, tokenizer, outdir)
+    if tok_name is None:
+        console.print("  [yellow]no tokenizer: runs of this model need --prompt-ids[/]")
+    cfg = asdict(c)
+    t = qm.tokenizer
+    cfg["bos_id"] = getattr(t, "bos_id", None)
+    cfg["eos_id"] = getattr(t, "eos_id", None)
+    manifest = {
+        "format": "flashlm-model", "version": 1,
+        "blob": BLOB_NAME, "blob_size": info.size, "blob_crc": info.crc,
+        "tokenizer": tok_name,
+        "model_hash": bytes(info.model_hash).hex(), "layout_id": info.layout_id,
+        "config": cfg,
+        "recipe": dict(qm.recipe),
+        "quantization": {"default_format": fmt, "group_size": group_size, "overrides": list(quant or ())},
+        "source": str(qm.source or ir.source or ckpt),
+        "quality": "quality.json" if rep is not None else None,
+    }
+    if rep is not None:
+        atomic_write_bytes(outdir / "quality.json", (json.dumps(rep, indent=1) + "\n").encode())
+    atomic_write_bytes(outdir / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+    console.print(f"  {info.size:,} bytes, model {manifest['model_hash'][:16]}, layout {info.layout_id}")
+    console.print(f"[green]wrote[/] {outdir}/ ({BLOB_NAME}, {tok_name or 'no tokenizer'}, {MANIFEST}"
+                  + (", quality.json)" if rep is not None else ")"))
+    return manifest
+
+
+def cmd_convert(args, console) -> int:
+    convert(console, args.checkpoint, args.output, tokenizer=args.tokenizer, fmt=args.format,
+            group_size=args.group_size, quant=args.quant, report=not args.no_report)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# build
+
+def _firmware_digest() -> str:
+    fw = REPO_ROOT / "firmware"
+    try:
+        import firmware
+        fw = Path(firmware.__file__).resolve().parent
+    except ImportError:
+        pass
+    h = hashlib.sha256()
+    for p in sorted(fw.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".c", ".h", ".j2", ".py", ".ld", ".txt"):
+            st = p.stat()
+            h.update(f"{p.relative_to(fw)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _build(console, board: str, out_dir: Path, blob: Path | None):
+    Bf = _need("firmware.build", "firmware building")
+    errors = tuple(getattr(Bf, n) for n in ("BuildError",) if isinstance(getattr(Bf, n, None), type))
+    params = inspect.signature(Bf.build_firmware).parameters
+    try:
+        with console.status(f"building firmware for {board}"):
+            if len(params) >= 3:
+                if blob is None:
+                    raise UserError("building firmware needs the model it is sized for: pass --model OUTDIR")
+                return Bf.build_firmware(board, out_dir, blob)
+            return Bf.build_firmware(board, out_dir)
+    except errors as e:
+        raise UserError(str(e).strip().splitlines()[0] if str(e).strip() else "firmware build failed") from None
+
+
+def _build_dir_for(model_dir: Path, board: str) -> Path:
+    base = model_dir.resolve().parent / "build"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        if os.access(base, os.W_OK):
+            return base / board
+    except OSError:
+        pass
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flashlm" / "build"
+    return cache / board
+
+
+def ensure_native_binary(console, model_dir: Path, manifest: dict, board: str = "native") -> Path:
+    """Build the native firmware for this model unless an up-to-date build is recorded."""
+    out = _build_dir_for(model_dir, board)
+    stamp = out / ".flashlm-build.json"
+    key = hashlib.sha256(f"{board}|{manifest['model_hash']}|{manifest.get('layout_id')}|{_firmware_digest()}"
+                         .encode()).hexdigest()
+    try:
+        rec = json.loads(stamp.read_text())
+        if rec.get("key") == key and Path(rec["binary"]).is_file():
+            console.print(f"  firmware up to date: {rec['binary']}")
+            return Path(rec["binary"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    _step(console, f"building {board} firmware into {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    res = _build(console, board, out, model_dir / manifest["blob"])
+    if res.binary is None:
+        raise UserError(f"board {board} has no host-runnable binary; flash {res.project_dir} and use --port")
+    from .report import atomic_write_bytes
+    atomic_write_bytes(stamp, json.dumps({"key": key, "binary": str(Path(res.binary).resolve())}).encode())
+    if res.size_text:
+        console.print(res.size_text, markup=False)
+    return Path(res.binary)
+
+
+def cmd_build(args, console) -> int:
+    model_dir, manifest, blob = None, None, None
+    if args.model:
+        model_dir, manifest = load_manifest(args.model)
+        blob = model_dir / manifest["blob"]
+    Bf = _need("firmware.build", "firmware building")
+    if blob is None and len(inspect.signature(Bf.build_firmware).parameters) >= 3:
+        raise UserError("building firmware needs the model it is sized for: pass --model OUTDIR")
+    out = Path(args.output) if args.output else (
+        _build_dir_for(model_dir, args.board) if model_dir else Path("build") / args.board)
+    out.mkdir(parents=True, exist_ok=True)
+    _step(console, f"building firmware for {args.board} into {out}")
+    res = _build(console, args.board, out, blob)
+    if res.size_text:
+        console.print(res.size_text, markup=False)
+    if res.binary is not None:
+        console.print(f"[green]binary[/] {res.binary}")
+        if manifest is not None and not args.output:
+            from .report import atomic_write_bytes
+            key = hashlib.sha256(f"{args.board}|{manifest['model_hash']}|{manifest.get('layout_id')}|"
+                                 f"{_firmware_digest()}".encode()).hexdigest()
+            atomic_write_bytes(out / ".flashlm-build.json",
+                               json.dumps({"key": key, "binary": str(Path(res.binary).resolve())}).encode())
+    else:
+        console.print(f"[green]project[/] {res.project_dir} (build and flash it with the board's toolchain)")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+
+def _write_outputs(console, result, json_path=None, csv_path=None, png_path=None) -> None:
+    from . import report as R
+    for path, fn, what in ((json_path, R.write_json, "JSON"), (csv_path, R.write_csv, "CSV"),
+                           (png_path, R.plot_png, "plot")):
+        if path:
+            fn(result, path)
+            console.print(f"[green]wrote[/] {what} {path}")
+
+
+def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max_tokens=32,
+        temperature=0.0, top_p=0.0, seed=0, json_path=None, csv_path=None, png_path=None,
+        baud=115200, timeout=10.0) -> int:
+    from contextlib import ExitStack
+
+    from . import report as R
+    from .protocol import Link
+    from .session import BoardError, DeviceError, LinkTimeout, Session, open_port
+
+    model_dir, manifest = load_manifest(model)
+    ns = argparse.Namespace(prompt=prompt, prompt_ids=prompt_ids)
+    ids, tok = encode_prompt(ns, model_dir, manifest)
+    if board is not None and board != "native":
+        raise UserError(f"--board {board}: flashlm can only start the native virtual board; flash a real "
+                        f"board with 'flashlm build --board {board}' and pass --port")
+
+    prompt_text, piece_of = "", None
+    if tok is not None:
+        pieces = getattr(tok, "pieces", None)
+        if pieces is not None:
+            piece_of = lambda i: pieces[i] if 0 <= i < len(pieces) else None  # noqa: E731
+        try:
+            T = _need("converter.tokenizer", "the tokenizer")
+            prompt_text = bytes(T.decode(tok, ids)).decode("utf-8", "replace")
+        except Exception:
+            prompt_text = ""
+
+    vb = None
+    with ExitStack() as stack:
+        if board == "native":
+            binary = ensure_native_binary(console, model_dir, manifest)
+            blob = model_dir / manifest["blob"]
+            _step(console, "starting the native virtual board")
+            from .virtual import start_native_board
+            vb = stack.enter_context(start_native_board(binary, blob, timeout=timeout))
+            port = vb.port
+            console.print(f"  pid {vb.proc.pid} on {port}")
+        ser = open_port(port, baud)
+        stack.callback(ser.close)
+        sess = Session(Link(ser), name=port, frame_timeout=timeout)
+        try:
+            _step(console, f"handshake on {port}")
+            hello = sess.handshake(timeout=timeout)
+            console.print(f"  board [bold]{hello.board}[/] fw {hello.fw_version}, clock: [bold]{R.clock_name(hello.clock)}[/], "
+                          f"model {bytes(hello.model_hash).hex()[:16]}, layout {hello.layout_id}, context {hello.max_seq_len}",
+                          soft_wrap=True)
+            sess.check_model(hello, manifest["model_hash"])
+            check_prompt_length(len(ids), int(hello.max_seq_len), f"board {hello.board}'s")
+            if int(hello.vocab_size) != int(manifest["config"]["vocab_size"]):
+                raise UserError(f"board {hello.board} reports vocab {hello.vocab_size}, the model has "
+                                f"{manifest['config']['vocab_size']}")
+            _step(console, f"generating up to {max_tokens} tokens from a {len(ids)}-token prompt")
+            with R.LiveView(console, hello, piece_of=piece_of, prompt_text=prompt_text) as view:
+                result = sess.generate(ids, max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                                       on_token=view.on_token)
+        except (DeviceError, LinkTimeout) as e:
+            if vb is not None and not vb.alive:
+                raise BoardError(f"{e}; {vb.describe_exit()}") from None
+            partial = getattr(e, "partial", None)
+            if partial is not None and partial.tokens:
+                _write_outputs(console, partial, json_path, csv_path, png_path)
+            raise
+        except BoardError as e:
+            if vb is not None and not vb.alive:
+                raise BoardError(f"{e}; {vb.describe_exit()}") from None
+            raise
+
+    R.print_summary(console, result)
+    _write_outputs(console, result, json_path, csv_path, png_path)
+    if result.missing_steps:
+        shown = ", ".join(map(str, result.missing_steps[:20]))
+        print(f"flashlm: warning: {len(result.missing_steps)} step(s) lost on the link: {shown}", file=sys.stderr)
+    return 130 if result.interrupted else 0
+
+
+def cmd_run(args, console) -> int:
+    if args.prompt is None and args.prompt_ids is None:
+        raise UserError("give a prompt: --prompt TEXT or --prompt-ids 1,2,3")
+    return run(console, args.model, prompt=args.prompt, prompt_ids=args.prompt_ids, board=args.board,
+               port=args.port, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+               seed=args.seed, json_path=args.json, csv_path=args.csv, png_path=args.png, baud=args.baud,
+               timeout=args.timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# demo
+
+def cmd_demo(args, console) -> int:
+    if args.board != "native":
+        raise UserError(f"the demo runs on the native virtual board; for {args.board}, use build + run --port")
+    model = DEFAULT_MODEL
+    if not model.is_file():
+        raise UserError(f"the default model {model} is not there (make it with "
+                        f"'flashlm train --out {model.parent}')")
+    tok = model.parent / "tokenizer.json"
+    out = Path(args.output)
+    console.rule("[bold]flashlm demo[/]: 1/3 convert")
+    console.print(f"converting {model} (q8, group 32) into {out}/")
+    convert(console, model, out, tokenizer=tok if tok.is_file() else None, fmt="q8", group_size=32)
+    console.rule("[bold]flashlm demo[/]: 2/3 build")
+    _, manifest = load_manifest(out)
+    ensure_native_binary(console, out, manifest)
+    console.rule("[bold]flashlm demo[/]: 3/3 run")
+    console.print(f"prompt {args.prompt!r}, up to {args.max_tokens} tokens, greedy")
+    rc = run(console, out, prompt=args.prompt, board="native", max_tokens=args.max_tokens,
+             json_path=out / "run.json", csv_path=out / "run.csv", png_path=out / "run.png",
+             timeout=args.timeout)
+    if rc == 0:
+        console.print(f"[green]demo done[/]: {out}/run.json, run.csv, run.png")
+    return rc
+
+
+# ---------------------------------------------------------------------------------------------
+# train (delegated)
+
+def cmd_train(args, console, extra) -> int:
+    T = _need("converter.train", "training")
+    p = _Parser(prog="flashlm train", description="Train a small model (converter.train).")
+    if not hasattr(T, "add_arguments"):
+        raise UserError("training is not available (converter.train has no add_arguments)")
+    T.add_arguments(p)
+    targs = p.parse_args(extra)
+    errors = tuple(getattr(T, n) for n in ("TrainError", "CorpusError") if isinstance(getattr(T, n, None), type))
+    for name in ("main_train", "run", "main", "run_train"):
+        fn = getattr(T, name, None)
+        if callable(fn):
+            try:
+                rc = fn(targs)
+            except errors as e:
+                raise UserError(str(e)) from None
+            return rc if isinstance(rc, int) else 0
+    raise UserError("training is not available (converter.train has no run function)")
+
+
+# ---------------------------------------------------------------------------------------------
+# parser and entry point
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="flashlm", description="Small transformer LMs on microcontrollers, with per-token timing.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    c = sub.add_parser("convert", help="checkpoint -> quantized flash image + manifest")
+    c.add_argument("checkpoint", metavar="CHECKPOINT")
+    c.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json or llama2.c tokenizer.bin")
+    c.add_argument("-o", "--output", metavar="OUTDIR", default="out/model")
+    c.add_argument("--format", choices=("q8", "q4"), default="q8")
+    c.add_argument("--group-size", type=_positive_int, default=32, metavar="N")
+    c.add_argument("--quant", action="append", default=[], metavar="PATTERN=FMT[:G]",
+                   help="per-tensor override, e.g. 'layers.*.ffn=q4:32' (repeatable)")
+    c.add_argument("--no-report", action="store_true", help="skip the quality report")
+    c.set_defaults(func=cmd_convert)
+
+    b = sub.add_parser("build", help="render and build the firmware for a board")
+    b.add_argument("--board", default="native")
+    b.add_argument("--model", metavar="OUTDIR", help="model directory the firmware is sized for")
+    b.add_argument("-o", "--output", metavar="BUILDDIR")
+    b.set_defaults(func=cmd_build)
+
+    r = sub.add_parser("run", help="generate on a board and show per-token timing")
+    where = r.add_mutually_exclusive_group(required=True)
+    where.add_argument("--board", help="start a virtual board (native)")
+    where.add_argument("--port", metavar="PATH", help="serial port of a flashed board")
+    r.add_argument("--model", metavar="OUTDIR", required=True)
+    pr = r.add_mutually_exclusive_group()
+    pr.add_argument("--prompt", metavar="TEXT")
+    pr.add_argument("--prompt-ids", metavar="1,2,3")
+    r.add_argument("--max-tokens", type=_positive_int, default=32, metavar="N")
+    r.add_argument("--temperature", type=_nonneg_float, default=0.0, metavar="T")
+    r.add_argument("--top-p", type=_top_p, default=0.0, metavar="P")
+    r.add_argument("--seed", type=_nonneg_int, default=0, metavar="S")
+    r.add_argument("--json", metavar="FILE")
+    r.add_argument("--csv", metavar="FILE")
+    r.add_argument("--png", metavar="FILE")
+    r.add_argument("--baud", type=_positive_int, default=115200, metavar="B")
+    r.add_argument("--timeout", type=_seconds, default=10.0, metavar="S",
+                   help="seconds to wait for the board and for each frame (default 10)")
+    r.set_defaults(func=cmd_run)
+
+    d = sub.add_parser("demo", help="convert the shipped model, build, run, write out/demo/run.*")
+    d.add_argument("--board", default="native")
+    d.add_argument("--prompt", default=DEFAULT_PROMPT)
+    d.add_argument("--max-tokens", type=_positive_int, default=48, metavar="N")
+    d.add_argument("-o", "--output", default="out/demo", metavar="OUTDIR")
+    d.add_argument("--timeout", type=_seconds, default=10.0, metavar="S")
+    d.set_defaults(func=cmd_demo)
+
+    t = sub.add_parser("train", help="train a small model (options: flashlm train --help)", add_help=False)
+    t.set_defaults(func=None, train=True)
+    return p
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and not type(e).__module__.startswith("serial"):
+        if e.filename is not None:
+            why = e.strerror or str(e)
+            if isinstance(e, FileNotFoundError):
+                why = "no such file or directory"
+            return f"{e.filename}: {why}"
+        text = e.strerror or str(e)
+    else:
+        text = str(e)
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def _user_errors() -> tuple:
+    errs = [UserError, OSError]
+    for mod, name in (("converter.ir", "ModelError"), ("host.virtual", "BoardError"),
+                      ("host.protocol", "ProtocolError")):
+        try:
+            import importlib
+            errs.append(getattr(importlib.import_module(mod), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errs)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if getattr(args, "train", False):
+            pass
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        elif args.command is None:
+            parser.error("choose a command: convert, build, run, demo, train")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    debug = bool(os.environ.get("FLASHLM_DEBUG"))
+    user_errors = _user_errors()
+    console = _console()
+    try:
+        try:
+            if getattr(args, "train", False):
+                return cmd_train(args, console, extra)
+            return int(args.func(args, console) or 0)
+        except SystemExit as e:     # the train parser's own argparse errors / --help
+            return e.code if isinstance(e.code, int) else 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("flashlm: interrupted", file=sys.stderr)
+        return 130
+    except user_errors as e:
+        if debug:
+            raise
+        print(f"flashlm: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,439 @@
+"""What a run shows and writes: the live per-step table, the end summary, JSON / CSV / PNG.
+
+Every number comes from the device's own per-phase µs (TOKEN frames), never from the host's
+wall clock, and is printed together with the board name and the clock source the HELLO named
+("host clock", "chip timer", "emulated timer").  Host wall time is reported once, labelled.
+
+Step kinds: a *prompt* step's output is unused (out_id None); a *generated* step produced a
+token (the last prompt step and every later one), so "generated tok/s" is the generated tokens
+divided by the device time of the steps that produced them.
+"""
+from __future__ import annotations
+
+import codecs
+import csv
+import io
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from .protocol import PHASES, TIERS
+from .session import RunResult, clock_name
+
+PHASE_HEADERS = {"embed": "flash-read µs", "attention": "attention µs", "ffn": "FFN µs",
+                 "output": "output µs", "sampling": "sampling µs"}
+PHASE_COLORS = {"embed": "#4c72b0", "attention": "#dd8452", "ffn": "#55a868",
+                "output": "#c44e52", "sampling": "#8172b3"}
+
+
+# ---------------------------------------------------------------------------------------------
+# numbers
+
+def percentile(values, q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default), ``q`` in [0, 100]; None when empty."""
+    v = sorted(float(x) for x in values)
+    if not v:
+        return None
+    k = (len(v) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def step_total(tok) -> int:
+    return int(sum(tok.us))
+
+
+def group_stats(tokens) -> dict:
+    """p50/p95/mean per phase and of the step total, plus mean bytes per tier, for some steps."""
+    out: dict = {"steps": len(tokens), "phases": {}, "bytes": {}}
+    cols = {p: [t.us[i] for t in tokens] for i, p in enumerate(PHASES)}
+    cols["total"] = [step_total(t) for t in tokens]
+    for name, vals in cols.items():
+        out["phases"][name] = {"p50": percentile(vals, 50), "p95": percentile(vals, 95),
+                               "mean": (sum(vals) / len(vals)) if vals else None,
+                               "sum": int(sum(vals))}
+    for i, tier in enumerate(TIERS):
+        vals = [t.bytes_read[i] for t in tokens]
+        out["bytes"][tier] = (sum(vals) / len(vals)) if vals else None
+    return out
+
+
+def _rate(n: int, us: int) -> float | None:
+    return n / (us / 1e6) if n and us > 0 else None
+
+
+def summarize(result: RunResult) -> dict:
+    hello = result.hello
+    prompt, gen = result.prompt_steps, result.generated_steps
+    ps, gs = group_stats(prompt), group_stats(gen)
+    gen_us = gs["phases"]["total"]["sum"]
+    prompt_us = ps["phases"]["total"]["sum"]
+    done = result.done
+    return {
+        "board": result.board,
+        "clock": result.clock,
+        "fw_version": getattr(hello, "fw_version", None),
+        "model_hash": bytes(hello.model_hash).hex() if hello is not None else None,
+        "layout_id": getattr(hello, "layout_id", None),
+        "prompt_tokens": len(result.prompt_ids),
+        "steps_received": len(result.tokens),
+        "generated_tokens": len(gen),
+        "reason": done.reason if done is not None else ("interrupted" if result.interrupted else "incomplete"),
+        "interrupted": result.interrupted,
+        "missing_steps": list(result.missing_steps),
+        "duplicate_steps": list(result.duplicate_steps),
+        "frame_gaps": result.frame_gaps,
+        "bad_frames": result.bad_frames,
+        "prompt": ps,
+        "generated": gs,
+        # device time only: generated tokens over the µs of the steps that produced them
+        "tokens_per_s": _rate(len(gen), gen_us),
+        "prompt_steps_per_s": _rate(len(prompt), prompt_us),
+        "bytes_per_token": gs["bytes"],
+        "device_total_us": int(done.total_us) if done is not None else None,
+        "device_steps_us": int(sum(step_total(t) for t in result.tokens)),
+        "host_wall_s": result.wall_s,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# text helpers
+
+_SURROGATE = re.compile(r"(?<!\\)((?:\\\\)*)\\udc([89a-f][0-9a-f])")
+
+
+def piece_repr(piece: bytes | None) -> str:
+    """A token piece shown safely: Python repr of its text, bytes that are not UTF-8 as \\xNN."""
+    if piece is None:
+        return ""
+    return _SURROGATE.sub(r"\1\\x\2", repr(bytes(piece).decode("utf-8", "surrogateescape")))
+
+
+def _fmt(v, nd: int = 0) -> str:
+    if v is None:
+        return "–"
+    if nd == 0:
+        return f"{v:,.0f}"
+    return f"{v:,.{nd}f}"
+
+
+def where(result_or_hello) -> str:
+    """'board X, clock Y' for a RunResult or a Hello."""
+    h = getattr(result_or_hello, "hello", result_or_hello)
+    board = getattr(h, "board", None) or getattr(result_or_hello, "board_name", None) or "?"
+    return f"board {board}, {clock_name(getattr(h, 'clock', None))}"
+
+
+# ---------------------------------------------------------------------------------------------
+# live view
+
+class LiveView:
+    """Shows each TOKEN as it arrives: a rich ``Live`` table on a terminal, one line per step
+    otherwise (pipes, CI logs).  Use as a context manager; pass ``on_token`` to Session.generate."""
+
+    def __init__(self, console, hello=None, piece_of=None, prompt_text: str = "", max_rows: int | None = None):
+        self.console = console
+        self.hello = hello
+        self.piece_of = piece_of          # id -> bytes, for showing prompt steps' input tokens
+        self.prompt_text = prompt_text
+        self.tokens: list = []
+        self.text = ""
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self._live = None
+        self.max_rows = max_rows
+        self._printed_header = False
+
+    # rows ------------------------------------------------------------------------------------
+    def _token_cell(self, t):
+        from rich.text import Text
+        if t.out_id is not None:
+            return Text(piece_repr(t.piece))
+        shown = None
+        if self.piece_of is not None:
+            try:
+                shown = self.piece_of(t.in_id)
+            except Exception:       # a display nicety must never break a run
+                shown = None
+        return Text(piece_repr(shown) if shown is not None else f"#{t.in_id}", style="dim")
+
+    def _row(self, t) -> list[str]:
+        return ([str(t.step), str(t.pos)] + [f"{u:,}" for u in t.us] + [f"{step_total(t):,}"]
+                + [f"{b:,}" for b in t.bytes_read])
+
+    def render(self):
+        from rich.console import Group
+        from rich.panel import Panel
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(title=f"per-step device time ({where(self.hello)})", title_justify="left",
+                      expand=False)
+        table.add_column("step", justify="right")
+        table.add_column("pos", justify="right")
+        table.add_column("token", overflow="ellipsis", max_width=18, no_wrap=True)
+        for p in PHASES:
+            table.add_column(PHASE_HEADERS[p], justify="right")
+        table.add_column("total µs", justify="right", style="bold")
+        for tier in TIERS:
+            table.add_column(f"{tier} B", justify="right")
+        rows = self.max_rows or max(5, (self.console.size.height or 30) - 12)
+        for t in self.tokens[-rows:]:
+            r = self._row(t)
+            style = "dim" if t.out_id is None else None
+            table.add_row(r[0], r[1], self._token_cell(t), *r[2:], style=style)
+        text = Text(self.prompt_text, style="dim")
+        text.append(self.text, style="bold")
+        return Group(table, Panel(text, title="text", title_align="left"))
+
+    # streaming -------------------------------------------------------------------------------
+    def on_token(self, t) -> None:
+        self.tokens.append(t)
+        if t.out_id is not None:
+            self.text += self._utf8.decode(bytes(t.piece))
+        if self._live is not None:
+            self._live.update(self.render())
+        else:
+            self._print_line(t)
+
+    def _print_line(self, t) -> None:
+        if not self._printed_header:
+            self._printed_header = True
+            head = (f"{'step':>5} {'pos':>5} {'token':<16} " + " ".join(f"{PHASE_HEADERS[p]:>14}" for p in PHASES)
+                    + f" {'total µs':>10} " + " ".join(f"{tier + ' B':>10}" for tier in TIERS)
+                    + f"   [{where(self.hello)}]")
+            self.console.print(head, markup=False, highlight=False, soft_wrap=True)
+        r = self._row(t)
+        tok = self._token_cell(t).plain
+        line = (f"{r[0]:>5} {r[1]:>5} {tok[:16]:<16} " + " ".join(f"{v:>14}" for v in r[2:7])
+                + f" {r[7]:>10} " + " ".join(f"{v:>10}" for v in r[8:]))
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def __enter__(self) -> "LiveView":
+        if self.console.is_terminal:
+            from rich.live import Live
+            self._live = Live(self.render(), console=self.console, refresh_per_second=8,
+                              transient=False, redirect_stdout=False, redirect_stderr=False)
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.text += self._utf8.decode(b"", final=True)
+        if self._live is not None:
+            self._live.update(self.render())
+            self._live.stop()
+            self._live = None
+        elif self.tokens:
+            from rich.text import Text
+            t = Text("text: ", style="bold")
+            t.append(self.prompt_text, style="dim")
+            t.append(self.text)
+            self.console.print(t)
+
+
+# ---------------------------------------------------------------------------------------------
+# summary
+
+def summary_renderables(result: RunResult) -> list:
+    from rich.table import Table
+    from rich.text import Text
+
+    s = summarize(result)
+    at = where(result)
+    out = []
+    table = Table(title=f"device µs per step — {at}", title_justify="left")
+    table.add_column("phase", no_wrap=True)
+    for grp in ("prompt", "generated"):
+        table.add_column(f"{grp} steps (n={s[grp]['steps']})\np50 / p95 / mean", justify="right", no_wrap=True)
+    for name in list(PHASES) + ["total"]:
+        label = PHASE_HEADERS.get(name, "total µs")
+        cells = []
+        for grp in ("prompt", "generated"):
+            ph = s[grp]["phases"][name]
+            cells.append(f"{_fmt(ph['p50'])} / {_fmt(ph['p95'])} / {_fmt(ph['mean'], 1)}")
+        table.add_row(label, *cells, style="bold" if name == "total" else None)
+    out.append(table)
+
+    lines = []
+    tps = s["tokens_per_s"]
+    gen_us = s["generated"]["phases"]["total"]["sum"]
+    lines.append(f"generated: {s['generated_tokens']} tokens in {gen_us:,} µs of device time"
+                 + (f" = {tps:,.2f} tok/s" if tps else "") + f"  [{at}]")
+    pps = s["prompt_steps_per_s"]
+    if s["prompt"]["steps"]:
+        lines.append(f"prompt: {s['prompt']['steps']} steps in {s['prompt']['phases']['total']['sum']:,} µs"
+                     + (f" = {pps:,.2f} steps/s" if pps else "") + f"  [{at}]")
+    b = s["bytes_per_token"]
+    if b["flash"] is not None:
+        lines.append("bytes read per generated token: "
+                     + ", ".join(f"{tier} {b[tier]:,.0f}" for tier in TIERS) + f"  [{at}]")
+    if s["device_total_us"] is not None:
+        lines.append(f"device total (DONE): {s['device_total_us']:,} µs, stop reason {s['reason']}  [{at}]")
+    lines.append(f"host wall time: {s['host_wall_s']:.3f} s (host clock, includes the serial link)")
+    out.extend(Text(line) for line in lines)
+    if s["missing_steps"] or s["frame_gaps"] or s["bad_frames"]:
+        steps = s["missing_steps"]
+        shown = ", ".join(map(str, steps[:20])) + (" ..." if len(steps) > 20 else "")
+        out.append(Text(f"link: {len(steps)} step(s) lost [{shown or 'none'}], {s['frame_gaps']} seq gap(s), "
+                        f"{s['bad_frames']} bad frame(s) — numbers above cover the steps that arrived",
+                        style="bold yellow"))
+    if result.interrupted:
+        out.append(Text("interrupted: STOP sent, showing what arrived", style="yellow"))
+    return out
+
+
+def print_summary(console, result: RunResult) -> None:
+    from rich.text import Text
+    for r in summary_renderables(result):
+        console.print(r, soft_wrap=isinstance(r, Text))
+
+
+# ---------------------------------------------------------------------------------------------
+# files (all atomic: temp file in the same directory, fsync, os.replace)
+
+def atomic_write_bytes(path, data: bytes) -> Path:
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def _hello_dict(h) -> dict | None:
+    if h is None:
+        return None
+    return {"proto_version": h.proto_version, "image_ok": bool(h.image_ok),
+            "model_hash": bytes(h.model_hash).hex(), "layout_id": h.layout_id,
+            "vocab_size": h.vocab_size, "max_seq_len": h.max_seq_len, "clock": h.clock,
+            "clock_name": clock_name(h.clock), "fw_version": h.fw_version, "board": h.board}
+
+
+def _token_dict(t) -> dict:
+    return {"step": t.step, "pos": t.pos, "in_id": t.in_id, "out_id": t.out_id,
+            "kind": "prompt" if t.out_id is None else "generated",
+            "piece": bytes(t.piece).decode("utf-8", "replace"), "piece_hex": bytes(t.piece).hex(),
+            "us": dict(zip(PHASES, map(int, t.us))), "total_us": step_total(t),
+            "bytes_read": dict(zip(TIERS, map(int, t.bytes_read))), "logits_crc": t.logits_crc}
+
+
+def result_dict(result: RunResult) -> dict:
+    d = result.done
+    return {
+        "format": "flashlm-run", "version": 1,
+        "hello": _hello_dict(result.hello),
+        "params": {"prompt_ids": list(result.prompt_ids), "max_new_tokens": result.max_new_tokens,
+                   "temperature": result.temperature, "top_p": result.top_p, "seed": result.seed},
+        "done": None if d is None else {"steps": d.steps, "generated": d.generated, "reason": d.reason,
+                                        "total_us": d.total_us, "phase_us": dict(zip(PHASES, map(int, d.phase_us)))},
+        "text": result.text_bytes.decode("utf-8", "replace"),
+        "generated_ids": result.generated_ids,
+        "tokens": [_token_dict(t) for t in result.tokens],
+        "missing_steps": list(result.missing_steps),
+        "link": {"stats": result.stats, "run": result.run_stats, "gaps": [list(g) for g in result.gap_pairs]},
+        "logs": list(result.logs),
+        "logits": {str(k): [float(x) for x in v] for k, v in result.logits.items()},
+        "summary": summarize(result),
+    }
+
+
+def write_json(result: RunResult, path) -> Path:
+    text = json.dumps(result_dict(result), indent=1, allow_nan=False, default=_json_default)
+    return atomic_write_bytes(path, (text + "\n").encode("utf-8"))
+
+
+def _json_default(o):
+    if isinstance(o, (bytes, bytearray)):
+        return bytes(o).hex()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+CSV_FIELDS = (["step", "pos", "kind", "in_id", "out_id", "piece"] + [f"{p}_us" for p in PHASES]
+              + ["total_us"] + [f"{t}_bytes" for t in TIERS] + ["logits_crc", "board", "clock"])
+
+
+def write_csv(result: RunResult, path) -> Path:
+    """One row per step, lost steps included (kind "missing", empty numbers)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    rows = {int(t.step): t for t in result.tokens}
+    board, clock = result.board, result.clock
+    for step in sorted(set(rows) | set(result.missing_steps)):
+        t = rows.get(step)
+        if t is None:
+            w.writerow({"step": step, "kind": "missing", "board": board, "clock": clock})
+            continue
+        row = {"step": t.step, "pos": t.pos, "kind": "prompt" if t.out_id is None else "generated",
+               "in_id": t.in_id, "out_id": "" if t.out_id is None else t.out_id,
+               "piece": piece_repr(t.piece)[1:-1] if t.out_id is not None else "",
+               "total_us": step_total(t), "logits_crc": t.logits_crc, "board": board, "clock": clock}
+        row.update({f"{p}_us": int(u) for p, u in zip(PHASES, t.us)})
+        row.update({f"{tier}_bytes": int(b) for tier, b in zip(TIERS, t.bytes_read)})
+        w.writerow(row)
+    return atomic_write_bytes(path, buf.getvalue().encode("utf-8"))
+
+
+def plot_png(result: RunResult, path) -> Path:
+    """Stacked bars of per-phase device µs per step; prompt steps hatched and paler."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    toks = sorted(result.tokens, key=lambda t: t.step)
+    n = max([t.step for t in toks] + list(result.missing_steps) + [0]) + 1
+    fig = Figure(figsize=(min(18.0, max(7.0, 3.0 + 0.12 * n)), 4.8), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    groups = [("prompt", [t for t in toks if t.out_id is None]),
+              ("generated", [t for t in toks if t.out_id is not None])]
+    for kind, ts in groups:
+        if not ts:
+            continue
+        xs = [t.step for t in ts]
+        bottom = [0.0] * len(ts)
+        for i, p in enumerate(PHASES):
+            vals = [float(t.us[i]) for t in ts]
+            ax.bar(xs, vals, bottom=bottom, width=0.85, color=PHASE_COLORS[p],
+                   alpha=0.45 if kind == "prompt" else 0.95,
+                   hatch="//" if kind == "prompt" else None, edgecolor="white", linewidth=0.3)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+    prompt_steps = [t.step for t in toks if t.out_id is None]
+    if prompt_steps:
+        ax.axvspan(min(prompt_steps) - 0.5, max(prompt_steps) + 0.5, color="0.92", zorder=0)
+    for s in result.missing_steps:
+        ax.axvline(s, color="0.4", linestyle=":", linewidth=1)
+    handles = [Patch(color=PHASE_COLORS[p], label=PHASE_HEADERS[p].replace(" µs", "")) for p in PHASES]
+    handles.append(Patch(facecolor="white", edgecolor="0.3", hatch="//", label="prompt step"))
+    if result.missing_steps:
+        handles.append(Patch(facecolor="white", edgecolor="0.4", linestyle=":", label="lost step"))
+    fig.legend(handles=handles, fontsize=8, ncol=len(handles), loc="lower center", frameon=False)
+    s = summarize(result)
+    tps = f", {s['tokens_per_s']:,.1f} tok/s" if s["tokens_per_s"] else ""
+    ax.set_title(f"{result.board} — {result.clock}: device µs per step{tps}", fontsize=11)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"µs ({result.clock})")
+    ax.set_xlim(-0.75, n - 0.25)
+    ax.margins(y=0.15)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return atomic_write_bytes(path, buf.getvalue())

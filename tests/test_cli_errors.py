@@ -1,0 +1,272 @@
+"""User errors through ``host.cli.main``: one ``flashlm: error:`` line on stderr, exit 2, no traceback."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from host import cli
+from host.cli import main
+
+
+def _fails(capsys, argv, *needles, code=2):
+    rc = main(argv)
+    out = capsys.readouterr()
+    assert rc == code, (rc, out.out, out.err)
+    assert "Traceback" not in out.err and "Traceback" not in out.out
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flashlm: error: "), out.err
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+def _model_dir(tmp_path, max_seq_len=8, vocab=32, tokenizer=None):
+    d = tmp_path / "model"
+    d.mkdir(exist_ok=True)
+    (d / "manifest.json").write_text(json.dumps({
+        "blob": "model.flmb", "tokenizer": tokenizer, "model_hash": "00" * 16, "layout_id": 1,
+        "config": {"max_seq_len": max_seq_len, "vocab_size": vocab}}))
+    return d
+
+
+# -- argument parsing ---------------------------------------------------------------------------
+
+def test_no_command(capsys):
+    _fails(capsys, [], "choose a command")
+
+
+def test_unknown_command(capsys):
+    _fails(capsys, ["frobnicate"], "invalid choice")
+
+
+def test_unknown_option(capsys, tmp_path):
+    _fails(capsys, ["run", "--port", "x", "--model", str(tmp_path), "--bogus"], "unrecognized arguments: --bogus")
+
+
+def test_run_needs_a_target(capsys, tmp_path):
+    _fails(capsys, ["run", "--model", str(tmp_path), "--prompt-ids", "1"], "--board", "--port")
+
+
+def test_bad_numbers(capsys, tmp_path):
+    _fails(capsys, ["run", "--port", "x", "--model", str(tmp_path), "--max-tokens", "0"], "at least 1")
+    _fails(capsys, ["run", "--port", "x", "--model", str(tmp_path), "--top-p", "1.5"], "[0, 1]")
+    _fails(capsys, ["run", "--port", "x", "--model", str(tmp_path), "--temperature", "nan"], "number >= 0")
+
+
+def test_help_is_not_an_error(capsys):
+    assert main(["--help"]) == 0
+    assert "convert" in capsys.readouterr().out
+
+
+# -- convert ------------------------------------------------------------------------------------
+
+def test_convert_missing_checkpoint(capsys, tmp_path):
+    _fails(capsys, ["convert", str(tmp_path / "nope.pt"), "-o", str(tmp_path / "o")], "nope.pt", "does not exist")
+
+
+def test_convert_missing_tokenizer(capsys, tmp_path):
+    ck = tmp_path / "m.bin"
+    ck.write_bytes(b"\0" * 64)
+    _fails(capsys, ["convert", str(ck), "--tokenizer", str(tmp_path / "t.json")], "t.json", "does not exist")
+
+
+def test_convert_bad_quant_override(capsys, tmp_path):
+    pytest.importorskip("converter.quantize")
+    ck = tmp_path / "m.bin"
+    ck.write_bytes(b"\0" * 64)
+    _fails(capsys, ["convert", str(ck), "--quant", "layers.*.ffn=q3"], "--quant")
+    _fails(capsys, ["convert", str(ck), "--group-size", "5000"], "group size 5000")
+
+
+def test_convert_garbage_checkpoint(capsys, tmp_path):
+    pytest.importorskip("converter.load")
+    ck = tmp_path / "garbage.bin"
+    ck.write_bytes(b"definitely not a model" * 10)
+    _fails(capsys, ["convert", str(ck), "-o", str(tmp_path / "o"), "--no-report"], "garbage.bin")
+    assert not (tmp_path / "o" / "manifest.json").exists()
+
+
+# -- run: model directory and prompt ------------------------------------------------------------
+
+def test_run_missing_model_dir(capsys, tmp_path):
+    _fails(capsys, ["run", "--port", "/dev/null", "--model", str(tmp_path / "nope"), "--prompt-ids", "1"],
+           "does not exist", "flashlm convert")
+
+
+def test_run_dir_without_manifest(capsys, tmp_path):
+    _fails(capsys, ["run", "--port", "/dev/null", "--model", str(tmp_path), "--prompt-ids", "1"], "no manifest.json")
+
+
+def test_run_bad_manifest(capsys, tmp_path):
+    (tmp_path / "manifest.json").write_text("{not json")
+    _fails(capsys, ["run", "--port", "/dev/null", "--model", str(tmp_path), "--prompt-ids", "1"], "not valid JSON")
+    (tmp_path / "manifest.json").write_text(json.dumps({"blob": "x"}))
+    _fails(capsys, ["run", "--port", "/dev/null", "--model", str(tmp_path), "--prompt-ids", "1"], "lacks")
+
+
+def test_run_prompt_too_long_refused_before_the_board(capsys, tmp_path):
+    d = _model_dir(tmp_path, max_seq_len=4)
+    # the port does not exist either: the prompt is refused first, before anything is opened
+    _fails(capsys, ["run", "--port", "/dev/ttyNOPE", "--model", str(d), "--prompt-ids", "1,2,3,4,5,6"],
+           "prompt is 6 tokens", "context is 4 tokens")
+
+
+def test_run_prompt_too_long_text(capsys, tmp_path):
+    pytest.importorskip("converter.tokenizer")
+    import struct
+    pieces = [b"<unk>", b"<s>", b"</s>"] + [bytes([c]) for c in b"abcdefghijklmnopqrstuvwxyz "]
+    tok = tmp_path / "model" / "tokenizer.bin"
+    tok.parent.mkdir()
+    tok.write_bytes(struct.pack("<i", 5) + b"".join(struct.pack("<fi", 0.0, len(p)) + p for p in pieces))
+    d = _model_dir(tmp_path, max_seq_len=8, vocab=len(pieces), tokenizer="tokenizer.bin")
+    line = _fails(capsys, ["run", "--port", "/dev/ttyNOPE", "--model", str(d), "--prompt", "a long prompt here"],
+                  "tokens but the model's context is 8 tokens")
+    assert "prompt is" in line
+
+
+def test_run_bad_prompt_ids(capsys, tmp_path):
+    d = _model_dir(tmp_path)
+    _fails(capsys, ["run", "--port", "/dev/null", "--model", str(d), "--prompt-ids", "1,x"], "'x'")
+    _fails(capsys, ["run", "--port", "/dev/null", "--model", str(d), "--prompt-ids", "1,99"], "99", "vocabulary of 32")
+    _fails(capsys, ["run", "--port", "/dev/null", "--model", str(d), "--prompt-ids", ","], "empty")
+
+
+def test_run_text_prompt_without_tokenizer(capsys, tmp_path):
+    d = _model_dir(tmp_path)
+    _fails(capsys, ["run", "--port", "/dev/null", "--model", str(d), "--prompt", "hi"], "--prompt-ids")
+
+
+def test_run_no_prompt(capsys, tmp_path):
+    d = _model_dir(tmp_path)
+    _fails(capsys, ["run", "--port", "/dev/null", "--model", str(d)], "--prompt")
+
+
+def test_run_port_errors(capsys, tmp_path):
+    d = _model_dir(tmp_path)
+    _fails(capsys, ["run", "--port", str(tmp_path / "ttyX"), "--model", str(d), "--prompt-ids", "1"],
+           "serial port", "ttyX", "does not exist")
+    _fails(capsys, ["run", "--port", str(d / "manifest.json"), "--model", str(d), "--prompt-ids", "1"],
+           "not a serial port")
+    _fails(capsys, ["run", "--port", "/dev/null", "--model", str(d), "--prompt-ids", "1"], "not a tty")
+
+
+def test_run_real_board_needs_port(capsys, tmp_path):
+    d = _model_dir(tmp_path)
+    _fails(capsys, ["run", "--board", "esp32s3", "--model", str(d), "--prompt-ids", "1"], "--port")
+
+
+# -- run --board native: the virtual board's failure modes --------------------------------------
+
+def _script(tmp_path, body: str) -> Path:
+    p = tmp_path / "fw"
+    p.write_text(f"#!{sys.executable}\n" + textwrap.dedent(body))
+    p.chmod(p.stat().st_mode | stat.S_IXUSR)
+    return p
+
+
+@pytest.fixture
+def native(monkeypatch, tmp_path):
+    """Point `run --board native` at a given binary instead of building one."""
+    d = _model_dir(tmp_path)
+    (d / "model.flmb").write_bytes(b"FLMB")
+
+    def use(binary):
+        monkeypatch.setattr(cli, "ensure_native_binary", lambda console, model_dir, manifest, board="native": binary)
+        return ["run", "--board", "native", "--model", str(d), "--prompt-ids", "1", "--timeout", "1"]
+    return use
+
+
+def test_native_binary_missing(capsys, native, tmp_path):
+    _fails(capsys, native(tmp_path / "nope"), "does not exist")
+
+
+def test_native_binary_dies(capsys, native, tmp_path):
+    fw = _script(tmp_path, """
+        import sys
+        print("blob: bad magic", file=sys.stderr)
+        sys.exit(3)
+    """)
+    _fails(capsys, native(fw), "exited with code 3", "bad magic")
+
+
+def test_native_binary_prints_nothing(capsys, native, tmp_path):
+    fw = _script(tmp_path, """
+        import time
+        time.sleep(30)
+    """)
+    import time
+    t0 = time.monotonic()
+    _fails(capsys, native(fw), "printed nothing within 1 s")
+    assert time.monotonic() - t0 < 5
+
+
+def test_native_binary_prints_garbage(capsys, native, tmp_path):
+    fw = _script(tmp_path, """
+        print("hello world", flush=True)
+        import time; time.sleep(30)
+    """)
+    _fails(capsys, native(fw), "'hello world'", "expected 'pty")
+
+
+def test_native_binary_not_executable(capsys, native, tmp_path):
+    f = tmp_path / "plain"
+    f.write_text("")
+    _fails(capsys, native(f), "not an executable")
+
+
+# -- build / demo / train / Ctrl-C --------------------------------------------------------------
+
+def test_build_unknown_board(capsys, tmp_path):
+    pytest.importorskip("firmware.build")
+    d = _model_dir(tmp_path)
+    _fails(capsys, ["build", "--board", "no-such-board", "--model", str(d), "-o", str(tmp_path / "b")],
+           "no-such-board")
+
+
+def test_build_without_model(capsys, tmp_path):
+    pytest.importorskip("firmware.build")
+    import inspect
+
+    from firmware.build import build_firmware
+    if len(inspect.signature(build_firmware).parameters) < 3:
+        pytest.skip("this build_firmware needs no model")
+    _fails(capsys, ["build", "--board", "native", "-o", str(tmp_path / "b")], "--model")
+
+
+def test_demo_without_default_model(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(cli, "DEFAULT_MODEL", tmp_path / "models" / "default" / "model.pt")
+    _fails(capsys, ["demo", "-o", str(tmp_path / "demo")], "default model", "model.pt")
+
+
+def test_train_bad_option(capsys):
+    try:
+        import converter.train  # noqa: F401
+    except ImportError:
+        _fails(capsys, ["train"], "training is not available")
+        return
+    rc = main(["train", "--preset", "no-such-preset"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and "no-such-preset" in err
+
+
+def test_ctrl_c_exits_130(capsys, monkeypatch, tmp_path):
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "load_manifest", boom)
+    rc = main(["run", "--port", "/dev/null", "--model", str(tmp_path), "--prompt-ids", "1"])
+    err = capsys.readouterr().err
+    assert rc == 130 and "Traceback" not in err and "interrupted" in err
+
+
+def test_debug_env_reraises(monkeypatch, tmp_path):
+    monkeypatch.setenv("FLASHLM_DEBUG", "1")
+    with pytest.raises(cli.UserError):
+        main(["run", "--port", "/dev/null", "--model", str(tmp_path / "nope"), "--prompt-ids", "1"])
+    monkeypatch.delenv("FLASHLM_DEBUG")
+    assert os.environ.get("FLASHLM_DEBUG") is None
