@@ -136,6 +136,9 @@ class Tokenizer:
     bos_id: int | None = None
     eos_id: int | None = None
     hf_json: str | None = None
+    # the pieces exactly as the source file spelled them (llama2.c tokenizer.bin: "<0x0A>", "\n<s>\n"),
+    # for a lossless write-back; None when ``pieces`` is the only spelling
+    raw_pieces: list[bytes] | None = None
 
     def __len__(self) -> int:
         return len(self.pieces)

@@ -1,0 +1,126 @@
+"""``make bench`` / ``python -m bench``: figures measured in one run, printed, never asserted.
+
+* native board, default model at q8 and q4: µs per phase (median over decode steps, from the
+  firmware's own clock — the host's monotonic clock on the native board), tok/s, bytes per token
+  per tier;
+* convert time of a ~15M-parameter random llama2.c v1 checkpoint (dim 288, 6 layers, 6 heads,
+  vocab 32000, context 256): load + quantize + blob.
+
+Results go to bench/results.json; the previous file's figures are shown beside as ratios.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from converter.blob import write_blob
+from converter.ir import ModelConfig, ModelIR
+from converter.load import load_model
+from converter.llama2c import write_llama2c
+from converter.quantize import quantize
+from converter.tokenizer import encode
+from firmware.build import build_firmware
+from host.protocol import PHASES, TIERS, Link
+from host.session import Session, open_port
+from host.virtual import start_native_board
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results.json"
+PROMPT = "ROMEO:\nWhat light through yonder window breaks?"
+
+
+def native_run(qm, work: Path, new_tokens: int = 96) -> dict:
+    blob = work / "model.flmb"
+    write_blob(qm, blob)
+    fw = build_firmware("native", work / "fw", blob)
+    ids = encode(qm.tokenizer, PROMPT) if qm.tokenizer is not None and qm.tokenizer.hf_json else [1, 2, 3]
+    with start_native_board(fw.binary, blob) as board:
+        ser = open_port(board.port)
+        try:
+            s = Session(Link(ser), frame_timeout=30)
+            s.handshake()
+            res = s.generate(ids, new_tokens)
+        finally:
+            ser.close()
+    dec = [t for t in res.tokens if t.out_id is not None][1:]      # decode steps only
+    per_phase = {p: statistics.median(t.us[i] for t in dec) for i, p in enumerate(PHASES)}
+    total_us = sum(sum(t.us) for t in dec)
+    return dict(clock=res.clock, board=res.board, decode_steps=len(dec),
+                us_median=per_phase, tok_per_s=len(dec) / (total_us / 1e6) if total_us else float("inf"),
+                bytes_per_token={tier: dec[-1].bytes_read[i] for i, tier in enumerate(TIERS)},
+                bytes_per_token_at_pos=dec[-1].pos)
+
+
+def default_model() -> ModelIR:
+    path = ROOT / "models" / "default" / "model.pt"
+    return load_model(path)
+
+
+def convert_15m(work: Path) -> dict:
+    cfg = ModelConfig(dim=288, n_layers=6, n_heads=6, n_kv_heads=6, vocab_size=32000, hidden_dim=768,
+                      max_seq_len=256, tied=True)
+    rng = np.random.default_rng(0)
+    tensors = {n: (np.ones(s, np.float32) if len(s) == 1 else rng.standard_normal(s, np.float32) * 0.02)
+               for n, s in cfg.tensor_shapes().items()}
+    path = work / "stories15M_random.bin"
+    write_llama2c(ModelIR(cfg, tensors), path, version=1)
+    out = {"params": cfg.n_params()}
+    for fmt in ("q8", "q4"):
+        t0 = time.perf_counter()
+        ir = load_model(path)
+        t1 = time.perf_counter()
+        qm = quantize(ir, fmt, 32)
+        t2 = time.perf_counter()
+        info = write_blob(qm, work / f"m15_{fmt}.flmb")
+        t3 = time.perf_counter()
+        out[fmt] = dict(load_s=t1 - t0, quantize_s=t2 - t1, blob_s=t3 - t2, total_s=t3 - t0, blob_bytes=info.size)
+    return out
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[key] = v
+    return out
+
+
+def main() -> None:
+    results: dict = {"when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        ir = default_model()
+        c = ir.config
+        results["default_model"] = dict(params=c.n_params(), dim=c.dim, layers=c.n_layers,
+                                         vocab=c.vocab_size, context=c.max_seq_len)
+        for fmt in ("q8", "q4"):
+            (work / fmt).mkdir()
+            results[f"native_{fmt}"] = native_run(quantize(ir, fmt, 32), work / fmt)
+        results["convert_15M_llama2c_v1"] = convert_15m(work)
+    prev = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    now, before = flatten(results), flatten(prev)
+    print(f"flashlm bench — {results['when']}; native figures from the firmware's clock "
+          f"({results['native_q8']['clock']}, board {results['native_q8']['board']})")
+    print(f"{'figure':58s} {'now':>14s} {'previous':>14s} {'ratio':>8s}")
+    for k, v in now.items():
+        p = before.get(k)
+        ratio = f"{v / p:8.3f}" if isinstance(p, (int, float)) and p else "       -"
+        ps = f"{p:14.4g}" if isinstance(p, (int, float)) else f"{'-':>14s}"
+        print(f"{k:58s} {v:14.4g} {ps} {ratio}")
+    q8, q4 = results["native_q8"], results["native_q4"]
+    print(f"ratios in this run: q4/q8 tok/s {q4['tok_per_s'] / q8['tok_per_s']:.3f}, "
+          f"q4/q8 flash bytes per token {q4['bytes_per_token']['flash'] / q8['bytes_per_token']['flash']:.3f}")
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"saved {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,335 @@
+"""Tokenizers: llama2.c ``tokenizer.bin`` (read/write, score-driven merge encoding) and
+``tokenizers`` ByteLevel BPE JSON (what our training produces).
+
+tokenizer.bin layout (little-endian): ``i32 max_token_length``, then per token
+``f32 score, i32 length, length bytes``.  The vocabulary size is not stored; the file ends after
+the last token.  Byte-fallback pieces are spelled ``<0xAB>``; ``Tokenizer.pieces`` holds the raw
+byte instead and ``Tokenizer.raw_pieces`` keeps the spelling for a lossless write-back.
+"""
+from __future__ import annotations
+
+import functools
+import heapq
+import json
+import math
+import re
+import struct
+
+from .ir import ModelError, Tokenizer
+
+_BYTE_PIECE = re.compile(rb"<0x([0-9A-Fa-f]{2})>")
+_NO_MERGE = -1e10       # llama2.c only merges pairs scoring above its initial best of -1e10
+
+
+# ----------------------------------------------------------------------------- tokenizer.bin
+
+def parse_tokenizer_bin(buf: bytes, name: str = "tokenizer.bin") -> Tokenizer:
+    n = len(buf)
+    if n < 4:
+        raise ModelError(f"{name}: truncated: {n} bytes is too short for a tokenizer.bin header")
+    (max_len,) = struct.unpack_from("<i", buf, 0)
+    if max_len < 0:
+        raise ModelError(f"{name}: bad header: max_token_length {max_len} is negative")
+    raw: list[bytes] = []
+    scores: list[float] = []
+    pos = 4
+    while pos < n:
+        i = len(raw)
+        if pos + 8 > n:
+            raise ModelError(f"{name}: truncated in token {i}: needs 8 header bytes, {n - pos} left")
+        score, length = struct.unpack_from("<fi", buf, pos)
+        pos += 8
+        if length < 0 or length > n - pos:
+            raise ModelError(f"{name}: truncated or corrupt at token {i}: length {length}, "
+                             f"{n - pos} bytes left")
+        if length > max_len:
+            raise ModelError(f"{name}: corrupt: token {i} is {length} bytes, longer than "
+                             f"max_token_length {max_len}")
+        if math.isnan(score):
+            raise ModelError(f"{name}: corrupt: token {i} has a NaN score")
+        raw.append(bytes(buf[pos:pos + length]))
+        scores.append(score)
+        pos += length
+    if not raw:
+        raise ModelError(f"{name}: holds no tokens")
+    pieces = []
+    for r in raw:
+        m = _BYTE_PIECE.fullmatch(r)
+        pieces.append(bytes([int(m.group(1), 16)]) if m else r)
+    bos = 1 if len(raw) > 1 and raw[1].strip() == b"<s>" else None
+    eos = 2 if len(raw) > 2 and raw[2].strip() == b"</s>" else None
+    return Tokenizer(pieces, scores, kind="llama2c", bos_id=bos, eos_id=eos, raw_pieces=raw)
+
+
+def read_tokenizer_bin(path) -> Tokenizer:
+    return parse_tokenizer_bin(_read(path), str(path))
+
+
+def tokenizer_bin_bytes(tok: Tokenizer) -> bytes:
+    """tokenizer.bin bytes: the original spellings when the tokenizer came from one, else ``pieces``."""
+    raw = tok.raw_pieces if tok.raw_pieces is not None and len(tok.raw_pieces) == len(tok.pieces) \
+        else tok.pieces
+    if len(tok.scores) != len(raw):
+        raise ModelError(f"tokenizer has {len(raw)} pieces but {len(tok.scores)} scores")
+    out = [struct.pack("<i", max((len(p) for p in raw), default=0))]
+    try:
+        for p, s in zip(raw, tok.scores):
+            out.append(struct.pack("<fi", s, len(p)))
+            out.append(bytes(p))
+    except (OverflowError, struct.error) as e:
+        raise ModelError(f"tokenizer score cannot be stored as float32: {e}") from None
+    return b"".join(out)
+
+
+def write_tokenizer_bin(tok: Tokenizer, path) -> None:
+    data = tokenizer_bin_bytes(tok)
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        raise ModelError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
+# ----------------------------------------------------------------------------- HF ByteLevel BPE
+
+@functools.lru_cache(maxsize=1)
+def _unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's byte-to-unicode table: printable Latin-1 bytes map to themselves, the
+    other 68 bytes to code points 256, 257, ... in byte order."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {chr(b): b for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in table.values():
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+@functools.lru_cache(maxsize=8)
+def _hf_tokenizer(json_str: str):
+    from tokenizers import Tokenizer as HFTokenizer
+    return HFTokenizer.from_str(json_str)
+
+
+def from_hf_json(json_str: str) -> Tokenizer:
+    """A ``tokenizers`` ByteLevel BPE as a Tokenizer: pieces are the raw bytes each id decodes to,
+    score = -(merge rank) (tokens no merge produces, i.e. the byte alphabet and special tokens,
+    get the lowest score), bos/eos from special tokens ``<|bos|>`` / ``<|eos|>``."""
+    try:
+        d = json.loads(json_str)
+    except (TypeError, ValueError) as e:
+        raise ModelError(f"tokenizer JSON does not parse: {e}") from None
+    model = d.get("model") if isinstance(d, dict) else None
+    if not isinstance(model, dict) or model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+        raise ModelError("tokenizer JSON is not a BPE tokenizer from the `tokenizers` library")
+    if '"ByteLevel"' not in json.dumps([d.get("pre_tokenizer"), d.get("decoder")]):
+        raise ModelError("tokenizer JSON is a BPE but not ByteLevel (no ByteLevel pre-tokenizer or decoder)")
+    try:
+        _hf_tokenizer(json_str)
+    except Exception as e:  # the library raises its own exception types
+        raise ModelError(f"tokenizer JSON rejected by the tokenizers library: {str(e).splitlines()[0]}") \
+            from None
+
+    by_id: dict[int, str] = {}
+    for s, i in model["vocab"].items():
+        if not isinstance(i, int) or i < 0 or i in by_id:
+            raise ModelError(f"tokenizer JSON: bad or duplicate id {i!r} for token {s!r}")
+        by_id[i] = s
+    special: dict[int, str] = {}
+    added = d.get("added_tokens") or []
+    if not isinstance(added, list) or not all(isinstance(t, dict) for t in added):
+        raise ModelError("tokenizer JSON: added_tokens is not a list of objects")
+    for t in added:
+        i, s = t.get("id"), t.get("content")
+        if not isinstance(i, int) or i < 0 or not isinstance(s, str):
+            raise ModelError(f"tokenizer JSON: bad added token {t!r}")
+        if i in by_id and by_id[i] != s:
+            raise ModelError(f"tokenizer JSON: id {i} is both {by_id[i]!r} and added token {s!r}")
+        by_id[i] = s
+        special[i] = s
+    n = max(by_id, default=-1) + 1
+    if n == 0 or len(by_id) != n:
+        missing = next((i for i in range(n) if i not in by_id), None)
+        raise ModelError(f"tokenizer JSON: token ids are not contiguous (id {missing} missing)")
+
+    u2b = _unicode_to_byte()
+    pieces = []
+    for i in range(n):
+        s = by_id[i]
+        if i in special:
+            pieces.append(s.encode("utf-8"))
+            continue
+        try:
+            pieces.append(bytes(u2b[c] for c in s))
+        except KeyError:
+            raise ModelError(f"tokenizer JSON: token {i} {s!r} is not ByteLevel-encoded") from None
+
+    merges = model.get("merges") or []
+    rank: dict[int, int] = {}
+    try:
+        for r, m in enumerate(merges):
+            a, b = m.split(" ", 1) if isinstance(m, str) else m
+            j = model["vocab"].get(a + b)
+            if j is not None and j not in rank:
+                rank[j] = r
+    except (ValueError, TypeError, AttributeError):
+        raise ModelError(f"tokenizer JSON: merge {r} {m!r} is not a pair of tokens") from None
+    lowest = float(len(merges))
+    scores = [-float(rank[i]) if i in rank else -lowest for i in range(n)]
+    ids = {s: i for i, s in special.items()}
+    return Tokenizer(pieces, scores, kind="bpe", bos_id=ids.get("<|bos|>"), eos_id=ids.get("<|eos|>"),
+                     hf_json=json_str)
+
+
+# ----------------------------------------------------------------------------- files
+
+def _read(path) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ModelError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ModelError(f"{path}: is a directory, expected a tokenizer file") from None
+    except OSError as e:
+        raise ModelError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
+def load_tokenizer(path) -> Tokenizer:
+    """tokenizer.bin (llama2.c) or tokenizer.json (``tokenizers``), told apart by content."""
+    buf = _read(path)
+    if buf.lstrip()[:1] == b"{":
+        try:
+            text = buf.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ModelError(f"{path}: tokenizer JSON is not UTF-8: {e}") from None
+        try:
+            return from_hf_json(text)
+        except ModelError as e:
+            raise ModelError(f"{path}: {e}") from None
+    return parse_tokenizer_bin(buf, str(path))
+
+
+# ----------------------------------------------------------------------------- encode / decode
+
+def _spellings(tok: Tokenizer) -> list[bytes]:
+    if tok.raw_pieces is not None and len(tok.raw_pieces) == len(tok.pieces):
+        return tok.raw_pieces
+    return tok.pieces
+
+
+def _encode_llama2c(tok: Tokenizer, data: bytes) -> list[int]:
+    spell = _spellings(tok)
+    vocab: dict[bytes, int] = {}
+    for i, s in enumerate(spell):
+        vocab.setdefault(s, i)
+    byte_id: dict[int, int] = {}
+    for i, s in enumerate(spell):
+        m = _BYTE_PIECE.fullmatch(s)
+        if m:
+            byte_id.setdefault(int(m.group(1), 16), i)
+
+    ids: list[int] = []
+    if data and b" " in vocab:
+        ids.append(vocab[b" "])        # sentencepiece's dummy prefix
+    i, n = 0, len(data)
+    while i < n:                       # one UTF-8 code point (at most 4 bytes) at a time
+        j = i + 1
+        while j < n and j - i < 4 and (data[j] & 0xC0) == 0x80:
+            j += 1
+        cp = data[i:j]
+        if cp in vocab:
+            ids.append(vocab[cp])
+        else:
+            for b in cp:
+                if b not in byte_id:
+                    raise ModelError(f"cannot encode byte 0x{b:02X}: the vocabulary has no piece for it")
+                ids.append(byte_id[b])
+        i = j
+    return _merge(ids, tok.scores, spell, vocab)
+
+
+def _merge(ids: list[int], scores, spell: list[bytes], vocab: dict[bytes, int]) -> list[int]:
+    """Repeatedly merge the adjacent pair whose concatenation is a piece with the highest score,
+    leftmost on ties (llama2.c's rule), with a heap over a linked list instead of rescanning.
+    Nodes keep their original index, so a smaller index is further left."""
+    n = len(ids)
+    if n < 2:
+        return ids
+    tok, text = list(ids), [spell[t] for t in ids]
+    nxt, prv = list(range(1, n + 1)), list(range(-1, n - 1))
+    ver, alive = [0] * n, [True] * n
+
+    def pair(a: int):
+        b = nxt[a]
+        if b >= n:
+            return None
+        m = vocab.get(text[a] + text[b])
+        if m is None or not scores[m] > _NO_MERGE:
+            return None
+        return (-scores[m], a, b, ver[a], ver[b], m)
+
+    heap = [e for e in map(pair, range(n - 1)) if e is not None]
+    heapq.heapify(heap)
+    while heap:
+        _, a, b, va, vb, m = heapq.heappop(heap)
+        if not (alive[a] and alive[b] and nxt[a] == b and ver[a] == va and ver[b] == vb):
+            continue                                # stale: a neighbour merged since
+        tok[a], text[a] = m, text[a] + text[b]
+        ver[a] += 1
+        alive[b] = False
+        nxt[a] = nxt[b]
+        if nxt[a] < n:
+            prv[nxt[a]] = a
+        for left in (prv[a], a):
+            e = pair(left) if left >= 0 else None
+            if e is not None:
+                heapq.heappush(heap, e)
+    return [tok[i] for i in range(n) if alive[i]]
+
+
+def encode(tok: Tokenizer, text: str | bytes, bos: bool = True, eos: bool = False) -> list[int]:
+    """Token ids for ``text``, with BOS first when ``bos`` and the vocabulary has one."""
+    if tok.kind == "llama2c":
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        ids = _encode_llama2c(tok, data)
+    elif tok.kind == "bpe":
+        if tok.hf_json is None:
+            raise ModelError("BPE tokenizer has no tokenizer JSON to encode with")
+        if isinstance(text, (bytes, bytearray)):
+            try:
+                text = bytes(text).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ModelError(f"BPE tokenizer can only encode UTF-8 text: {e}") from None
+        ids = list(_hf_tokenizer(tok.hf_json).encode(text, add_special_tokens=False).ids)
+    else:
+        raise ModelError(f"cannot encode with a tokenizer of kind {tok.kind!r}")
+    if bos and tok.bos_id is not None:
+        ids.insert(0, tok.bos_id)
+    if eos and tok.eos_id is not None:
+        ids.append(tok.eos_id)
+    return ids
+
+
+def decode(tok: Tokenizer, ids) -> bytes:
+    """The bytes ``ids`` stand for.  BOS/EOS decode to nothing; for llama2.c vocabularies the
+    leading space of the first piece (sentencepiece's dummy prefix) is dropped."""
+    n = len(tok.pieces)
+    strip = tok.kind == "llama2c" and b" " in _spellings(tok)
+    out: list[bytes] = []
+    for i in ids:
+        i = int(i)
+        if not 0 <= i < n:
+            raise ModelError(f"token id {i} out of range for a vocabulary of {n}")
+        if i == tok.bos_id or i == tok.eos_id:
+            continue
+        p = tok.pieces[i]
+        if strip and not out and p.startswith(b" "):
+            p = p[1:]
+        out.append(p)
+    return b"".join(out)
+
+
+__all__ = ["parse_tokenizer_bin", "read_tokenizer_bin", "tokenizer_bin_bytes", "write_tokenizer_bin",
+           "from_hf_json", "load_tokenizer", "encode", "decode"]
