@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ DEFAULT_MODEL = REPO_ROOT / "models" / "default" / "model.pt"
 DEFAULT_PROMPT = "Once upon a time"
 MANIFEST = "manifest.json"
 BLOB_NAME = "model.flmb"
+BUILD_STAMP = ".flashlm-build.json"   # in a build dir: which model/firmware its binary was built from
 
 
 class UserError(Exception):
@@ -32,16 +32,6 @@ class _Parser(argparse.ArgumentParser):
         sys.stderr.write(f"flashlm: error: {self.prog.removeprefix('flashlm').strip() + ': ' if self.prog != 'flashlm' else ''}"
                          f"{message} (see '{self.prog} --help')\n")
         raise SystemExit(2)
-
-
-def _need(module: str, what: str):
-    import importlib
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name and (module == e.name or module.startswith(e.name + ".")):
-            raise UserError(f"{what} is not available in this installation ({module} is missing)") from None
-        raise
 
 
 def _console():
@@ -156,13 +146,13 @@ def _load_model_tokenizer(model_dir: Path, manifest: dict, required: bool):
         if required:
             raise UserError(f"tokenizer {path} is missing; re-run 'flashlm convert'")
         return None
-    T = _need("converter.tokenizer", "the tokenizer")
+    from converter.tokenizer import load_tokenizer
     if not required:
         try:
-            return T.load_tokenizer(path)
+            return load_tokenizer(path)
         except Exception:
             return None
-    return T.load_tokenizer(path)
+    return load_tokenizer(path)
 
 
 def encode_prompt(args, model_dir: Path, manifest: dict) -> tuple[list[int], object]:
@@ -176,8 +166,8 @@ def encode_prompt(args, model_dir: Path, manifest: dict) -> tuple[list[int], obj
         if args.prompt == "":
             raise UserError("the prompt is empty")
         tok = _load_model_tokenizer(model_dir, manifest, required=True)
-        T = _need("converter.tokenizer", "the tokenizer")
-        ids = list(T.encode(tok, args.prompt, bos=True))
+        from converter.tokenizer import encode
+        ids = list(encode(tok, args.prompt, bos=True))
         if not ids:
             raise UserError("the prompt encodes to no tokens")
     bad = [i for i in ids if not 0 <= i < vocab]
@@ -204,15 +194,16 @@ def _write_tokenizer(ir, tokenizer_arg, outdir: Path) -> str | None:
         if src.resolve() != (outdir / name).resolve():
             shutil.copyfile(src, outdir / name)
         return name
-    tok = getattr(ir, "tokenizer", None)
+    tok = ir.tokenizer
     if tok is None:
         return None
+    from converter.tokenizer import tokenizer_bin_bytes
+
     from .report import atomic_write_bytes
     if tok.hf_json:
         atomic_write_bytes(outdir / "tokenizer.json", tok.hf_json.encode("utf-8"))
         return "tokenizer.json"
-    data = _need("converter.tokenizer", "the tokenizer").tokenizer_bin_bytes(tok)   # llama2.c format
-    atomic_write_bytes(outdir / "tokenizer.bin", data)
+    atomic_write_bytes(outdir / "tokenizer.bin", tokenizer_bin_bytes(tok))   # llama2.c format
     return "tokenizer.bin"
 
 
@@ -241,18 +232,18 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         raise UserError(f"checkpoint {ckpt} does not exist")
     if tokenizer is not None and not Path(tokenizer).is_file():
         raise UserError(f"tokenizer {tokenizer} does not exist")
-    Q = _need("converter.quantize", "quantization")
+    from converter import quantize as Q
     overrides = Q.parse_overrides(list(quant or ()))          # fail fast, before the slow part
-    if hasattr(Q, "check_group_size"):
-        Q.check_group_size(group_size)
-    L = _need("converter.load", "checkpoint loading")
-    B = _need("converter.blob", "blob writing")
+    Q.check_group_size(group_size)
+    from converter.blob import write_blob
+    from converter.load import load_model
+
     from .report import atomic_write_bytes
 
     outdir = Path(outdir)
     _step(console, f"loading {ckpt}")
     with console.status(f"loading {ckpt.name}"):
-        ir = L.load_model(str(ckpt), tokenizer_path=str(tokenizer) if tokenizer else None)
+        ir = load_model(str(ckpt), tokenizer_path=str(tokenizer) if tokenizer else None)
     c = ir.config
     console.print(f"  dim {c.dim}, {c.n_layers} layers, {c.n_heads}/{c.n_kv_heads} heads, hidden {c.hidden_dim}, "
                   f"vocab {c.vocab_size}, context {c.max_seq_len}, {c.n_params():,} parameters")
@@ -267,14 +258,14 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         _print_quality(console, rep)
     outdir.mkdir(parents=True, exist_ok=True)
     _step(console, f"writing {outdir / BLOB_NAME}")
-    info = B.write_blob(qm, outdir / BLOB_NAME)
+    info = write_blob(qm, outdir / BLOB_NAME)
     tok_name = _write_tokenizer(ir, tokenizer, outdir)
     if tok_name is None:
         console.print("  [yellow]no tokenizer: runs of this model need --prompt-ids[/]")
     cfg = asdict(c)
     t = qm.tokenizer
-    cfg["bos_id"] = getattr(t, "bos_id", None)
-    cfg["eos_id"] = getattr(t, "eos_id", None)
+    cfg["bos_id"] = t.bos_id if t is not None else None
+    cfg["eos_id"] = t.eos_id if t is not None else None
     manifest = {
         "format": "flashlm-model", "version": 1,
         "blob": BLOB_NAME, "blob_size": info.size, "blob_crc": info.crc,
@@ -305,12 +296,8 @@ def cmd_convert(args, console) -> int:
 # build
 
 def _firmware_digest() -> str:
-    fw = REPO_ROOT / "firmware"
-    try:
-        import firmware
-        fw = Path(firmware.__file__).resolve().parent
-    except ImportError:
-        pass
+    import firmware
+    fw = Path(firmware.__file__).resolve().parent
     h = hashlib.sha256()
     for p in sorted(fw.rglob("*")):
         if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".c", ".h", ".j2", ".py", ".ld", ".txt"):
@@ -319,19 +306,21 @@ def _firmware_digest() -> str:
     return h.hexdigest()
 
 
-def _build(console, board: str, out_dir: Path, blob: Path | None):
-    Bf = _need("firmware.build", "firmware building")
-    errors = tuple(getattr(Bf, n) for n in ("BuildError",) if isinstance(getattr(Bf, n, None), type))
-    params = inspect.signature(Bf.build_firmware).parameters
-    try:
-        with console.status(f"building firmware for {board}"):
-            if len(params) >= 3:
-                if blob is None:
-                    raise UserError("building firmware needs the model it is sized for: pass --model OUTDIR")
-                return Bf.build_firmware(board, out_dir, blob)
-            return Bf.build_firmware(board, out_dir)
-    except errors as e:
-        raise UserError(str(e).strip().splitlines()[0] if str(e).strip() else "firmware build failed") from None
+def _build_key(board: str, manifest: dict) -> str:
+    """What a recorded build must match to be reused: board, model, layout and firmware sources."""
+    return hashlib.sha256(f"{board}|{manifest['model_hash']}|{manifest.get('layout_id')}|{_firmware_digest()}"
+                          .encode()).hexdigest()
+
+
+def _write_build_stamp(out: Path, key: str, binary) -> None:
+    from .report import atomic_write_bytes
+    atomic_write_bytes(out / BUILD_STAMP, json.dumps({"key": key, "binary": str(Path(binary).resolve())}).encode())
+
+
+def _build(console, board: str, out_dir: Path, blob: Path):
+    from firmware.build import build_firmware
+    with console.status(f"building firmware for {board}"):
+        return build_firmware(board, out_dir, blob)
 
 
 def _build_dir_for(model_dir: Path, board: str) -> Path:
@@ -349,11 +338,9 @@ def _build_dir_for(model_dir: Path, board: str) -> Path:
 def ensure_native_binary(console, model_dir: Path, manifest: dict, board: str = "native") -> Path:
     """Build the native firmware for this model unless an up-to-date build is recorded."""
     out = _build_dir_for(model_dir, board)
-    stamp = out / ".flashlm-build.json"
-    key = hashlib.sha256(f"{board}|{manifest['model_hash']}|{manifest.get('layout_id')}|{_firmware_digest()}"
-                         .encode()).hexdigest()
+    key = _build_key(board, manifest)
     try:
-        rec = json.loads(stamp.read_text())
+        rec = json.loads((out / BUILD_STAMP).read_text())
         if rec.get("key") == key and Path(rec["binary"]).is_file():
             console.print(f"  firmware up to date: {rec['binary']}")
             return Path(rec["binary"])
@@ -364,36 +351,26 @@ def ensure_native_binary(console, model_dir: Path, manifest: dict, board: str = 
     res = _build(console, board, out, model_dir / manifest["blob"])
     if res.binary is None:
         raise UserError(f"board {board} has no host-runnable binary; flash {res.project_dir} and use --port")
-    from .report import atomic_write_bytes
-    atomic_write_bytes(stamp, json.dumps({"key": key, "binary": str(Path(res.binary).resolve())}).encode())
+    _write_build_stamp(out, key, res.binary)
     if res.size_text:
         console.print(res.size_text, markup=False)
     return Path(res.binary)
 
 
 def cmd_build(args, console) -> int:
-    model_dir, manifest, blob = None, None, None
-    if args.model:
-        model_dir, manifest = load_manifest(args.model)
-        blob = model_dir / manifest["blob"]
-    Bf = _need("firmware.build", "firmware building")
-    if blob is None and len(inspect.signature(Bf.build_firmware).parameters) >= 3:
+    if not args.model:
         raise UserError("building firmware needs the model it is sized for: pass --model OUTDIR")
-    out = Path(args.output) if args.output else (
-        _build_dir_for(model_dir, args.board) if model_dir else Path("build") / args.board)
+    model_dir, manifest = load_manifest(args.model)
+    out = Path(args.output) if args.output else _build_dir_for(model_dir, args.board)
     out.mkdir(parents=True, exist_ok=True)
     _step(console, f"building firmware for {args.board} into {out}")
-    res = _build(console, args.board, out, blob)
+    res = _build(console, args.board, out, model_dir / manifest["blob"])
     if res.size_text:
         console.print(res.size_text, markup=False)
     if res.binary is not None:
         console.print(f"[green]binary[/] {res.binary}")
-        if manifest is not None and not args.output:
-            from .report import atomic_write_bytes
-            key = hashlib.sha256(f"{args.board}|{manifest['model_hash']}|{manifest.get('layout_id')}|"
-                                 f"{_firmware_digest()}".encode()).hexdigest()
-            atomic_write_bytes(out / ".flashlm-build.json",
-                               json.dumps({"key": key, "binary": str(Path(res.binary).resolve())}).encode())
+        if not args.output:
+            _write_build_stamp(out, _build_key(args.board, manifest), res.binary)
     else:
         console.print(f"[green]project[/] {res.project_dir} (build and flash it with the board's toolchain)")
     return 0
@@ -429,13 +406,12 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
 
     prompt_text, piece_of = "", None
     if tok is not None:
-        pieces = getattr(tok, "pieces", None)
-        if pieces is not None:
-            piece_of = lambda i: pieces[i] if 0 <= i < len(pieces) else None  # noqa: E731
+        pieces = tok.pieces
+        piece_of = lambda i: pieces[i] if 0 <= i < len(pieces) else None  # noqa: E731
+        from converter.tokenizer import decode
         try:
-            T = _need("converter.tokenizer", "the tokenizer")
-            prompt_text = bytes(T.decode(tok, ids)).decode("utf-8", "replace")
-        except Exception:
+            prompt_text = bytes(decode(tok, ids)).decode("utf-8", "replace")
+        except Exception:   # the echoed prompt is a display nicety; it must never stop a run
             prompt_text = ""
 
     vb = None
@@ -469,9 +445,8 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
         except (DeviceError, LinkTimeout) as e:
             if vb is not None and not vb.alive:
                 raise BoardError(f"{e}; {vb.describe_exit()}") from None
-            partial = getattr(e, "partial", None)
-            if partial is not None and partial.tokens:
-                _write_outputs(console, partial, json_path, csv_path, png_path)
+            if e.partial is not None and e.partial.tokens:
+                _write_outputs(console, e.partial, json_path, csv_path, png_path)
             raise
         except BoardError as e:
             if vb is not None and not vb.alive:
@@ -527,22 +502,10 @@ def cmd_demo(args, console) -> int:
 # train (delegated)
 
 def cmd_train(args, console, extra) -> int:
-    T = _need("converter.train", "training")
+    from converter import train
     p = _Parser(prog="flashlm train", description="Train a small model (converter.train).")
-    if not hasattr(T, "add_arguments"):
-        raise UserError("training is not available (converter.train has no add_arguments)")
-    T.add_arguments(p)
-    targs = p.parse_args(extra)
-    errors = tuple(getattr(T, n) for n in ("TrainError", "CorpusError") if isinstance(getattr(T, n, None), type))
-    for name in ("main_train", "run", "main", "run_train"):
-        fn = getattr(T, name, None)
-        if callable(fn):
-            try:
-                rc = fn(targs)
-            except errors as e:
-                raise UserError(str(e)) from None
-            return rc if isinstance(rc, int) else 0
-    raise UserError("training is not available (converter.train has no run function)")
+    train.add_arguments(p)
+    return train.main_train(p.parse_args(extra))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -616,16 +579,23 @@ def _one_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-def _user_errors() -> tuple:
-    errs = [UserError, OSError]
-    for mod, name in (("converter.ir", "ModelError"), ("host.virtual", "BoardError"),
-                      ("host.protocol", "ProtocolError")):
-        try:
-            import importlib
-            errs.append(getattr(importlib.import_module(mod), name))
-        except (ImportError, AttributeError):
-            pass
-    return tuple(errs)
+def _is_user_error(e: Exception) -> bool:
+    """A mistake in the call, the files or the board (one line, exit 2), not a bug (traceback).
+
+    Only called while an exception is being handled, so ``--help`` and a working run import none
+    of these modules.  converter.train imports torch; its errors can only come from
+    ``flashlm train``, which has imported it already, so it is looked at last and a failing
+    ``run`` never loads torch."""
+    from converter.corpus import CorpusError
+    from converter.ir import ModelError
+    from firmware.build import BuildError
+
+    from .protocol import ProtocolError
+    from .virtual import BoardError
+    if isinstance(e, (UserError, OSError, ModelError, BoardError, ProtocolError, BuildError, CorpusError)):
+        return True
+    from converter.train import TrainError
+    return isinstance(e, TrainError)
 
 
 def main(argv=None) -> int:
@@ -642,7 +612,6 @@ def main(argv=None) -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     debug = bool(os.environ.get("FLASHLM_DEBUG"))
-    user_errors = _user_errors()
     console = _console()
     try:
         try:
@@ -656,8 +625,8 @@ def main(argv=None) -> int:
             raise
         print("flashlm: interrupted", file=sys.stderr)
         return 130
-    except user_errors as e:
-        if debug:
+    except Exception as e:
+        if debug or not _is_user_error(e):
             raise
         print(f"flashlm: error: {_one_line(e)}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from .protocol import PHASES, TIERS
+from .protocol import PHASES, TIERS, Hello
 from .session import RunResult, clock_name
 
 PHASE_HEADERS = {"embed": "flash-read µs", "attention": "attention µs", "ffn": "FFN µs",
@@ -75,9 +75,9 @@ def summarize(result: RunResult) -> dict:
     return {
         "board": result.board,
         "clock": result.clock,
-        "fw_version": getattr(hello, "fw_version", None),
+        "fw_version": hello.fw_version if hello is not None else None,
         "model_hash": bytes(hello.model_hash).hex() if hello is not None else None,
-        "layout_id": getattr(hello, "layout_id", None),
+        "layout_id": hello.layout_id if hello is not None else None,
         "prompt_tokens": len(result.prompt_ids),
         "steps_received": len(result.tokens),
         "generated_tokens": len(gen),
@@ -120,11 +120,14 @@ def _fmt(v, nd: int = 0) -> str:
     return f"{v:,.{nd}f}"
 
 
-def where(result_or_hello) -> str:
-    """'board X, clock Y' for a RunResult or a Hello."""
-    h = getattr(result_or_hello, "hello", result_or_hello)
-    board = getattr(h, "board", None) or getattr(result_or_hello, "board_name", None) or "?"
-    return f"board {board}, {clock_name(getattr(h, 'clock', None))}"
+def where(result_or_hello: RunResult | Hello | None) -> str:
+    """'board X, clock Y' for a RunResult or a Hello (None: before the handshake)."""
+    if isinstance(result_or_hello, RunResult):
+        return f"board {result_or_hello.board}, {result_or_hello.clock}"
+    h = result_or_hello
+    if h is None:
+        return f"board ?, {clock_name(None)}"
+    return f"board {h.board or '?'}, {clock_name(h.clock)}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,12 +11,11 @@ counted by the decoder are reported next to them.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from . import protocol as P
 from .virtual import BoardError
@@ -74,67 +73,28 @@ def open_port(path, baud: int = 115200, timeout: float = 0.05):
         raise BoardError(f"cannot open serial port {path}: {reason}") from None
 
 
-def stats_dict(stats) -> dict:
-    """Link/decoder statistics as a flat dict of numbers (lists such as ``gaps`` become counts)."""
-    if stats is None:
-        return {}
-    if isinstance(stats, dict):
-        raw = dict(stats)
-    elif dataclasses.is_dataclass(stats):
-        raw = {f.name: getattr(stats, f.name) for f in dataclasses.fields(stats)}
-    elif hasattr(stats, "__dict__"):
-        raw = {k: v for k, v in vars(stats).items() if not k.startswith("_")}
-    else:
-        raw = {}
-    for prop in ("bad_frames",):
-        if prop not in raw and isinstance(getattr(stats, prop, None), int):
-            raw[prop] = getattr(stats, prop)
-    out = {}
-    for k, v in raw.items():
-        if isinstance(v, (list, tuple)):
-            out[k] = len(v)
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[k] = v
-    return out
-
-
-def _gap_list(stats) -> list:
-    g = getattr(stats, "gaps", None)
-    return list(g) if isinstance(g, (list, tuple)) else []
-
-
-def _stat(d: dict, *names: str) -> int:
-    for n in names:
-        if n in d:
-            return int(d[n])
-    return 0
-
-
-def link_gaps(d: dict) -> int:
-    return _stat(d, "gaps", "seq_gaps", "frame_gaps")
-
-
-def link_bad(d: dict) -> int:
-    if "bad_frames" in d:
-        return int(d["bad_frames"])
-    return _stat(d, "bad_crc") + _stat(d, "bad_cobs") + _stat(d, "bad_message") or _stat(d, "bad")
+def stats_dict(stats: P.DecoderStats) -> dict:
+    """The link's decoder counters as a flat dict of numbers (``gaps`` as a count)."""
+    return {"frames": stats.frames, "bad_crc": stats.bad_crc, "bad_cobs": stats.bad_cobs,
+            "bad_message": stats.bad_message, "junk_bytes": stats.junk_bytes, "gaps": len(stats.gaps),
+            "resets": stats.resets, "bad_frames": stats.bad_frames}
 
 
 def _delta(after: dict, before: dict) -> dict:
-    return {k: v - before.get(k, 0) for k, v in after.items()}
+    return {k: v - before[k] for k, v in after.items()}
 
 
 @dataclass
 class RunResult:
     """Everything one generation produced, as it arrived."""
-    hello: Any
+    hello: P.Hello | None                                # None if generate ran before a handshake
     prompt_ids: list[int]
     max_new_tokens: int = 0
     temperature: float = 0.0
     top_p: float = 0.0
     seed: int = 0
     tokens: list = field(default_factory=list)          # protocol Token, in arrival order
-    done: Any = None                                     # protocol Done, or None
+    done: P.Done | None = None
     missing_steps: list[int] = field(default_factory=list)
     duplicate_steps: list[int] = field(default_factory=list)
     stats: dict = field(default_factory=dict)            # link stats after the run (cumulative)
@@ -148,11 +108,11 @@ class RunResult:
 
     @property
     def frame_gaps(self) -> int:
-        return link_gaps(self.run_stats)
+        return self.run_stats.get("gaps", 0)
 
     @property
     def bad_frames(self) -> int:
-        return link_bad(self.run_stats)
+        return self.run_stats.get("bad_frames", 0)
 
     @property
     def prompt_steps(self) -> list:
@@ -174,23 +134,21 @@ class RunResult:
 
     @property
     def board(self) -> str:
-        return getattr(self.hello, "board", "") or self.board_name or "?"
+        return (self.hello.board if self.hello is not None else "") or self.board_name or "?"
 
     @property
     def clock(self) -> str:
-        return clock_name(getattr(self.hello, "clock", None))
+        return clock_name(self.hello.clock if self.hello is not None else None)
 
     @property
     def complete(self) -> bool:
         return self.done is not None and not self.missing_steps
 
 
-def clock_name(clock) -> str:
-    if isinstance(clock, str):
-        return clock
-    clocks = getattr(P, "CLOCKS", ("host clock", "chip timer", "emulated timer"))
-    if isinstance(clock, int) and 0 <= clock < len(clocks):
-        return clocks[clock]
+def clock_name(clock: int | None) -> str:
+    """The HELLO clock source by name; None (no HELLO yet) and unknown codes are shown as is."""
+    if clock is not None and 0 <= clock < len(P.CLOCKS):
+        return P.CLOCKS[clock]
     return f"clock {clock}"
 
 
@@ -209,33 +167,25 @@ class Session:
     def __init__(self, link, name: str | None = None, frame_timeout: float = 10.0,
                  stop_timeout: float = 3.0):
         self.link = link
-        self.name = name or str(getattr(link, "name", None) or getattr(getattr(link, "port", None), "port", None)
-                                or "the board")
+        self.name = name or link.port.port or "the board"   # link.port is the serial object
         self.frame_timeout = frame_timeout
         self.stop_timeout = stop_timeout
         self.hello = None
         self.logs: list[str] = []
 
     # -- link I/O: a vanished port is a BoardError, not a pyserial traceback ----------------
+    # (pyserial's SerialException and SerialTimeoutException are OSErrors)
     def _recv(self, timeout: float):
         try:
             return self.link.recv(timeout)
         except OSError as e:
             raise BoardError(f"lost the connection to {self.name}: {_io_reason(e)}") from None
-        except Exception as e:
-            if _is_serial_error(e):
-                raise BoardError(f"lost the connection to {self.name}: {_io_reason(e)}") from None
-            raise
 
     def _send(self, msg) -> None:
         try:
             self.link.send(msg)
         except OSError as e:
             raise BoardError(f"cannot write to {self.name}: {_io_reason(e)}") from None
-        except Exception as e:
-            if _is_serial_error(e):
-                raise BoardError(f"cannot write to {self.name}: {_io_reason(e)}") from None
-            raise
 
     # -- handshake -------------------------------------------------------------------------
     def handshake(self, timeout: float = 5.0, interval: float = 0.5):
@@ -264,12 +214,12 @@ class Session:
                     errors.append(m)
                 elif isinstance(m, P.Log):
                     self.logs.append(m.text)
-        st = stats_dict(getattr(self.link, "stats", None))
+        bad = self.link.stats.bad_frames
         msg = (f"no HELLO from {self.name} within {timeout:g} s ({pings} PING{'s' * (pings != 1)} sent, "
-               f"{frames} frame{'s' * (frames != 1)} and {link_bad(st)} bad frame{'s' * (link_bad(st) != 1)} received)")
+               f"{frames} frame{'s' * (frames != 1)} and {bad} bad frame{'s' * (bad != 1)} received)")
         if errors:
             msg += f"; last device error: {_error_text(errors[-1])}"
-        elif not frames and not link_bad(st):
+        elif not frames and not bad:
             msg += " — is the firmware running, and is the baud rate right?"
         raise LinkTimeout(msg)
 
@@ -313,8 +263,9 @@ class Session:
                         temperature=float(temperature), top_p=float(top_p), seed=int(seed),
                         board_name=self.name)
         timeout = self.frame_timeout if frame_timeout is None else frame_timeout
-        before = stats_dict(getattr(self.link, "stats", None))
-        gaps_before = len(_gap_list(getattr(self.link, "stats", None)))
+        stats = self.link.stats
+        before = stats_dict(stats)
+        gaps_before = len(stats.gaps)
         seen: set[int] = set()
         expected = 0
         stop_sent = False
@@ -322,9 +273,9 @@ class Session:
 
         def finish():
             res.wall_s = time.monotonic() - t0
-            res.stats = stats_dict(getattr(self.link, "stats", None))
+            res.stats = stats_dict(stats)
             res.run_stats = _delta(res.stats, before)
-            res.gap_pairs = [tuple(g) for g in _gap_list(getattr(self.link, "stats", None))[gaps_before:]]
+            res.gap_pairs = stats.gaps[gaps_before:]
             res.missing_steps.sort()
             return res
 
@@ -383,23 +334,10 @@ class Session:
         return finish()
 
 
-def _error_text(err) -> str:
-    name = getattr(err, "name", None)
-    if callable(name):
-        name = name()
-    name = name or f"code {getattr(err, 'code', '?')}"
-    text = getattr(err, "text", "") or ""
-    return f"{text} ({name})" if text else str(name)
+def _error_text(err: P.Error) -> str:
+    return f"{err.text} ({err.name})" if err.text else err.name
 
 
-def _is_serial_error(e: BaseException) -> bool:
-    try:
-        import serial
-    except ImportError:   # pragma: no cover
-        return False
-    return isinstance(e, (serial.SerialException, serial.SerialTimeoutException))
-
-
-def _io_reason(e: BaseException) -> str:
-    text = getattr(e, "strerror", None) or str(e) or type(e).__name__
+def _io_reason(e: OSError) -> str:
+    text = e.strerror or str(e) or type(e).__name__
     return text.splitlines()[0]
