@@ -3,6 +3,9 @@
 * native board, default model at q8 and q4: µs per phase (median over decode steps, from the
   firmware's own clock — the host's monotonic clock on the native board), tok/s, bytes per token
   per tier;
+* emulated RP2040 (rp2040js), default model at q8 and q4: cycles and emulated µs per decode
+  token (median, from the emulated TIMER / the harness's cycle count), emulator wall time per
+  token (host clock), bytes per token the harness counted, firmware image sizes;
 * convert time of a ~15M-parameter random llama2.c v1 checkpoint (dim 288, 6 layers, 6 heads,
   vocab 32000, context 256): load + quantize + blob.
 
@@ -56,6 +59,41 @@ def native_run(qm, work: Path, new_tokens: int = 96) -> dict:
                 bytes_per_token_at_pos=dec[-1].pos)
 
 
+def emu_run(qm, work: Path, new_tokens: int = 12) -> dict:
+    """The default model on the emulated RP2040: per decode token cycles, emulated µs, wall ms."""
+    import re
+
+    from host.virtual import start_emulated_board
+    blob = work / "model.flmb"
+    write_blob(qm, blob)
+    fw = build_firmware("rp2040-emu", work / "fw-emu", blob)
+    m = re.search(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s", fw.size_text, re.M)
+    ids = encode(qm.tokenizer, PROMPT) if qm.tokenizer is not None and qm.tokenizer.hf_json else [1, 2, 3]
+    with start_emulated_board(fw.binary, blob) as board:
+        ser = open_port(board.port)
+        try:
+            s = Session(Link(ser), frame_timeout=60)
+            s.handshake(timeout=30)
+            board.read_counts()
+            res = s.generate(ids, new_tokens)
+            counts = {c["step"]: c for c in board.read_counts()}
+        finally:
+            ser.close()
+    dec = [t for t in res.tokens if t.out_id is not None][1:]
+    h = [counts[t.step] for t in dec if t.step in counts]
+    return dict(clock=res.clock, decode_steps=len(dec),
+                cycles_per_token=statistics.median(c["cycles"] for c in h),
+                emulated_us_per_token=statistics.median(c["us"] for c in h),
+                device_us_per_token=statistics.median(sum(t.us) for t in dec),
+                emulated_tok_per_s=1e6 / statistics.median(sum(t.us) for t in dec),
+                wall_ms_per_token=statistics.median(c["wall_ms"] for c in h),
+                emulated_mcycles_per_wall_s=statistics.median(c["cycles"] / c["wall_ms"] / 1e3 for c in h),
+                harness_agrees=int(all(counts[t.step]["bytes"] == list(t.bytes_read) for t in res.tokens)),
+                bytes_per_token={tier: dec[-1].bytes_read[i] for i, tier in enumerate(TIERS)},
+                image_text_bytes=int(m.group(1)) if m else 0, image_bss_bytes=int(m.group(3)) if m else 0,
+                blob_bytes=blob.stat().st_size)
+
+
 def default_model() -> ModelIR:
     path = ROOT / "models" / "default" / "model.pt"
     return load_model(path)
@@ -104,6 +142,9 @@ def main() -> None:
         for fmt in ("q8", "q4"):
             (work / fmt).mkdir()
             results[f"native_{fmt}"] = native_run(quantize(ir, fmt, 32), work / fmt)
+        for fmt in ("q8", "q4"):
+            (work / f"emu-{fmt}").mkdir()
+            results[f"rp2040_emu_{fmt}"] = emu_run(quantize(ir, fmt, 32), work / f"emu-{fmt}")
         results["convert_15M_llama2c_v1"] = convert_15m(work)
     prev = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     now, before = flatten(results), flatten(prev)
@@ -118,6 +159,12 @@ def main() -> None:
     q8, q4 = results["native_q8"], results["native_q4"]
     print(f"ratios in this run: q4/q8 tok/s {q4['tok_per_s'] / q8['tok_per_s']:.3f}, "
           f"q4/q8 flash bytes per token {q4['bytes_per_token']['flash'] / q8['bytes_per_token']['flash']:.3f}")
+    e8, e4 = results["rp2040_emu_q8"], results["rp2040_emu_q4"]
+    print(f"emulated RP2040 (rp2040js, {e8['clock']}; no XIP-cache model: flash time is a lower bound): "
+          f"q8 {e8['cycles_per_token']:,.0f} cycles = {e8['emulated_us_per_token']:,.0f} µs per token, "
+          f"q4 {e4['cycles_per_token']:,.0f} cycles = {e4['emulated_us_per_token']:,.0f} µs; q4/q8 cycles "
+          f"{e4['cycles_per_token'] / e8['cycles_per_token']:.3f}; emulator wall time per token q8 "
+          f"{e8['wall_ms_per_token']:,.0f} ms, q4 {e4['wall_ms_per_token']:,.0f} ms (host clock)")
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     print(f"saved {RESULTS.relative_to(ROOT)}")
 

@@ -163,9 +163,49 @@ def config_block(c: ModelConfig, tok: Tokenizer | None) -> bytes:
                        c.norm_eps, c.rope_theta, 0, 0, 0, 0)
 
 
-def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None) -> bytes:
-    """Serialize; ``tiers`` maps tensor name -> tier (default: everything read from flash)."""
+STATE_REGIONS = ("kv", "logits", "scratch")   # 4-bit fields of the header's state_tiers, low bits first
+STATE_DEFAULT = 0                             # field value: the board's default arena
+
+
+def pack_state_tiers(state: dict[str, str] | int | None) -> int:
+    """Header field ``state_tiers`` from {"kv": "psram", ...} (missing or "default": the board's arena)."""
+    if state is None:
+        return 0
+    if isinstance(state, int):
+        return state
+    v = 0
+    for i, region in enumerate(STATE_REGIONS):
+        t = state.get(region, "default")
+        if t in (None, "default"):
+            continue
+        if t not in ("psram", "sram"):
+            raise BlobError(f"the {region} buffers cannot live in {t}; choose psram or sram")
+        v |= TIER_CODE[t] << (4 * i)
+    return v
+
+
+def unpack_state_tiers(v: int) -> dict[str, str]:
+    out = {}
+    for i, region in enumerate(STATE_REGIONS):
+        code = (v >> (4 * i)) & 0xF
+        out[region] = "default" if code == STATE_DEFAULT else TIER_NAME.get(code, f"tier{code}")
+    return out
+
+
+def layout_id_of(tier_codes, state_tiers: int = 0) -> int:
+    """crc32 of one byte per table entry (its tier), followed by u32 state_tiers when non-zero."""
+    data = bytes(tier_codes)
+    if state_tiers:
+        data += struct.pack("<I", state_tiers)
+    return zlib.crc32(data)
+
+
+def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None,
+               state: dict[str, str] | int | None = None) -> bytes:
+    """Serialize; ``tiers`` maps tensor name -> tier (default: everything read from flash);
+    ``state`` places the engine's RAM buffers (``kv``, ``logits``, ``scratch``) on psram/sram."""
     tiers = tiers or {}
+    state_tiers = pack_state_tiers(state)
     secs = _sections(qm)
     if any(len(s[0]) > 31 for s in secs):
         raise BlobError("a tensor name is longer than 31 bytes")
@@ -187,14 +227,39 @@ def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None) -> bytes:
     table = b"".join(entries)
     data_start = -(-(table_off + len(table)) // ALIGN) * ALIGN
     total = data_start + len(body)
-    layout_id = zlib.crc32(bytes(tier_codes))
+    layout_id = layout_id_of(tier_codes, state_tiers)
     head = bytearray(MAGIC + struct.pack("<3I", VERSION, total, 0) + hasher.digest()[:16]
-                     + struct.pack("<4I", layout_id, len(secs), table_off, 0)
+                     + struct.pack("<4I", layout_id, len(secs), table_off, state_tiers)
                      + config_block(qm.config, qm.tokenizer))
     assert len(head) == HEADER_SIZE
     blob = head + table + bytes(data_start - table_off - len(table)) + body
     struct.pack_into("<I", blob, 12, zlib.crc32(memoryview(blob)[16:]))
     return bytes(blob)
+
+
+def retier_blob(blob: bytes, tiers: dict[str, str] | None = None,
+                state: dict[str, str] | int | None = None) -> bytes:
+    """The same blob with a new placement: every table entry's tier (``tiers`` by name, others
+    flash), the header's state_tiers, layout_id and CRC rewritten; data and model hash unchanged."""
+    h = parse_header(blob)
+    tiers = tiers or {}
+    unknown = sorted(set(tiers) - {e.name for e in h.entries})
+    if unknown:
+        raise BlobError(f"no tensor {unknown[0]!r} in the blob")
+    out = bytearray(blob)
+    table_off = struct.unpack_from("<I", blob, 40)[0]
+    codes = []
+    for i, e in enumerate(h.entries):
+        t = tiers.get(e.name, "flash")
+        if t not in TIER_CODE:
+            raise BlobError(f"unknown tier {t!r} for {e.name}")
+        codes.append(TIER_CODE[t])
+        struct.pack_into("<I", out, table_off + i * ENTRY_SIZE + 48, TIER_CODE[t])
+    st = pack_state_tiers(state)
+    struct.pack_into("<I", out, 32, layout_id_of(codes, st))
+    struct.pack_into("<I", out, 44, st)
+    struct.pack_into("<I", out, 12, zlib.crc32(memoryview(out)[16:]))
+    return bytes(out)
 
 
 def write_blob(qm: QuantModel, path, tiers: dict[str, str] | None = None) -> BlobInfo:
@@ -218,6 +283,11 @@ class BlobHeader:
     bos_id: int | None
     eos_id: int | None
     entries: list[Entry]
+    state_tiers: int = 0          # where the engine's RAM buffers live (see unpack_state_tiers)
+
+    @property
+    def tiers(self) -> dict[str, str]:
+        return {e.name: e.tier for e in self.entries}
 
 
 def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> BlobHeader:
@@ -234,7 +304,7 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
     if check_crc and zlib.crc32(memoryview(blob)[16:]) != crc:
         raise BlobError(f"{what}: CRC mismatch: the image is corrupted")
     mhash = bytes(blob[16:32])
-    layout_id, n, table_off, _ = struct.unpack_from("<4I", blob, 32)
+    layout_id, n, table_off, state_tiers = struct.unpack_from("<4I", blob, 32)
     v = struct.unpack_from(CONFIG_FMT, blob, 48)
     try:
         cfg = ModelConfig(dim=v[0], n_layers=v[1], n_heads=v[2], n_kv_heads=v[3], hidden_dim=v[4],
@@ -243,6 +313,10 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
         cfg.validate()
     except (ModelError, ZeroDivisionError) as e:
         raise BlobError(f"{what}: bad model config in header: {e}") from None
+    if state_tiers >> (4 * len(STATE_REGIONS)) or any(
+            ((state_tiers >> (4 * i)) & 0xF) not in (STATE_DEFAULT, TIER_CODE["psram"], TIER_CODE["sram"])
+            for i in range(len(STATE_REGIONS))):
+        raise BlobError(f"{what}: bad state_tiers 0x{state_tiers:x} in header")
     if table_off + n * ENTRY_SIZE > total or n > 100000:
         raise BlobError(f"{what}: tensor table out of bounds")
     entries = []
@@ -262,7 +336,8 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
             raise BlobError(f"{what}: tensor {name}: length {length} != {rows}x{cols} f32")
         entries.append(Entry(name, fname, rows, cols, g, TIER_NAME[tier], off, length, stride))
     return BlobHeader(version, total, crc, mhash, layout_id, cfg,
-                      None if v[8] == NONE_ID else v[8], None if v[9] == NONE_ID else v[9], entries)
+                      None if v[8] == NONE_ID else v[8], None if v[9] == NONE_ID else v[9], entries,
+                      state_tiers)
 
 
 def read_header(path) -> BlobHeader:

@@ -21,3 +21,84 @@ def state_bytes(cfg: ModelConfig, min_group: int) -> int:
 
 def arena_bytes(cfg: ModelConfig, min_group: int) -> int:
     return state_bytes(cfg, min_group) + cfg.max_seq_len * 4
+
+
+# ---- per-region sizes and staging (firmware/engine/engine.c layout(), app.c place()) -------------
+
+REGIONS = ("kv", "logits", "scratch")   # FLM_REG_KV, FLM_REG_LOGITS, FLM_REG_SCRATCH
+
+
+def _up64(n: int) -> int:
+    return (n + 63) & ~63
+
+
+def region_bytes(cfg: ModelConfig, min_group: int) -> dict[str, int]:
+    """Bytes of each state region, as flm_state_region_bytes(); they sum to state_bytes()."""
+    wide = max(cfg.dim, cfg.hidden_dim)
+    kv = cfg.n_layers * cfg.max_seq_len * cfg.kv_dim * 4
+    scratch = [cfg.dim * 4] * 4 + [cfg.max_seq_len * 4, cfg.hidden_dim * 4, cfg.hidden_dim * 4,
+                                   cfg.head_dim // 2 * 4, cfg.head_dim // 2 * 4, wide,
+                                   (wide // min_group + 1) * 4]
+    return {"kv": 2 * _up8(kv), "logits": 3 * _up8(cfg.vocab_size * 4),
+            "scratch": sum(_up8(p) for p in scratch)}
+
+
+def prompt_bytes(cfg: ModelConfig) -> int:
+    return cfg.max_seq_len * 4
+
+
+def tier_needs(cfg: ModelConfig, min_group: int, staged: dict[str, list[int]],
+               region_tiers: dict[str, str]) -> dict[str, int]:
+    """Bytes app.c's place() takes from each RAM tier: the tensors staged there (``staged[tier]``,
+    each rounded up to 64 bytes), the state regions placed there (``region_tiers[region]``, a tier
+    name; multiples of 8) and, with the scratch region, the prompt buffer (last, unrounded)."""
+    need = {"psram": 0, "sram": 0}
+    for tier, lengths in staged.items():
+        if tier in need:
+            need[tier] += sum(_up64(n) for n in lengths)
+    rb = region_bytes(cfg, min_group)
+    for r in REGIONS:
+        need[region_tiers[r]] += rb[r]
+    need[region_tiers["scratch"]] += prompt_bytes(cfg)
+    return need
+
+
+def staging_bound(cfg: ModelConfig, min_group: int) -> int:
+    """An upper bound on the bytes of every tensor the engine reads, staged, for any recipe of this
+    config whose smallest group is ``min_group`` (q8 at that group is the largest encoding)."""
+    from .blob import row_stride
+    total = 0
+    for name, shape in cfg.tensor_shapes().items():
+        if len(shape) == 1:
+            total += _up64(shape[0] * 4)
+        else:
+            total += _up64(shape[0] * row_stride("q8", shape[1], min_group))
+    return total + 2 * _up64(cfg.max_seq_len * cfg.head_dim // 2 * 4)
+
+
+def build_arenas(header, prof: dict) -> tuple[int, int]:
+    """(FLM_ARENA_BYTES, FLM_PSRAM_ARENA_BYTES) for a build of ``prof`` running the blob ``header``.
+
+    The native board reserves room for any placement in both its SRAM arena and its stand-in PSRAM,
+    so LAYOUT can switch freely; a bare-metal build (``build = "arm-gcc"``, the emulated RP2040)
+    reserves its whole SRAM budget; other boards reserve what the blob's own layout needs (their
+    HAL's hal_tier_arena supplies staging space; a LAYOUT that needs more than there is is refused
+    by the device with the numbers)."""
+    from .blob import unpack_state_tiers
+    cfg = header.config
+    min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
+    if prof.get("hal") == "native":
+        room = state_bytes(cfg, min_group) + prompt_bytes(cfg) + staging_bound(cfg, min_group)
+        return room, room
+    default = "sram"
+    regions = {r: (default if t == "default" else t) for r, t in unpack_state_tiers(header.state_tiers).items()}
+    staged: dict[str, list[int]] = {"psram": [], "sram": []}
+    used = set(cfg.tensor_shapes()) | {"rope.cos", "rope.sin"}
+    for e in header.entries:
+        if e.tier in staged and e.name in used:
+            staged[e.tier].append(e.length)
+    need = tier_needs(cfg, min_group, staged, regions)
+    if prof.get("build") == "arm-gcc":   # a statically linked arena: reserve the whole SRAM budget,
+        sram = prof.get("tiers", {}).get("sram", {})      # so LAYOUT can switch within it
+        return max(need["sram"], int(sram.get("budget", 0))), need["psram"]
+    return need["sram"], need["psram"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import jinja2
 
 from converter.boards import load_board
-from converter.footprint import arena_bytes
+from converter.footprint import arena_bytes, build_arenas
 from converter.blob import read_header
 from converter.ir import ModelConfig
 
@@ -35,8 +35,9 @@ def engine_sources() -> list[str]:
     return sorted(p.name for p in ENGINE_DIR.glob("*.c"))
 
 
-def render_project(board: str, out_dir, config: ModelConfig, min_group: int) -> Path:
-    """Write a complete project for ``board`` sized for a model of ``config`` into out_dir."""
+def render_project(board: str, out_dir, config: ModelConfig, min_group: int, header=None) -> Path:
+    """Write a complete project for ``board`` sized for a model of ``config`` into out_dir
+    (with ``header``, the blob's BlobHeader, sized for its placement too)."""
     prof = load_board(board)
     out = Path(out_dir)
     src = out / "src"
@@ -54,8 +55,11 @@ def render_project(board: str, out_dir, config: ModelConfig, min_group: int) -> 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(FW_DIR / "templates"),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     c = config
+    arena, psram_arena = (arena_bytes(c, min_group), 0) if header is None else build_arenas(header, prof)
+    n_entries = len(header.entries) if header is not None else 0
     ctx = dict(board=prof, fw_version=FW_VERSION, max_layers=c.n_layers,
-               arena_bytes=arena_bytes(c, min_group), rx_cap=64 + 28 + 4 * c.max_seq_len,
+               arena_bytes=arena, psram_arena_bytes=psram_arena,
+               rx_cap=64 + max(28 + 4 * c.max_seq_len, 12 + n_entries),
                engine_sources=engine_sources(), hal_sources=hal_sources,
                model_summary=(f"dim {c.dim}, {c.n_layers} layers, {c.n_heads}/{c.n_kv_heads} heads, "
                               f"hidden {c.hidden_dim}, vocab {c.vocab_size}, context {c.max_seq_len}"))
@@ -71,7 +75,13 @@ def build_firmware(board: str, out_dir, blob) -> BuildResult:
     prof = load_board(board)
     h = read_header(blob)
     min_group = min(e.group_size for e in h.entries if e.fmt in ("q8", "q4"))
-    out = render_project(board, out_dir, h.config, min_group)
+    out = render_project(board, out_dir, h.config, min_group, h)
+    if prof.get("build") == "arm-gcc":
+        from .build_arm import build_arm
+        return build_arm(board, prof, out, blob, h, min_group)
+    if prof.get("build") == "platformio":
+        from .platformio import build_platformio
+        return build_platformio(board, prof, out, blob, h, min_group)
     if prof.get("build") != "make":
         return BuildResult(board, out, None, "")
     if shutil.which("make") is None or shutil.which("cc") is None:

@@ -366,14 +366,26 @@ def cmd_build(args, console) -> int:
     _step(console, f"building firmware for {args.board} into {out}")
     res = _build(console, args.board, out, model_dir / manifest["blob"])
     if res.size_text:
-        console.print(res.size_text, markup=False)
+        console.print(res.size_text, markup=False, soft_wrap=True)
     if res.binary is not None:
         console.print(f"[green]binary[/] {res.binary}")
         if not args.output:
             _write_build_stamp(out, _build_key(args.board, manifest), res.binary)
+    elif (res.project_dir / "platformio.ini").is_file():
+        console.print(f"[green]project[/] {res.project_dir} (PlatformIO; build and flash it with "
+                      f"'flashlm flash {res.project_dir}')", soft_wrap=True)
     else:
         console.print(f"[green]project[/] {res.project_dir} (build and flash it with the board's toolchain)")
     return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# flash
+
+def cmd_flash(args, console) -> int:
+    from .flash import flash
+    return flash(args.project, port=args.port, dry_run=args.dry_run,
+                 echo=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,9 +412,11 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
     model_dir, manifest = load_manifest(model)
     ns = argparse.Namespace(prompt=prompt, prompt_ids=prompt_ids)
     ids, tok = encode_prompt(ns, model_dir, manifest)
-    if board is not None and board != "native":
-        raise UserError(f"--board {board}: flashlm can only start the native virtual board; flash a real "
-                        f"board with 'flashlm build --board {board}' and pass --port")
+    emulated = emulated_board(board)
+    if board is not None and board != "native" and not emulated:
+        raise UserError(f"--board {board}: flashlm can only start the virtual boards (native, "
+                        f"{', '.join(emulated_boards())}); flash a real board with 'flashlm build --board {board}' "
+                        f"and pass --port")
 
     prompt_text, piece_of = "", None
     if tok is not None:
@@ -424,6 +438,14 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
             vb = stack.enter_context(start_native_board(binary, blob, timeout=timeout))
             port = vb.port
             console.print(f"  pid {vb.proc.pid} on {port}")
+        elif emulated:
+            image = ensure_native_binary(console, model_dir, manifest, board=board)
+            blob = model_dir / manifest["blob"]
+            _step(console, f"starting the emulated board {board} ({emulated})")
+            from .virtual import start_emulated_board
+            vb = stack.enter_context(start_emulated_board(image, blob, board=board, timeout=timeout))
+            port = vb.port
+            console.print(f"  pid {vb.proc.pid}, UART0 on {port}")
         ser = open_port(port, baud)
         stack.callback(ser.close)
         sess = Session(Link(ser), name=port, frame_timeout=timeout)
@@ -439,9 +461,13 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
                 raise UserError(f"board {hello.board} reports vocab {hello.vocab_size}, the model has "
                                 f"{manifest['config']['vocab_size']}")
             _step(console, f"generating up to {max_tokens} tokens from a {len(ids)}-token prompt")
+            if emulated:
+                vb.read_counts()      # the emulator's per-step read counts: only this generation's
             with R.LiveView(console, hello, piece_of=piece_of, prompt_text=prompt_text) as view:
                 result = sess.generate(ids, max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                                        on_token=view.on_token)
+            if emulated:
+                result.harness = vb.read_counts()
         except (DeviceError, LinkTimeout) as e:
             if vb is not None and not vb.alive:
                 raise BoardError(f"{e}; {vb.describe_exit()}") from None
@@ -461,6 +487,23 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
     return 130 if result.interrupted else 0
 
 
+def emulated_board(board: str | None) -> str | None:
+    """The emulator a board profile runs in (its ``emulator`` key, e.g. "rp2040js"), else None."""
+    if not board or board == "native":
+        return None
+    from converter.boards import load_board
+    from converter.ir import ModelError
+    try:
+        return load_board(board).get("emulator")
+    except ModelError:
+        return None
+
+
+def emulated_boards() -> list[str]:
+    from converter.boards import board_names
+    return [b for b in board_names() if emulated_board(b)]
+
+
 def cmd_run(args, console) -> int:
     if args.prompt is None and args.prompt_ids is None:
         raise UserError("give a prompt: --prompt TEXT or --prompt-ids 1,2,3")
@@ -471,11 +514,42 @@ def cmd_run(args, console) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# serve: start a virtual board and leave it running, for `flashlm run --port`
+
+def cmd_serve(args, console) -> int:
+    import time
+    emulated = emulated_board(args.board)
+    if args.board != "native" and not emulated:
+        raise UserError(f"--board {args.board} is not a virtual board (native, {', '.join(emulated_boards())})")
+    model_dir, manifest = load_manifest(args.model)
+    image = ensure_native_binary(console, model_dir, manifest, board=args.board)
+    blob = model_dir / manifest["blob"]
+    from .virtual import start_emulated_board, start_native_board
+    if emulated:
+        vb = start_emulated_board(image, blob, board=args.board, timeout=args.timeout, counts_path=args.counts)
+    else:
+        vb = start_native_board(image, blob, timeout=args.timeout)
+    with vb:
+        console.print(f"[bold]{args.board}[/] serving on [bold]{vb.port}[/] (pid {vb.proc.pid}); "
+                      f"'flashlm run --port {vb.port} --model {model_dir} ...' talks to it; Ctrl-C stops it",
+                      soft_wrap=True)
+        if emulated:
+            console.print(f"  per-step read counts from the emulator harness: {vb.counts_path}", soft_wrap=True)
+        try:
+            while vb.alive:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            return 0
+        raise UserError(vb.describe_exit() or "the board stopped")
+
+
+# ---------------------------------------------------------------------------------------------
 # demo
 
 def cmd_demo(args, console) -> int:
-    if args.board != "native":
-        raise UserError(f"the demo runs on the native virtual board; for {args.board}, use build + run --port")
+    if args.board != "native" and not emulated_board(args.board):
+        raise UserError(f"the demo runs on a virtual board (native, {', '.join(emulated_boards())}); "
+                        f"for {args.board}, use build + run --port")
     model = DEFAULT_MODEL
     if not model.is_file():
         raise UserError(f"the default model {model} is not there (make it with "
@@ -487,10 +561,10 @@ def cmd_demo(args, console) -> int:
     convert(console, model, out, tokenizer=tok if tok.is_file() else None, fmt="q8", group_size=32)
     console.rule("[bold]flashlm demo[/]: 2/3 build")
     _, manifest = load_manifest(out)
-    ensure_native_binary(console, out, manifest)
+    ensure_native_binary(console, out, manifest, board=args.board)
     console.rule("[bold]flashlm demo[/]: 3/3 run")
-    console.print(f"prompt {args.prompt!r}, up to {args.max_tokens} tokens, greedy")
-    rc = run(console, out, prompt=args.prompt, board="native", max_tokens=args.max_tokens,
+    console.print(f"prompt {args.prompt!r}, up to {args.max_tokens} tokens, greedy, on {args.board}")
+    rc = run(console, out, prompt=args.prompt, board=args.board, max_tokens=args.max_tokens,
              json_path=out / "run.json", csv_path=out / "run.csv", png_path=out / "run.png",
              timeout=args.timeout)
     if rc == 0:
@@ -534,7 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="generate on a board and show per-token timing")
     where = r.add_mutually_exclusive_group(required=True)
-    where.add_argument("--board", help="start a virtual board (native)")
+    where.add_argument("--board", help="start a virtual board (native, or rp2040-emu: the emulated RP2040)")
     where.add_argument("--port", metavar="PATH", help="serial port of a flashed board")
     r.add_argument("--model", metavar="OUTDIR", required=True)
     pr = r.add_mutually_exclusive_group()
@@ -551,6 +625,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=_seconds, default=10.0, metavar="S",
                    help="seconds to wait for the board and for each frame (default 10)")
     r.set_defaults(func=cmd_run)
+
+    f = sub.add_parser("flash", help="build and upload a PlatformIO project from 'build', then write the blob")
+    f.add_argument("project", metavar="PROJECT", help="the directory 'flashlm build --board B' rendered")
+    f.add_argument("--port", metavar="P", help="serial port (default: found by the board's USB VID/PID)")
+    f.add_argument("--dry-run", action="store_true", help="print every command, run none")
+    f.set_defaults(func=cmd_flash)
+
+    from .plan import add_commands as add_plan_commands   # plan, compare
+    add_plan_commands(sub, _positive_int, _nonneg_int, _nonneg_float, _top_p, _seconds)
+
+    sv = sub.add_parser("serve", help="start a virtual board (native, rp2040-emu) and print its port")
+    sv.add_argument("--board", default="rp2040-emu")
+    sv.add_argument("--model", metavar="OUTDIR", required=True)
+    sv.add_argument("--counts", metavar="FILE", help="rp2040-emu: write the harness's per-step read counts here")
+    sv.add_argument("--timeout", type=_seconds, default=10.0, metavar="S")
+    sv.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("demo", help="convert the shipped model, build, run, write out/demo/run.*")
     d.add_argument("--board", default="native")
@@ -591,8 +681,10 @@ def _is_user_error(e: Exception) -> bool:
     from firmware.build import BuildError
 
     from .protocol import ProtocolError
+    from .flash import FlashError
     from .virtual import BoardError
-    if isinstance(e, (UserError, OSError, ModelError, BoardError, ProtocolError, BuildError, CorpusError)):
+    if isinstance(e, (UserError, OSError, ModelError, BoardError, ProtocolError, BuildError, CorpusError,
+                      FlashError)):
         return True
     from converter.train import TrainError
     return isinstance(e, TrainError)
@@ -608,7 +700,7 @@ def main(argv=None) -> int:
         elif extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         elif args.command is None:
-            parser.error("choose a command: convert, build, run, demo, train")
+            parser.error("choose a command: convert, build, flash, run, serve, plan, compare, demo, train")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     debug = bool(os.environ.get("FLASHLM_DEBUG"))

@@ -33,12 +33,14 @@ class MsgType(enum.IntEnum):
     GENERATE = 0x02
     LAYOUT = 0x03
     STOP = 0x04
+    RESEND = 0x05
     HELLO = 0x81
     TOKEN = 0x82
     DONE = 0x83
     ERROR = 0x84
     LOGITS = 0x85
     LOG = 0x86
+    RESENT = 0x87
 
 
 PHASES = ("embed", "attention", "ffn", "output", "sampling")
@@ -53,6 +55,7 @@ ERROR_CODES = {
     5: "bad_token",
     6: "busy",
     7: "no_model",
+    8: "bad_layout",
 }
 CLOCKS = ("host clock", "chip timer", "emulated timer")
 
@@ -61,6 +64,10 @@ FRAME_OVERHEAD = 7  # type + seq + crc
 MAX_PAYLOAD = MAX_FRAME - FRAME_OVERHEAD
 GENERATE_FLAG_LOGITS = 0x1
 HELLO_FLAG_IMAGE_OK = 0x1
+HELLO_FLAG_RESEND = 0x2       # the device keeps recent TOKEN frames and answers RESEND
+RESEND_MAX = 32               # steps one RESEND may name
+RESEND_DONE = 0xFFFFFFFF      # the step number that asks for the generation's DONE
+RESENT_STATES = ("idle", "generating", "ended")
 
 
 def cobs_max_encoded(n: int) -> int:
@@ -179,9 +186,33 @@ class Stop:
 
 @dataclass(frozen=True)
 class Layout:
-    """Reserved for placement switching; the payload is carried opaquely."""
+    """Switch placement without reflashing: one tier (0 flash, 1 psram, 2 sram) per tensor-table
+    entry in table order, and the state regions' tiers (the blob header's state_tiers field);
+    ``layout_id`` is what the device will report in HELLO (converter.blob.layout_id_of)."""
 
-    data: bytes = b""
+    layout_id: int
+    state_tiers: int
+    tiers: bytes
+
+
+@dataclass(frozen=True)
+class Resend:
+    """Ask for kept frames of generation ``generation`` again (docs/formats.md section 2.1):
+    TOKEN steps, and ``RESEND_DONE`` for its DONE. No steps: a status query."""
+
+    generation: int
+    steps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Resent:
+    """Ends the device's answer to a RESEND: its generation state and what it did not send."""
+
+    state: str  # one of RESENT_STATES
+    generation: int
+    steps: int  # TOKEN steps the current/last generation has sent
+    first_kept: int  # oldest step still kept
+    unavailable: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -205,6 +236,7 @@ class Hello:
     clock: int
     fw_version: str
     board: str
+    can_resend: bool = False  # HELLO flag bit1
 
     @property
     def clock_name(self) -> str:
@@ -310,7 +342,7 @@ def _enc_hello(m: Hello) -> bytes:
     model_hash = bytes(m.model_hash)
     if len(model_hash) != 16:
         raise ProtocolError(f"HELLO model_hash must be 16 bytes, got {len(model_hash)}")
-    flags = HELLO_FLAG_IMAGE_OK if m.image_ok else 0
+    flags = (HELLO_FLAG_IMAGE_OK if m.image_ok else 0) | (HELLO_FLAG_RESEND if m.can_resend else 0)
     return (
         struct.pack("<HH", m.proto_version, flags)
         + model_hash
@@ -347,11 +379,29 @@ def _enc_logits(m: Logits) -> bytes:
     return struct.pack("<I", m.step) + values.tobytes()
 
 
+def _enc_resend(m: Resend) -> bytes:
+    steps = [int(s) for s in m.steps]
+    if len(steps) > RESEND_MAX:
+        raise ProtocolError(f"RESEND names {len(steps)} steps, at most {RESEND_MAX}")
+    return struct.pack(f"<II{len(steps)}I", m.generation, len(steps), *steps)
+
+
+def _enc_resent(m: Resent) -> bytes:
+    if m.state not in RESENT_STATES:
+        raise ProtocolError(f"RESENT state {m.state!r} is not one of {RESENT_STATES}")
+    un = [int(s) for s in m.unavailable]
+    return struct.pack(f"<BIIII{len(un)}I", RESENT_STATES.index(m.state), m.generation, m.steps,
+                       m.first_kept, len(un), *un)
+
+
 _ENCODERS: dict[type, tuple[MsgType, Callable[[Any], bytes]]] = {
     Ping: (MsgType.PING, lambda m: b""),
     Generate: (MsgType.GENERATE, _enc_generate),
-    Layout: (MsgType.LAYOUT, lambda m: bytes(m.data)),
+    Layout: (MsgType.LAYOUT, lambda m: struct.pack("<3I", m.layout_id, m.state_tiers, len(m.tiers))
+             + bytes(m.tiers)),
     Stop: (MsgType.STOP, lambda m: b""),
+    Resend: (MsgType.RESEND, _enc_resend),
+    Resent: (MsgType.RESENT, _enc_resent),
     Hello: (MsgType.HELLO, _enc_hello),
     Token: (MsgType.TOKEN, _enc_token),
     Done: (MsgType.DONE, _enc_done),
@@ -447,7 +497,7 @@ def _dec_hello(r: _Reader) -> Hello:
     fw, board = _text(r.s8()), _text(r.s8())
     r.end()
     return Hello(version, bool(flags & HELLO_FLAG_IMAGE_OK), model_hash, layout_id, vocab,
-                 max_seq, clock, fw, board)
+                 max_seq, clock, fw, board, bool(flags & HELLO_FLAG_RESEND))
 
 
 def _dec_token(r: _Reader) -> Token:
@@ -493,7 +543,31 @@ def _dec_log(r: _Reader) -> Log:
 
 
 def _dec_layout(r: _Reader) -> Layout:
-    return Layout(r.take(len(r.data)))
+    layout_id, state_tiers, n = r.unpack("3I")
+    tiers = r.take(n)
+    r.end()
+    return Layout(layout_id, state_tiers, tiers)
+
+
+def _dec_resend(r: _Reader) -> Resend:
+    generation, n = r.unpack("II")
+    if n > RESEND_MAX or len(r.data) - r.pos != 4 * n:
+        raise ProtocolError(f"RESEND payload: n={n} needs {r.pos + 4 * n} bytes (n <= {RESEND_MAX}), "
+                            f"got {len(r.data)}")
+    steps = r.unpack(f"{n}I")
+    r.end()
+    return Resend(generation, tuple(steps))
+
+
+def _dec_resent(r: _Reader) -> Resent:
+    state, generation, steps, first_kept, n = r.unpack("BIIII")
+    if state >= len(RESENT_STATES):
+        raise ProtocolError(f"RESENT state code {state} is unknown")
+    if len(r.data) - r.pos != 4 * n:
+        raise ProtocolError(f"RESENT payload: n={n} needs {r.pos + 4 * n} bytes, got {len(r.data)}")
+    un = r.unpack(f"{n}I")
+    r.end()
+    return Resent(RESENT_STATES[state], generation, steps, first_kept, tuple(un))
 
 
 _DECODERS: dict[int, Callable[[_Reader], Message]] = {
@@ -501,6 +575,8 @@ _DECODERS: dict[int, Callable[[_Reader], Message]] = {
     MsgType.GENERATE: _dec_generate,
     MsgType.LAYOUT: _dec_layout,
     MsgType.STOP: _dec_empty(Stop),
+    MsgType.RESEND: _dec_resend,
+    MsgType.RESENT: _dec_resent,
     MsgType.HELLO: _dec_hello,
     MsgType.TOKEN: _dec_token,
     MsgType.DONE: _dec_done,

@@ -65,6 +65,49 @@ def _rate(n: int, us: int) -> float | None:
     return n / (us / 1e6) if n and us > 0 else None
 
 
+EMULATED_NOTE = ("the emulated timer advances with rp2040js's instruction cycle counts; the emulator does "
+                 "not model XIP-cache misses or QSPI timing, so flash-read time there is a lower bound")
+
+
+def harness_rows(result: RunResult) -> list[dict]:
+    """Per step the emulator harness measured: its counts of the bytes the core read per tier
+    beside the engine's own counters from the TOKEN frame, plus cycles, emulated µs and host ms."""
+    by = {int(r["step"]): r for r in result.harness if "step" in r}
+    rows = []
+    for t in sorted(result.tokens, key=lambda t: t.step):
+        h = by.get(int(t.step))
+        if h is None:
+            continue
+        hb = [int(b) for b in h.get("bytes", [])]
+        rows.append({"step": int(t.step), "kind": "prompt" if t.out_id is None else "generated",
+                     "engine_bytes": dict(zip(TIERS, map(int, t.bytes_read))),
+                     "harness_bytes": dict(zip(TIERS, hb)),
+                     "agree": hb == [int(b) for b in t.bytes_read],
+                     "cycles": int(h.get("cycles", 0)), "emulated_us": float(h.get("us", 0.0)),
+                     "wall_ms": float(h.get("wall_ms", 0.0))})
+    return rows
+
+
+def harness_summary(result: RunResult) -> dict | None:
+    """Agreement of the harness's per-region read counts with the engine's, and per-token cost on
+    the emulator (generated steps); None when the run had no harness (not an emulated board)."""
+    if not result.harness:
+        return None
+    rows = harness_rows(result)
+    gen = [r for r in rows if r["kind"] == "generated"] or rows
+
+    def stats(vals):
+        return {"p50": percentile(vals, 50), "mean": (sum(vals) / len(vals)) if vals else None}
+
+    return {"steps": len(rows), "agree_steps": sum(r["agree"] for r in rows),
+            "mismatch_steps": [r["step"] for r in rows if not r["agree"]],
+            "cycles_per_token": stats([r["cycles"] for r in gen]),
+            "emulated_us_per_token": stats([r["emulated_us"] for r in gen]),
+            "wall_ms_per_token": stats([r["wall_ms"] for r in gen]),
+            "harness_bytes_per_token": {tier: (sum(r["harness_bytes"][tier] for r in gen) / len(gen)) if gen else None
+                                        for tier in TIERS}}
+
+
 def summarize(result: RunResult) -> dict:
     hello = result.hello
     prompt, gen = result.prompt_steps, result.generated_steps
@@ -96,6 +139,8 @@ def summarize(result: RunResult) -> dict:
         "device_total_us": int(done.total_us) if done is not None else None,
         "device_steps_us": int(sum(step_total(t) for t in result.tokens)),
         "host_wall_s": result.wall_s,
+        "harness": harness_summary(result),
+        "timing_note": EMULATED_NOTE if result.clock == "emulated timer" else None,
     }
 
 
@@ -272,10 +317,25 @@ def summary_renderables(result: RunResult) -> list:
     if b["flash"] is not None:
         lines.append("bytes read per generated token: "
                      + ", ".join(f"{tier} {b[tier]:,.0f}" for tier in TIERS) + f"  [{at}]")
+    h = s.get("harness")
+    if h is not None:
+        hb, eb = h["harness_bytes_per_token"], s["bytes_per_token"]
+        lines.append("emulator harness, bytes the core read per generated token: "
+                     + ", ".join(f"{tier} {hb[tier]:,.0f} (engine {eb[tier]:,.0f})" for tier in TIERS
+                                 if hb[tier] is not None and eb[tier] is not None)
+                     + f" — agree on {h['agree_steps']}/{h['steps']} steps")
+        lines.append(f"emulated cycles per generated token: p50 {_fmt(h['cycles_per_token']['p50'])} "
+                     f"({_fmt(h['emulated_us_per_token']['p50'])} µs emulated); emulator wall time per token: "
+                     f"p50 {_fmt(h['wall_ms_per_token']['p50'], 1)} ms (host clock)")
     if s["device_total_us"] is not None:
         lines.append(f"device total (DONE): {s['device_total_us']:,} µs, stop reason {s['reason']}  [{at}]")
     lines.append(f"host wall time: {s['host_wall_s']:.3f} s (host clock, includes the serial link)")
     out.extend(Text(line) for line in lines)
+    if h is not None and h["mismatch_steps"]:
+        out.append(Text(f"harness and engine byte counters differ on step(s) {h['mismatch_steps'][:20]}",
+                        style="bold yellow"))
+    if s.get("timing_note"):
+        out.append(Text(f"note: {s['timing_note']}", style="dim"))
     if s["missing_steps"] or s["frame_gaps"] or s["bad_frames"]:
         steps = s["missing_steps"]
         shown = ", ".join(map(str, steps[:20])) + (" ..." if len(steps) > 20 else "")
@@ -352,6 +412,7 @@ def result_dict(result: RunResult) -> dict:
         "link": {"stats": result.stats, "run": result.run_stats, "gaps": [list(g) for g in result.gap_pairs]},
         "logs": list(result.logs),
         "logits": {str(k): [float(x) for x in v] for k, v in result.logits.items()},
+        "harness_steps": harness_rows(result),
         "summary": summarize(result),
     }
 

@@ -1,13 +1,17 @@
 """One host-side conversation with a board: open the port, handshake, check the model, generate.
 
 Everything that can go wrong on the board side is a ``BoardError`` with a one-line message;
-``DeviceError`` (the device answered ERROR) and ``LinkTimeout`` (the device went silent) are
-subclasses that also carry the partial ``RunResult`` gathered before the failure.
+``DeviceError`` (the device answered ERROR), ``LinkTimeout`` (the device went silent),
+``LinkLost`` (the port went away), ``BoardReset`` (the board restarted mid-generation) and
+``ModelMismatch`` are subclasses that also carry the partial ``RunResult`` gathered before the
+failure (``.partial``; None where nothing was generated yet).
 
 Step numbers count forward passes of one generation from 0 (step == pos for a fresh
 generation).  A TOKEN whose ``step`` skips ahead marks the skipped steps missing; a DONE whose
-``steps`` is beyond the last step seen marks the tail missing.  Frame seq gaps and bad frames
-counted by the decoder are reported next to them.
+``steps`` is beyond the last step seen marks the tail missing.  A device that answers RESEND
+(docs/formats.md section 2.1) is asked for every missing step and for a DONE that does not come;
+``Session.generate_with_recovery`` also reconnects, re-handshakes and regenerates what could not
+be re-sent.  Frame seq gaps and bad frames counted by the decoder are reported next to them.
 """
 from __future__ import annotations
 
@@ -20,8 +24,8 @@ from typing import Callable
 from . import protocol as P
 from .virtual import BoardError
 
-__all__ = ["BoardError", "DeviceError", "LinkTimeout", "ModelMismatch", "RunResult", "Session",
-           "open_port", "stats_dict"]
+__all__ = ["BoardError", "BoardReset", "DeviceError", "Diverged", "LinkLost", "LinkTimeout", "ModelMismatch",
+           "RunResult", "Session", "open_port", "stats_dict"]
 
 
 class DeviceError(BoardError):
@@ -41,8 +45,36 @@ class LinkTimeout(BoardError):
         self.partial = partial
 
 
+class LinkLost(BoardError):
+    """The port went away (unplugged, the virtual board's process died)."""
+
+    def __init__(self, msg: str, partial: "RunResult | None" = None):
+        super().__init__(msg)
+        self.partial = partial
+
+
+class BoardReset(BoardError):
+    """The board restarted during a generation (its frame numbering began again at 0)."""
+
+    def __init__(self, msg: str, partial: "RunResult | None" = None):
+        super().__init__(msg)
+        self.partial = partial
+
+
 class ModelMismatch(BoardError):
     """The board holds a different model than the one the host was asked to use."""
+
+    def __init__(self, msg: str, partial: "RunResult | None" = None):
+        super().__init__(msg)
+        self.partial = partial
+
+
+class Diverged(BoardError):
+    """A step generated again came out differently from the first time."""
+
+    def __init__(self, msg: str, partial: "RunResult | None" = None):
+        super().__init__(msg)
+        self.partial = partial
 
 
 def open_port(path, baud: int = 115200, timeout: float = 0.05):
@@ -93,7 +125,7 @@ class RunResult:
     temperature: float = 0.0
     top_p: float = 0.0
     seed: int = 0
-    tokens: list = field(default_factory=list)          # protocol Token, in arrival order
+    tokens: list = field(default_factory=list)          # protocol Token, in step order
     done: P.Done | None = None
     missing_steps: list[int] = field(default_factory=list)
     duplicate_steps: list[int] = field(default_factory=list)
@@ -105,6 +137,15 @@ class RunResult:
     logits: dict = field(default_factory=dict)           # step -> list of floats
     logs: list[str] = field(default_factory=list)
     board_name: str = ""
+    harness: list = field(default_factory=list)          # emulator's per-step read counts (rp2040-emu)
+    generation: int | None = None                        # the device's number for it (RESEND)
+    resent_steps: list[int] = field(default_factory=list)   # lost, then recovered by RESEND
+    resend_requests: int = 0
+    conflicts: list[int] = field(default_factory=list)   # a second copy of a step differed (never expected)
+    device_errors: list[str] = field(default_factory=list)  # ERRORs that did not end the run (bad_frame)
+    notes: list[str] = field(default_factory=list)
+    recoveries: list[dict] = field(default_factory=list)   # reconnects / regenerations (generate_with_recovery)
+    done_from_host: bool = False                         # DONE totals summed by the host over merged runs
 
     @property
     def frame_gaps(self) -> int:
@@ -179,13 +220,13 @@ class Session:
         try:
             return self.link.recv(timeout)
         except OSError as e:
-            raise BoardError(f"lost the connection to {self.name}: {_io_reason(e)}") from None
+            raise LinkLost(f"lost the connection to {self.name}: {_io_reason(e)}") from None
 
     def _send(self, msg) -> None:
         try:
             self.link.send(msg)
         except OSError as e:
-            raise BoardError(f"cannot write to {self.name}: {_io_reason(e)}") from None
+            raise LinkLost(f"cannot write to {self.name}: {_io_reason(e)}") from None
 
     # -- handshake -------------------------------------------------------------------------
     def handshake(self, timeout: float = 5.0, interval: float = 0.5):
@@ -252,86 +293,469 @@ class Session:
                                 f"but the selected model is {want.hex()[:16]}: flash the matching image "
                                 f"or pick the matching --model")
 
+    # -- layout ----------------------------------------------------------------------------
+    def set_layout(self, layout_id: int, state_tiers: int, tiers: bytes, timeout: float | None = None):
+        """Switch the board's placement (LAYOUT); returns the HELLO it answers with. ERROR raises
+        DeviceError, silence LinkTimeout. Tensors are re-staged, the KV cache starts empty."""
+        timeout = self.frame_timeout if timeout is None else timeout
+        self._send(P.Layout(int(layout_id), int(state_tiers), bytes(tiers)))
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            fr = self._recv(left)
+            if fr is None:
+                break
+            m = fr.msg
+            if isinstance(m, P.Hello):
+                if m.layout_id != layout_id:
+                    continue      # a late answer to an earlier PING: the LAYOUT's own HELLO follows
+                self.hello = m
+                return m
+            if isinstance(m, P.Error):
+                raise DeviceError(f"{self.hello.board if self.hello else self.name} refused the layout: "
+                                  f"{_error_text(m)}", m)
+            if isinstance(m, P.Log):
+                self.logs.append(m.text)
+        raise LinkTimeout(f"{self.name} did not answer LAYOUT within {timeout:g} s")
+
     # -- generation ------------------------------------------------------------------------
+    resend_timeout = 0.5   # s to wait for an answer to RESEND before asking for a step again
+    resend_tries = 4       # times one step is asked for before it is reported missing
+    probe_interval = 0.5   # s of silence mid-generation before the host asks the device where it is
+
     def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_p: float = 0.0,
                  seed: int = 0, on_token: Callable | None = None, send_logits: bool = False,
-                 frame_timeout: float | None = None) -> RunResult:
-        """Send GENERATE, collect TOKEN frames until DONE. ERROR raises DeviceError, silence
-        LinkTimeout (both carry ``.partial``). Ctrl-C sends STOP and returns what arrived."""
+                 frame_timeout: float | None = None, resend: bool = True) -> RunResult:
+        """Send GENERATE, collect TOKEN frames until DONE.
+
+        With a device that answers RESEND (HELLO flag bit1; docs/formats.md section 2.1) every lost
+        TOKEN, and a lost DONE, is asked for again while the device still keeps it; what cannot be
+        recovered is listed in ``missing_steps``. ERROR raises DeviceError, silence LinkTimeout, a
+        vanished port LinkLost, a board that restarted BoardReset (all carry ``.partial``).
+        Ctrl-C sends STOP and returns what arrived."""
+        run = self._start(prompt_ids, max_new_tokens, temperature, top_p, seed, on_token, send_logits,
+                          frame_timeout, resend)
+        self._collect(run)
+        return run.finish()
+
+    def _start(self, prompt_ids, max_new_tokens, temperature, top_p, seed, on_token, send_logits,
+               frame_timeout, resend) -> "_Run":
         prompt_ids = [int(i) for i in prompt_ids]
         res = RunResult(hello=self.hello, prompt_ids=prompt_ids, max_new_tokens=int(max_new_tokens),
                         temperature=float(temperature), top_p=float(top_p), seed=int(seed),
                         board_name=self.name)
-        timeout = self.frame_timeout if frame_timeout is None else frame_timeout
-        stats = self.link.stats
-        before = stats_dict(stats)
-        gaps_before = len(stats.gaps)
-        seen: set[int] = set()
-        expected = 0
-        stop_sent = False
-        t0 = time.monotonic()
+        msg = P.Generate(prompt_ids=prompt_ids, max_new_tokens=int(max_new_tokens),
+                         temperature=float(temperature), top_p=float(top_p), seed=int(seed),
+                         send_logits=bool(send_logits))
+        run = _Run(self, res, msg, self.frame_timeout if frame_timeout is None else frame_timeout, on_token)
+        if resend and self.hello is not None and self.hello.can_resend:
+            run.generation = self._next_generation(res)
+        self._send(msg)
+        run.gen_sends = 1
+        run.last_rx = run.last_probe = time.monotonic()
+        return run
 
-        def finish():
-            res.wall_s = time.monotonic() - t0
-            res.stats = stats_dict(stats)
-            res.run_stats = _delta(res.stats, before)
-            res.gap_pairs = stats.gaps[gaps_before:]
-            res.missing_steps.sort()
-            return res
+    def _status(self, tries: int = 3):
+        """The device's RESENT to a status query (RESEND naming no step), or None."""
+        for _ in range(tries):
+            self._send(P.Resend(0))
+            end = time.monotonic() + self.resend_timeout
+            while (left := end - time.monotonic()) > 0:
+                fr = self._recv(left)
+                if fr is None:
+                    break
+                if isinstance(fr.msg, P.Resent):
+                    return fr.msg
+                if isinstance(fr.msg, P.Log):
+                    self.logs.append(fr.msg.text)
+        return None
 
-        self._send(P.Generate(prompt_ids=prompt_ids, max_new_tokens=int(max_new_tokens),
-                                  temperature=float(temperature), top_p=float(top_p), seed=int(seed),
-                                  send_logits=bool(send_logits)))
+    def _next_generation(self, res: "RunResult") -> int | None:
+        """The number the device will give the next GENERATE (a generation still running from an
+        earlier host is stopped first); None when it does not answer: then nothing is re-sent."""
+        for _ in range(3):
+            st = self._status()
+            if st is None:
+                res.notes.append("no answer to the RESEND status query: lost steps are reported, not re-requested")
+                return None
+            if st.state != "generating":
+                return st.generation + 1
+            self._send(P.Stop())
+            end = time.monotonic() + self.stop_timeout
+            while (left := end - time.monotonic()) > 0:
+                fr = self._recv(left)
+                if fr is None or isinstance(fr.msg, P.Done):
+                    break
+        raise BoardError(f"{self.name} is still generating after STOP; cannot start a new generation")
+
+    def _collect(self, run: "_Run") -> None:
+        res = run.res
         while True:
             try:
-                fr = self._recv(timeout)
-                if fr is None:
-                    if stop_sent:
-                        break       # stopped and the device did not confirm: keep what arrived
-                    last = f"after step {max(seen)}" if seen else "before the first token"
-                    raise LinkTimeout(f"{self.name} went silent: no frame for {timeout:g} s {last} "
-                                      f"({len(res.tokens)} token frame{'s' * (len(res.tokens) != 1)} received)",
-                                      finish())
-                m = fr.msg
-                if isinstance(m, P.Token):
-                    s = int(m.step)
-                    if s in seen:
-                        res.duplicate_steps.append(s)
-                        continue
-                    if s > expected:
-                        res.missing_steps.extend(range(expected, s))
-                    elif s < expected and s in res.missing_steps:
-                        res.missing_steps.remove(s)   # late, but here
-                    seen.add(s)
-                    expected = max(expected, s + 1)
-                    res.tokens.append(m)
-                    if on_token is not None:
-                        on_token(m)
-                elif isinstance(m, P.Done):
-                    res.done = m
-                    if int(m.steps) > expected:
-                        res.missing_steps.extend(range(expected, int(m.steps)))
+                now = time.monotonic()
+                if run.generation is not None:
+                    self._ask(run, now)
+                if res.done is not None and (run.generation is None or not (run.missing - run.gone)):
                     break
-                elif isinstance(m, P.Error):
-                    raise DeviceError(f"{self.hello.board if self.hello else self.name} refused the "
-                                      f"generation: {_error_text(m)}", m, finish())
-                elif isinstance(m, P.Logits):
-                    res.logits[int(m.step)] = list(m.values)
-                elif isinstance(m, P.Log):
-                    res.logs.append(m.text)
-                    self.logs.append(m.text)
-                # a late HELLO (answer to a repeated PING) or anything else: ignore
+                if res.done is None:
+                    silent = now - run.last_rx
+                    if silent >= run.timeout:
+                        if run.stop_sent:
+                            break       # stopped and the device did not confirm: keep what arrived
+                        last = f"after step {max(run.seen)}" if run.seen else "before the first token"
+                        n = len(res.tokens)
+                        raise LinkTimeout(f"{self.name} went silent: no frame for {run.timeout:g} s {last} "
+                                          f"({n} token frame{'s' * (n != 1)} received)", run.finish())
+                    wait = run.timeout - silent
+                    if run.generation is not None:
+                        wait = min(wait, self.probe_interval)
+                else:
+                    wait = self.resend_timeout
+                fr = self._recv(max(wait, 0.001))
+                if fr is None:
+                    continue
+                run.last_rx = time.monotonic()
+                self._on_frame(run, fr)
+            except LinkLost as e:
+                raise LinkLost(str(e), run.finish()) from None
             except KeyboardInterrupt:
                 res.interrupted = True
-                if stop_sent:
+                if run.stop_sent:
                     break            # second Ctrl-C: stop waiting for the device
-                stop_sent = True
+                run.stop_sent = True
+                run.tries = min(run.tries, 1)
                 try:
                     self._send(P.Stop())
                 except (OSError, BoardError):
                     break
-                timeout = min(timeout, self.stop_timeout)
-        return finish()
+                run.timeout = min(run.timeout, self.stop_timeout)
+
+    def _ask(self, run: "_Run", now: float) -> None:
+        """RESEND the missing steps that are due (each at most ``run.tries`` times), and probe a
+        link that has been silent for ``probe_interval`` with the DONE step."""
+        due = []
+        for s in sorted(run.missing - run.gone):
+            times, last = run.asked.get(s, (0, float("-inf")))
+            if now - last < self.resend_timeout:
+                continue
+            if times >= run.tries:
+                run.gone.add(s)         # asked often enough: it stays missing
+                continue
+            due.append(s)
+        res = run.res
+        probe = (res.done is None and now - run.last_rx >= self.probe_interval
+                 and now - run.last_probe >= self.probe_interval)
+        if probe:
+            run.last_probe = now
+        while due or probe:
+            room = P.RESEND_MAX - (1 if probe else 0)
+            chunk, due = due[:room], due[room:]
+            self._send(P.Resend(run.generation, tuple(chunk) + ((P.RESEND_DONE,) if probe else ())))
+            res.resend_requests += 1
+            for s in chunk:
+                run.asked[s] = (run.asked.get(s, (0, 0.0))[0] + 1, now)
+            probe = False
+
+    def _on_frame(self, run: "_Run", fr) -> None:
+        res = run.res
+        stats = self.link.stats
+        new_gaps = stats.gaps[run.gaps_checked:]
+        run.gaps_checked = len(stats.gaps)
+        if stats.resets > run.resets_seen or any(got == 0 for _, got in new_gaps):
+            run.resets_seen = stats.resets     # frame numbering began again: the board rebooted
+            last = f"after step {max(run.seen)}" if run.seen else "before the first token"
+            raise BoardReset(f"{self.name} restarted during the generation {last} (its frame numbers "
+                             f"began again at 0)", run.finish())
+        m = fr.msg
+        if isinstance(m, P.Token):
+            self._on_token(run, m)
+        elif isinstance(m, P.Done):
+            if res.done is None:
+                res.done = m
+                run.lost_until(int(m.steps))
+        elif isinstance(m, P.Resent):
+            self._on_resent(run, m)
+        elif isinstance(m, P.Error):
+            if m.code == 1:      # bad_frame: one of our frames was damaged on the way; asked again later
+                res.device_errors.append(_error_text(m))
+                if not run.seen and res.done is None:
+                    run.last_probe = float("-inf")   # it may have been the GENERATE: probe when quiet
+            elif m.code == 6 and run.gen_sends > 1:
+                res.device_errors.append(_error_text(m))   # a repeated GENERATE met the running one
+            else:
+                raise DeviceError(f"{self.hello.board if self.hello else self.name} refused the "
+                                  f"generation: {_error_text(m)}", m, run.finish())
+        elif isinstance(m, P.Logits):
+            res.logits[int(m.step)] = list(m.values)
+        elif isinstance(m, P.Log):
+            res.logs.append(m.text)
+            self.logs.append(m.text)
+        # a late HELLO (answer to a repeated PING) or anything else: ignore
+
+    def _on_token(self, run: "_Run", m) -> None:
+        res = run.res
+        s = int(m.step)
+        if s in run.seen:
+            (res.conflicts if m != run.seen[s] else res.duplicate_steps).append(s)
+            return
+        if s >= run.max_steps:
+            res.device_errors.append(f"TOKEN step {s} is beyond the {run.max_steps} steps this generation can have")
+            return
+        run.lost_until(s)
+        run.expected = max(run.expected, s + 1)
+        if s in run.missing:
+            run.missing.discard(s)
+            run.gone.discard(s)
+            if s in run.asked:
+                res.resent_steps.append(s)
+        run.seen[s] = m
+        res.tokens.append(m)
+        if run.on_token is not None:
+            run.on_token(m)
+
+    def _on_resent(self, run: "_Run", m) -> None:
+        res = run.res
+        if run.generation is None:
+            return
+        if m.generation != run.generation:
+            if (m.generation == run.generation - 1 and m.state != "generating" and not run.seen
+                    and res.done is None):
+                # The device has not accepted our GENERATE: it was lost on the way.
+                if run.gen_sends >= 3:
+                    raise LinkTimeout(f"{self.name} did not receive GENERATE (sent {run.gen_sends} times)",
+                                      run.finish())
+                res.notes.append("GENERATE was lost on the way; sent again")
+                self._send(run.gen_msg)
+                run.gen_sends += 1
+            return
+        run.lost_until(int(m.steps))
+        for s in m.unavailable:
+            if s != P.RESEND_DONE and s < m.first_kept and s in run.missing:
+                run.gone.add(s)       # no longer kept on the device
+
+    # -- surviving a lost link or a board reset ----------------------------------------------
+    def generate_with_recovery(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0,
+                               top_p: float = 0.0, seed: int = 0, on_token: Callable | None = None,
+                               send_logits: bool = False, frame_timeout: float | None = None,
+                               reconnect: Callable | None = None, max_recoveries: int = 2,
+                               handshake_timeout: float = 5.0) -> RunResult:
+        """``generate`` that survives a vanished port (LinkLost), a board that restarted
+        (BoardReset) or went silent (LinkTimeout), and steps that could not be re-sent.
+
+        ``reconnect()`` returns a new ``Link`` (reopen the port, restart a virtual board); without
+        it the same link is used again (a board that reset behind the same port). After a
+        reconnect the host handshakes again and refuses to go on (ModelMismatch) if the board's
+        model hash is not the one of the first handshake. If the device still keeps this
+        generation it continues there (RESEND); otherwise the missing steps are generated again:
+        greedy runs resume from the prompt plus the tokens known so far, sampled runs replay from
+        the prompt with the same seed (the device's sampler is deterministic). Every step both runs
+        computed must agree (input id, logits CRC, output id), or BoardError. At most
+        ``max_recoveries`` recoveries; each is described in ``result.recoveries``."""
+        if self.hello is None:
+            raise BoardError("generate_with_recovery needs a handshake first (it checks the model hash)")
+        want = bytes(self.hello.model_hash)
+        prompt_ids = [int(i) for i in prompt_ids]
+        shown: set[int] = set()
+
+        def show(t):
+            if t.step not in shown:
+                shown.add(t.step)
+                if on_token is not None:
+                    on_token(t)
+
+        args = dict(temperature=temperature, top_p=top_p, seed=seed, on_token=show,
+                    send_logits=send_logits, frame_timeout=frame_timeout, resend=True)
+        total: RunResult | None = None
+        events: list[dict] = []
+        prompt, max_new, run = prompt_ids, int(max_new_tokens), None
+        try:
+            while True:
+                try:
+                    if run is None:
+                        run = self._start(prompt, max_new, temperature, top_p, seed, show, send_logits,
+                                          frame_timeout, True)
+                    self._collect(run)
+                    part, err = run.finish(), None
+                except (LinkLost, BoardReset, LinkTimeout) as e:
+                    if e.partial is None:
+                        raise
+                    part, err = e.partial, e
+                total = _merge(total, part, self.name)
+                if total.interrupted or (err is None and total.complete):
+                    break
+                if len(events) >= max_recoveries:
+                    if err is not None:
+                        raise type(err)(f"{err} (gave up after {len(events)} recoveries)", total)
+                    break
+                seen = [t.step for t in total.tokens]
+                ev = {"after": type(err).__name__ if err else "missing_steps",
+                      "reason": str(err) if err else f"{len(total.missing_steps)} step(s) lost on the link",
+                      "last_step": max(seen) if seen else None}
+                if err is not None:
+                    self._relink(reconnect, err, total, handshake_timeout, want)
+                    ev["board"] = self.hello.board
+                    if (not isinstance(err, BoardReset) and run is not None and run.generation is not None
+                            and self.hello.can_resend):
+                        st = self._status()
+                        if st is not None and st.generation == run.generation:
+                            run.rebase(self.link)
+                            run.lost_until(int(st.steps))
+                            run.last_rx = run.last_probe = time.monotonic()
+                            run.tries = self.resend_tries
+                            ev["action"] = "continued the same generation (lost steps re-sent from the device)"
+                            events.append(ev)
+                            continue
+                prompt, max_new = _resume_point(total, prompt_ids, int(max_new_tokens), float(temperature))
+                run = None
+                ev["action"] = (f"generated again from step {len(prompt) - 1} "
+                                f"(prompt + {len(prompt) - len(prompt_ids)} known tokens)")
+                events.append(ev)
+        except KeyboardInterrupt:
+            if total is None:
+                raise
+            total.interrupted = True
+        total.recoveries = events
+        return total
+
+    def _relink(self, reconnect, err, total, timeout: float, want: bytes) -> None:
+        if reconnect is None and isinstance(err, LinkLost):
+            raise LinkLost(f"{err} (no way to reconnect)", total)
+        try:
+            if reconnect is not None:
+                self.link = reconnect()
+            self.hello = None
+            hello = self.handshake(timeout=timeout)
+        except LinkTimeout as e:
+            raise LinkTimeout(f"after '{err}': {e}", total) from None
+        except DeviceError as e:
+            raise DeviceError(f"after '{err}': {e}", e.error, total) from None
+        except BoardError as e:
+            raise LinkLost(f"after '{err}': {e}", total) from None
+        have = bytes(hello.model_hash)
+        if have != want:
+            raise ModelMismatch(f"{hello.board or self.name} came back after '{err}' holding model "
+                                f"{have.hex()[:16]}, but the generation began with model {want.hex()[:16]}: "
+                                f"refusing to continue", total)
+
+
+class _Run:
+    """The state of one generation being collected."""
+
+    def __init__(self, session: Session, res: RunResult, gen_msg, timeout: float, on_token):
+        self.res = res
+        self.gen_msg = gen_msg
+        self.timeout = timeout
+        self.on_token = on_token
+        n = len(gen_msg.prompt_ids)
+        limit = n - 1 + int(gen_msg.max_new_tokens)
+        if session.hello is not None and session.hello.max_seq_len:
+            limit = min(limit, int(session.hello.max_seq_len))
+        self.max_steps = max(1, min(limit, 1 << 20))
+        self.generation: int | None = None
+        self.seen: dict[int, P.Token] = {}
+        self.expected = 0
+        self.missing: set[int] = set()
+        self.gone: set[int] = set()
+        self.asked: dict[int, tuple[int, float]] = {}
+        self.gen_sends = 0
+        self.stop_sent = False
+        self.tries = session.resend_tries
+        self.t0 = self.last_rx = self.last_probe = time.monotonic()
+        self._acc = {k: 0 for k in stats_dict(P.DecoderStats())}
+        self._acc_gaps: list = []
+        self.rebase(session.link)
+
+    def rebase(self, link) -> None:
+        """Collect on ``link`` from now on; the old link's counters are kept."""
+        old = getattr(self, "link", None)
+        if old is not None:
+            self._acc = {k: v + d for (k, v), d in zip(self._acc.items(), self._delta().values())}
+            self._acc_gaps += old.stats.gaps[self.gaps_before:]
+        self.link = link
+        self.before = stats_dict(link.stats)
+        self.gaps_before = self.gaps_checked = len(link.stats.gaps)
+        self.resets_seen = link.stats.resets
+
+    def _delta(self) -> dict:
+        return _delta(stats_dict(self.link.stats), self.before)
+
+    def lost_until(self, n: int) -> None:
+        """Every step below n not seen yet is lost (frames arrive in order)."""
+        n = min(n, self.max_steps)
+        if n > self.expected:
+            self.missing.update(range(self.expected, n))
+            self.expected = n
+
+    def finish(self) -> RunResult:
+        res = self.res
+        stats = self.link.stats
+        res.wall_s = time.monotonic() - self.t0
+        res.stats = stats_dict(stats)
+        res.run_stats = {k: self._acc[k] + v for k, v in self._delta().items()}
+        res.gap_pairs = self._acc_gaps + stats.gaps[self.gaps_before:]
+        res.tokens.sort(key=lambda t: t.step)
+        res.missing_steps = sorted(self.missing)
+        res.generation = self.generation
+        return res
+
+
+def _resume_point(total: RunResult, prompt_ids: list[int], max_new: int, temperature: float):
+    """(prompt, max_new_tokens) of the generation that recomputes what ``total`` lacks."""
+    if temperature > 0:
+        return list(prompt_ids), max_new       # the sampler restarts from the seed: replay it all
+    by = {t.step: t for t in total.tokens}
+    known, s = [], len(prompt_ids) - 1
+    while s in by and by[s].out_id is not None:
+        known.append(by[s].out_id)
+        s += 1
+    k = max(len(known) - 1, 0)    # recompute the last known token too: a real DONE, and a cross-check
+    return list(prompt_ids) + known[:k], max_new - k
+
+
+def _merge(total: RunResult | None, part: RunResult, name: str) -> RunResult:
+    """``part`` (a later generation covering the same steps) merged into ``total``."""
+    if total is None or total is part:
+        return part
+    by = {t.step: t for t in total.tokens}
+    for t in part.tokens:
+        o = by.get(t.step)
+        if o is None:
+            by[t.step] = t
+            continue
+        if (o.in_id != t.in_id or o.logits_crc != t.logits_crc
+                or (o.out_id is not None and t.out_id is not None and o.out_id != t.out_id)):
+            raise Diverged(f"{name}: step {t.step} came out differently when generated again (input "
+                           f"{o.in_id}/{t.in_id}, logits crc {o.logits_crc:08x}/{t.logits_crc:08x}, "
+                           f"output {o.out_id}/{t.out_id}): refusing to merge the runs", total)
+    toks = sorted(by.values(), key=lambda t: t.step)
+    total.tokens = toks
+    if part.done is not None:
+        d = part.done
+        total.done = P.Done(d.steps, sum(t.out_id is not None for t in toks), d.reason,
+                            sum(sum(t.us) for t in toks),
+                            tuple(sum(t.us[i] for t in toks) for i in range(len(P.PHASES))))
+        total.done_from_host = True
+    have = set(by)
+    if total.done is not None:
+        total.missing_steps = [s for s in range(int(total.done.steps)) if s not in have]
+    else:
+        total.missing_steps = sorted((set(total.missing_steps) | set(part.missing_steps)) - have)
+    total.run_stats = {k: total.run_stats.get(k, 0) + v for k, v in part.run_stats.items()}
+    total.stats = part.stats
+    total.gap_pairs = list(total.gap_pairs) + list(part.gap_pairs)
+    for k, v in part.logits.items():
+        total.logits.setdefault(k, v)
+    total.logs += part.logs
+    total.duplicate_steps += part.duplicate_steps
+    total.resent_steps += part.resent_steps
+    total.conflicts += part.conflicts
+    total.device_errors += part.device_errors
+    total.notes += part.notes
+    total.resend_requests += part.resend_requests
+    total.wall_s += part.wall_s
+    total.interrupted = total.interrupted or part.interrupted
+    total.harness = list(total.harness) + list(part.harness)
+    total.hello = part.hello or total.hello
+    return total
 
 
 def _error_text(err: P.Error) -> str:

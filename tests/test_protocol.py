@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from host import protocol as P
 from host.protocol import (
     Done, Error, Frame, FrameDecoder, Generate, Hello, Layout, Link, Log, Logits, MsgType, Ping,
-    ProtocolError, Stop, Token,
+    ProtocolError, Resend, Resent, Stop, Token,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ payload_bytes = st.one_of(st.binary(max_size=300), zero_heavy, runs)
 messages = st.one_of(
     st.just(Ping()),
     st.just(Stop()),
-    st.builds(Layout, st.binary(max_size=40)),
+    st.builds(Layout, u32, u32, st.binary(max_size=40)),
     st.builds(Generate, st.lists(u32, max_size=40), u32, f32, f32, u64, st.booleans()),
     st.builds(Hello, u16, st.booleans(), st.binary(min_size=16, max_size=16), u32, u32, u32, u8,
               text, text),
@@ -54,12 +54,16 @@ messages = st.one_of(
     st.builds(Logits, u32, st.lists(st.one_of(st.just(0.0), f32), max_size=300).map(
         lambda v: np.array(v, dtype=np.float32))),
     st.builds(Log, st.text(max_size=300)),
+    st.builds(Resend, u32, st.lists(u32, max_size=P.RESEND_MAX).map(tuple)),
+    st.builds(Resent, st.sampled_from(P.RESENT_STATES), u32, u32, u32, st.lists(u32, max_size=40).map(tuple)),
+    st.builds(Hello, u16, st.booleans(), st.binary(min_size=16, max_size=16), u32, u32, u32, u8,
+              text, text, st.booleans()),
 )
 
 EXAMPLES = [
     Ping(),
     Stop(),
-    Layout(b"\x00\x01reserved"),
+    Layout(0xDEADBEEF, 0x21, b"\x00\x01\x02\x00"),
     Generate([1, 0, 258, 0xFFFFFFFF], 32, 0.75, 0.5, 2**63 + 5, True),
     Generate([], 0),
     Hello(1, True, bytes(range(16)), 7, 512, 256, 1, "0.1.0", "esp32s3-devkit"),
@@ -70,6 +74,10 @@ EXAMPLES = [
     Error(99, ""),
     Logits(5, np.array([0.0, -1.5, 3.25, 0.0, 0.0, 1e-30], dtype=np.float32)),
     Log("booted: heap 123456 free \u00b5s"),
+    Resend(3, (4, 5, P.RESEND_DONE)),
+    Resend(0xFFFFFFFF),
+    Resent("generating", 3, 40, 8, (2, P.RESEND_DONE)),
+    Hello(1, True, bytes(range(16)), 7, 512, 256, 1, "0.1.0", "native", True),
 ]
 
 
@@ -171,6 +179,9 @@ def test_wire_layout():
     assert t == 0x82 and p[12:16] == b"\xff" * 4 and p[-3:] == b"\x02ab" and len(p) == 55
     assert P.encode_payload(Done(1, 2, "stopped", 3, (0,) * 5))[1][8] == 3
     assert P.encode_payload(Log("hi")) == (0x86, b"\x02\x00hi")
+    assert P.encode_payload(Resend(7, (1, P.RESEND_DONE))) == (5, struct.pack("<4I", 7, 2, 1, 0xFFFFFFFF))
+    assert P.encode_payload(Resent("ended", 7, 9, 1, (0,))) == (0x87, struct.pack("<B5I", 2, 7, 9, 1, 1, 0))
+    assert P.encode_payload(Hello(1, True, bytes(16), 0, 0, 0, 0, "", "", True))[1][2:4] == b"\x03\x00"
     frame = P.encode_frame(Ping(), 0x0102)
     body = P.cobs_decode(frame[:-1])
     assert frame[-1] == 0 and body[:3] == b"\x01\x02\x01"
@@ -180,14 +191,14 @@ def test_wire_layout():
 def test_decode_payload_errors():
     for msg in EXAMPLES:
         t, p = P.encode_payload(msg)
-        bad = [p + b"\x00"] if t not in (MsgType.LAYOUT,) else []
-        if p and t != MsgType.LAYOUT:
+        bad = [p + b"\x00"]
+        if p:
             bad.append(p[:-1])
         for payload in bad:
             with pytest.raises(ProtocolError) as e:
                 P.decode_payload(t, payload)
             assert isinstance(e.value, ValueError) and "\n" not in str(e.value)
-    for t in (0x00, 0x05, 0x80, 0x87, 0xFF):
+    for t in (0x00, 0x06, 0x80, 0x88, 0xFF):
         with pytest.raises(ProtocolError, match="unknown message type"):
             P.decode_payload(t, b"")
     bad_reason = bytearray(P.encode_payload(EXAMPLES[8])[1])
@@ -204,6 +215,8 @@ def test_decode_payload_errors():
     Generate([-1], 1),
     Generate([1], 2**32),
     Error(70000, "x"),
+    Resend(1, tuple(range(P.RESEND_MAX + 1))),
+    Resent("asleep", 0, 0, 0, ()),
 ])
 def test_encode_errors(msg):
     with pytest.raises(ProtocolError):
@@ -248,7 +261,7 @@ def test_long_frames(n_values, zero_share, seed):
     rng = np.random.default_rng(seed)
     values = rng.standard_normal(n_values).astype(np.float32)
     values[rng.random(n_values) < zero_share] = 0.0
-    msgs = [Logits(1, values), Log("x" * (n_values * 3)), Layout(values.tobytes())]
+    msgs = [Logits(1, values), Log("x" * (n_values * 3)), Layout(7, 0, values.tobytes())]
     stream = b"".join(P.encode_frame(m, i) for i, m in enumerate(msgs))
     assert frames_of(stream) == [Frame(i, m) for i, m in enumerate(msgs)]
 

@@ -13,12 +13,30 @@
 #define FLM_RX_CAP 8192
 #endif
 
+/* Optional board hooks around each forward pass (the emulated RP2040's harness attributes the
+ * core's memory reads to steps with them; see firmware/hal/rp2040/hal_rp2040.h). */
+#ifndef FLM_STEP_BEGIN
+#define FLM_STEP_BEGIN(step, state) ((void)0)
+#define FLM_STEP_END(step) ((void)0)
+#endif
+
 enum { REASON_MAX_TOKENS = 0, REASON_EOS = 1, REASON_CONTEXT = 2, REASON_STOPPED = 3 };
+
+#ifndef FLM_MAX_ENTRIES
+#define FLM_MAX_ENTRIES (8 + 9 * FLM_MAX_LAYERS)   /* tensor-table entries a LAYOUT may address */
+#endif
+
+typedef struct { uint8_t *base; size_t cap, used; } flm_pool;
 
 typedef struct {
     flm_model model;
     flm_state state;
     uint32_t *prompt;
+    flm_pool pool[FLM_N_TIERS];    /* [0]: main()'s arena; [psram], [sram]: the HAL's staging space */
+    uint32_t arena_tier;           /* tier of the arena main() gave: the state's default home */
+    uint8_t tiers[FLM_MAX_ENTRIES];   /* the placement in effect, one tier per table entry */
+    uint32_t state_tiers;
+    uint32_t staged[FLM_N_TIERS];  /* bytes of tensors copied into each tier */
     int image_ok;
     char image_err[120];
     flm_tx tx;
@@ -27,7 +45,30 @@ typedef struct {
 } flm_app;
 
 static flm_app A;
-static uint8_t rxbuf[FLM_RX_CAP];
+/* at least room for a full RESEND (8 + 4 * FLM_RESEND_MAX bytes of payload, framed) */
+static uint8_t rxbuf[FLM_RX_CAP > 192 ? FLM_RX_CAP : 192];
+
+/* ---- kept frames for RESEND (docs/formats.md section 2.1) ---- */
+#ifndef FLM_TOKEN_RING
+#define FLM_TOKEN_RING 32u               /* TOKEN frames kept for re-sending */
+#endif
+#define FLM_RESEND_MAX 32u               /* steps one RESEND may name */
+enum { GEN_NONE = 0, GEN_RUNNING = 1, GEN_ENDED = 2 };
+
+typedef struct {
+    uint32_t step, pos, in, out, crc;
+    flm_step_stats st;
+} flm_kept_token;
+
+static struct {
+    flm_kept_token ring[FLM_TOKEN_RING];   /* step s lives at ring[s % FLM_TOKEN_RING] */
+    uint32_t generation;                   /* GENERATEs accepted since boot */
+    uint32_t steps;                        /* TOKEN steps the current/last generation sent */
+    uint8_t state;                         /* GEN_* */
+    uint32_t done_steps, done_generated;   /* the DONE of the last generation */
+    uint8_t done_reason;
+    uint64_t done_total, done_phase[FLM_N_PHASES];
+} K;
 
 static size_t slen(const char *s) { size_t n = 0; while (s[n]) n++; return n; }
 
@@ -41,6 +82,12 @@ static void put_dec(char *buf, size_t *i, size_t cap, uint32_t v) {
     char d[10]; int n = 0;
     do { d[n++] = (char)('0' + v % 10u); v /= 10u; } while (v);
     while (n && *i + 1 < cap) buf[(*i)++] = d[--n];
+}
+
+/* buf[*i..] += s (always NUL-terminated) */
+static void put_str(char *buf, size_t *i, size_t cap, const char *s) {
+    while (*s && *i + 1 < cap) buf[(*i)++] = *s++;
+    buf[*i] = 0;
 }
 
 /* text = a + decimal(x) + b + decimal(y) + c */
@@ -73,7 +120,7 @@ static void send_hello(void) {
     const char *board = hal_board_name();
     flm_tx_begin(&A.tx, FLM_HELLO);
     flm_tx_u16(&A.tx, FLM_PROTO_VERSION);
-    flm_tx_u16(&A.tx, A.image_ok ? 1u : 0u);
+    flm_tx_u16(&A.tx, (uint16_t)((A.image_ok ? 1u : 0u) | 2u));   /* bit1: answers RESEND */
     flm_tx_put(&A.tx, A.image_ok ? A.model.model_hash : zero, 16);
     flm_tx_u32(&A.tx, A.image_ok ? A.model.layout_id : 0u);
     flm_tx_u32(&A.tx, A.image_ok ? A.model.vocab : 0u);
@@ -113,19 +160,64 @@ static void report_bad_frames(void) {
     }
 }
 
+static void tx_token(const flm_kept_token *k) {
+    flm_tx_begin(&A.tx, FLM_TOKEN);
+    flm_tx_u32(&A.tx, k->step);
+    flm_tx_u32(&A.tx, k->pos);
+    flm_tx_u32(&A.tx, k->in);
+    flm_tx_u32(&A.tx, k->out);
+    for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u32(&A.tx, k->st.us[i]);
+    for (int i = 0; i < FLM_N_TIERS; i++) flm_tx_u32(&A.tx, k->st.bytes[i]);
+    flm_tx_u32(&A.tx, k->crc);
+    uint32_t plen = 0;
+    const uint8_t *piece = k->out == FLM_NONE ? (const uint8_t *)"" : flm_piece(&A.model, k->out, &plen);
+    flm_tx_s8(&A.tx, (const char *)piece, plen);
+    flm_tx_end(&A.tx);
+}
+
+/* Send a TOKEN and keep it in the ring (steps of one generation are sent in order from 0). */
 static void send_token(uint32_t step, uint32_t pos, uint32_t in, uint32_t out, const flm_step_stats *st,
                        uint32_t crc) {
-    flm_tx_begin(&A.tx, FLM_TOKEN);
-    flm_tx_u32(&A.tx, step);
-    flm_tx_u32(&A.tx, pos);
-    flm_tx_u32(&A.tx, in);
-    flm_tx_u32(&A.tx, out);
-    for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u32(&A.tx, st->us[i]);
-    for (int i = 0; i < FLM_N_TIERS; i++) flm_tx_u32(&A.tx, st->bytes[i]);
-    flm_tx_u32(&A.tx, crc);
-    uint32_t plen = 0;
-    const uint8_t *piece = out == FLM_NONE ? (const uint8_t *)"" : flm_piece(&A.model, out, &plen);
-    flm_tx_s8(&A.tx, (const char *)piece, plen);
+    flm_kept_token *k = &K.ring[step % FLM_TOKEN_RING];
+    k->step = step; k->pos = pos; k->in = in; k->out = out; k->crc = crc; k->st = *st;
+    K.steps = step + 1u;
+    tx_token(k);
+}
+
+static void send_done(void) {
+    flm_tx_begin(&A.tx, FLM_DONE);
+    flm_tx_u32(&A.tx, K.done_steps);
+    flm_tx_u32(&A.tx, K.done_generated);
+    flm_tx_u8(&A.tx, K.done_reason);
+    flm_tx_u64(&A.tx, K.done_total);
+    for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u64(&A.tx, K.done_phase[i]);
+    flm_tx_end(&A.tx);
+}
+
+/* RESEND payload: u32 generation, u32 n, u32 step[n]; answered with the kept TOKEN frames (and
+ * the DONE for step FLM_NONE) of that generation, then RESENT listing what was not sent. */
+static void resend(const uint8_t *p, size_t len) {
+    uint32_t n = len >= 8u ? flm_get_u32(p + 4) : 0u;
+    if (len < 8u || n > FLM_RESEND_MAX || len != 8u + 4u * (size_t)n) {
+        send_error(FLM_E_BAD_MESSAGE, "RESEND payload has the wrong length (at most 32 steps)");
+        return;
+    }
+    uint32_t gen = flm_get_u32(p), first = K.steps > FLM_TOKEN_RING ? K.steps - FLM_TOKEN_RING : 0u;
+    uint32_t miss[FLM_RESEND_MAX], n_miss = 0;
+    int ours = K.state != GEN_NONE && gen == K.generation;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t s = flm_get_u32(p + 8u + 4u * i);
+        if (ours && s == FLM_NONE && K.state == GEN_ENDED) send_done();
+        else if (ours && s != FLM_NONE && s >= first && s < K.steps) tx_token(&K.ring[s % FLM_TOKEN_RING]);
+        else miss[n_miss++] = s;
+    }
+    flm_tx_begin(&A.tx, FLM_RESENT);
+    flm_tx_u8(&A.tx, K.state);
+    flm_tx_u32(&A.tx, K.generation);
+    flm_tx_u32(&A.tx, K.steps);
+    flm_tx_u32(&A.tx, first);
+    flm_tx_u32(&A.tx, n_miss);
+    for (uint32_t i = 0; i < n_miss; i++) flm_tx_u32(&A.tx, miss[i]);
     flm_tx_end(&A.tx);
 }
 
@@ -136,12 +228,13 @@ static void send_logits(uint32_t step, const float *logits) {
     flm_tx_end(&A.tx);
 }
 
-/* Between steps: answer PING, refuse a second GENERATE, honour STOP. Returns 1 on STOP. */
+/* Between steps: answer PING and RESEND, refuse a second GENERATE, honour STOP. Returns 1 on STOP. */
 static int stop_requested(void) {
     int stop = 0;
     while (poll_frame()) {
         if (A.rx.type == FLM_STOP) stop = 1;
         else if (A.rx.type == FLM_PING) send_hello();
+        else if (A.rx.type == FLM_RESEND) resend(A.rx.payload, A.rx.len);
         else send_error(FLM_E_BUSY, "busy generating; send STOP first");
     }
     report_bad_frames();
@@ -172,6 +265,9 @@ static void generate(const uint8_t *p, size_t len) {
             return;
         }
     }
+    K.generation++;                 /* accepted: a new generation, the ring starts empty */
+    K.state = GEN_RUNNING;
+    K.steps = 0;
     flm_rng rng;
     flm_rng_seed(&rng, flm_get_u64(p + 12));
     uint64_t tot[FLM_N_PHASES] = {0}, t_start = hal_time_us();
@@ -180,7 +276,9 @@ static void generate(const uint8_t *p, size_t len) {
         if (generated >= max_new) { reason = REASON_MAX_TOKENS; break; }
         if (pos >= m->seq_len) { reason = REASON_CONTEXT; break; }
         flm_step_stats st;
+        FLM_STEP_BEGIN(step, &A.state);
         const float *logits = flm_forward(&A.state, tok, pos, &st);
+        FLM_STEP_END(step);
         uint32_t out = FLM_NONE, next;
         if (pos + 1u < n) {
             next = A.prompt[pos + 1u];
@@ -199,39 +297,235 @@ static void generate(const uint8_t *p, size_t len) {
         tok = next;
         pos++;
     }
-    flm_tx_begin(&A.tx, FLM_DONE);
-    flm_tx_u32(&A.tx, step);
-    flm_tx_u32(&A.tx, generated);
-    flm_tx_u8(&A.tx, (uint8_t)reason);
-    flm_tx_u64(&A.tx, hal_time_us() - t_start);
-    for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u64(&A.tx, tot[i]);
-    flm_tx_end(&A.tx);
+    K.done_steps = step;
+    K.done_generated = generated;
+    K.done_reason = (uint8_t)reason;
+    K.done_total = hal_time_us() - t_start;
+    for (int i = 0; i < FLM_N_PHASES; i++) K.done_phase[i] = tot[i];
+    K.state = GEN_ENDED;
+    send_done();
+}
+
+/* ---- placement: stage tensors out of flash into PSRAM/SRAM, carve the state regions ---- */
+
+/* A board without staging space need not define hal_tier_arena. */
+#if defined(__GNUC__)
+__attribute__((weak)) uint8_t *hal_tier_arena(uint32_t tier, size_t *cap) {
+    (void)tier;
+    *cap = 0;
+    return 0;
+}
+#endif
+
+static const char *const TIER_NAME[FLM_N_TIERS] = {"flash", "PSRAM", "SRAM"};
+
+static size_t up64(size_t n) { return (n + 63u) & ~(size_t)63u; }
+
+static uint8_t *take(flm_pool *p, size_t n, size_t align) {
+    size_t off = (p->used + align - 1u) & ~(align - 1u);
+    uint8_t *r = p->base + off;
+    p->used = off + n;
+    return r;
+}
+
+/* Where a tensor staged in tier t goes: the HAL's space for t, else main()'s arena when that is
+ * in t. The state regions of tier t: main()'s arena when it is in t, else the HAL's space. */
+static uint32_t tensor_pool(uint32_t t) { return A.pool[t].cap || t != A.arena_tier ? t : 0u; }
+static uint32_t state_pool(uint32_t t) { return t == A.arena_tier ? 0u : t; }
+
+/* The tensors the engine reads (the tied head is tok_emb, listed once). */
+static uint32_t engine_tensors(flm_model *m, flm_tensor **out) {
+    uint32_t n = 0;
+    out[n++] = &m->tok_emb;
+    if (!m->tied) out[n++] = &m->head;
+    out[n++] = &m->norm;
+    out[n++] = &m->rope_cos;
+    out[n++] = &m->rope_sin;
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        flm_layer *L = &m->layers[l];
+        flm_tensor *ts[9] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->w1, &L->w2, &L->w3};
+        for (int k = 0; k < 9; k++) out[n++] = ts[k];
+    }
+    return n;
+}
+
+static uint32_t region_tier(uint32_t state_tiers, int r) {
+    uint32_t t = (state_tiers >> (4u * (uint32_t)r)) & 15u;
+    return t ? t : A.arena_tier;
+}
+
+/* The layout id: crc32 of one tier byte per table entry, then u32 state_tiers when non-zero. */
+static uint32_t layout_crc(const flm_model *m, const uint8_t *tiers, uint32_t state_tiers) {
+    uint32_t crc = flm_crc32_update(0, tiers, m->n_entries);
+    if (state_tiers) {
+        uint8_t le[4] = {(uint8_t)state_tiers, (uint8_t)(state_tiers >> 8), (uint8_t)(state_tiers >> 16),
+                         (uint8_t)(state_tiers >> 24)};
+        crc = flm_crc32_update(crc, le, 4);
+    }
+    return crc;
+}
+
+/* Apply a placement: every tensor at tiers[i] (one per table entry; NULL: the table's own), the
+ * state regions at state_tiers. Returns 0, or -1 with the reason in err when it does not fit (the
+ * model is then left half-placed: the caller places a layout that fits). */
+static int place(const uint8_t *tiers, uint32_t state_tiers, char *err, size_t en) {
+    static flm_tensor *T[5 + 9 * FLM_MAX_LAYERS];
+    flm_model *m = &A.model;
+    flm_blob_retier(m, tiers);
+    uint32_t n = engine_tensors(m, T);
+    /* bytes per pool: tensors 64-aligned (cache lines), then the regions (multiples of 8), then the
+     * prompt buffer last, so an arena of exactly state + prompt holds the default placement */
+    size_t need[FLM_N_TIERS] = {0, 0, 0};
+    for (uint32_t i = 0; i < n; i++)
+        if (T[i]->tier != FLM_TIER_FLASH) need[tensor_pool(T[i]->tier)] += up64(T[i]->length);
+    for (int r = 0; r < FLM_N_REGIONS; r++) need[state_pool(region_tier(state_tiers, r))] += flm_state_region_bytes(m, r);
+    need[state_pool(region_tier(state_tiers, FLM_REG_SCRATCH))] += (size_t)m->seq_len * 4u;
+    for (uint32_t p = 0; p < FLM_N_TIERS; p++) {
+        if (need[p] <= A.pool[p].cap) continue;
+        size_t i = 0;
+        put_str(err, &i, en, "layout needs ");
+        put_dec(err, &i, en, (uint32_t)need[p]);
+        put_str(err, &i, en, " bytes of ");
+        put_str(err, &i, en, TIER_NAME[p ? p : A.arena_tier]);
+        if (A.pool[p].cap) {
+            put_str(err, &i, en, p ? "; this build has " : " in the engine's arena; this build has ");
+            put_dec(err, &i, en, (uint32_t)A.pool[p].cap);
+        } else {
+            put_str(err, &i, en, "; this board has no staging space there");
+        }
+        err[i] = 0;
+        return -1;
+    }
+    for (uint32_t t = 0; t < FLM_N_TIERS; t++) { A.pool[t].used = 0; A.staged[t] = 0; }
+    for (uint32_t i = 0; i < n; i++) {
+        flm_tensor *x = T[i];
+        if (x->tier == FLM_TIER_FLASH) continue;
+        uint8_t *dst = take(&A.pool[tensor_pool(x->tier)], x->length, 64u);
+        memcpy(dst, x->data, x->length);
+        x->data = dst;
+        A.staged[x->tier] += x->length;
+    }
+    if (m->tied) m->head = m->tok_emb;
+    uint8_t *base[FLM_N_REGIONS];
+    for (int r = 0; r < FLM_N_REGIONS; r++)
+        base[r] = take(&A.pool[state_pool(region_tier(state_tiers, r))], flm_state_region_bytes(m, r), 8u);
+    A.prompt = (uint32_t *)(void *)take(&A.pool[state_pool(region_tier(state_tiers, FLM_REG_SCRATCH))],
+                                        (size_t)m->seq_len * 4u, 8u);
+    flm_state_init_regions(&A.state, m, base, region_tier(state_tiers, FLM_REG_KV));
+    for (uint32_t i = 0; i < m->n_entries && i < FLM_MAX_ENTRIES; i++)
+        A.tiers[i] = tiers ? tiers[i] : (uint8_t)flm_rd32(m->blob + m->table + i * 64u + 48u);
+    uint32_t crc = layout_crc(m, A.tiers, state_tiers);
+    m->layout_id = crc;
+    A.state_tiers = state_tiers;
+    return 0;
+}
+
+static void log_layout(const char *what) {
+    char t[120];
+    size_t i = 0;
+    put_str(t, &i, sizeof t, what);
+    put_str(t, &i, sizeof t, " layout ");
+    put_dec(t, &i, sizeof t, A.model.layout_id);
+    put_str(t, &i, sizeof t, ": staged ");
+    put_dec(t, &i, sizeof t, A.staged[FLM_TIER_PSRAM]);
+    put_str(t, &i, sizeof t, " bytes in PSRAM, ");
+    put_dec(t, &i, sizeof t, A.staged[FLM_TIER_SRAM]);
+    put_str(t, &i, sizeof t, " in SRAM; KV cache in ");
+    put_str(t, &i, sizeof t, TIER_NAME[A.state.kv_tier]);
+    send_log(t);
+}
+
+/* LAYOUT payload: u32 layout_id, u32 state_tiers, u32 n, u8 tier[n] (docs/formats.md). */
+static void set_layout(const uint8_t *p, size_t len) {
+    char err[120];
+    const flm_model *m = &A.model;
+    if (!A.image_ok) { send_error(FLM_E_NO_MODEL, A.image_err); return; }
+    if (len < 12u || len != 12u + (size_t)flm_get_u32(p + 8)) {
+        send_error(FLM_E_BAD_MESSAGE, "LAYOUT payload has the wrong length");
+        return;
+    }
+    uint32_t want_id = flm_get_u32(p), st = flm_get_u32(p + 4), n = flm_get_u32(p + 8);
+    const uint8_t *tiers = p + 12;
+    if (n != m->n_entries || n > FLM_MAX_ENTRIES) {
+        fmt2(err, sizeof err, "LAYOUT gives ", n, " tiers; the image has ", m->n_entries, " table entries");
+        send_error(FLM_E_BAD_LAYOUT, err);
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if (tiers[i] >= FLM_N_TIERS) {
+            fmt2(err, sizeof err, "LAYOUT: entry ", i, " has tier ", tiers[i], ", expected 0 (flash), 1 (psram) or 2 (sram)");
+            send_error(FLM_E_BAD_LAYOUT, err);
+            return;
+        }
+    for (uint32_t r = 0; r < 8u; r++) {
+        uint32_t t = (st >> (4u * r)) & 15u;
+        if ((r < 3u && t != 0u && t != FLM_TIER_PSRAM && t != FLM_TIER_SRAM) || (r >= 3u && t)) {
+            send_error(FLM_E_BAD_LAYOUT, "LAYOUT: bad state_tiers (each region: 0 default, 1 psram, 2 sram)");
+            return;
+        }
+    }
+    if (layout_crc(m, tiers, st) != want_id) {
+        fmt2(err, sizeof err, "LAYOUT: layout_id ", want_id, " does not match its tiers (device computes ",
+             layout_crc(m, tiers, st), ")");
+        send_error(FLM_E_BAD_LAYOUT, err);
+        return;
+    }
+    uint8_t prev[FLM_MAX_ENTRIES];
+    memcpy(prev, A.tiers, n);
+    uint32_t prev_state = A.state_tiers;
+    if (place(tiers, st, err, sizeof err) != 0) {
+        char ignored[8];
+        place(prev, prev_state, ignored, sizeof ignored);   /* fitted before, fits again */
+        send_error(FLM_E_BAD_LAYOUT, err);
+        return;
+    }
+    log_layout("switched to");
+    send_hello();
 }
 
 static void boot(uint8_t *arena, size_t cap, uint32_t arena_tier) {
     size_t len = 0;
     const uint8_t *blob = hal_blob(&len);
+    memset(&K, 0, sizeof K);
     A.image_ok = 0;
+    A.arena_tier = arena_tier;
+    A.pool[0] = (flm_pool){arena, arena ? cap : 0, 0};
+    for (uint32_t t = FLM_TIER_PSRAM; t < FLM_N_TIERS; t++) {
+        size_t c = 0;
+        uint8_t *b = hal_tier_arena(t, &c);
+        A.pool[t] = (flm_pool){b, b ? c : 0, 0};
+    }
+    char t[120];
     if (!blob) {
         scopy(A.image_err, sizeof A.image_err, "no image in flash");
     } else if (flm_blob_open(&A.model, blob, len, A.image_err, sizeof A.image_err) == 0) {
         size_t need = flm_state_bytes(&A.model) + (size_t)A.model.seq_len * 4u;
-        if (need > cap) {
-            fmt2(A.image_err, sizeof A.image_err, "model needs ", (uint32_t)need,
-                 " bytes of RAM for KV cache and buffers; this build has ", (uint32_t)cap, "");
-        } else {
-            flm_state_init(&A.state, &A.model, arena, cap - (size_t)A.model.seq_len * 4u, arena_tier);
-            A.prompt = (uint32_t *)(void *)(arena + cap - (size_t)A.model.seq_len * 4u);
+        if (A.model.n_entries > FLM_MAX_ENTRIES) {
+            fmt2(A.image_err, sizeof A.image_err, "image has ", A.model.n_entries,
+                 " tensor-table entries; this build handles ", FLM_MAX_ENTRIES, "");
+        } else if (place(0, A.model.state_tiers, t, sizeof t) == 0) {
             A.image_ok = 1;
+        } else {
+            send_log(t);   /* the image's own placement does not fit this build: run it from flash */
+            static const uint8_t flash_only[FLM_MAX_ENTRIES];
+            if (place(flash_only, 0, t, sizeof t) == 0) {
+                A.image_ok = 1;
+                send_log("the image's layout does not fit; every tensor is read from flash instead");
+            } else {
+                fmt2(A.image_err, sizeof A.image_err, "model needs ", (uint32_t)need,
+                     " bytes of RAM for KV cache and buffers; this build has ", (uint32_t)cap, "");
+            }
         }
     }
-    char t[120];
-    if (A.image_ok)
+    if (A.image_ok) {
         fmt2(t, sizeof t, "flashlm " FLM_FW_VERSION ": image ok, ", (uint32_t)len, " bytes; arena ",
              (uint32_t)(flm_state_bytes(&A.model) + A.model.seq_len * 4u), " bytes used");
-    else
+        send_log(t);
+        log_layout("boot");
+    } else {
         scopy(t, sizeof t, "flashlm " FLM_FW_VERSION ": image refused");
-    send_log(t);
+        send_log(t);
+    }
     send_hello();
 }
 
@@ -248,7 +542,9 @@ void flm_app_run(uint8_t *arena, size_t cap, uint32_t arena_tier) {
         switch (A.rx.type) {
         case FLM_PING: send_hello(); break;
         case FLM_GENERATE: generate(A.rx.payload, A.rx.len); break;
+        case FLM_LAYOUT: set_layout(A.rx.payload, A.rx.len); break;
         case FLM_STOP: break;   /* nothing running */
+        case FLM_RESEND: resend(A.rx.payload, A.rx.len); break;
         default: send_error(FLM_E_BAD_MESSAGE, "unknown message type"); break;
         }
     }

@@ -92,6 +92,15 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
     memcpy(m->model_hash, b + 16, 16);
     m->layout_id = flm_rd32(b + 32);
     uint32_t n = flm_rd32(b + 36), table = flm_rd32(b + 40);
+    m->state_tiers = flm_rd32(b + 44);
+    for (uint32_t r = 0; r < 8u; r++) {
+        uint32_t t = (m->state_tiers >> (4u * r)) & 15u;
+        if ((r < 3u && t != 0u && t != FLM_TIER_PSRAM && t != FLM_TIER_SRAM) || (r >= 3u && t))
+            return fail(err, en, "bad state_tiers in image header", 0, 0, 0);
+    }
+    m->blob = b;
+    m->n_entries = n;
+    m->table = table;
     const uint8_t *c = b + 48;
     m->dim = flm_rd32(c); m->n_layers = flm_rd32(c + 4); m->n_heads = flm_rd32(c + 8);
     m->n_kv_heads = flm_rd32(c + 12); m->hidden = flm_rd32(c + 16); m->vocab = flm_rd32(c + 20);
@@ -157,6 +166,22 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
         prev = o;
     }
     return 0;
+}
+
+void flm_blob_retier(flm_model *m, const uint8_t *tiers) {
+    flm_tensor tokenizer = {0};
+    for (uint32_t i = 0; i < m->n_entries; i++) {
+        const uint8_t *e = m->blob + m->table + i * ENTRY_SIZE;
+        char name[33];
+        memcpy(name, e, 32);
+        name[32] = 0;
+        uint32_t fmts, wr, wc;
+        flm_tensor *t = slot(m, &tokenizer, name, &fmts, &wr, &wc);
+        if (!t) continue;
+        t->data = m->blob + flm_rd32(e + 52);
+        t->tier = tiers ? tiers[i] : flm_rd32(e + 48);
+    }
+    if (m->tied) m->head = m->tok_emb;
 }
 
 const uint8_t *flm_piece(const flm_model *m, uint32_t id, uint32_t *len) {

@@ -24,6 +24,9 @@ typedef struct {
 typedef struct {
     uint32_t dim, n_layers, n_heads, n_kv_heads, hidden, vocab, seq_len, tied, bos, eos;
     uint32_t head_dim, kv_dim, layout_id;
+    uint32_t state_tiers;          /* header: 4-bit tier per RAM region (FLM_REG_*), 0 = default arena */
+    const uint8_t *blob;           /* the image in flash, and where its tensor table is */
+    uint32_t n_entries, table;
     float eps;
     uint8_t model_hash[16];
     flm_tensor tok_emb, head, norm, rope_cos, rope_sin;
@@ -35,6 +38,10 @@ typedef struct {
 /* Validate magic, version, size, CRC-32, config and every table entry's bounds and layout,
  * then fill m. Returns 0, or -1 with a one-line reason in err. */
 int flm_blob_open(flm_model *m, const uint8_t *blob, size_t len, char *err, size_t errlen);
+/* Point every tensor the engine uses back at its bytes in the image (flash) and set its tier from
+ * tiers[i] (one byte per table entry, table order; each < FLM_N_TIERS) or, when tiers is NULL,
+ * from the table. For an m that flm_blob_open accepted. */
+void flm_blob_retier(flm_model *m, const uint8_t *tiers);
 /* Piece bytes of token id; *len receives the length. */
 const uint8_t *flm_piece(const flm_model *m, uint32_t id, uint32_t *len);
 uint32_t flm_rd32(const uint8_t *p);

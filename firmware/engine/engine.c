@@ -25,40 +25,60 @@ static void *carve(carver *c, size_t bytes) {
     return r;
 }
 
-static size_t layout(flm_state *s, const flm_model *m, uint8_t *arena) {
-    carver c = {arena, 0, 0};
+/* Carves the regions; base[r] == 0 only measures. Returns region r's size in *size[r]. */
+static void layout(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_REGIONS], size_t size[FLM_N_REGIONS]) {
+    carver sc = {base[FLM_REG_SCRATCH], 0, 0}, lg = {base[FLM_REG_LOGITS], 0, 0}, kc = {base[FLM_REG_KV], 0, 0};
     uint32_t wide = m->dim > m->hidden ? m->dim : m->hidden;   /* longest matmul input */
     size_t kv = (size_t)m->n_layers * m->seq_len * m->kv_dim * sizeof(float);
-    s->x = carve(&c, m->dim * 4u);
-    s->xb = carve(&c, m->dim * 4u);
-    s->xb2 = carve(&c, m->dim * 4u);
-    s->q = carve(&c, m->dim * 4u);
-    s->att = carve(&c, m->seq_len * 4u);
-    s->hb = carve(&c, m->hidden * 4u);
-    s->hb2 = carve(&c, m->hidden * 4u);
-    s->logits = carve(&c, m->vocab * 4u);
-    s->cos = carve(&c, m->head_dim / 2u * 4u);
-    s->sin = carve(&c, m->head_dim / 2u * 4u);
-    s->xq = carve(&c, wide);
-    s->xs = carve(&c, (wide / min_group(m) + 1u) * 4u);
-    s->probs = carve(&c, m->vocab * 4u);
-    s->idx = carve(&c, m->vocab * 4u);
-    s->kc = carve(&c, kv);
-    s->vc = carve(&c, kv);
-    return c.used;
+    s->x = carve(&sc, m->dim * 4u);
+    s->xb = carve(&sc, m->dim * 4u);
+    s->xb2 = carve(&sc, m->dim * 4u);
+    s->q = carve(&sc, m->dim * 4u);
+    s->att = carve(&sc, m->seq_len * 4u);
+    s->hb = carve(&sc, m->hidden * 4u);
+    s->hb2 = carve(&sc, m->hidden * 4u);
+    s->cos = carve(&sc, m->head_dim / 2u * 4u);
+    s->sin = carve(&sc, m->head_dim / 2u * 4u);
+    s->xq = carve(&sc, wide);
+    s->xs = carve(&sc, (wide / min_group(m) + 1u) * 4u);
+    s->logits = carve(&lg, m->vocab * 4u);
+    s->probs = carve(&lg, m->vocab * 4u);
+    s->idx = carve(&lg, m->vocab * 4u);
+    s->kc = carve(&kc, kv);
+    s->vc = carve(&kc, kv);
+    size[FLM_REG_SCRATCH] = sc.used;
+    size[FLM_REG_LOGITS] = lg.used;
+    size[FLM_REG_KV] = kc.used;
+}
+
+size_t flm_state_region_bytes(const flm_model *m, int region) {
+    flm_state tmp;
+    uint8_t *const none[FLM_N_REGIONS] = {0, 0, 0};
+    size_t size[FLM_N_REGIONS];
+    layout(&tmp, m, none, size);
+    return size[region];
 }
 
 size_t flm_state_bytes(const flm_model *m) {
-    flm_state tmp;
-    return layout(&tmp, m, 0);
+    return flm_state_region_bytes(m, FLM_REG_KV) + flm_state_region_bytes(m, FLM_REG_LOGITS) +
+           flm_state_region_bytes(m, FLM_REG_SCRATCH);
+}
+
+void flm_state_init_regions(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_REGIONS], uint32_t kv_tier) {
+    size_t size[FLM_N_REGIONS];
+    memset(s, 0, sizeof *s);
+    layout(s, m, base, size);
+    s->m = m;
+    s->kv_tier = kv_tier;
 }
 
 int flm_state_init(flm_state *s, const flm_model *m, uint8_t *arena, size_t cap, uint32_t kv_tier) {
-    memset(s, 0, sizeof *s);
-    if (flm_state_bytes(m) > cap) return -1;
-    layout(s, m, arena);
-    s->m = m;
-    s->kv_tier = kv_tier;
+    if (flm_state_bytes(m) > cap) { memset(s, 0, sizeof *s); return -1; }
+    uint8_t *base[FLM_N_REGIONS];
+    base[FLM_REG_SCRATCH] = arena;
+    base[FLM_REG_LOGITS] = arena + flm_state_region_bytes(m, FLM_REG_SCRATCH);
+    base[FLM_REG_KV] = base[FLM_REG_LOGITS] + flm_state_region_bytes(m, FLM_REG_LOGITS);
+    flm_state_init_regions(s, m, base, kv_tier);
     return 0;
 }
 
@@ -148,10 +168,11 @@ const float *flm_forward(flm_state *s, uint32_t token, uint32_t pos, flm_step_st
         float *vpos = s->vc + ((size_t)l * m->seq_len + pos) * kvd;
         rmsnorm(s->xb, s->x, &L->attn_norm, dim, m->eps, st);
         matvec(s, &L->wq, s->xb, s->q, st);
-        matvec(s, &L->wk, s->xb, kpos, st);
+        matvec(s, &L->wk, s->xb, s->xb2, st);   /* k is rotated in scratch, then stored: */
         matvec(s, &L->wv, s->xb, vpos, st);
         rope(s->q, m->n_heads, hd, s->cos, s->sin);
-        rope(kpos, m->n_kv_heads, hd, s->cos, s->sin);
+        rope(s->xb2, m->n_kv_heads, hd, s->cos, s->sin);
+        memcpy(kpos, s->xb2, kvd * 4u);            /* the step reads the KV cache only in attention */
         attention(s, l, pos, st);
         matvec(s, &L->wo, s->xb2, s->xb, st);
         for (uint32_t i = 0; i < dim; i++) s->x[i] = s->x[i] + s->xb[i];

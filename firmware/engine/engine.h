@@ -18,10 +18,25 @@ typedef struct {
     uint32_t kv_tier;               /* where the KV cache lives (the arena's tier) */
 } flm_state;
 
+/* The state's three RAM regions, each of which may live in its own tier (the blob header's
+ * state_tiers field, 4 bits per region in this order): */
+enum {
+    FLM_REG_KV,        /* KV cache: kc, vc (read every step: counted in bytes_read) */
+    FLM_REG_LOGITS,    /* vocab-sized buffers: logits, probs, idx */
+    FLM_REG_SCRATCH,   /* activations: x, xb, xb2, q, att, hb, hb2, cos, sin, xq, xs */
+    FLM_N_REGIONS
+};
+
 /* Bytes of arena flm_state_init needs for model m (KV cache included). */
 size_t flm_state_bytes(const flm_model *m);
-/* Returns 0, or -1 when cap is too small. kv_tier names the arena's memory tier. */
+/* Bytes of one region (FLM_REG_*); the three sum to flm_state_bytes. */
+size_t flm_state_region_bytes(const flm_model *m, int region);
+/* One arena holding the three regions back to back (scratch, logits, KV). Returns 0, or -1 when
+ * cap is too small. kv_tier names the arena's memory tier. */
 int flm_state_init(flm_state *s, const flm_model *m, uint8_t *arena, size_t cap, uint32_t kv_tier);
+/* Each region at its own 8-aligned base (base[r] holds flm_state_region_bytes(m, r) bytes);
+ * kv_tier names the tier of base[FLM_REG_KV]. */
+void flm_state_init_regions(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_REGIONS], uint32_t kv_tier);
 /* Run token at pos (< seq_len) through the model; returns the logits[vocab].
  * Fills st's embed/attention/ffn/output times and byte counts (sampling is the caller's). */
 const float *flm_forward(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st);

@@ -21,4 +21,12 @@ uint64_t hal_time_us(void);
 uint8_t hal_clock_kind(void);
 /* Board name reported in HELLO. */
 const char *hal_board_name(void);
+/* Staging space in a RAM tier (FLM_TIER_PSRAM or FLM_TIER_SRAM, blob.h): the app copies the
+ * tensors a layout places in that tier out of flash into it (at boot and on LAYOUT), and carves the
+ * state regions placed there from it unless main()'s arena is in that tier (the state's home).
+ * Returns the space and its size in *cap, or NULL with *cap = 0 where there is none: then tensors
+ * staged in the arena's own tier share main()'s arena. Called once per tier at boot; the memory is
+ * the app's from then on. A HAL without staging space need not define it (app.c has a weak
+ * default returning NULL). */
+uint8_t *hal_tier_arena(uint32_t tier, size_t *cap);
 #endif

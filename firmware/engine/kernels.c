@@ -1,7 +1,14 @@
 #include "kernels.h"
 #include <string.h>
 
-static float rdf(const uint8_t *p) { float f; memcpy(&f, p, 4); return f; }   /* blocks are 4-aligned */
+/* A block's little-endian f32 scale, assembled from bytes (no memcpy call on cores without
+ * unaligned loads, e.g. the Cortex-M0+). */
+static float rdf(const uint8_t *p) {
+    uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 static int32_t nib(uint32_t v) { return (int32_t)(v & 15u) - (int32_t)((v & 8u) << 1); }
 
 void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float *xs) {
@@ -29,7 +36,11 @@ void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float 
 
 static int32_t dot_q8(const int8_t *w, const int8_t *x, uint32_t n) {
     int32_t s = 0;
-    for (uint32_t i = 0; i < n; i++) s += (int32_t)w[i] * (int32_t)x[i];
+    uint32_t i = 0;
+    for (; i + 4 <= n; i += 4)   /* unrolled: integer sums are exact in any order */
+        s += (int32_t)w[i] * x[i] + (int32_t)w[i + 1] * x[i + 1] + (int32_t)w[i + 2] * x[i + 2] +
+             (int32_t)w[i + 3] * x[i + 3];
+    for (; i < n; i++) s += (int32_t)w[i] * (int32_t)x[i];
     return s;
 }
 
@@ -68,10 +79,16 @@ void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out) {
         uint32_t len = w->cols - s < w->group ? w->cols - s : w->group;
         uint32_t nbytes = w->fmt == FLM_Q8 ? len : (len + 1u) / 2u;
         float sc = rdf(p);
-        for (uint32_t i = 0; i < len; i++) {
-            int32_t c = w->fmt == FLM_Q8 ? (int32_t)((const int8_t *)(p + 4))[i]
-                                         : nib((uint32_t)p[4 + (i >> 1)] >> ((i & 1u) * 4u));
-            out[s + i] = (float)c * sc;
+        if (w->fmt == FLM_Q8) {
+            for (uint32_t i = 0; i < len; i++) out[s + i] = (float)((const int8_t *)(p + 4))[i] * sc;
+        } else {   /* each code byte read once: two elements */
+            uint32_t i = 0;
+            for (; i + 1 < len; i += 2) {
+                uint32_t b = p[4 + (i >> 1)];
+                out[s + i] = (float)nib(b) * sc;
+                out[s + i + 1] = (float)nib(b >> 4) * sc;
+            }
+            if (i < len) out[s + i] = (float)nib(p[4 + (i >> 1)]) * sc;
         }
         p += 4u + ((nbytes + 3u) & ~3u);
     }

@@ -1,5 +1,7 @@
 /* Native (host) board: the blob file is mmapped as the flash tier, the serial link is a pty
- * whose slave path is printed as "pty /dev/pts/N", time is the host's monotonic clock. */
+ * whose slave path is printed as "pty /dev/pts/N", time is the host's monotonic clock.
+ * "PSRAM" is a static buffer (FLM_PSRAM_ARENA_BYTES from flm_config.h) standing in for the tier;
+ * "SRAM" is the arena main() passes to the app. */
 #define _GNU_SOURCE
 #include "hal.h"
 #include <errno.h>
@@ -98,3 +100,19 @@ uint64_t hal_time_us(void) {
 uint8_t hal_clock_kind(void) { return 0; }
 
 const char *hal_board_name(void) { return FLM_BOARD_NAME; }
+
+#if defined(FLM_PSRAM_ARENA_BYTES) && FLM_PSRAM_ARENA_BYTES > 0
+static uint8_t psram_arena[FLM_PSRAM_ARENA_BYTES] __attribute__((aligned(64)));
+#endif
+
+uint8_t *hal_tier_arena(uint32_t tier, size_t *cap) {
+#if defined(FLM_PSRAM_ARENA_BYTES) && FLM_PSRAM_ARENA_BYTES > 0
+    if (tier == 1u) {   /* FLM_TIER_PSRAM */
+        *cap = sizeof psram_arena;
+        return psram_arena;
+    }
+#endif
+    (void)tier;
+    *cap = 0;
+    return 0;
+}

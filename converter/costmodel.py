@@ -1,0 +1,418 @@
+"""What one token costs: the bytes the engine reads from each tier, and a predicted time per phase.
+
+Everything here mirrors firmware/engine/engine.c (and sampler.c) operation by operation:
+
+* ``usage(spec, pos)`` lists, per tensor and state region, the bytes a forward step at position
+  ``pos`` reads from it and how many separate rows it gathers — exactly the bytes the engine adds
+  to its per-tier counters (weights, norms, the two RoPE rows, one embedding row, the KV cache per
+  head), plus the activation/logits traffic the engine does not count (used for timing only);
+* ``compute_cycles(spec, pos)`` counts multiply-accumulates and float operations per phase;
+* ``predict(...)`` turns both into microseconds for a board profile: per tier
+  ``bytes / seq_read_MBps + rows * row_latency_us``, plus cycles / clock. It is a prediction, and
+  is labelled as one wherever it is shown.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field, replace
+
+from .footprint import REGIONS, prompt_bytes, region_bytes
+from .ir import ModelConfig, ModelError
+
+PHASES = ("embed", "attention", "ffn", "output", "sampling")
+TIERS = ("flash", "psram", "sram")
+RAM_TIERS = ("psram", "sram")
+ALIGN = 64
+HEADER_SIZE, ENTRY_SIZE = 112, 64
+
+# [EST] float operations per call of the engine's own functions (flm_math.c): expf is a range
+# reduction plus a degree-6 polynomial, sqrt a few Newton steps, silu = x / (1 + exp(-x)).
+FLOPS_EXP = 16
+FLOPS_SQRT = 20
+FLOPS_DIV = 10
+Q4_MAC_FACTOR = 1.5      # [EST] nibble unpacking per multiply-accumulate
+# compute defaults for a profile without [compute], by chip: RP2040 from our calibration on the
+# rp2040-emu board (boards/pico.toml [EMU]: rp2040js cycle counts, libgcc soft-float)
+CHIP_COMPUTE = {"RP2040": (13.0, 109.0)}
+
+
+def _up64(n: int) -> int:
+    return (n + ALIGN - 1) & ~(ALIGN - 1)
+
+
+def _pad4(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def row_stride(fmt: str, cols: int, g: int) -> int:
+    if fmt == "f32":
+        return cols * 4
+    if fmt == "bytes":
+        return cols
+    full, last = divmod(cols, g)
+    body = (lambda n: n) if fmt == "q8" else (lambda n: (n + 1) // 2)
+    s = full * (4 + _pad4(body(g)))
+    return s + (4 + _pad4(body(last)) if last else 0)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor-table entry, as the planner needs it (no data)."""
+    name: str
+    fmt: str            # f32, q8, q4, bytes
+    rows: int
+    cols: int
+    group: int
+    length: int
+    row_stride: int
+
+    @property
+    def kind(self) -> str:
+        n = self.name
+        if n == "tok_embeddings":
+            return "embedding"
+        if n == "output":
+            return "head"
+        if n.startswith("rope."):
+            return "rope"
+        if n == "tokenizer":
+            return "tokenizer"
+        if n.endswith("norm"):
+            return "norm"
+        if ".attn." in n:
+            return "attention"
+        if ".ffn." in n:
+            return "ffn"
+        return "other"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.rows, self.cols)
+
+
+def blob_size(tensors) -> int:
+    """Bytes of the blob converter/blob.py writes for these table entries."""
+    start = _up64(HEADER_SIZE + ENTRY_SIZE * len(tensors))
+    return start + sum(_up64(t.length) for t in tensors)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model's shape as the planner sees it: config, tensor table (blob order), blob size."""
+    config: ModelConfig
+    tensors: tuple[TensorSpec, ...]
+    source: str = ""
+    tokenizer_estimated: bool = False
+
+    @property
+    def blob_bytes(self) -> int:
+        return blob_size(self.tensors)
+
+    @property
+    def min_group(self) -> int:
+        return min(t.group for t in self.tensors if t.fmt in ("q8", "q4"))
+
+    def by_name(self) -> dict[str, TensorSpec]:
+        return {t.name: t for t in self.tensors}
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(t.length for t in self.tensors if t.kind != "tokenizer")
+
+    def n_params(self) -> int:
+        return self.config.n_params()
+
+    # -- constructors -----------------------------------------------------------------------
+    @classmethod
+    def from_header(cls, h, source: str = "") -> "ModelSpec":
+        ts = tuple(TensorSpec(e.name, e.fmt, e.rows, e.cols, e.group_size, e.length, e.row_stride)
+                   for e in h.entries)
+        return cls(h.config, ts, source)
+
+    @classmethod
+    def from_quant(cls, qm, source: str = "") -> "ModelSpec":
+        from .blob import _sections
+        ts = []
+        for name, fmt, rows, cols, g, data in _sections(qm):
+            ts.append(TensorSpec(name, fmt, rows, cols, g, len(data), row_stride(fmt, cols, g)))
+        return cls(qm.config, tuple(ts), source or qm.source)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, fmt: str = "q8", group_size: int = 32, overrides=(),
+                    tokenizer_bytes: int | None = None, source: str = "") -> "ModelSpec":
+        """A shape without weights: the converter's default recipe (matrices ``fmt``, embedding and
+        untied head q8 when ``fmt`` is q4, norms f32) with ``--quant``-style overrides. The
+        tokenizer section is estimated (8 bytes a piece) unless ``tokenizer_bytes`` is given."""
+        from .quantize import default_spec, parse_overrides
+        ovs = parse_overrides(overrides)
+        cfg.validate()
+        est = tokenizer_bytes is None
+        tok = tokenizer_bytes if tokenizer_bytes is not None else 8 + 4 * (cfg.vocab_size + 1) + 8 * cfg.vocab_size
+        ts = [TensorSpec("tokenizer", "bytes", 1, tok, 0, tok, tok)]
+        hd2 = cfg.head_dim // 2
+        for name in ("rope.cos", "rope.sin"):
+            ts.append(TensorSpec(name, "f32", cfg.max_seq_len, hd2, 0, cfg.max_seq_len * hd2 * 4, hd2 * 4))
+        for name, shape in cfg.tensor_shapes().items():
+            if len(shape) == 1:
+                ts.append(TensorSpec(name, "f32", 1, shape[0], 0, shape[0] * 4, shape[0] * 4))
+                continue
+            f, g = default_spec(name, fmt, group_size)
+            for o in reversed(ovs):
+                if o.matches(name):
+                    f, g = o.fmt, (o.group_size or g)
+                    break
+            rs = row_stride(f, shape[1], g)
+            ts.append(TensorSpec(name, f, shape[0], shape[1], g, shape[0] * rs, rs))
+        return cls(cfg, tuple(ts), source or "shape only", est)
+
+    def with_formats(self, overrides) -> "ModelSpec":
+        """The same model re-quantized by ``--quant``-style overrides (shape arithmetic only)."""
+        from .quantize import parse_overrides
+        ovs = parse_overrides(overrides)
+        out = []
+        for t in self.tensors:
+            if t.fmt in ("q8", "q4"):
+                for o in reversed(ovs):
+                    if o.matches(t.name):
+                        g = o.group_size or t.group
+                        rs = row_stride(o.fmt, t.cols, g)
+                        t = replace(t, fmt=o.fmt, group=g, row_stride=rs, length=t.rows * rs)
+                        break
+            out.append(t)
+        return replace(self, tensors=tuple(out))
+
+    def with_context(self, ctx: int) -> "ModelSpec":
+        """The same model with a shorter context (RoPE tables cut to ``ctx`` rows)."""
+        if not 1 <= ctx <= self.config.max_seq_len:
+            raise ModelError(f"context {ctx} must be in 1..{self.config.max_seq_len} (the model's own)")
+        out = []
+        for t in self.tensors:
+            if t.kind == "rope":
+                t = replace(t, rows=ctx, length=ctx * t.row_stride)
+            out.append(t)
+        return replace(self, config=replace(self.config, max_seq_len=ctx), tensors=tuple(out))
+
+
+# -------------------------------------------------------------------------------------------------
+# what a step reads
+
+@dataclass
+class Use:
+    """Per-token traffic of one tensor or state region, by phase."""
+    read: dict = field(default_factory=dict)       # phase -> bytes the engine counts
+    rows: dict = field(default_factory=dict)       # phase -> separately gathered rows
+    extra: dict = field(default_factory=dict)      # phase -> bytes not counted (activations, logits)
+
+    def add(self, phase: str, nbytes: int, rows: int = 0, counted: bool = True) -> None:
+        d = self.read if counted else self.extra
+        d[phase] = d.get(phase, 0) + nbytes
+        if rows:
+            self.rows[phase] = self.rows.get(phase, 0) + rows
+
+    @property
+    def counted(self) -> int:
+        return sum(self.read.values())
+
+
+def kv_row_bytes(cfg: ModelConfig, kv: str) -> int:
+    """Bytes of one head's key (or value) row of the cache."""
+    return cfg.head_dim * 4 if kv == "f32" else cfg.head_dim + 4
+
+
+def kv_region_bytes(cfg: ModelConfig, kv: str, min_group: int) -> int:
+    if kv == "f32":
+        return region_bytes(cfg, min_group)["kv"]
+    return 2 * cfg.n_layers * cfg.max_seq_len * cfg.n_kv_heads * ((kv_row_bytes(cfg, kv) + 7) & ~7)
+
+
+def state_sizes(spec: ModelSpec, kv: str = "f32") -> dict[str, int]:
+    """Bytes of each state region the planner places (the prompt buffer rides with scratch)."""
+    cfg = spec.config
+    rb = region_bytes(cfg, spec.min_group)
+    return {"kv": kv_region_bytes(cfg, kv, spec.min_group), "logits": rb["logits"],
+            "scratch": rb["scratch"] + prompt_bytes(cfg)}
+
+
+def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy") -> dict[str, Use]:
+    """Traffic per tensor name and per state region ("kv", "logits", "scratch") for a step at
+    ``pos``: ``read`` is exactly what engine.c adds to ``bytes[tier]``."""
+    cfg = spec.config
+    if not 0 <= pos < cfg.max_seq_len:
+        raise ModelError(f"position {pos} is outside the context of {cfg.max_seq_len}")
+    by = spec.by_name()
+    u: dict[str, Use] = {t.name: Use() for t in spec.tensors}
+    for r in REGIONS:
+        u[r] = Use()
+    d, hd = cfg.dim, cfg.head_dim
+    emb = by["tok_embeddings"]
+    u["tok_embeddings"].add("embed", emb.row_stride, rows=1)             # one row, dequantized
+    u["rope.cos"].add("attention", hd // 2 * 4, rows=1)
+    u["rope.sin"].add("attention", hd // 2 * 4, rows=1)
+    for li in range(cfg.n_layers):
+        p = f"layers.{li}."
+        u[p + "attn_norm"].add("attention", d * 4)
+        for w in ("attn.wq", "attn.wk", "attn.wv", "attn.wo"):
+            u[p + w].add("attention", by[p + w].length)
+            _act(u, "attention", by[p + w])
+        # per head: keys then values for t = 0..pos (engine.c attention())
+        row = kv_row_bytes(cfg, kv)
+        contiguous = cfg.kv_dim == hd
+        u["kv"].add("attention", cfg.n_heads * 2 * (pos + 1) * row,
+                    rows=cfg.n_heads * 2 * (1 if contiguous else pos + 1))
+        u["scratch"].add("attention", cfg.n_heads * (pos + 1) * 4 * 3, counted=False)   # att[] passes
+        u[p + "ffn_norm"].add("ffn", d * 4)
+        for w in ("ffn.w1", "ffn.w3", "ffn.w2"):
+            u[p + w].add("ffn", by[p + w].length)
+            _act(u, "ffn", by[p + w])
+        u["scratch"].add("ffn", cfg.hidden_dim * 4 * 3, counted=False)                  # SiLU * up
+    u["norm"].add("output", d * 4)
+    head = by["output"] if not cfg.tied else emb
+    u[head.name].add("output", head.length)
+    _act(u, "output", head)
+    u["logits"].add("output", cfg.vocab_size * 4, counted=False)                         # written
+    if sampling == "greedy":
+        u["logits"].add("sampling", cfg.vocab_size * 4, counted=False)
+    else:   # scale+max, exp+sum, normalize, cdf: logits once, probs three times
+        u["logits"].add("sampling", cfg.vocab_size * 4 * 5, counted=False)
+    return u
+
+
+def _act(u: dict, phase: str, w: TensorSpec) -> None:
+    """Activation traffic of one matvec (not counted by the engine): the fp32 input once, its int8
+    codes and scales once per row (cache-resident after the first), the outputs."""
+    groups = -(-w.cols // w.group)
+    u["scratch"].add(phase, w.cols * 4 + w.cols + groups * 4 + w.rows * 4, counted=False)
+
+
+# -------------------------------------------------------------------------------------------------
+# compute
+
+def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
+                   sampling: str = "greedy") -> dict[str, float]:
+    """Cycles per phase on ``prof``'s CPU: MACs x cycles_per_mac + flops x cycles_per_flop."""
+    cfg = spec.config
+    comp = prof.get("compute", {})
+    fpu = bool(prof.get("fpu", True))
+    d_mac, d_flop = CHIP_COMPUTE.get(prof.get("chip"), (4.0, 2.0 if fpu else 50.0))
+    cpm = float(comp.get("cycles_per_mac", d_mac))
+    cpf = float(comp.get("cycles_per_flop", d_flop))
+    by = spec.by_name()
+    d, hd, hid = cfg.dim, cfg.head_dim, cfg.hidden_dim
+
+    def matvec(w: TensorSpec) -> float:
+        groups = -(-w.cols // w.group)
+        macs = w.rows * w.cols * (Q4_MAC_FACTOR if w.fmt == "q4" else 1.0)
+        flops = w.rows * groups * 4 + w.cols * 5 + groups * 2 * FLOPS_DIV   # scales; act quantization
+        return macs * cpm + flops * cpf
+
+    def rms(n: int) -> float:
+        return (4 * n + FLOPS_SQRT + FLOPS_DIV) * cpf
+
+    out = dict.fromkeys(PHASES, 0.0)
+    emb = by["tok_embeddings"]
+    out["embed"] = 2 * d * cpf + (emb.cols * 2 if emb.fmt == "q4" else 0)
+    t = pos + 1
+    for li in range(cfg.n_layers):
+        p = f"layers.{li}."
+        c = rms(d) + sum(matvec(by[p + w]) for w in ("attn.wq", "attn.wk", "attn.wv", "attn.wo"))
+        c += (d // 2 + cfg.kv_dim // 2) * 6 * cpf                                     # RoPE
+        c += cfg.n_heads * (t * hd * 2 + t * (FLOPS_EXP + 4) + FLOPS_DIV + t * hd * 2) * cpf
+        if kv != "f32":
+            c += cfg.n_heads * t * hd * 2 * cpf                                       # dequantize
+        c += d * cpf                                                                  # residual
+        out["attention"] += c
+        f = rms(d) + sum(matvec(by[p + w]) for w in ("ffn.w1", "ffn.w3", "ffn.w2"))
+        f += hid * (FLOPS_EXP + FLOPS_DIV + 3) * cpf + d * cpf
+        out["ffn"] += f
+    head = by["output"] if not cfg.tied else emb
+    out["output"] = rms(d) + matvec(head)
+    v = cfg.vocab_size
+    out["sampling"] = v * cpf if sampling == "greedy" else v * (FLOPS_EXP + 8) * cpf
+    return out
+
+
+# -------------------------------------------------------------------------------------------------
+# time
+
+@dataclass(frozen=True)
+class TierModel:
+    name: str
+    budget: int
+    seq_read_MBps: float
+    row_latency_us: float
+    line_bytes: int
+    charge: bool = True
+
+    def us(self, nbytes: float, rows: float = 0) -> float:
+        if not self.charge:
+            return 0.0
+        return nbytes / self.seq_read_MBps + rows * self.row_latency_us
+
+
+def tier_models(prof: dict, line: int | None = None) -> dict[str, TierModel]:
+    """The profile's tiers; ``line`` picks ``seq_read_MBps_by_line`` where a tier has it."""
+    out = {}
+    for name in TIERS:
+        t = prof.get("tiers", {}).get(name)
+        if t is None:
+            continue
+        bw = float(t.get("seq_read_MBps", 1e9))
+        lb = int(t.get("line_bytes", 4))
+        by_line = t.get("seq_read_MBps_by_line")
+        if line is not None and by_line:
+            key = str(line)
+            if key not in {str(k) for k in by_line}:
+                raise ModelError(f"board {prof.get('name')}: no {name} bandwidth for {line}-byte lines "
+                                 f"(has {', '.join(str(k) for k in by_line)})")
+            bw = float({str(k): v for k, v in by_line.items()}[key])
+            lb = line
+        out[name] = TierModel(name, int(t.get("budget", t.get("capacity", 0))), bw,
+                              float(t.get("row_latency_us", 0.0)), lb, bool(t.get("charge", True)))
+    if "flash" not in out:
+        raise ModelError(f"board {prof.get('name')} has no flash tier in its profile")
+    return out
+
+
+@dataclass
+class Prediction:
+    """Predicted cost of one token (a prediction, from the board profile's numbers)."""
+    pos: int
+    bytes_read: dict          # tier -> bytes the engine counts (what TOKEN frames report)
+    phase_us: dict            # phase -> predicted µs
+    memory_us: dict           # phase -> the memory part of phase_us
+    compute_us: dict          # phase -> the compute part
+
+    @property
+    def total_us(self) -> float:
+        return sum(self.phase_us.values())
+
+    @property
+    def tok_s(self) -> float:
+        return 1e6 / self.total_us if self.total_us > 0 else float("inf")
+
+
+def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[str, str], pos: int,
+            kv: str = "f32", sampling: str = "greedy", line: int | None = None,
+            tm: dict[str, TierModel] | None = None, uses: dict[str, Use] | None = None) -> Prediction:
+    """Predict one step at ``pos`` with tensors on ``tiers`` (name -> tier) and state regions on
+    ``regions`` (region -> tier)."""
+    tm = tm or tier_models(prof, line)
+    uses = uses if uses is not None else usage(spec, pos, kv, sampling)
+    where = {**{t.name: tiers.get(t.name, "flash") for t in spec.tensors}, **regions}
+    bytes_read = dict.fromkeys(TIERS, 0)
+    mem = dict.fromkeys(PHASES, 0.0)
+    for name, use in uses.items():
+        tier = where[name]
+        model = tm[tier]
+        bytes_read[tier] += use.counted
+        for ph in PHASES:
+            b = use.read.get(ph, 0) + use.extra.get(ph, 0)
+            if b or use.rows.get(ph):
+                mem[ph] += model.us(b, use.rows.get(ph, 0))
+    clock = float(prof.get("clock_mhz", 100))
+    comp = {ph: c / clock for ph, c in compute_cycles(spec, pos, prof, kv, sampling).items()}
+    return Prediction(pos, bytes_read, {ph: mem[ph] + comp[ph] for ph in PHASES}, mem, comp)
+
+
+def match_pattern(pattern: str, name: str) -> bool:
+    return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, pattern + ".*")

@@ -1,0 +1,23 @@
+/* RP2040 bare-metal HAL: what the rest of the firmware sees besides hal.h.
+ *
+ * Force-included (-include) into every translation unit of an RP2040 build, so app.c's optional
+ * step hooks report each forward step to whoever watches the chip: on the emulated board the
+ * harness (host/emu/harness.mjs) attributes the core's memory reads to steps with them; on a real
+ * chip they are a few writes to the watchdog's scratch registers, which nothing else uses. */
+#ifndef FLM_HAL_RP2040_H
+#define FLM_HAL_RP2040_H
+#include <stdint.h>
+
+/* Watchdog scratch registers 0..3 (4..7 belong to the boot ROM) carry the marks. */
+#define FLM_MARK_BEGIN 0xF1A5B001u     /* SCRATCH2 = step: a forward step starts */
+#define FLM_MARK_END 0xF1A5E0D0u       /* the step's forward pass is over */
+#define FLM_MARK_REGION 0xF1A5AE60u    /* SCRATCH0..1 = [lo, hi), SCRATCH2 = tier: reads there count */
+#define FLM_MARK_FAULT 0xF1A5DEADu     /* SCRATCH2 = exception number, SCRATCH1 = stacked PC */
+
+/* state is the engine's flm_state (void * so this header needs no engine header). */
+void hal_rp2040_step_begin(uint32_t step, const void *state);
+void hal_rp2040_step_end(uint32_t step);
+
+#define FLM_STEP_BEGIN(step, state) hal_rp2040_step_begin((step), (state))
+#define FLM_STEP_END(step) hal_rp2040_step_end(step)
+#endif

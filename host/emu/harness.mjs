@@ -1,0 +1,252 @@
+// flashlm's emulated RP2040: runs a firmware image in rp2040js with UART0 on stdin/stdout.
+//
+//   node harness.mjs --firmware firmware.bin --blob model.flmb --blob-offset 0x10000
+//                    [--flash-size 2097152] [--counts FILE]
+//
+// stdin/stdout are the UART0 byte stream (host/virtual.py passes the master side of a raw pty);
+// everything else (warnings, faults) goes to stderr. The firmware image is loaded at the start
+// of the XIP flash window (0x10000000) and the weights blob at --blob-offset in it; the core
+// then starts as the boot ROM would after boot2: VTOR = 0x10000100, SP and PC from that table.
+//
+// Time: every instruction advances the emulated clock by its rp2040js cycle count at the
+// current clk_sys, so the TIMER the firmware reads is cycle-based. rp2040js models no XIP cache
+// or QSPI timing: a flash read costs what an SRAM read costs.
+//
+// Read attribution: the firmware marks each forward step through the watchdog scratch registers
+// (firmware/hal/rp2040/hal_rp2040.h). Between BEGIN and END the harness counts the bytes of
+// every core read (loads, LDM/POP words) by region: the blob's part of the XIP window is tier 0
+// (flash), the regions the firmware names (the KV cache, tensors staged into RAM) their tier.
+// One JSON line per step goes to --counts:
+//   {"gen": g, "step": s, "bytes": [flash, psram, sram], "cycles": c, "us": emulated µs,
+//    "wall_ms": host ms}
+import fs from 'node:fs';
+import { performance } from 'node:perf_hooks';
+import { RP2040 } from 'rp2040js';
+
+console.log = console.error;   // stdout is the UART: nothing else may ever write there
+
+const MARK_BEGIN = 0xf1a5b001;
+const MARK_END = 0xf1a5e0d0;
+const MARK_REGION = 0xf1a5ae60;
+const MARK_FAULT = 0xf1a5dead;
+const WD_SCRATCH3 = 0x18;
+const FLASH_BASE = 0x10000000;
+const VECTORS = FLASH_BASE + 0x100;
+const TX_BACKLOG_MAX = 1 << 20;   // bytes the host has not read yet before the "UART" drops
+
+function parseArgs(argv) {
+  const a = { flashSize: 2 * 1024 * 1024, counts: null };
+  for (let i = 0; i < argv.length; i++) {
+    const k = argv[i];
+    const v = argv[i + 1];
+    if (k === '--firmware') a.firmware = v;
+    else if (k === '--blob') a.blob = v;
+    else if (k === '--blob-offset') a.blobOffset = Number(v);
+    else if (k === '--flash-size') a.flashSize = Number(v);
+    else if (k === '--counts') a.counts = v;
+    else die(`unknown argument ${k}`, 2);
+    i++;
+  }
+  if (!a.firmware || !a.blob || !Number.isInteger(a.blobOffset)) {
+    die('usage: harness.mjs --firmware BIN --blob BLOB --blob-offset N [--flash-size N] [--counts FILE]', 2);
+  }
+  return a;
+}
+
+function die(msg, code = 1) {
+  process.stderr.write(`rp2040-emu: ${msg}\n`);
+  process.exit(code);
+}
+
+const args = parseArgs(process.argv.slice(2));
+let firmware, blob;
+try {
+  firmware = fs.readFileSync(args.firmware);
+  blob = fs.readFileSync(args.blob);
+} catch (e) {
+  die(`cannot read ${e.path}: ${e.code || e.message}`);
+}
+if (firmware.length > args.blobOffset) {
+  die(`firmware image is ${firmware.length} bytes, more than the blob offset ${args.blobOffset}`);
+}
+if (args.blobOffset + blob.length > args.flashSize) {
+  die(`model image of ${blob.length} bytes does not fit the ${args.flashSize}-byte flash at offset ${args.blobOffset}`);
+}
+
+const mcu = new RP2040();
+mcu.logger = {
+  debug() {},
+  info() {},
+  warn(component, msg) { process.stderr.write(`rp2040js ${component}: ${msg}\n`); },
+  error(component, msg) { process.stderr.write(`rp2040js ${component} error: ${msg}\n`); },
+};
+mcu.flash.set(firmware, 0);
+mcu.flash.set(blob, args.blobOffset);
+const core = mcu.core;
+const clock = mcu.clock;
+core.VTOR = VECTORS;
+core.SP = mcu.readUint32(VECTORS);
+core.PC = mcu.readUint32(VECTORS + 4) & ~1;
+
+// ---- UART0 <-> stdin/stdout -------------------------------------------------------------
+const uart = mcu.uart[0];
+let tx = [];
+let txBacklog = 0;
+let txDropped = 0;
+uart.onByte = (b) => { tx.push(b); };
+
+function flushTx() {
+  if (!tx.length) return;
+  const buf = Buffer.from(tx);
+  tx = [];
+  if (txBacklog + buf.length > TX_BACKLOG_MAX) {   // nobody reads the port: drop, as a UART would
+    if (!txDropped) process.stderr.write('rp2040-emu: host is not reading; dropping UART output\n');
+    txDropped += buf.length;
+    return;
+  }
+  txBacklog += buf.length;
+  fs.write(1, buf, 0, buf.length, null, (err) => {
+    txBacklog -= buf.length;
+    if (err) shutdown(`UART output failed: ${err.code || err.message}`, 1);
+  });
+}
+
+const rx = [];   // bytes from the host not yet in the 32-entry RX FIFO
+let rxHead = 0;
+function feedRx() {
+  while (rxHead < rx.length && !uart.rxFIFO.full) uart.feedByte(rx[rxHead++]);
+  if (rxHead === rx.length && rxHead) { rx.length = 0; rxHead = 0; }
+}
+
+const input = fs.createReadStream(null, { fd: 0, highWaterMark: 4096, autoClose: false });
+input.on('data', (chunk) => {
+  for (const b of chunk) rx.push(b);
+  if (idle) schedule();
+});
+input.on('end', () => shutdown(null, 0));
+input.on('error', (e) => shutdown(e.code === 'EIO' ? null : `UART input failed: ${e.code || e.message}`, 0));
+
+// ---- step marks and read counting ---------------------------------------------------------
+const countsFd = args.counts ? fs.openSync(args.counts, 'a') : null;
+const blobLo = args.blobOffset;
+const blobHi = args.blobOffset + blob.length;
+let pendingRegions = [];
+let regions = [];
+const bytes = [0, 0, 0];
+let gen = -1;
+let step = null;
+
+function countRead(addr, size) {
+  if (addr >= FLASH_BASE && addr < 0x14000000) {   // the XIP window and its aliases
+    const off = addr & 0xffffff;
+    if (off >= blobLo && off < blobHi) bytes[0] += size;
+    return;
+  }
+  for (let i = 0; i < regions.length; i++) {
+    const r = regions[i];
+    if (addr >= r.lo && addr < r.hi) { bytes[r.tier] += size; return; }
+  }
+}
+
+// Swapped in and out by assignment (never `delete`: that would turn `core` into a slow
+// dictionary-mode object for the rest of the run).
+const plain = {
+  readUint32: (a) => mcu.readUint32(a),
+  readUint16: (a) => mcu.readUint16(a),
+  readUint8: (a) => mcu.readUint8(a),
+};
+const counting = {
+  readUint32: (a) => { countRead(a >>> 0, 4); return mcu.readUint32(a); },
+  readUint16: (a) => { countRead(a >>> 0, 2); return mcu.readUint16(a); },
+  readUint8: (a) => { countRead(a >>> 0, 1); return mcu.readUint8(a); },
+};
+function use(fns) {
+  core.readUint32 = fns.readUint32;
+  core.readUint16 = fns.readUint16;
+  core.readUint8 = fns.readUint8;
+}
+use(plain);
+
+const watchdog = mcu.peripherals[0x40058];
+const wdWrite = watchdog.writeUint32.bind(watchdog);
+watchdog.writeUint32 = (offset, value) => {
+  wdWrite(offset, value);
+  if (offset !== WD_SCRATCH3) return;
+  const s = watchdog.scratchData;
+  value >>>= 0;
+  if (value === MARK_REGION) {
+    pendingRegions.push({ lo: s[0] >>> 0, hi: s[1] >>> 0, tier: Math.min(s[2], 2) });
+  } else if (value === MARK_BEGIN) {
+    regions = pendingRegions;
+    pendingRegions = [];
+    if (s[2] === 0) gen++;
+    step = { gen, step: s[2] >>> 0, cycles: core.cycles, nanos: clock.nanos, wall: performance.now() };
+    bytes[0] = bytes[1] = bytes[2] = 0;
+    use(counting);
+  } else if (value === MARK_END) {
+    use(plain);
+    if (step && countsFd !== null) {
+      const rec = { gen: step.gen, step: step.step, bytes: bytes.slice(),
+                    cycles: core.cycles - step.cycles, us: (clock.nanos - step.nanos) / 1000,
+                    wall_ms: performance.now() - step.wall };
+      fs.writeSync(countsFd, JSON.stringify(rec) + '\n');
+    }
+    step = null;
+  } else if (value === MARK_FAULT) {
+    fault = { exception: s[2], pc: s[1] >>> 0 };
+  }
+};
+
+// ---- the run loop ------------------------------------------------------------------------
+let idle = false;
+let scheduled = false;
+let fault = null;
+const parentPid = process.ppid;
+
+function schedule() {
+  idle = false;
+  if (!scheduled) { scheduled = true; setImmediate(run); }
+}
+
+function run() {
+  scheduled = false;
+  const sliceEnd = performance.now() + 25;
+  for (;;) {
+    feedRx();
+    if (core.waiting) {   // WFI with nothing pending: sleep until the host sends something
+      if (rxHead < rx.length) continue;
+      idle = true;
+      break;
+    }
+    const ns = 1e9 / mcu.clkSys;
+    let i = 0;
+    for (; i < 20000 && !core.waiting; i++) {
+      clock.tick(core.executeInstruction() * ns);
+    }
+    if (fault) break;
+    if (performance.now() > sliceEnd) break;
+  }
+  flushTx();
+  if (fault) {
+    shutdown(`firmware fault: exception ${fault.exception} at pc 0x${fault.pc.toString(16)}`, 3);
+    return;
+  }
+  if (process.ppid !== parentPid) { shutdown(null, 0); return; }   // the host that started us is gone
+  if (!idle) schedule();
+}
+
+let exiting = false;
+function shutdown(msg, code) {
+  if (exiting) return;
+  exiting = true;
+  if (msg) process.stderr.write(`rp2040-emu: ${msg}\n`);
+  const out = Buffer.from(tx);
+  try { if (out.length) fs.writeSync(1, out); } catch { /* the port is gone */ }
+  process.exit(code);
+}
+
+process.stderr.write(`rp2040-emu: ready: firmware ${firmware.length} B, blob ${blob.length} B at flash offset 0x${args.blobOffset.toString(16)}\n`);
+process.on('SIGTERM', () => shutdown(null, 0));
+process.on('SIGINT', () => {});   // Ctrl-C is the host's (it sends STOP); SIGTERM ends us
+setInterval(() => { if (process.ppid !== parentPid) shutdown(null, 0); }, 1000).unref();
+schedule();

@@ -1,0 +1,565 @@
+"""``flashlm plan`` and ``flashlm compare``: where a model's tensors go on a board, what a token is
+predicted to cost there, and (``compare --run``) what it measures, layout by layout, on one board
+switched with LAYOUT frames instead of reflashing.
+
+MODEL may be a model directory written by ``flashlm convert`` (manifest.json + model.flmb), a
+``.flmb`` blob, or a checkpoint (llama2.c / flashlm ``.pt``), which is quantized in memory with
+``--format/--group-size/--quant`` as ``convert`` would.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+PHASE_LABEL = {"embed": "flash-read", "attention": "attention", "ffn": "FFN", "output": "output",
+               "sampling": "sampling"}
+KIND_COLORS = {"embedding": "#4c72b0", "head": "#c44e52", "attention": "#dd8452", "ffn": "#55a868",
+               "norm": "#937860", "rope": "#8172b3", "tokenizer": "#8c8c8c", "kv": "#da8bc3",
+               "logits": "#ccb974", "scratch": "#64b5cd", "other": "#999999"}
+
+
+def _user_error():
+    from .cli import UserError
+    return UserError
+
+
+# ---------------------------------------------------------------------------------------------
+# the model argument
+
+def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=None):
+    """(ModelSpec, info) for a model dir, a blob or a checkpoint. ``info`` says which, and holds
+    the model dir / manifest / blob path where there is one."""
+    from converter.blob import read_header
+    from converter.costmodel import ModelSpec
+
+    UserError = _user_error()
+    p = Path(model)
+    if p.is_dir() or p.name == "manifest.json":
+        from .cli import load_manifest
+        d, manifest = load_manifest(p)
+        blob = d / manifest["blob"]
+        h = read_header(blob)
+        return ModelSpec.from_header(h, str(d)), dict(kind="dir", model_dir=d, manifest=manifest, blob=blob,
+                                                      header=h)
+    if not p.exists():
+        raise UserError(f"{p} does not exist (give a model directory from 'flashlm convert', a .flmb "
+                        f"blob or a checkpoint)")
+    with p.open("rb") as f:
+        magic = f.read(4)
+    if magic == b"FLMB":
+        h = read_header(p)
+        return ModelSpec.from_header(h, str(p)), dict(kind="blob", blob=p, header=h)
+    from converter import quantize as Q
+    from converter.load import load_model
+    tok = tokenizer
+    if tok is None and (p.parent / "tokenizer.json").is_file() and p.suffix == ".pt":
+        tok = p.parent / "tokenizer.json"
+    ir = load_model(str(p), tokenizer_path=str(tok) if tok else None)
+    qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=list(quant or ()))
+    return ModelSpec.from_quant(qm, str(p)), dict(kind="checkpoint", qm=qm, path=p)
+
+
+# ---------------------------------------------------------------------------------------------
+# tables
+
+def _mb(n) -> str:
+    from converter.planner import fmt_bytes
+    return fmt_bytes(n)
+
+
+def group_rows(rows: list[dict]) -> list[dict]:
+    """Collapse per-layer rows that agree in format, size, tier and bytes read: layers.*.X ×N."""
+    out, groups = [], {}
+    for r in rows:
+        m = re.match(r"layers\.(\d+)\.(.+)$", r["name"])
+        if not m:
+            out.append(dict(r, count=1))
+            continue
+        key = (m.group(2), r["format"], r["bytes"], r["tier"], r["read"], tuple(r["shape"]))
+        if key in groups:
+            groups[key]["count"] += 1
+            groups[key]["layers"].append(int(m.group(1)))
+        else:
+            g = dict(r, name=f"layers.*.{m.group(2)}", count=1, layers=[int(m.group(1))])
+            groups[key] = g
+            out.append(g)
+    for g in out:
+        if g.get("layers") is not None and g["count"] == 1:
+            g["name"] = f"layers.{g['layers'][0]}.{g['name'].split('.', 2)[2]}"
+        elif g.get("layers") is not None:
+            ls = g["layers"]
+            span = f"{ls[0]}-{ls[-1]}" if ls == list(range(ls[0], ls[-1] + 1)) else ",".join(map(str, ls))
+            g["name"] = g["name"].replace("layers.*.", f"layers.[{span}].")
+    return out
+
+
+def print_plan(console, plan, collapse: bool = True) -> None:
+    from rich.table import Table
+
+    p = plan.prediction
+    c = plan.config
+    head = (f"[bold]{plan.board}[/] ({plan.prof.get('description', '')}): context {c.max_seq_len}, KV {plan.kv}, "
+            f"layout {plan.layout_id}" + (f", base {plan.base}" if plan.base != "auto" else ""))
+    console.print(head, soft_wrap=True)
+    rows = plan.rows()
+    if collapse:
+        rows = group_rows(rows)
+    t = Table(title=f"placement (bytes read per token at position {plan.pos})", title_justify="left")
+    for col, just in (("tensor", "left"), ("shape", "left"), ("format", "left"), ("bytes", "right"),
+                      ("tier", "left"), ("read/token", "right")):
+        t.add_column(col, justify=just)
+    for r in rows:
+        n = r.get("count", 1)
+        shape = "x".join(map(str, r["shape"])) if r["shape"] else "-"
+        mult = f" ×{n}" if n > 1 else ""
+        t.add_row(r["name"], shape, r["format"], f"{r['bytes'] * n:,}" + mult, r["tier"],
+                  f"{r['read'] * n:,}" if r["read"] else "-")
+    console.print(t)
+    u = Table(title="tiers (usable budget from the board profile)", title_justify="left")
+    for col in ("tier", "placed", "budget", "free", "read/token"):
+        u.add_column(col, justify="left" if col == "tier" else "right")
+    for tier in ("flash", "psram", "sram"):
+        if tier not in plan.budget:
+            continue
+        placed, bud = plan.need.get(tier, 0), plan.budget[tier]
+        u.add_row(tier + (" (whole blob)" if tier == "flash" else ""), _mb(placed), _mb(bud), _mb(bud - placed),
+                  f"{p.bytes_read[tier]:,}")
+    console.print(u)
+    ph = Table(title=f"predicted cost per token at position {plan.pos} ({plan.board} profile; a prediction, "
+                     f"not a measurement)", title_justify="left")
+    for col in ("phase", "memory µs", "compute µs", "total µs"):
+        ph.add_column(col, justify="left" if col == "phase" else "right")
+    for k in p.phase_us:
+        ph.add_row(PHASE_LABEL[k], f"{p.memory_us[k]:,.0f}", f"{p.compute_us[k]:,.0f}", f"{p.phase_us[k]:,.0f}")
+    ph.add_row("[bold]token[/]", f"{sum(p.memory_us.values()):,.0f}", f"{sum(p.compute_us.values()):,.0f}",
+               f"[bold]{p.total_us:,.0f}[/]")
+    console.print(ph)
+    console.print(f"predicted [bold]{p.tok_s:,.2f} tok/s[/] on {plan.board}", soft_wrap=True)
+
+
+def print_no_fit(console, e) -> None:
+    console.print("[bold red]does not fit[/]")
+    for line in e.details:
+        console.print(f"  {line}", soft_wrap=True)
+    if e.suggestions:
+        console.print("changes that would fit:")
+        for s in e.suggestions:
+            console.print(f"  - {s}", soft_wrap=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# PNGs
+
+def memory_map_png(plan, path) -> Path:
+    """Tiers as bars filled by the tensors and buffers placed there (flash: the whole blob, with
+    what is read elsewhere drawn pale)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    tiers = [t for t in ("flash", "psram", "sram") if t in plan.budget]
+    fig, axes = plt.subplots(len(tiers), 1, figsize=(11, 1.3 + 1.25 * len(tiers)), squeeze=False)
+    sizes = _state_sizes(plan)
+    for ax, tier in zip(axes[:, 0], tiers):
+        x = 0.0
+        segs = []
+        if tier == "flash":
+            for t in plan.spec.tensors:
+                segs.append((t.name, t.kind, t.length, plan.tiers[t.name] != "flash"))
+        else:
+            for t in plan.spec.tensors:
+                if plan.tiers[t.name] == tier:
+                    segs.append((t.name, t.kind, t.length, False))
+            for r, rt in plan.regions.items():
+                if rt == tier:
+                    segs.append((r, r, sizes[r], False))
+        for name, kind, n, pale in segs:
+            ax.barh(0, n, left=x, height=0.6, color=KIND_COLORS.get(kind, "#999999"),
+                    alpha=0.25 if pale else 0.95, edgecolor="white", linewidth=0.3)
+            x += n
+        if tier == "flash":
+            x = float(plan.spec.blob_bytes)
+        bud = plan.budget[tier]
+        ax.axvline(bud, color="black", linestyle="--", linewidth=1)
+        ax.set_xlim(0, max(bud, x) * 1.02)
+        ax.set_yticks([])
+        ax.set_ylabel(tier, rotation=0, ha="right", va="center")
+        ax.set_title(f"{tier}: {_mb(x)} of {_mb(bud)} budget"
+                     + (" (pale: staged copies read from RAM)" if tier == "flash" else ""), fontsize=9, loc="left")
+        ax.ticklabel_format(axis="x", style="plain")
+    kinds = sorted({k for k in KIND_COLORS if k != "other"})
+    fig.legend(handles=[Patch(color=KIND_COLORS[k], label=k) for k in kinds], loc="lower center",
+               ncol=len(kinds), fontsize=8, frameon=False)
+    p = plan.prediction
+    fig.suptitle(f"{plan.board}: layout {plan.layout_id}, predicted {p.tok_s:.2f} tok/s at position {plan.pos} "
+                 f"(prediction)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _state_sizes(plan) -> dict:
+    from converter.costmodel import state_sizes
+    return state_sizes(plan.spec, plan.kv)
+
+
+def compare_png(entries, path) -> Path:
+    """Stacked per-phase µs per token, one group per (board, layout): predicted, and measured when
+    there is one. ``entries``: list of dict(label, predicted: {phase: µs}, measured: {phase: µs}|None)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .report import PHASE_COLORS
+    phases = list(PHASE_LABEL)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(entries) + 2), 4.8))
+    xs, labels = [], []
+    for i, e in enumerate(entries):
+        bars = [("predicted", e["predicted"], "//")]
+        if e.get("measured") is not None:
+            bars.append(("measured", e["measured"], None))
+        for j, (kind, vals, hatch) in enumerate(bars):
+            x = i * 3 + j
+            bottom = 0.0
+            for ph in phases:
+                v = float(vals.get(ph, 0.0)) / 1000.0
+                ax.bar(x, v, bottom=bottom, color=PHASE_COLORS[ph], hatch=hatch, edgecolor="white",
+                       label=PHASE_LABEL[ph] if (i == 0 and j == 0) else None)
+                bottom += v
+            xs.append(x)
+            labels.append(f"{e['label']}\n{kind}")
+    ax.set_xticks(xs)
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("ms per token")
+    ax.legend(fontsize=8)
+    ax.set_title("layouts side by side: predicted (hatched, from board profiles) and measured (device clock)",
+                 fontsize=9)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# applying a plan to the blob
+
+def apply_plan(console, info: dict, plan) -> None:
+    """Record the placement in the model dir's blob header (and a shorter context, if planned)."""
+    from converter import blob as B
+
+    from .report import atomic_write_bytes
+    UserError = _user_error()
+    if info["kind"] != "dir":
+        raise UserError("--apply rewrites a model directory; convert the checkpoint first "
+                        "('flashlm convert CHECKPOINT -o DIR') and plan DIR")
+    d, manifest, blob_path = info["model_dir"], info["manifest"], info["blob"]
+    data = blob_path.read_bytes()
+    h = info["header"]
+    if plan.config.max_seq_len != h.config.max_seq_len:
+        qm = B.read_blob(data)
+        ctx = plan.config.max_seq_len
+        qm = replace(qm, config=replace(qm.config, max_seq_len=ctx), rope_cos=qm.rope_cos[:ctx].copy(),
+                     rope_sin=qm.rope_sin[:ctx].copy())
+        new = B.build_blob(qm, plan.tiers, plan.state)
+    else:
+        new = B.retier_blob(data, plan.tiers, plan.state)
+    atomic_write_bytes(blob_path, new)
+    nh = B.parse_header(new, str(blob_path))
+    manifest.update(blob_size=len(new), blob_crc=nh.crc, model_hash=bytes(nh.model_hash).hex(),
+                    layout_id=nh.layout_id)
+    manifest["config"]["max_seq_len"] = nh.config.max_seq_len
+    manifest["layout"] = {"board": plan.board, "layout_id": nh.layout_id, "kv": plan.kv,
+                          "regions": dict(plan.regions),
+                          "overrides": [o.text for o in plan.overrides], "base": plan.base}
+    atomic_write_bytes(d / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
+    console.print(f"[green]applied[/] layout {nh.layout_id} to {blob_path} (model {manifest['model_hash'][:16]})")
+
+
+# ---------------------------------------------------------------------------------------------
+# commands
+
+def _plan_or_explain(console, spec, board, **kw):
+    from converter.planner import NoFit, plan
+    try:
+        return plan(spec, board, **kw)
+    except NoFit as e:
+        print_no_fit(console, e)
+        raise _user_error()(str(e)) from None
+
+
+def cmd_plan(args, console) -> int:
+    from converter.planner import parse_layout
+    spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer)
+    if args.ctx:
+        spec = spec.with_context(args.ctx)
+    base, places = parse_layout(",".join(["auto" if not args.flash_only else "flash"] + list(args.place)))
+    pl = _plan_or_explain(console, spec, args.board, overrides=places, base=base, kv=args.kv, pos=args.pos,
+                          line=args.line)
+    print_plan(console, pl, collapse=not args.all)
+    png = Path(args.png) if args.png else (
+        (info["model_dir"] if info["kind"] == "dir" else Path("out")) / f"plan-{pl.board}.png")
+    memory_map_png(pl, png)
+    console.print(f"[green]wrote[/] memory map {png}")
+    if args.json:
+        from .report import atomic_write_bytes
+        atomic_write_bytes(args.json, (json.dumps(pl.to_dict(), indent=1) + "\n").encode())
+        console.print(f"[green]wrote[/] JSON {args.json}")
+    if args.apply:
+        apply_plan(console, info, pl)
+    return 0
+
+
+def _n(us: float) -> str:
+    """µs in at most 6 characters."""
+    if us < 10000:
+        return f"{us:,.0f}"
+    if us < 1e6:
+        return f"{us / 1000:,.0f}k"
+    return f"{us / 1e6:,.1f}M"
+
+
+def _kb(n: float) -> str:
+    return f"{n / 1024:,.1f}" if n < 10240 else f"{n / 1024:,.0f}"
+
+
+ROW_LABELS = [PHASE_LABEL[k] + " µs" for k in PHASE_LABEL] + ["token µs", "tok/s", "flash KB/tok",
+                                                                 "psram KB/tok", "sram KB/tok"]
+
+
+def _column(phase_us: dict, bytes_read: dict | None) -> list[str]:
+    tot = sum(phase_us.values())
+    col = [_n(phase_us[k]) for k in PHASE_LABEL] + [_n(tot), f"{1e6 / tot:,.2f}" if tot else "-"]
+    col += [_kb(bytes_read[t]) for t in ("flash", "psram", "sram")] if bytes_read else ["", "", ""]
+    return col
+
+
+def _side_by_side(console, title: str, columns: list[tuple[str, list[str]]]) -> None:
+    from rich.table import Table
+    t = Table(title=title, title_justify="left")
+    t.add_column("")
+    for name, _ in columns:
+        t.add_column(name, justify="right")
+    for i, label in enumerate(ROW_LABELS):
+        t.add_row(label, *[col[i] for _, col in columns])
+    console.print(t)
+
+
+def cmd_compare(args, console) -> int:
+    from converter.planner import PlanError, plan_layout
+    UserError = _user_error()
+    spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer)
+    if args.ctx:
+        spec = spec.with_context(args.ctx)
+    boards = args.board or ["native"]
+    layouts = args.layout or ["flash", "auto"]
+    names = {lay: f"L{i + 1}" for i, lay in enumerate(layouts)}
+    for lay in layouts:
+        console.print(f"  {names[lay]} = {lay}", soft_wrap=True)
+    plans, entries = {}, []
+    for b in boards:
+        cols = []
+        for lay in layouts:
+            try:
+                pl = plan_layout(spec, b, lay, kv=args.kv, pos=args.pos, line=args.line, suggest=False)
+            except PlanError as e:   # does not fit, or an override this board cannot honour
+                console.print(f"  {b} {names[lay]}: refused: {e}", soft_wrap=True)
+                continue
+            plans[(b, lay)] = pl
+            cols.append((names[lay], _column(pl.prediction.phase_us, pl.prediction.bytes_read)))
+            entries.append(dict(label=f"{b}\n{names[lay]}", predicted=dict(pl.prediction.phase_us), measured=None))
+        if cols:
+            pos = next(pl.pos for (bb, _), pl in plans.items() if bb == b)
+            _side_by_side(console, f"{b}: predicted per token at position {pos} (from the board profile; "
+                                   f"a prediction, not a measurement)", cols)
+    results = {}
+    if args.run:
+        if len(boards) != 1:
+            raise UserError("--run measures on one board: give a single --board (and --port for a real one)")
+        results = run_layouts(console, args, spec, info, boards[0], layouts, plans, names)
+        entries = []
+        for lay in layouts:
+            pl = plans.get((boards[0], lay))
+            if pl is None:
+                continue
+            r = results.get(lay)
+            ok = r is not None and "error" not in r
+            entries.append(dict(label=f"{boards[0]}\n{names[lay]}",
+                                predicted=r["predicted"] if ok else dict(pl.prediction.phase_us),
+                                measured=r["measured"] if ok else None))
+    if entries:
+        png = Path(args.png) if args.png else (
+            (info["model_dir"] if info["kind"] == "dir" else Path("out")) / "compare.png")
+        compare_png(entries, png)
+        console.print(f"[green]wrote[/] {png}")
+    if args.json:
+        from .report import atomic_write_bytes
+        out = {"layouts": names, "predicted": {f"{b}/{lay}": pl.to_dict() for (b, lay), pl in plans.items()},
+               "runs": results}
+        atomic_write_bytes(args.json, (json.dumps(out, indent=1, default=str) + "\n").encode())
+        console.print(f"[green]wrote[/] JSON {args.json}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# compare --run
+
+def measure_layouts(sess, plans: dict, prompt_ids, max_tokens: int, temperature=0.0, top_p=0.0, seed=0,
+                    on_layout=None) -> dict:
+    """For each (name, Plan): LAYOUT, then GENERATE the same prompt with the same seed. Returns
+    name -> dict(hello, result, measured per-phase mean µs over generated steps, predicted per-phase
+    mean µs at the same positions, bytes_match steps). A refused layout gives dict(error=...)."""
+    from statistics import mean
+
+    from .protocol import PHASES
+    from .session import DeviceError
+    out = {}
+    for name, pl in plans.items():
+        try:
+            hello = sess.set_layout(pl.layout_id, pl.state_tiers, pl.tier_codes)
+        except DeviceError as e:
+            out[name] = dict(error=str(e))
+            continue
+        res = sess.generate(prompt_ids, max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        sampling = "greedy" if temperature <= 0 else "temperature"
+        gen = res.generated_steps
+        preds = {t.pos: pl.predict_at(t.pos, sampling) for t in res.tokens}
+        measured = {ph: mean(t.us[i] for t in gen) for i, ph in enumerate(PHASES)} if gen else {}
+        predicted = {ph: mean(preds[t.pos].phase_us[ph] for t in gen) for ph in PHASES} if gen else {}
+        tiers = ("flash", "psram", "sram")
+        mbytes = {k: mean(t.bytes_read[i] for t in gen) for i, k in enumerate(tiers)} if gen else {}
+        pbytes = {k: mean(preds[t.pos].bytes_read[k] for t in gen) for k in tiers} if gen else {}
+        match = sum(1 for t in res.tokens
+                    if tuple(t.bytes_read) == tuple(preds[t.pos].bytes_read[k] for k in ("flash", "psram", "sram")))
+        out[name] = dict(layout_id=hello.layout_id, result=res, measured=measured, predicted=predicted,
+                         measured_bytes=mbytes, predicted_bytes=pbytes,
+                         bytes_match=match, steps=len(res.tokens), tokens=res.generated_ids,
+                         crcs=[t.logits_crc for t in res.tokens])
+        if on_layout is not None:
+            on_layout(name, out[name])
+    return out
+
+
+def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict:
+    from contextlib import ExitStack
+
+    from rich.table import Table
+
+    from .cli import encode_prompt, ensure_native_binary
+    from .protocol import PHASES, Link
+    from .session import Session, open_port
+    UserError = _user_error()
+    if info["kind"] != "dir":
+        raise UserError("--run needs a model directory from 'flashlm convert' (the board must hold its blob)")
+    model_dir, manifest = info["model_dir"], info["manifest"]
+    if spec.config.max_seq_len != info["header"].config.max_seq_len:
+        raise UserError("--run with --ctx: apply the shorter context first ('flashlm plan --ctx N --apply')")
+    import argparse
+
+    from .cli import DEFAULT_PROMPT
+    prompt, prompt_ids = args.prompt, args.prompt_ids
+    if prompt is None and prompt_ids is None:
+        if manifest.get("tokenizer"):
+            prompt = DEFAULT_PROMPT
+        else:
+            prompt_ids = "1"
+    ids, _ = encode_prompt(argparse.Namespace(prompt=prompt, prompt_ids=prompt_ids), model_dir, manifest)
+    todo = {lay: plans[(board, lay)] for lay in layouts if (board, lay) in plans}
+    with ExitStack() as stack:
+        if args.port is None:
+            from . import cli
+            emulated = getattr(cli, "emulated_board", lambda b: None)(board)
+            if board != "native" and not emulated:
+                raise UserError(f"--run on {board}: flash it and pass --port (only virtual boards start here)")
+            binary = ensure_native_binary(console, model_dir, manifest, board=board)
+            blob = model_dir / manifest["blob"]
+            if emulated:
+                from .virtual import start_emulated_board
+                vb = stack.enter_context(start_emulated_board(binary, blob, board=board, timeout=args.timeout))
+            else:
+                from .virtual import start_native_board
+                vb = stack.enter_context(start_native_board(binary, blob, timeout=args.timeout))
+            port = vb.port
+        else:
+            port = args.port
+        ser = open_port(port, args.baud)
+        stack.callback(ser.close)
+        sess = Session(Link(ser), name=port, frame_timeout=args.timeout)
+        hello = sess.handshake(timeout=args.timeout)
+        sess.check_model(hello, manifest["model_hash"])
+        console.print(f"measuring {len(todo)} layout(s) on {hello.board} ({hello.clock_name}), "
+                      f"{len(ids)}-token prompt, {args.max_tokens} tokens, seed {args.seed}")
+        res = measure_layouts(sess, todo, ids, args.max_tokens, args.temperature, args.top_p, args.seed)
+    cols, first = [], None
+    for lay, r in res.items():
+        if "error" in r:
+            console.print(f"  {names[lay]}: refused by the board: {r['error']}", soft_wrap=True)
+            continue
+        cols.append((f"{names[lay]} meas.", _column(r["measured"], r["measured_bytes"])))
+        cols.append((f"{names[lay]} pred.", _column(r["predicted"], r["predicted_bytes"])))
+        console.print(f"  {names[lay]}: bytes per tier equal the plan's on {r['bytes_match']}/{r['steps']} steps",
+                      soft_wrap=True)
+        if first is None:
+            first = r
+        elif r["tokens"] != first["tokens"] or r["crcs"] != first["crcs"]:
+            console.print(f"[red]layout {names[lay]} produced different tokens/logits from the first layout[/]")
+    if cols:
+        _side_by_side(console, f"measured ({hello.clock_name}) vs predicted ({board} profile): mean per "
+                               f"generated token", cols)
+    if first is not None and all("error" not in r and r["crcs"] == first["crcs"] for r in res.values()):
+        console.print("every layout produced bit-identical logits (crc32 per step) and the same tokens")
+    return {lay: {k: v for k, v in r.items() if k != "result"} for lay, r in res.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# argument parsing (called from host/cli.py)
+
+def add_commands(sub, positive_int, nonneg_int, nonneg_float, top_p, seconds) -> None:
+    def model_opts(p):
+        p.add_argument("model", metavar="MODEL", help="model dir from 'flashlm convert', a .flmb blob, or a checkpoint")
+        p.add_argument("--ctx", type=positive_int, metavar="N", help="plan for a shorter context than the model's")
+        p.add_argument("--kv", choices=("f32", "q8"), default="f32",
+                       help="KV cache precision (q8: planner only; the engine keeps f32)")
+        p.add_argument("--pos", type=nonneg_int, metavar="P", help="position to quote per-token figures at (default: mid-context)")
+        p.add_argument("--line", type=positive_int, metavar="BYTES", help="cache line size (boards with seq_read_MBps_by_line)")
+        p.add_argument("--format", choices=("q8", "q4"), default="q8", help="for a checkpoint: quantize like convert")
+        p.add_argument("--group-size", type=positive_int, default=32, metavar="N")
+        p.add_argument("--quant", action="append", default=[], metavar="PATTERN=FMT[:G]")
+        p.add_argument("--tokenizer", metavar="PATH")
+        p.add_argument("--png", metavar="FILE")
+        p.add_argument("--json", metavar="FILE")
+
+    p = sub.add_parser("plan", help="place a model's tensors on a board's memory tiers; predict per-token cost")
+    model_opts(p)
+    p.add_argument("--board", required=True)
+    p.add_argument("--place", action="append", default=[], metavar="PATTERN=TIER",
+                   help="pin tensors or buffers: 'head=psram', 'layers.*.ffn=sram', 'kv=psram' (repeatable)")
+    p.add_argument("--flash-only", action="store_true", help="leave every tensor not --place'd in flash")
+    p.add_argument("--all", action="store_true", help="one table row per tensor (no grouping of layers)")
+    p.add_argument("--apply", action="store_true", help="record the placement in the model dir's blob header")
+    p.set_defaults(func=cmd_plan)
+
+    c = sub.add_parser("compare", help="layouts side by side: predicted, and with --run measured on a board")
+    model_opts(c)
+    c.add_argument("--board", action="append", metavar="B", help="board profile (repeatable; default native)")
+    c.add_argument("--layout", action="append", metavar="L",
+                   help="auto | flash | PATTERN=TIER[,...] (repeatable; default: flash and auto)")
+    c.add_argument("--run", action="store_true", help="also measure each layout on the board (LAYOUT, no reflash)")
+    c.add_argument("--port", metavar="PATH", help="serial port of a flashed board (default: start the native board)")
+    pr = c.add_mutually_exclusive_group()
+    pr.add_argument("--prompt", metavar="TEXT")
+    pr.add_argument("--prompt-ids", metavar="1,2,3")
+    c.add_argument("--max-tokens", type=positive_int, default=16, metavar="N")
+    c.add_argument("--temperature", type=nonneg_float, default=0.0, metavar="T")
+    c.add_argument("--top-p", type=top_p, default=0.0, metavar="P")
+    c.add_argument("--seed", type=nonneg_int, default=0, metavar="S")
+    c.add_argument("--baud", type=positive_int, default=115200, metavar="B")
+    c.add_argument("--timeout", type=seconds, default=10.0, metavar="S")
+    c.set_defaults(func=cmd_compare)

@@ -1,0 +1,342 @@
+"""Real-board projects (PlatformIO): rendering, the engine cross-compiled for the boards' CPUs,
+partition tables, UF2 images, and ``flashlm flash`` (dry run, missing PlatformIO / port, and the
+commands it runs, against a stand-in ``pio``)."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from converter.blob import write_blob
+from converter.boards import load_board
+from converter.quantize import quantize
+from firmware import platformio as P
+from firmware import uf2
+from firmware.build import BuildError, build_firmware
+from host import flash as F
+from host.cli import main
+
+sys.path.insert(0, str(Path(__file__).parent))
+from modelzoo import random_model  # noqa: E402
+
+ESP_BOARDS = ["esp32s3-n16r8", "esp32s3-n8r2", "esp32c3-devkitm-1"]
+RP_BOARDS = ["pico", "pico2", "pico-plus-2"]
+BOARDS = ESP_BOARDS + RP_BOARDS
+# the CPU each chip's engine objects are compiled for, and the compiler that does it here
+CROSS = {"pico": ("cortex-m0plus", "arm-none-eabi-gcc"), "pico2": ("cortex-m33", "arm-none-eabi-gcc"),
+         "esp32c3-devkitm-1": ("rv32imc", "riscv64-unknown-elf-gcc")}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A model directory as 'flashlm convert' writes it (blob + manifest), from a small random model."""
+    d = tmp_path_factory.mktemp("model")
+    _, ir = random_model(3)
+    info = write_blob(quantize(ir, "q8", 32), d / "model.flmb")
+    c = ir.config
+    (d / "manifest.json").write_text(json.dumps({
+        "blob": "model.flmb", "tokenizer": None, "model_hash": bytes(info.model_hash).hex(),
+        "layout_id": info.layout_id, "config": {"max_seq_len": c.max_seq_len, "vocab_size": c.vocab_size}}))
+    return d
+
+
+@pytest.fixture(scope="module")
+def projects(model_dir, tmp_path_factory):
+    """Every real board's project, rendered (and cross-compiled where a compiler is here) once."""
+    root = tmp_path_factory.mktemp("projects")
+    return {b: build_firmware(b, root / b, model_dir / "model.flmb") for b in BOARDS}
+
+
+# -- the engine cross-compiled for the boards' CPUs -------------------------------------------
+
+@pytest.mark.parametrize("board", sorted(CROSS))
+def test_engine_cross_compiles_without_warnings(projects, board):
+    cpu, cc = CROSS[board]
+    if shutil.which(cc) is None:
+        pytest.skip(f"{cc} is not installed")
+    text = projects[board].size_text
+    print(text)                       # the sizes, in pytest -s / the build output
+    assert f"cross-compiled for {cpu}" in text and "-Werror" in text and "no warnings" in text
+    m = re.search(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+\d+\s+[0-9a-f]+\s+\(TOTALS\)", text, re.M)
+    assert m, text
+    text_bytes = int(m.group(1))
+    assert 5_000 < text_bytes < 200_000, text
+    for obj in ("engine.o", "kernels.o", "app.o", "main.o"):
+        assert obj in text
+    assert "not here" in text         # the HAL needs the vendor SDK
+
+
+def test_cross_compile_failure_is_a_build_error(projects, tmp_path):
+    if shutil.which("arm-none-eabi-gcc") is None:
+        pytest.skip("arm-none-eabi-gcc is not installed")
+    proj = tmp_path / "p"
+    shutil.copytree(projects["pico2"].project_dir, proj)
+    (proj / "src" / "engine" / "zz_warn.c").write_text("int f(int x) { int unused; return x; }\n")
+    with pytest.raises(BuildError, match="does not compile for cortex-m33"):
+        P.cross_compile(load_board("pico2"), proj)
+
+
+def test_build_cli_prints_sizes_and_the_flash_step(model_dir, tmp_path, capsys):
+    out = tmp_path / "pico2"
+    assert main(["build", "--board", "pico2", "--model", str(model_dir), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "PlatformIO project for pico2" in text and f"flashlm flash {out}" in text
+    if shutil.which("arm-none-eabi-gcc"):
+        assert "(TOTALS)" in text
+    for f in ("platformio.ini", "flashlm.json", "model.flmb", "model.uf2", "src/main.c", "src/hal/flm_board.h",
+              "src/hal/hal_arduino_pico.cpp", "src/engine/engine.c", "flm_config.h"):
+        assert (out / f).is_file(), f
+
+
+# -- platformio.ini through PlatformIO's own reader --------------------------------------------
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_platformio_ini_parses_with_platformio(projects, board, monkeypatch):
+    pytest.importorskip("platformio")
+    from platformio.project.config import ProjectConfig
+    proj = projects[board].project_dir
+    monkeypatch.chdir(proj)           # as 'pio run -d PROJECT' does: ${PROJECT_DIR} is the cwd
+    prof = load_board(board)
+    lint = ProjectConfig.lint(str(proj / "platformio.ini"))
+    assert lint["errors"] == [], lint
+    cfg = ProjectConfig(str(proj / "platformio.ini"))
+    assert cfg.validate(silent=True)
+    assert cfg.envs() == [board] and cfg.default_envs() == [board]
+    sec = f"env:{board}"
+    for k in ("platform", "board", "framework"):
+        got = cfg.get(sec, k)
+        assert (got[0] if isinstance(got, list) else got) == prof["platformio"][k]
+    flags = cfg.get(sec, "build_flags")
+    assert "-O2" in flags and "-ffp-contract=off" in flags
+    inc = next(f for f in flags if f.startswith("-include"))
+    assert inc == f"-include {proj.resolve() / 'flm_config.h'}"
+    if P.is_esp(prof):
+        assert cfg.get(sec, "board_build.partitions") == "partitions.csv"
+        assert cfg.get(sec, "board_upload.flash_size") == f"{prof['tiers']['flash']['capacity'] >> 20}MB"
+    else:
+        off, region = P.rp_blob_window(prof)
+        assert int(cfg.get(sec, "board_build.filesystem_size")) == region
+        assert cfg.get(sec, "board_build.core") == "earlephilhower"
+        assert off + region + P.RP_EEPROM == prof["tiers"]["flash"]["capacity"]
+
+
+# -- ESP32: partition table, sdkconfig, CMake --------------------------------------------------
+
+def _read_partitions(path: Path) -> list[tuple[str, str, str, int, int]]:
+    rows = []
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        cols = [c.strip() for c in line.split(",")]
+        rows.append((cols[0], cols[1], cols[2], int(cols[3], 0), int(cols[4], 0)))
+    return rows
+
+
+@pytest.mark.parametrize("board", ESP_BOARDS)
+def test_partition_table_aligned_disjoint_and_fits(projects, board, model_dir):
+    proj = projects[board].project_dir
+    prof = load_board(board)
+    flash = prof["tiers"]["flash"]["capacity"]
+    rows = _read_partitions(proj / "partitions.csv")
+    assert [r[0] for r in rows] == ["nvs", "factory", "model"]
+    end_of_table = P.ESP_PT_OFFSET + 0x1000
+    prev_end = end_of_table
+    for name, typ, sub, off, size in sorted(rows, key=lambda r: r[3]):
+        assert off % (0x10000 if typ == "app" else 0x1000) == 0, name
+        assert size > 0 and size % 0x1000 == 0, name
+        assert off >= prev_end, f"{name} overlaps the partition before it"
+        prev_end = off + size
+    assert prev_end <= flash
+    model = next(r for r in rows if r[0] == "model")
+    blob = (model_dir / "model.flmb").stat().st_size
+    assert model[1] == "data" and int(model[2], 0) == P.BLOB_SUBTYPE
+    assert model[3] % P.MMU_PAGE == 0 and blob <= model[4] < blob + P.MMU_PAGE     # sized to the blob
+    assert model[3] == prof["flash"]["blob_offset"]
+    info = json.loads((proj / "flashlm.json").read_text())
+    assert info["blob_offset"] == model[3] and info["method"] == "esptool"
+    assert (proj / "model.flmb").read_bytes() == (model_dir / "model.flmb").read_bytes()
+    sdk = (proj / "sdkconfig.defaults").read_text()
+    assert "CONFIG_PARTITION_TABLE_CUSTOM=y" in sdk and 'CONFIG_PARTITION_TABLE_CUSTOM_FILENAME="partitions.csv"' in sdk
+    assert f"CONFIG_ESPTOOLPY_FLASHSIZE_{flash >> 20}MB=y" in sdk
+    assert ("CONFIG_SPIRAM=y" in sdk) == ("psram" in prof["tiers"])
+    assert "esp_partition" in (proj / "src" / "CMakeLists.txt").read_text()
+    assert "project(" in (proj / "CMakeLists.txt").read_text()
+    main_c = (proj / "src" / "main.c").read_text()
+    assert "void app_main(void)" in main_c and "int main" not in main_c
+
+
+def test_blob_too_big_for_the_flash_names_the_shortfall():
+    c3 = load_board("esp32c3-devkitm-1")
+    with pytest.raises(BuildError, match=r"does not fit esp32c3-devkitm-1's flash.*bytes short"):
+        P.esp_partitions(c3, 4 << 20)
+    parts = P.esp_partitions(c3, 3_000_000)          # the largest that fits: up to the flash's end
+    assert parts[-1].end <= 4 << 20
+    pico = load_board("pico")
+    off, region = P.rp_blob_window(pico)
+    assert (off, region) == (0x40000, (2 << 20) - 0x40000 - 4096)
+
+
+def test_arena_tier_sram_then_psram_then_error():
+    s3 = load_board("esp32s3-n16r8")
+    assert P.arena_tier(s3, 100_000) == P.TIER_SRAM
+    assert P.arena_tier(s3, 2_000_000) == P.TIER_PSRAM
+    with pytest.raises(BuildError, match="of PSRAM"):
+        P.arena_tier(s3, 100_000_000)
+    with pytest.raises(BuildError, match="no PSRAM"):
+        P.arena_tier(load_board("pico"), 1_000_000)
+
+
+# -- RP2040 / RP2350: UF2 ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("board", RP_BOARDS)
+def test_model_uf2_puts_the_blob_at_its_xip_address(projects, board, model_dir):
+    proj = projects[board].project_dir
+    prof = load_board(board)
+    blob = (model_dir / "model.flmb").read_bytes()
+    blocks = uf2.parse_uf2((proj / "model.uf2").read_bytes())
+    off, _ = P.rp_blob_window(prof)
+    fam = uf2.FAMILY_RP2040 if prof["chip"] == "RP2040" else uf2.FAMILY_ABSOLUTE
+    assert all(b["family"] == fam and b["flags"] & uf2.FLAG_FAMILY and b["size"] == 256 for b in blocks)
+    assert [b["n"] for b in blocks] == list(range(len(blocks))) and {b["total"] for b in blocks} == {len(blocks)}
+    assert [b["addr"] for b in blocks] == [uf2.XIP_BASE + off + 256 * i for i in range(len(blocks))]
+    data = b"".join(b["payload"] for b in blocks)
+    assert data[:len(blob)] == blob and set(data[len(blob):]) <= {0xFF}
+    hdr = (proj / "src" / "hal" / "flm_board.h").read_text()
+    assert f"#define FLM_BLOB_OFFSET {off:#x}u" in hdr
+    main_c = (proj / "src" / "main.c").read_text()
+    assert "void flm_main(void)" in main_c
+    assert "void setup()" in (proj / "src" / "hal" / "hal_arduino_pico.cpp").read_text()
+
+
+def test_combined_uf2():
+    fw = uf2.bin_to_uf2(bytes(range(256)) * 3, uf2.XIP_BASE, uf2.FAMILY_RP2040)
+    blob = b"FLMB" + bytes(600)
+    one = uf2.parse_uf2(uf2.combine(fw, blob, uf2.XIP_BASE + 0x40000, uf2.FAMILY_RP2040))
+    assert len(one) == 3 + 3
+    assert [b["n"] for b in one] == list(range(6)) and {b["total"] for b in one} == {6}     # one download
+    assert one[3]["addr"] == uf2.XIP_BASE + 0x40000 and one[3]["payload"][:4] == b"FLMB"
+    # RP2350: the firmware's blocks (own numbering, other families) stay as they are
+    fw2 = uf2.bin_to_uf2(bytes(512), uf2.XIP_BASE, uf2.FAMILY_RP2350_ARM_S)
+    two = uf2.parse_uf2(uf2.combine(fw2, blob, uf2.XIP_BASE + 0x40000, uf2.FAMILY_ABSOLUTE))
+    assert [(b["family"], b["n"], b["total"]) for b in two] == [
+        (uf2.FAMILY_RP2350_ARM_S, 0, 2), (uf2.FAMILY_RP2350_ARM_S, 1, 2),
+        (uf2.FAMILY_ABSOLUTE, 0, 3), (uf2.FAMILY_ABSOLUTE, 1, 3), (uf2.FAMILY_ABSOLUTE, 2, 3)]
+    with pytest.raises(uf2.UF2Error, match="inside the blob region"):
+        uf2.combine(fw, blob, uf2.XIP_BASE + 0x200, uf2.FAMILY_RP2040)
+    with pytest.raises(uf2.UF2Error):
+        uf2.parse_uf2(b"\0" * 512)
+
+
+# -- flashlm flash -----------------------------------------------------------------------------
+
+def _flash(capsys, argv):
+    rc = main(["flash", *argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_flash_dry_run_prints_every_command(projects, board, capsys):
+    proj = projects[board].project_dir
+    info = json.loads((proj / "flashlm.json").read_text())
+    rc, out, err = _flash(capsys, [str(proj), "--dry-run", "--port", "/dev/ttyFAKE0"])
+    assert rc == 0, err
+    lines = out.strip().splitlines()
+    assert lines[0] == f"pio run -d {proj} -e {board} -t upload --upload-port /dev/ttyFAKE0"
+    if board in ESP_BOARDS:
+        chip = {"ESP32-S3": "esp32s3", "ESP32-C3": "esp32c3"}[load_board(board)["chip"]]
+        assert lines[1:] == [f"pio pkg exec -p tool-esptoolpy -- esptool.py --chip {chip} --port /dev/ttyFAKE0 "
+                             f"--baud 460800 write_flash {info['blob_offset']:#x} {proj / 'model.flmb'}"]
+    else:
+        assert len(lines) == 4
+        assert lines[1].startswith("# write ") and "flashlm-combined.uf2" in lines[1]
+        assert lines[2].startswith("# open /dev/ttyFAKE0 at 1200 baud")
+        assert lines[3] == f"pio pkg exec -- picotool load -v -x {proj / 'model.uf2'}"
+
+
+def test_flash_dry_run_without_a_board(projects, capsys, monkeypatch):
+    monkeypatch.setattr(F, "find_port", lambda info: None)
+    rc, out, _ = _flash(capsys, [str(projects["esp32s3-n16r8"].project_dir), "--dry-run"])
+    assert rc == 0 and "<PORT>" in out and "10c4:ea60" in out
+
+
+def _one_line_error(rc, out, err, *needles):
+    assert rc == 2 and "Traceback" not in err + out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flashlm: error: "), err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_flash_without_platformio_is_a_one_line_error(projects, capsys, monkeypatch):
+    monkeypatch.setattr(F, "find_pio", lambda: None)
+    for board in ("esp32c3-devkitm-1", "pico"):
+        _one_line_error(*_flash(capsys, [str(projects[board].project_dir), "--port", "/dev/ttyFAKE0"]),
+                        "PlatformIO is not installed", "pip install platformio")
+
+
+def test_flash_without_a_port_is_a_one_line_error(projects, capsys, monkeypatch):
+    monkeypatch.setattr(F, "find_pio", lambda: "/bin/true")
+    monkeypatch.setattr(F, "find_port", lambda info: None)
+    _one_line_error(*_flash(capsys, [str(projects["esp32s3-n16r8"].project_dir)]),
+                    "no serial port", "10c4:ea60", "--port")
+
+
+def test_flash_not_a_project_is_a_one_line_error(tmp_path, capsys):
+    _one_line_error(*_flash(capsys, [str(tmp_path)]), "not a flashlm PlatformIO project")
+
+
+def _fake_pio(tmp_path) -> tuple[str, Path]:
+    log = tmp_path / "calls.jsonl"
+    pio = tmp_path / "pio"
+    pio.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                   f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    pio.chmod(pio.stat().st_mode | stat.S_IEXEC)
+    return str(pio), log
+
+
+def test_flash_runs_pio_then_esptool(projects, capsys, monkeypatch, tmp_path):
+    pio, log = _fake_pio(tmp_path)
+    port = tmp_path / "ttyFAKE"
+    port.write_text("")
+    monkeypatch.setattr(F, "find_pio", lambda: pio)
+    proj = projects["esp32c3-devkitm-1"].project_dir
+    rc, out, err = _flash(capsys, [str(proj), "--port", str(port)])
+    assert rc == 0, err
+    calls = [json.loads(ln) for ln in log.read_text().splitlines()]
+    assert calls[0] == ["run", "-d", str(proj), "-e", "esp32c3-devkitm-1", "-t", "upload", "--upload-port", str(port)]
+    assert calls[1][:4] == ["pkg", "exec", "-p", "tool-esptoolpy"]
+    assert calls[1][-3:] == ["write_flash", "0x110000", str(proj / "model.flmb")]
+
+
+def test_flash_rp_touches_the_port_and_loads_the_uf2(projects, capsys, monkeypatch, tmp_path):
+    pio, log = _fake_pio(tmp_path)
+    port = tmp_path / "ttyACMFAKE"
+    port.write_text("")
+    touched = []
+    monkeypatch.setattr(F, "find_pio", lambda: pio)
+    monkeypatch.setattr(F, "touch_1200", touched.append)
+    monkeypatch.setattr(F.time, "sleep", lambda s: None)
+    proj = projects["pico2"].project_dir
+    fw = proj / ".pio" / "build" / "pico2"
+    fw.mkdir(parents=True)
+    (fw / "firmware.uf2").write_bytes(uf2.bin_to_uf2(bytes(1000), uf2.XIP_BASE, uf2.FAMILY_RP2350_ARM_S))
+    rc, out, err = _flash(capsys, [str(proj), "--port", str(port)])
+    assert rc == 0, err
+    calls = [json.loads(ln) for ln in log.read_text().splitlines()]
+    assert calls == [["run", "-d", str(proj), "-e", "pico2", "-t", "upload", "--upload-port", str(port)],
+                     ["pkg", "exec", "--", "picotool", "load", "-v", "-x", str(proj / "model.uf2")]]
+    assert touched == [str(port)]
+    combined = uf2.parse_uf2((proj / F.COMBINED_UF2).read_bytes())
+    assert combined[0]["family"] == uf2.FAMILY_RP2350_ARM_S and combined[-1]["family"] == uf2.FAMILY_ABSOLUTE
+
+
+def test_flash_reports_a_failing_command(projects, capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(F, "find_pio", lambda: "/bin/false")
+    _one_line_error(*_flash(capsys, [str(projects["esp32s3-n8r2"].project_dir), "--port", str(tmp_path)]),
+                    "failed with exit code 1")

@@ -1,0 +1,434 @@
+"""Layout planner, board profiles, LAYOUT switching and staging on the native board."""
+import json
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from converter import costmodel as C
+from converter.blob import build_blob, parse_header, read_header, retier_blob
+from converter.boards import board_names, load_board
+from converter.costmodel import ModelSpec, match_pattern
+from converter.footprint import region_bytes, state_bytes, tier_needs
+from converter.ir import ModelConfig
+from converter.planner import NoFit, PlanError, plan, plan_layout
+from converter.quantize import quantize
+from converter.reference import generate
+from host.protocol import Error, Hello, Layout
+from modelzoo import random_model
+from nativeboard import drain, native_link, run
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+LLAMA15M = ModelConfig(dim=288, n_layers=6, n_heads=6, n_kv_heads=6, vocab_size=32000, hidden_dim=768,
+                       max_seq_len=256, tied=True)
+REQUIRED = ("chip", "cores", "clock_mhz", "fpu", "hal", "build", "timer", "tiers")
+
+
+# ---------------------------------------------------------------------------------------------
+# board profiles
+
+@pytest.mark.parametrize("name", board_names())
+def test_board_profiles_have_the_documented_keys(name):
+    prof = load_board(name)
+    for k in REQUIRED:
+        assert k in prof, f"{name}: missing {k}"
+    assert "flash" in prof["tiers"] and set(prof["tiers"]) <= {"flash", "psram", "sram"}
+    for tier, t in prof["tiers"].items():
+        for k in ("capacity", "budget", "seq_read_MBps", "row_latency_us", "line_bytes"):
+            assert k in t, f"{name}: tiers.{tier} lacks {k}"
+        assert 0 < t["budget"] <= t["capacity"] and t["seq_read_MBps"] > 0 and t["row_latency_us"] >= 0
+    if prof["build"] == "platformio":
+        assert {"platform", "board", "framework"} <= set(prof["platformio"])
+        assert prof["flash"]["method"] and 0 < prof["usb"]["vid"] < 65536 and 0 < prof["usb"]["pid"] < 65536
+
+
+def test_every_profile_number_names_a_source():
+    """Each numeric line in a hardware profile carries a comment (its source or [EST])."""
+    for name in board_names():
+        if name in ("native", "rp2040-emu"):
+            continue
+        text = (ROOT / "boards" / f"{name}.toml").read_text()
+        for line in text.splitlines():
+            s = line.strip()
+            if s.startswith(("#", "[", "{", "alt")) or "=" not in s:   # alt entries carry a note
+                continue
+            key, _, val = s.partition("=")
+            v = val.split("#")[0].strip()
+            if v[:1].isdigit():
+                assert "#" in val, f"{name}: {s!r} has no source comment"
+
+
+# ---------------------------------------------------------------------------------------------
+# the planner's invariants
+
+configs = st.builds(
+    lambda d_h, heads, kvdiv, layers, vocab, hidden, ctx, tied: ModelConfig(
+        dim=d_h * heads, n_layers=layers, n_heads=heads, n_kv_heads=heads // kvdiv, vocab_size=vocab,
+        hidden_dim=hidden, max_seq_len=ctx, tied=tied),
+    st.sampled_from([4, 8, 16]), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]), st.integers(1, 4),
+    st.integers(8, 600), st.integers(8, 200), st.integers(2, 96), st.booleans()).filter(
+        lambda c: c.n_kv_heads > 0 and c.n_heads % c.n_kv_heads == 0)
+
+
+@st.composite
+def boards(draw):
+    def tier(lo, hi):
+        return dict(capacity=1 << 30, budget=draw(st.integers(lo, hi)),
+                    seq_read_MBps=draw(st.floats(1, 1000)), row_latency_us=draw(st.floats(0, 3)),
+                    line_bytes=draw(st.sampled_from([4, 8, 32, 64])))
+    tiers = {"flash": tier(1 << 12, 1 << 22), "sram": tier(1 << 10, 1 << 19)}
+    if draw(st.booleans()):
+        tiers["psram"] = tier(1 << 12, 1 << 22)
+    return dict(name="synthetic", clock_mhz=draw(st.integers(50, 500)), fpu=draw(st.booleans()),
+                tiers=tiers, compute=dict(cycles_per_mac=draw(st.floats(0.5, 10)),
+                                          cycles_per_flop=draw(st.floats(0.5, 80))))
+
+
+PATTERNS = ["layers.*.ffn", "layers.0.attn", "head", "tok_embeddings", "norm", "rope.*", "layers.*.attn.wq",
+            "kv", "logits", "scratch", "layers.1.ffn.w2", "*norm"]
+
+
+@st.composite
+def overrides(draw):
+    n = draw(st.integers(0, 3))
+    return [f"{draw(st.sampled_from(PATTERNS))}={draw(st.sampled_from(['flash', 'psram', 'sram']))}"
+            for _ in range(n)]
+
+
+def _expected_override(spec, ovs, name):
+    tier = None
+    for o in ovs:
+        pat, _, t = o.partition("=")
+        targets = (["tok_embeddings" if spec.config.tied else "output"] if pat == "head"
+                   else [n for n in [x.name for x in spec.tensors] + list(C.REGIONS) if match_pattern(pat, n)])
+        if name in targets:
+            tier = t
+    return tier
+
+
+def _recount(spec, pl):
+    staged = {"psram": [], "sram": []}
+    for t in spec.tensors:
+        if pl.tiers[t.name] in staged:
+            staged[pl.tiers[t.name]].append(t.length)
+    need = dict.fromkeys(("psram", "sram"), 0)
+    sizes = C.state_sizes(spec, pl.kv)
+    for tier, lengths in staged.items():
+        need[tier] += sum((n + 63) & ~63 for n in lengths)
+    for r, tier in pl.regions.items():
+        need[tier] += sizes[r]
+    assert need == tier_needs(spec.config, spec.min_group, staged, pl.regions) if pl.kv == "f32" else True
+    return need
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs, boards(), overrides(), st.sampled_from(["q8", "q4"]), st.sampled_from([8, 16, 32]),
+       st.sampled_from(["f32", "q8"]))
+def test_placement_within_budgets_exactly_once_overrides_respected(cfg, prof, ovs, fmt, g, kv):
+    spec = ModelSpec.from_config(cfg, fmt, g)
+    try:
+        pl = plan(spec, prof, overrides=ovs, kv=kv, suggest=False)
+    except NoFit as e:
+        assert e.shortfall and all(n > b for n, b in e.shortfall.values())
+        return
+    except PlanError as e:
+        assert "--place" in str(e)
+        return
+    names = [t.name for t in spec.tensors]
+    assert sorted(pl.tiers) == sorted(names) and len(names) == len(set(names))   # every tensor, once
+    assert set(pl.tiers.values()) <= set(prof["tiers"]) and pl.tiers["tokenizer"] == "flash"
+    assert sorted(pl.regions) == sorted(C.REGIONS) and set(pl.regions.values()) <= set(prof["tiers"]) - {"flash"}
+    need = _recount(spec, pl)
+    for tier in ("psram", "sram"):
+        if tier in prof["tiers"]:
+            assert need[tier] == pl.need[tier] <= prof["tiers"][tier]["budget"]
+        else:
+            assert need[tier] == 0
+    assert spec.blob_bytes == pl.need["flash"] <= prof["tiers"]["flash"]["budget"]
+    for name in names + list(C.REGIONS):
+        want = _expected_override(spec, ovs, name)
+        if want is not None:
+            assert (pl.tiers.get(name) or pl.regions.get(name)) == want, (name, ovs)
+    # the optimiser never predicts worse than leaving every free tensor in flash
+    flash = plan(spec, prof, overrides=ovs, kv=kv, base="flash", suggest=False)
+    assert pl.prediction.total_us <= flash.prediction.total_us * (1 + 1e-9) + 1e-9
+
+
+@settings(max_examples=80, deadline=None)
+@given(configs, boards(), st.data())
+def test_predictions_monotone_in_bytes_moved(cfg, prof, data):
+    spec = ModelSpec.from_config(cfg)
+    tiers = {t.name: (data.draw(st.sampled_from(sorted(prof["tiers"]))) if t.kind != "tokenizer" else "flash")
+             for t in spec.tensors}
+    ram = sorted(set(prof["tiers"]) - {"flash"})
+    regions = {r: data.draw(st.sampled_from(ram)) for r in C.REGIONS}
+    pos = data.draw(st.integers(0, cfg.max_seq_len - 2))
+    a = C.predict(spec, prof, tiers, regions, pos)
+    b = C.predict(spec, prof, tiers, regions, pos + 1)            # one more KV row per head
+    assert sum(b.bytes_read.values()) > sum(a.bytes_read.values())
+    assert b.total_us >= a.total_us and sum(b.memory_us.values()) >= sum(a.memory_us.values())
+    # a tensor that grows (more bytes read through the same tier) never predicts less memory time
+    victims = [t for t in spec.tensors if t.kind in ("attention", "ffn", "head", "embedding", "norm")]
+    v = data.draw(st.sampled_from(victims))
+    grow = data.draw(st.integers(1, 10000))
+    grown = ModelSpec(spec.config, tuple(C.TensorSpec(t.name, t.fmt, t.rows, t.cols, t.group,
+                                                      t.length + (grow if t is v else 0),
+                                                      t.row_stride + (grow if t is v and t.kind == "embedding" else 0))
+                                         for t in spec.tensors))
+    c = C.predict(grown, prof, tiers, regions, pos)
+    assert sum(c.memory_us.values()) >= sum(a.memory_us.values()) and c.total_us >= a.total_us
+    # and per tier: more bytes or more gathered rows never cost less
+    tm = C.tier_models(prof)
+    for t in tm.values():
+        n, r = data.draw(st.integers(0, 1 << 20)), data.draw(st.integers(0, 1000))
+        assert t.us(n + 1, r) >= t.us(n, r) and t.us(n, r + 1) >= t.us(n, r)
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs, st.sampled_from([7, 16, 32]))
+def test_region_sizes_mirror_engine_state(cfg, g):
+    rb = region_bytes(cfg, g)
+    assert sum(rb.values()) == state_bytes(cfg, g)
+
+
+def test_bytes_read_formula_matches_engine_test():
+    """Planner figures for the default layout against tests/test_engine.py's formula."""
+    _, ir = random_model(seed=5)
+    qm = quantize(ir, "q8", 32)
+    c = qm.config
+    h = parse_header(build_blob(qm))
+    by = {e.name: e for e in h.entries}
+    mats = sum(e.length for e in h.entries if e.fmt in ("q8", "q4") and e.name != "tok_embeddings")
+    flash = (mats + by["tok_embeddings"].length + by["tok_embeddings"].row_stride
+             + (2 * c.n_layers + 1) * c.dim * 4 + c.head_dim * 4)
+    spec = ModelSpec.from_header(h)
+    for pos in (0, 3, 47):
+        p = C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), pos)
+        kv = c.n_layers * c.n_heads * 2 * (pos + 1) * c.head_dim * 4
+        assert p.bytes_read == {"flash": flash, "psram": 0, "sram": kv}
+
+
+# ---------------------------------------------------------------------------------------------
+# does not fit
+
+def test_15m_llama2c_shape_fits_esp32s3_n16r8_and_not_pico():
+    q4 = ModelSpec.from_config(LLAMA15M, "q4", 32)      # convert --format q4: embedding stays q8
+    pl = plan(q4, "esp32s3-n16r8")
+    assert pl.need["flash"] <= pl.budget["flash"] and pl.regions["kv"] == "psram"
+    assert pl.prediction.tok_s > 0 and pl.prediction.bytes_read["psram"] > 0
+    # q8 everywhere cannot fit 16 MB of flash at all: the error says so and offers int4
+    q8 = ModelSpec.from_config(LLAMA15M, "q8", 32)
+    with pytest.raises(NoFit) as e:
+        plan(q8, "esp32s3-n16r8")
+    assert "flash short by" in str(e.value) and "int4" in str(e.value)
+    assert set(e.value.shortfall) == {"flash"}
+    for spec in (q8, q4):
+        with pytest.raises(NoFit) as e:
+            plan(spec, "pico")
+        msg = str(e.value)
+        assert msg.startswith("the model does not fit on pico: flash short by") and "sram short by" in msg
+        assert set(e.value.shortfall) == {"flash", "sram"}
+        assert any("KV cache" in d and d.startswith("sram") for d in e.value.details)
+        assert "psram: none on this board" in e.value.details
+        assert any("no quantization or context change" in s for s in e.value.suggestions)
+    assert any("esp32s3-n16r8" in s for s in e.value.suggestions)   # q4: fits as is there
+
+
+def test_shorter_context_and_int8_kv_are_suggested():
+    cfg = ModelConfig(dim=128, n_layers=4, n_heads=4, n_kv_heads=1, vocab_size=1024, hidden_dim=352,
+                      max_seq_len=512, tied=True)
+    with pytest.raises(NoFit) as e:
+        plan(ModelSpec.from_config(cfg), "pico")
+    sug = " | ".join(e.value.suggestions)
+    assert "a context of" in sug and "int8 KV cache" in sug
+    ctx = int(sug.split("a context of ")[1].split()[0])
+    plan(ModelSpec.from_config(cfg).with_context(ctx), "pico")
+    with pytest.raises(NoFit):
+        plan(ModelSpec.from_config(cfg).with_context(ctx + 1), "pico")
+
+
+def test_overrides_rejected_with_a_reason():
+    spec = ModelSpec.from_config(ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256,
+                                             hidden_dim=96, max_seq_len=64))
+    for place, why in (("head=psram", "no psram tier"), ("kv=flash", "cannot live in flash"),
+                       ("tokenizer=sram", "read from flash only"), ("nothing.here=sram", "matches no tensor"),
+                       ("layers.*.ffn=rom", "expected PATTERN=")):
+        with pytest.raises(PlanError, match=why):
+            plan(spec, "pico", overrides=[place])
+    big = ModelSpec.from_config(ModelConfig(dim=256, n_layers=4, n_heads=4, n_kv_heads=4, vocab_size=512,
+                                            hidden_dim=768, max_seq_len=64))
+    with pytest.raises(NoFit) as e:
+        plan(big, "pico", overrides=["layers.*.ffn=sram"])
+    assert "sram short by" in str(e.value) and any("--place 'layers.*.ffn=sram'" in d for d in e.value.details)
+    pl = plan(spec, "esp32s3-n16r8", overrides=["head=psram", "layers.*.ffn=flash", "kv=psram"])
+    assert pl.tiers["tok_embeddings"] == "psram" and pl.regions["kv"] == "psram"
+    assert all(pl.tiers[n] == "flash" for n in pl.tiers if ".ffn." in n)
+
+
+# ---------------------------------------------------------------------------------------------
+# the firmware: staging at boot, LAYOUT, counters equal to the plan's figures
+
+LAYOUTS = ["auto", "flash", "flash,layers.*.ffn=psram,kv=psram,head=sram",
+           "auto,layers.*.attn=psram,logits=psram,scratch=psram,rope.*=psram"]
+
+
+@pytest.fixture(scope="module")
+def build_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("planner-builds")
+
+
+def bits(a):
+    return np.asarray(a, np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("case", ["q8-tied-gqa", "q4-untied-mqa"])
+def test_layout_switch_moves_counters_keeps_logits(case, tmp_path, build_root):
+    if case == "q8-tied-gqa":
+        _, ir = random_model(seed=11)
+        qm = quantize(ir, "q8", 32)
+    else:
+        _, ir = random_model(seed=12, dim=48, n_heads=4, n_kv_heads=1, hidden_dim=70, tied=False, vocab_size=61)
+        qm = quantize(ir, "q4", 16, ["layers.0.ffn=q8:24"])
+    spec = ModelSpec.from_quant(qm)
+    plans = [plan_layout(spec, "native", lay) for lay in LAYOUTS]
+    assert len({p.layout_id for p in plans}) == len(plans)
+    first = plans[2]          # the blob boots with a mixed placement: staged at boot
+    blob = build_blob(qm, first.tiers, first.state)
+    assert parse_header(blob).layout_id == first.layout_id
+    prompt, n = [1, 7, 3], 5
+    ref = generate(qm, prompt, n, keep_logits=True)
+    with native_link(qm, tmp_path, build_root, blob_bytes=blob) as (link, boot):
+        hello = [m for m in boot if isinstance(m, Hello)][-1]
+        assert hello.layout_id == first.layout_id
+        seen = []
+        for i, pl in enumerate([first] + plans):
+            if i:
+                link.send(Layout(pl.layout_id, pl.state_tiers, pl.tier_codes))
+                msgs = drain(link)
+                assert any(isinstance(m, Hello) and m.layout_id == pl.layout_id for m in msgs), msgs
+            toks, logits, done = run(link, prompt, n)
+            assert done.generated == n and len(toks) == len(ref)
+            for t, lg, r in zip(toks, logits, ref):
+                assert tuple(t.bytes_read) == tuple(pl.predict_at(t.pos).bytes_read[k]
+                                                    for k in ("flash", "psram", "sram")), (LAYOUTS, i, t.pos)
+                assert np.array_equal(bits(lg.values), bits(r["logits"]))
+            seen.append(tuple(toks[-1].bytes_read))
+        assert len(set(seen)) >= 4            # the counters moved between tiers
+
+
+def test_layout_refused_keeps_the_previous_one(tmp_path, build_root):
+    _, ir = random_model(seed=13)
+    qm = quantize(ir, "q8", 32)
+    spec = ModelSpec.from_quant(qm)
+    pl = plan_layout(spec, "native", "flash,layers.*.ffn=psram")
+    with native_link(qm, tmp_path, build_root) as (link, _):
+        before, _, _ = run(link, [2, 3], 2, logits=False)
+        link.send(Layout(pl.layout_id ^ 1, pl.state_tiers, pl.tier_codes))
+        err = [m for m in drain(link) if isinstance(m, Error)]
+        assert err and err[0].code == 8 and "does not match" in err[0].text
+        link.send(Layout(pl.layout_id, pl.state_tiers, pl.tier_codes[:-1]))
+        err = [m for m in drain(link) if isinstance(m, Error)]
+        assert err and err[0].code == 8 and "table entries" in err[0].text
+        link.send(Layout(pl.layout_id, 0x3, pl.tier_codes))
+        assert [m.code for m in drain(link) if isinstance(m, Error)] == [8]
+        after, _, _ = run(link, [2, 3], 2, logits=False)
+        assert [t.bytes_read for t in after] == [t.bytes_read for t in before]
+
+
+def test_retier_keeps_model_hash_and_data():
+    _, ir = random_model(seed=14)
+    qm = quantize(ir, "q8", 32)
+    blob = build_blob(qm)
+    pl = plan_layout(ModelSpec.from_quant(qm), "native", "flash,layers.*=psram,kv=psram")
+    new = retier_blob(blob, pl.tiers, pl.state)
+    a, b = parse_header(blob), parse_header(new)
+    assert a.model_hash == b.model_hash and b.layout_id == pl.layout_id and b.state_tiers == pl.state_tiers
+    assert new == build_blob(qm, pl.tiers, pl.state) and retier_blob(new) == blob
+
+
+# ---------------------------------------------------------------------------------------------
+# the CLI
+
+def _flashlm(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "host.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd or ROOT, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from converter.torch_import import save_checkpoint
+    d = tmp_path_factory.mktemp("plan-model")
+    model, _ = random_model(seed=21)
+    save_checkpoint(d / "m.pt", model)
+    r = _flashlm("convert", d / "m.pt", "-o", d / "out", "--no-report")
+    assert r.returncode == 0, r.stderr
+    return d / "out"
+
+
+def test_cli_plan_table_png_and_errors(model_dir, tmp_path):
+    r = _flashlm("plan", model_dir, "--board", "pico", "--png", tmp_path / "map.png", "--json", tmp_path / "p.json")
+    assert r.returncode == 0, r.stderr
+    assert "predicted" in r.stdout and "tok/s" in r.stdout and "read/token" in r.stdout
+    assert (tmp_path / "map.png").stat().st_size > 1000
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["board"] == "pico" and doc["prediction"]["label"].startswith("predicted")
+    r = _flashlm("plan", model_dir, "--board", "pico", "--place", "kv=psram")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no psram tier" in r.stderr
+    r = _flashlm("plan", model_dir, "--board", "pico", "--ctx", "48", "--place", "layers.*=sram",
+                 "--place", "tok_embeddings=sram")
+    assert r.returncode in (0, 2)
+    if r.returncode == 2:
+        assert r.stderr.startswith("flashlm: error: the model does not fit on pico") and "changes that" in r.stdout
+
+
+def test_cli_apply_then_compare_run(model_dir, tmp_path):
+    import shutil
+    d = tmp_path / "m"
+    shutil.copytree(model_dir, d)
+    h0 = read_header(d / "model.flmb")
+    r = _flashlm("plan", d, "--board", "native", "--flash-only", "--place", "layers.*.ffn=psram",
+                 "--place", "kv=psram", "--apply", "--json", tmp_path / "p.json")
+    assert r.returncode == 0, r.stderr
+    h1 = read_header(d / "model.flmb")
+    man = json.loads((d / "manifest.json").read_text())
+    assert h1.model_hash == h0.model_hash and h1.layout_id == man["layout_id"] == json.loads(
+        (tmp_path / "p.json").read_text())["layout_id"] != h0.layout_id
+    assert {e.tier for e in h1.entries if ".ffn." in e.name} == {"psram"}
+    r = _flashlm("compare", d, "--board", "native", "--layout", "flash", "--layout", "auto",
+                 "--layout", "flash,head=psram,kv=psram", "--run", "--prompt-ids", "1,2", "--max-tokens", "3",
+                 "--json", tmp_path / "c.json", "--png", tmp_path / "c.png")
+    assert r.returncode == 0, r.stderr + r.stdout
+    doc = json.loads((tmp_path / "c.json").read_text())
+    runs = doc["runs"]
+    assert len(runs) == 3 and all(v["bytes_match"] == v["steps"] == 4 for v in runs.values())
+    assert len({tuple(v["crcs"]) for v in runs.values()}) == 1
+    assert "bit-identical logits" in r.stdout and (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_layout_on_the_emulated_rp2040(tmp_path, build_root):
+    """Staging at boot and LAYOUT on the Cortex-M0+ build: counters equal the plan's, logits equal."""
+    from emuboard import emu_link
+    _, ir = random_model(seed=15, dim=32, n_heads=2, n_kv_heads=1, hidden_dim=48, vocab_size=40, max_seq_len=16)
+    qm = quantize(ir, "q8", 16)
+    spec = ModelSpec.from_quant(qm)
+    staged = plan_layout(spec, "rp2040-emu", "flash,layers.0=sram,head=sram")
+    flash = plan_layout(spec, "rp2040-emu", "flash")
+    blob = build_blob(qm, staged.tiers, staged.state)
+    with emu_link(qm, tmp_path, build_root, blob_bytes=blob) as (link, boot, _):
+        assert [m for m in boot if isinstance(m, Hello)][-1].layout_id == staged.layout_id
+        got = []
+        for i, pl in enumerate((staged, flash)):
+            if i:
+                link.send(Layout(pl.layout_id, pl.state_tiers, pl.tier_codes))
+                assert any(isinstance(m, Hello) and m.layout_id == pl.layout_id for m in drain(link, 2.0))
+            toks, logits, done = run(link, [1, 2], 2)
+            assert done.generated == 2
+            for t in toks:
+                assert tuple(t.bytes_read) == tuple(pl.predict_at(t.pos).bytes_read[k] for k in ("flash", "psram", "sram"))
+            got.append([bits(lg.values).tobytes() for lg in logits])
+        assert got[0] == got[1]
+        assert toks[-1].bytes_read[2] < staged.predict_at(toks[-1].pos).bytes_read["sram"]

@@ -1,0 +1,210 @@
+"""The engine built for the Cortex-M0+ and run in rp2040js reproduces the NumPy reference bit for
+bit over the same pty path the host uses for real boards, and the emulator harness's count of the
+bytes the core reads per region equals the engine's own per-tier counters on every step."""
+import csv
+import json
+import subprocess
+import zlib
+
+import numpy as np
+import pytest
+
+from converter.blob import build_blob, parse_header
+from converter.quantize import quantize
+from converter.reference import NO_TOKEN, generate
+from emuboard import BOARD, emu_link, image_for, require_emulator
+from firmware.build import BuildError, build_firmware
+from host.protocol import Error, Hello, Log
+from modelzoo import random_model
+from nativeboard import drain, run
+
+CASES = {
+    # name: (model config, default format, group size, overrides) — no block padding: the core
+    # reads exactly the bytes the engine counts
+    "q8-tied-gqa": (dict(), "q8", 32, []),
+    "q4-untied-mha": (dict(dim=64, n_heads=4, n_kv_heads=4, hidden_dim=96, tied=False, vocab_size=120),
+                      "q4", 16, ["tok_embeddings=q4:16", "output=q4:32"]),
+}
+
+
+@pytest.fixture(scope="module")
+def build_root(tmp_path_factory):
+    require_emulator()
+    return tmp_path_factory.mktemp("emu-builds")
+
+
+def bits(a):
+    return np.asarray(a, np.float32).view(np.uint32)
+
+
+def padding_per_step(qm) -> int:
+    """Bytes of block padding inside the rows one step streams (the engine counts whole rows;
+    the core skips the ≤ 3 zero bytes that align each block)."""
+    h = parse_header(build_blob(qm))
+    by = {e.name: e for e in h.entries}
+
+    def pad(e):
+        ng = -(-e.cols // e.group_size)
+        last = e.cols - (ng - 1) * e.group_size
+        code = (lambda n: n) if e.fmt == "q8" else (lambda n: (n + 1) // 2)
+        return e.row_stride - (4 * ng + (ng - 1) * code(e.group_size) + code(last))
+
+    mats = [e for e in h.entries if e.fmt in ("q8", "q4")]
+    total = sum(e.rows * pad(e) for e in mats if e.name != "tok_embeddings")
+    emb = by["tok_embeddings"]
+    return total + pad(emb) * (1 + (emb.rows if qm.config.tied else 0))
+
+
+def check_run(link, board, qm, prompt, n, temperature, top_p, seed, padding=0):
+    board.read_counts()
+    ref = generate(qm, prompt, n, temperature, top_p, seed, keep_logits=True)
+    toks, logits, done = run(link, prompt, n, temperature, top_p, seed)
+    assert done.reason == "max_tokens" and len(toks) == len(ref) == len(prompt) - 1 + n
+    assert [t.in_id for t in toks] == [r["in_id"] for r in ref]
+    assert [NO_TOKEN if t.out_id is None else t.out_id for t in toks] == [r["out_id"] for r in ref]
+    for t, lg, r in zip(toks, logits, ref):
+        assert lg.step == t.step
+        assert np.array_equal(bits(lg.values), bits(r["logits"])), f"step {t.step}"
+        assert t.logits_crc == zlib.crc32(r["logits"].tobytes())
+    counts = {c["step"]: c for c in board.read_counts()}
+    assert sorted(counts) == [t.step for t in toks]
+    for t in toks:
+        c = counts[t.step]
+        flash, psram, sram = t.bytes_read
+        assert c["bytes"] == [flash - padding, psram, sram], f"step {t.step}"
+        assert c["cycles"] > 0 and c["us"] > 0
+    return toks
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_emulated_rp2040_matches_reference_bit_for_bit(case, tmp_path, build_root):
+    cfg, fmt, g, ov = CASES[case]
+    _, ir = random_model(seed=len(case), **cfg)
+    qm = quantize(ir, fmt, g, ov)
+    assert padding_per_step(qm) == 0
+    with emu_link(qm, tmp_path, build_root) as (link, boot, board):
+        hello = boot[-1]
+        assert hello.board == BOARD and hello.clock == 2 and hello.image_ok
+        check_run(link, board, qm, [1, 7, 3], 10, 0.0, 0.0, 0)
+        check_run(link, board, qm, [5], 10, 0.8, 0.9, 12345)
+
+
+def test_ragged_groups_bit_exact_and_padding_is_the_only_difference(tmp_path, build_root):
+    _, ir = random_model(seed=7, dim=48, n_heads=4, n_kv_heads=1, hidden_dim=70, n_layers=3, vocab_size=61)
+    qm = quantize(ir, "q8", 20, ["layers.*.ffn=q4:7", "layers.1.attn.wq=q4:48"])
+    pad = padding_per_step(qm)
+    assert pad > 0
+    with emu_link(qm, tmp_path, build_root) as (link, _, board):
+        check_run(link, board, qm, [2, 4], 8, 0.9, 0.0, 11, padding=pad)
+
+
+def test_tensors_staged_in_sram_are_counted_there_by_both(tmp_path):
+    """A layout that stages tensors into SRAM: the firmware copies them at boot, the engine counts
+    them as sram, and the harness sees the core read them there (the region marks name them)."""
+    import serial
+
+    from converter.blob import retier_blob
+    from host.protocol import Link, Ping
+    from host.virtual import start_emulated_board
+    from nativeboard import recv_until
+    require_emulator()
+    _, ir = random_model(seed=2)
+    qm = quantize(ir, "q8", 32)
+    blob = tmp_path / "m.flmb"
+    blob.write_bytes(retier_blob(build_blob(qm), tiers={"tok_embeddings": "sram", "layers.0.ffn.w1": "sram",
+                                                        "norm": "sram", "rope.cos": "sram"}))
+    fw = build_firmware(BOARD, tmp_path / "fw", blob)
+    with start_emulated_board(fw.binary, blob) as board:
+        port = serial.Serial(board.port, 115200, timeout=0.05)
+        try:
+            link = Link(port)
+            link.send(Ping())
+            boot = recv_until(link, lambda m: isinstance(m, Hello))
+            assert any(isinstance(m, Log) and "in SRAM" in m.text and "staged 0 bytes in PSRAM, 0 " not in m.text
+                       for m in boot)
+            board.read_counts()
+            toks, _, done = run(link, [1, 2], 3, logits=False)
+            counts = {c["step"]: c for c in board.read_counts()}
+        finally:
+            port.close()
+    assert done.reason == "max_tokens" and len(toks) == 4
+    for t in toks:
+        assert counts[t.step]["bytes"] == list(t.bytes_read)
+        assert t.bytes_read[2] > qm.config.vocab_size * qm.config.dim   # the tied embedding, read from SRAM
+
+
+def test_bad_image_refused_over_the_emulated_uart(tmp_path, build_root):
+    _, ir = random_model(seed=3)
+    qm = quantize(ir, "q8", 32)
+    bad = bytearray(build_blob(qm))
+    bad[-1] ^= 0x55
+    with emu_link(qm, tmp_path, build_root, blob_bytes=bytes(bad)) as (link, boot, _):
+        msgs = boot + drain(link)
+        hello = next(m for m in msgs if isinstance(m, Hello))
+        assert not hello.image_ok
+        errs = [m for m in msgs if isinstance(m, Error)]
+        assert errs and errs[0].name == "bad_image" and "CRC" in errs[0].text
+        assert any(isinstance(m, Log) and "refused" in m.text for m in msgs)
+
+
+def test_engine_and_hal_compile_warning_free_for_cortex_m0plus(tmp_path, build_root):
+    _, ir = random_model(seed=4)
+    qm = quantize(ir, "q4", 32)
+    blob = tmp_path / "m.flmb"
+    blob.write_bytes(build_blob(qm))
+    proj = image_for(blob, build_root).parent
+    srcs = sorted((proj / "src").rglob("*.c"))
+    assert any(p.parent.name == "hal" for p in srcs) and any(p.parent.name == "engine" for p in srcs)
+    for src in srcs:
+        r = subprocess.run(["arm-none-eabi-gcc", "-mcpu=cortex-m0plus", "-mthumb", "-std=c99", "-O2",
+                            "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-include", "flm_config.h",
+                            "-include", "src/hal/hal_rp2040.h", "-Isrc/engine", "-Isrc/hal", "-c", str(src),
+                            "-o", str(tmp_path / (src.stem + ".o"))], cwd=proj, capture_output=True, text=True)
+        assert r.returncode == 0 and not r.stderr, f"{src.name}: {r.stderr}"
+    # the linked image: the vector table at 0x10000100 and RAM within the chip's 264 KB
+    nm = subprocess.run(["arm-none-eabi-nm", str(proj / "firmware.elf")], capture_output=True, text=True).stdout
+    syms = {p[2]: int(p[0], 16) for p in (ln.split() for ln in nm.splitlines()) if len(p) == 3}
+    assert syms["__vectors_start"] == 0x10000100 and syms["__flm_blob_start"] == 0x10010000
+    assert syms["__bss_end"] <= 0x20042000 - 8192
+
+
+def test_model_too_big_for_sram_is_a_one_line_build_error(tmp_path):
+    require_emulator()
+    _, ir = random_model(seed=1, max_seq_len=1024)     # KV cache alone: 2 x 2 x 1024 x 24 x 4 = 384 KB
+    blob = tmp_path / "m.flmb"
+    blob.write_bytes(build_blob(quantize(ir, "q8", 32)))
+    with pytest.raises(BuildError) as e:
+        build_firmware(BOARD, tmp_path / "fw", blob)
+    msg = str(e.value)
+    assert "264 KB of SRAM" in msg and "\n" not in msg
+
+
+def test_cli_run_board_rp2040_emu(tmp_path, build_root, capsys):
+    """`flashlm run --board rp2040-emu` builds, starts the harness and reports its counts."""
+    from converter.blob import read_blob
+    from converter.llama2c import write_llama2c
+    from host.cli import main
+    require_emulator()
+    _, ir = random_model(seed=9, vocab_size=64, tied=False, n_kv_heads=3, hidden_dim=96)   # no block padding
+    write_llama2c(ir, tmp_path / "model.bin", version=1)
+    out = tmp_path / "model"
+    assert main(["convert", str(tmp_path / "model.bin"), "-o", str(out), "--format", "q4",
+                 "--group-size", "16", "--no-report"]) == 0
+    prompt = [1, 10, 20]
+    rc = main(["run", "--board", BOARD, "--model", str(out), "--prompt-ids", ",".join(map(str, prompt)),
+               "--max-tokens", "8", "--csv", str(tmp_path / "run.csv"), "--json", str(tmp_path / "run.json")])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    ref = generate(read_blob(out / "model.flmb"), prompt, 8, keep_logits=True)
+    rows = list(csv.DictReader((tmp_path / "run.csv").open()))
+    assert len(rows) == len(ref)
+    for row, r in zip(rows, ref):
+        assert (int(row["out_id"]) if row["out_id"] else NO_TOKEN) == r["out_id"]
+        assert int(row["logits_crc"]) == zlib.crc32(r["logits"].tobytes())
+        assert row["board"] == BOARD and row["clock"] == "emulated timer"
+    d = json.loads((tmp_path / "run.json").read_text())
+    h = d["summary"]["harness"]
+    assert h["steps"] == len(ref) and h["agree_steps"] == len(ref) and not h["mismatch_steps"]
+    assert all(s["agree"] for s in d["harness_steps"])
+    assert "lower bound" in d["summary"]["timing_note"]
+    assert "agree on" in captured.out and "lower bound" in captured.out
