@@ -4,11 +4,21 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench system-deps emu-deps clean
+.PHONY: demo test bench fuzz system-deps test-deps emu-deps clean
 
-# A C compiler for the native virtual board; installed from Debian when missing.
+# Debian packages, installed when missing. system-deps: a C compiler for the native virtual board.
 system-deps:
 	@command -v cc >/dev/null 2>&1 || { apt-get update && apt-get install -y build-essential; }
+
+# test-deps: clang and its libFuzzer/ASan/UBSan runtimes (32-bit too) for the fuzz targets
+# (tests/fuzz/, tests/test_fuzz.py); the RISC-V cross compiler + picolibc for the ESP32-C3
+# (rv32imc) engine build check (tests/test_boards_build.py).
+test-deps:
+	@command -v clang >/dev/null 2>&1 && ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 \
+		&& dpkg -s libc6-dev-i386 lib32stdc++-12-dev >/dev/null 2>&1 \
+		|| { apt-get update && apt-get install -y clang libclang-rt-14-dev libc6-dev-i386 lib32stdc++-12-dev; }
+	@command -v riscv64-unknown-elf-gcc >/dev/null 2>&1 && dpkg -s picolibc-riscv64-unknown-elf >/dev/null 2>&1 \
+		|| { apt-get update && apt-get install -y gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf; }
 
 # The emulated RP2040 (boards/rp2040-emu.toml): Debian's arm-none-eabi-gcc + newlib for the
 # firmware, Node.js for rp2040js, pinned by host/emu/package-lock.json (npm ci, once per lock).
@@ -30,14 +40,31 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -e '.[dev]'
 	touch $@
 
-demo: system-deps $(STAMP) $(EMU_STAMP)
+demo: system-deps $(STAMP)
 	$(BIN)/flashlm demo
 
-test: system-deps $(STAMP) $(EMU_STAMP)
+test: system-deps test-deps $(STAMP) $(EMU_STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: system-deps $(STAMP) $(EMU_STAMP)
 	$(BIN)/python -m bench
+
+# The long fuzz runs (make test has short ones): libFuzzer on the firmware's command handling for
+# FUZZ_SECONDS, the same built 32-bit (the boards' size_t) and the blob reader for FUZZ32_SECONDS
+# and FUZZ_BLOB_SECONDS (ASan + UBSan), then hypothesis on every file loader for FUZZ_EXAMPLES,
+# then SOAK_RUNS generations on the native board through the fault proxy (tests/fuzz/link_soak.py). Figures in build/fuzz/*.json; a crash leaves its
+# input in build/fuzz/crashes/ (add it to tests/fuzz/regressions/ once fixed).
+FUZZ_SECONDS ?= 600
+FUZZ32_SECONDS ?= 180
+FUZZ_BLOB_SECONDS ?= 180
+FUZZ_EXAMPLES ?= 20000
+SOAK_RUNS ?= 40
+fuzz: system-deps test-deps $(STAMP)
+	$(BIN)/python tests/fuzz/run.py --targets app --seconds $(FUZZ_SECONDS) --json build/fuzz/app.json
+	$(BIN)/python tests/fuzz/run.py --targets app32 --seconds $(FUZZ32_SECONDS) --json build/fuzz/app32.json
+	$(BIN)/python tests/fuzz/run.py --targets blob --seconds $(FUZZ_BLOB_SECONDS) --json build/fuzz/blob.json
+	$(BIN)/python tests/fuzz/loaders.py --examples $(FUZZ_EXAMPLES) --seed $$(date +%s) --json build/fuzz/loaders.json
+	$(BIN)/python tests/fuzz/link_soak.py --runs $(SOAK_RUNS) --seed $$(date +%s) --json build/fuzz/link_soak.json
 
 clean:
 	rm -rf build out $(VENV) $(EMU)/node_modules

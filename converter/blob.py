@@ -71,7 +71,10 @@ def block_bytes(fmt: str, n: int) -> int:
 
 
 def row_stride(fmt: str, cols: int, g: int) -> int:
-    return sum(block_bytes(fmt, n) for n in group_lengths(cols, g))
+    """Bytes of one row: full groups, then the last partial one (closed form, so a header's
+    column count of 2**32 costs nothing to check)."""
+    full, last = divmod(cols, g)
+    return full * block_bytes(fmt, g) + (block_bytes(fmt, last) if last else 0)
 
 
 def encode_qtensor(q: QTensor) -> bytes:
@@ -356,7 +359,15 @@ def read_blob(path_or_bytes) -> QuantModel:
     if isinstance(path_or_bytes, (bytes, bytearray)):
         blob, what = bytes(path_or_bytes), "blob"
     else:
-        blob, what = Path(path_or_bytes).read_bytes(), str(path_or_bytes)
+        what = str(path_or_bytes)
+        try:
+            blob = Path(path_or_bytes).read_bytes()
+        except FileNotFoundError:
+            raise BlobError(f"{what}: no such file") from None
+        except IsADirectoryError:
+            raise BlobError(f"{what}: is a directory, expected a .flmb blob") from None
+        except OSError as e:
+            raise BlobError(f"{what}: cannot read: {e.strerror or e}") from None
     h = parse_header(blob, what)
     c = h.config
     by = {e.name: e for e in h.entries}
@@ -383,7 +394,10 @@ def read_blob(path_or_bytes) -> QuantModel:
             raise BlobError(f"{what}: {name} has the wrong shape")
         rope[name] = np.frombuffer(blob, "<f4", e.rows * e.cols, e.offset).reshape(e.rows, e.cols).copy()
     e = by["tokenizer"]
-    pieces = decode_tokenizer(blob[e.offset:e.offset + e.length])
+    try:
+        pieces = decode_tokenizer(blob[e.offset:e.offset + e.length])
+    except BlobError as err:
+        raise BlobError(f"{what}: {err}") from None
     if len(pieces) != c.vocab_size:
         raise BlobError(f"{what}: tokenizer has {len(pieces)} pieces, vocab is {c.vocab_size}")
     tok = Tokenizer(pieces, [0.0] * len(pieces), kind="blob", bos_id=h.bos_id, eos_id=h.eos_id)

@@ -112,6 +112,11 @@ def _hf_tokenizer(json_str: str):
     return HFTokenizer.from_str(json_str)
 
 
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
 def from_hf_json(json_str: str) -> Tokenizer:
     """A ``tokenizers`` ByteLevel BPE as a Tokenizer: pieces are the raw bytes each id decodes to,
     score = -(merge rank) (tokens no merge produces, i.e. the byte alphabet and special tokens,
@@ -125,11 +130,16 @@ def from_hf_json(json_str: str) -> Tokenizer:
         raise ModelError("tokenizer JSON is not a BPE tokenizer from the `tokenizers` library")
     if '"ByteLevel"' not in json.dumps([d.get("pre_tokenizer"), d.get("decoder")]):
         raise ModelError("tokenizer JSON is a BPE but not ByteLevel (no ByteLevel pre-tokenizer or decoder)")
+    for key in ("continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(key) not in (None, ""):   # pieces would not be the bytes a token decodes to
+            raise ModelError(f"tokenizer JSON: BPE {key} {_short(model.get(key))} is not supported")
     try:
         _hf_tokenizer(json_str)
-    except Exception as e:  # the library raises its own exception types
-        raise ModelError(f"tokenizer JSON rejected by the tokenizers library: {str(e).splitlines()[0]}") \
-            from None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # its own exception types; a Rust panic is a BaseException
+        text = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ModelError(f"tokenizer JSON rejected by the tokenizers library: {text[:200]}") from None
 
     by_id: dict[int, str] = {}
     for s, i in model["vocab"].items():

@@ -12,6 +12,7 @@ is tied when there is no ``output.weight``.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Mapping
 
 import numpy as np
@@ -140,7 +141,9 @@ def _config_from(path, cfg, tied: bool) -> ModelConfig:
 
 def load_checkpoint(path) -> ModelIR:
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():   # a damaged file makes torch warn on stderr; we say why in one line
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise ModelError(f"{path}: no such file") from None
     except IsADirectoryError:

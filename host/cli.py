@@ -402,7 +402,7 @@ def _write_outputs(console, result, json_path=None, csv_path=None, png_path=None
 
 def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max_tokens=32,
         temperature=0.0, top_p=0.0, seed=0, json_path=None, csv_path=None, png_path=None,
-        baud=115200, timeout=10.0) -> int:
+        baud=115200, timeout=10.0, retries=3) -> int:
     from contextlib import ExitStack
 
     from . import report as R
@@ -449,6 +449,32 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
         ser = open_port(port, baud)
         stack.callback(ser.close)
         sess = Session(Link(ser), name=port, frame_timeout=timeout)
+        live = {"ser": ser, "vb": vb, "port": port}
+
+        def reconnect():
+            """A new link after the old one failed: our own native board is started again if it died;
+            a serial port that vanished (a USB board resetting) is waited for."""
+            import os
+            import time
+            try:
+                live["ser"].close()
+            except Exception:
+                pass
+            v = live["vb"]
+            if board == "native" and v is not None and not v.alive:
+                console.print(f"  the native board is gone ({v.describe_exit()}); starting it again", markup=False)
+                from .virtual import start_native_board as start
+                v = live["vb"] = stack.enter_context(start(binary, blob, timeout=timeout))
+                live["port"] = v.port
+            end = time.monotonic() + timeout
+            while not os.path.exists(live["port"]):
+                if time.monotonic() > end:
+                    raise BoardError(f"serial port {live['port']} did not come back within {timeout:g} s")
+                time.sleep(0.1)
+            s = live["ser"] = open_port(live["port"], baud)
+            stack.callback(s.close)
+            console.print(f"  reconnected on {live['port']}")
+            return Link(s)
         try:
             _step(console, f"handshake on {port}")
             hello = sess.handshake(timeout=timeout)
@@ -464,22 +490,27 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
             if emulated:
                 vb.read_counts()      # the emulator's per-step read counts: only this generation's
             with R.LiveView(console, hello, piece_of=piece_of, prompt_text=prompt_text) as view:
-                result = sess.generate(ids, max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                       on_token=view.on_token)
+                result = sess.generate_with_recovery(ids, max_tokens, temperature=temperature, top_p=top_p,
+                                                     seed=seed, on_token=view.on_token, reconnect=reconnect,
+                                                     max_recoveries=retries, handshake_timeout=timeout)
             if emulated:
                 result.harness = vb.read_counts()
-        except (DeviceError, LinkTimeout) as e:
-            if vb is not None and not vb.alive:
-                raise BoardError(f"{e}; {vb.describe_exit()}") from None
-            if e.partial is not None and e.partial.tokens:
-                _write_outputs(console, e.partial, json_path, csv_path, png_path)
-            raise
-        except BoardError as e:
-            if vb is not None and not vb.alive:
-                raise BoardError(f"{e}; {vb.describe_exit()}") from None
+        except BoardError as e:    # DeviceError, LinkTimeout, LinkLost, BoardReset, ModelMismatch, ...
+            partial = getattr(e, "partial", None)
+            if partial is not None and partial.tokens:
+                _write_outputs(console, partial, json_path, csv_path, png_path)
+            v = live["vb"]
+            if v is not None and not v.alive:
+                raise BoardError(f"{e}; {v.describe_exit()}") from None
             raise
 
     R.print_summary(console, result)
+    for ev in result.recoveries:
+        console.print(f"[yellow]recovered[/] after {ev['after']} ({ev['reason']}): {ev['action']}",
+                      soft_wrap=True, highlight=False)
+    if result.resent_steps:
+        console.print(f"{len(result.resent_steps)} lost step(s) re-sent by the board "
+                      f"({result.resend_requests} RESEND request(s))", highlight=False)
     _write_outputs(console, result, json_path, csv_path, png_path)
     if result.missing_steps:
         shown = ", ".join(map(str, result.missing_steps[:20]))
@@ -510,7 +541,7 @@ def cmd_run(args, console) -> int:
     return run(console, args.model, prompt=args.prompt, prompt_ids=args.prompt_ids, board=args.board,
                port=args.port, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                seed=args.seed, json_path=args.json, csv_path=args.csv, png_path=args.png, baud=args.baud,
-               timeout=args.timeout)
+               timeout=args.timeout, retries=max(0, args.retries))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -541,6 +572,11 @@ def cmd_serve(args, console) -> int:
         except KeyboardInterrupt:
             return 0
         raise UserError(vb.describe_exit() or "the board stopped")
+
+
+def cmd_faultproxy(args, console) -> int:
+    from .faultproxy import serve
+    return serve(args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -624,6 +660,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--baud", type=_positive_int, default=115200, metavar="B")
     r.add_argument("--timeout", type=_seconds, default=10.0, metavar="S",
                    help="seconds to wait for the board and for each frame (default 10)")
+    r.add_argument("--retries", type=int, default=3, metavar="N",
+                   help="times to reconnect or regenerate after a lost link, a board reset or lost steps (default 3)")
     r.set_defaults(func=cmd_run)
 
     f = sub.add_parser("flash", help="build and upload a PlatformIO project from 'build', then write the blob")
@@ -641,6 +679,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--counts", metavar="FILE", help="rp2040-emu: write the harness's per-step read counts here")
     sv.add_argument("--timeout", type=_seconds, default=10.0, metavar="S")
     sv.set_defaults(func=cmd_serve)
+
+    fx = sub.add_parser("faultproxy", help="serve a pty between the host and a board that damages the bytes "
+                                           "(drop, dup, flip, insert, boot noise, line close): for testing")
+    from .faultproxy import add_arguments as add_fault_arguments
+    add_fault_arguments(fx)
+    fx.set_defaults(func=cmd_faultproxy)
 
     d = sub.add_parser("demo", help="convert the shipped model, build, run, write out/demo/run.*")
     d.add_argument("--board", default="native")

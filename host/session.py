@@ -318,7 +318,8 @@ class Session:
         raise LinkTimeout(f"{self.name} did not answer LAYOUT within {timeout:g} s")
 
     # -- generation ------------------------------------------------------------------------
-    resend_timeout = 0.5   # s to wait for an answer to RESEND before asking for a step again
+    resend_timeout = 0.5   # s, at most, to wait for an answer to RESEND before asking for a step again
+    _rtt = 0.0             # the last status query's round trip (s)
     resend_tries = 4       # times one step is asked for before it is reported missing
     probe_interval = 0.5   # s of silence mid-generation before the host asks the device where it is
 
@@ -354,16 +355,24 @@ class Session:
         run.last_rx = run.last_probe = time.monotonic()
         return run
 
-    def _status(self, tries: int = 3):
-        """The device's RESENT to a status query (RESEND naming no step), or None."""
+    def _status(self, tries: int = 6):
+        """The device's RESENT to a status query, or None. The query names one impossible step, a
+        tag the device lists back as unavailable, so a late answer to an earlier RESEND is not
+        taken for it. Retried with a doubling wait (from ~10 round trips up to resend_timeout)."""
+        wait = min(self.resend_timeout, max(0.05, 10 * self._rtt)) if self._rtt else self.resend_timeout
         for _ in range(tries):
-            self._send(P.Resend(0))
-            end = time.monotonic() + self.resend_timeout
+            self._status_n = (getattr(self, "_status_n", 0) + 1) & 0xFFFF
+            tag = STATUS_TAG + self._status_n
+            t0 = time.monotonic()
+            self._send(P.Resend(0, (tag,)))
+            end = t0 + wait
+            wait = min(self.resend_timeout, 2 * wait)
             while (left := end - time.monotonic()) > 0:
                 fr = self._recv(left)
                 if fr is None:
                     break
-                if isinstance(fr.msg, P.Resent):
+                if isinstance(fr.msg, P.Resent) and tag in fr.msg.unavailable:
+                    self._rtt = time.monotonic() - t0
                     return fr.msg
                 if isinstance(fr.msg, P.Log):
                     self.logs.append(fr.msg.text)
@@ -406,15 +415,15 @@ class Session:
                         raise LinkTimeout(f"{self.name} went silent: no frame for {run.timeout:g} s {last} "
                                           f"({n} token frame{'s' * (n != 1)} received)", run.finish())
                     wait = run.timeout - silent
-                    if run.generation is not None:
-                        wait = min(wait, self.probe_interval)
+                    if run.generation is not None:       # wake up to probe or ask again
+                        wait = min(wait, self._resend_wait(run))
                 else:
-                    wait = self.resend_timeout
+                    wait = self._resend_wait(run)
                 fr = self._recv(max(wait, 0.001))
                 if fr is None:
                     continue
-                run.last_rx = time.monotonic()
-                self._on_frame(run, fr)
+                if self._on_frame(run, fr):
+                    run.last_rx = time.monotonic()   # only this generation's frames count as life
             except LinkLost as e:
                 raise LinkLost(str(e), run.finish()) from None
             except KeyboardInterrupt:
@@ -433,19 +442,22 @@ class Session:
         """RESEND the missing steps that are due (each at most ``run.tries`` times), and probe a
         link that has been silent for ``probe_interval`` with the DONE step."""
         due = []
+        patience = self._resend_wait(run)
         for s in sorted(run.missing - run.gone):
             times, last = run.asked.get(s, (0, float("-inf")))
-            if now - last < self.resend_timeout:
+            if now - last < patience:
                 continue
             if times >= run.tries:
                 run.gone.add(s)         # asked often enough: it stays missing
                 continue
             due.append(s)
         res = run.res
-        probe = (res.done is None and now - run.last_rx >= self.probe_interval
-                 and now - run.last_probe >= self.probe_interval)
+        since = now - run.last_probe       # a quick probe when silent, then one per probe_interval
+        probe = (res.done is None and now - run.last_rx >= patience
+                 and (since >= self.probe_interval or (not run.probe_pending and since >= patience)))
         if probe:
             run.last_probe = now
+            run.probe_pending = True
         while due or probe:
             room = P.RESEND_MAX - (1 if probe else 0)
             chunk, due = due[:room], due[room:]
@@ -455,7 +467,14 @@ class Session:
                 run.asked[s] = (run.asked.get(s, (0, 0.0))[0] + 1, now)
             probe = False
 
-    def _on_frame(self, run: "_Run", fr) -> None:
+    def _resend_wait(self, run: "_Run") -> float:
+        """How long an answer to RESEND may take: a few round trips plus a few steps' worth of
+        wall time (the device answers between steps), at most ``resend_timeout``. Also how long
+        the link may be silent mid-generation before the host asks the device where it is."""
+        return min(self.resend_timeout, max(0.05, 3 * self._rtt + 3 * run.step_wall))
+
+    def _on_frame(self, run: "_Run", fr) -> bool:
+        """Handle one frame; True when it is news of this generation (resets the silence timer)."""
         res = run.res
         stats = self.link.stats
         new_gaps = stats.gaps[run.gaps_checked:]
@@ -466,14 +485,16 @@ class Session:
             raise BoardReset(f"{self.name} restarted during the generation {last} (its frame numbers "
                              f"began again at 0)", run.finish())
         m = fr.msg
+        if isinstance(m, P.Hello):
+            return False            # a late answer to a repeated PING
+        if isinstance(m, P.Resent):
+            return self._on_resent(run, m)
         if isinstance(m, P.Token):
             self._on_token(run, m)
         elif isinstance(m, P.Done):
             if res.done is None:
                 res.done = m
                 run.lost_until(int(m.steps))
-        elif isinstance(m, P.Resent):
-            self._on_resent(run, m)
         elif isinstance(m, P.Error):
             if m.code == 1:      # bad_frame: one of our frames was damaged on the way; asked again later
                 res.device_errors.append(_error_text(m))
@@ -489,7 +510,7 @@ class Session:
         elif isinstance(m, P.Log):
             res.logs.append(m.text)
             self.logs.append(m.text)
-        # a late HELLO (answer to a repeated PING) or anything else: ignore
+        return True
 
     def _on_token(self, run: "_Run", m) -> None:
         res = run.res
@@ -507,36 +528,50 @@ class Session:
             run.gone.discard(s)
             if s in run.asked:
                 res.resent_steps.append(s)
+        if s == run.expected - 1:          # a fresh step in order: how fast the device computes
+            now = time.monotonic()
+            if run.last_token_t is not None:
+                run.step_wall = max(run.step_wall, min(now - run.last_token_t, self.resend_timeout))
+            run.last_token_t = now
         run.seen[s] = m
         res.tokens.append(m)
         if run.on_token is not None:
             run.on_token(m)
 
-    def _on_resent(self, run: "_Run", m) -> None:
+    def _on_resent(self, run: "_Run", m) -> bool:
         res = run.res
+        run.probe_pending = False
         if run.generation is None:
-            return
+            return False
         if m.generation != run.generation:
-            if (m.generation == run.generation - 1 and m.state != "generating" and not run.seen
-                    and res.done is None):
-                # The device has not accepted our GENERATE: it was lost on the way.
+            before = m.generation == run.generation - 1
+            if (before and m.state != "generating" and not run.seen and res.done is None
+                    and P.RESEND_DONE in m.unavailable):
+                # The answer to a probe sent after GENERATE, from a device that has not accepted
+                # it (the device works in order): the GENERATE was lost on the way.
                 if run.gen_sends >= 3:
                     raise LinkTimeout(f"{self.name} did not receive GENERATE (sent {run.gen_sends} times)",
                                       run.finish())
                 res.notes.append("GENERATE was lost on the way; sent again")
                 self._send(run.gen_msg)
                 run.gen_sends += 1
-            return
+                return True
+            if before and not run.seen:
+                return False        # a late answer to an earlier request
+            last = f"after step {max(run.seen)}" if run.seen else "before the first token"
+            raise BoardReset(f"{self.name} no longer knows this generation {last} (it is at generation "
+                             f"{m.generation}, this was {run.generation}): it restarted", run.finish())
         run.lost_until(int(m.steps))
         for s in m.unavailable:
             if s != P.RESEND_DONE and s < m.first_kept and s in run.missing:
                 run.gone.add(s)       # no longer kept on the device
+        return True
 
     # -- surviving a lost link or a board reset ----------------------------------------------
     def generate_with_recovery(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0,
                                top_p: float = 0.0, seed: int = 0, on_token: Callable | None = None,
                                send_logits: bool = False, frame_timeout: float | None = None,
-                               reconnect: Callable | None = None, max_recoveries: int = 2,
+                               reconnect: Callable | None = None, max_recoveries: int = 3,
                                handshake_timeout: float = 5.0) -> RunResult:
         """``generate`` that survives a vanished port (LinkLost), a board that restarted
         (BoardReset) or went silent (LinkTimeout), and steps that could not be re-sent.
@@ -606,8 +641,8 @@ class Session:
                             continue
                 prompt, max_new = _resume_point(total, prompt_ids, int(max_new_tokens), float(temperature))
                 run = None
-                ev["action"] = (f"generated again from step {len(prompt) - 1} "
-                                f"(prompt + {len(prompt) - len(prompt_ids)} known tokens)")
+                ev["action"] = (f"generated again (prompt + {len(prompt) - len(prompt_ids)} known tokens), "
+                                f"steps {len(prompt) - 1}..{len(prompt) + max_new - 2}")
                 events.append(ev)
         except KeyboardInterrupt:
             if total is None:
@@ -637,6 +672,9 @@ class Session:
                                 f"refusing to continue", total)
 
 
+STATUS_TAG = 0xFFFE0000   # status queries name a step STATUS_TAG + k: no real step, echoed as unavailable
+
+
 class _Run:
     """The state of one generation being collected."""
 
@@ -658,6 +696,9 @@ class _Run:
         self.asked: dict[int, tuple[int, float]] = {}
         self.gen_sends = 0
         self.stop_sent = False
+        self.probe_pending = False
+        self.step_wall = 0.0               # the longest wall time seen between two new TOKENs
+        self.last_token_t: float | None = None
         self.tries = session.resend_tries
         self.t0 = self.last_rx = self.last_probe = time.monotonic()
         self._acc = {k: 0 for k in stats_dict(P.DecoderStats())}
@@ -698,17 +739,32 @@ class _Run:
         return res
 
 
+REFILL_WINDOW = 32   # the device's ring (FLM_TOKEN_RING): a refill that ends within it can be patched by RESEND
+
+
 def _resume_point(total: RunResult, prompt_ids: list[int], max_new: int, temperature: float):
-    """(prompt, max_new_tokens) of the generation that recomputes what ``total`` lacks."""
-    if temperature > 0:
-        return list(prompt_ids), max_new       # the sampler restarts from the seed: replay it all
-    by = {t.step: t for t in total.tokens}
-    known, s = [], len(prompt_ids) - 1
-    while s in by and by[s].out_id is not None:
-        known.append(by[s].out_id)
-        s += 1
-    k = max(len(known) - 1, 0)    # recompute the last known token too: a real DONE, and a cross-check
-    return list(prompt_ids) + known[:k], max_new - k
+    """(prompt, max_new_tokens) of the generation that recomputes what ``total`` lacks.
+
+    Greedy runs resume from the prompt plus the generated tokens known before the first gap;
+    sampled runs replay from the prompt (the seed restarts the sampler). Without the DONE the
+    run goes to the end (the device's DONE is needed); with it, only as far as the last missing
+    step within REFILL_WINDOW steps of the first, so every step the refill computes is still
+    kept on the device when it ends, and a loss in the refill itself can be re-sent."""
+    n = len(prompt_ids)
+    prompt = list(prompt_ids)
+    if temperature <= 0:
+        by = {t.step: t for t in total.tokens}
+        known, s = [], n - 1
+        while s in by and by[s].out_id is not None:
+            known.append(by[s].out_id)
+            s += 1
+        k = max(len(known) - 1, 0)    # recompute the last known token too: a cross-check
+        prompt += known[:k]
+    if total.done is None or not total.missing_steps:
+        return prompt, max_new - (len(prompt) - n)
+    first = total.missing_steps[0]
+    end = max(m for m in total.missing_steps if m < first + REFILL_WINDOW)
+    return prompt, max(end + 1 - (len(prompt) - 1), 1)
 
 
 def _merge(total: RunResult | None, part: RunResult, name: str) -> RunResult:
@@ -728,7 +784,7 @@ def _merge(total: RunResult | None, part: RunResult, name: str) -> RunResult:
                            f"output {o.out_id}/{t.out_id}): refusing to merge the runs", total)
     toks = sorted(by.values(), key=lambda t: t.step)
     total.tokens = toks
-    if part.done is not None:
+    if part.done is not None and total.done is None:   # (a refill that stopped early has its own DONE)
         d = part.done
         total.done = P.Done(d.steps, sum(t.out_id is not None for t in toks), d.reason,
                             sum(sum(t.us) for t in toks),

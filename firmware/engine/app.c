@@ -252,6 +252,10 @@ static void generate(const uint8_t *p, size_t len) {
     uint32_t max_new = flm_get_u32(p), flags = flm_get_u32(p + 20), n = flm_get_u32(p + 24);
     float temperature = flm_get_f32(p + 4), top_p = flm_get_f32(p + 8);
     if (n == 0) { send_error(FLM_E_BAD_MESSAGE, "empty prompt"); return; }
+    if (temperature != temperature || temperature - temperature != 0.0f || top_p != top_p) {
+        send_error(FLM_E_BAD_MESSAGE, "temperature must be a finite number and top_p a number");
+        return;
+    }
     if (n > m->seq_len) {
         fmt2(t, sizeof t, "prompt of ", n, " tokens exceeds the context of ", m->seq_len, " tokens");
         send_error(FLM_E_PROMPT_TOO_LONG, t);

@@ -114,6 +114,9 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
         return fail(err, en, "layer count unsupported by this build:", 0, m->n_layers, 1);
     m->head_dim = m->dim / m->n_heads;
     m->kv_dim = m->n_kv_heads * m->head_dim;
+    /* K and V caches, f32: sized in 64 bits, so the engine's size_t sums cannot wrap on a 32-bit core */
+    if (2u * (uint64_t)m->n_layers * m->seq_len * m->kv_dim * 4u > 0x40000000u)
+        return fail(err, en, "bad model config in image: KV cache over 1 GiB", 0, 0, 0);
     if (n > 100000u || table < HEADER_SIZE || (uint64_t)table + (uint64_t)n * ENTRY_SIZE > len)
         return fail(err, en, "tensor table out of bounds", 0, 0, 0);
 

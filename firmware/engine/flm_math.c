@@ -14,6 +14,7 @@ static float from_bits(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
 float flm_expf(float x) {
     if (x < EXP_LO) return 0.0f;
     if (x > EXP_HI) return from_bits(0x7f800000u);
+    if (x != x) return x;            /* NaN: never converted to an integer (undefined in C) */
     float t = x * LOG2E;
     int32_t k = (int32_t)(t + (t >= 0.0f ? 0.5f : -0.5f));
     float kf = (float)k;

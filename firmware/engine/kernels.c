@@ -28,8 +28,11 @@ void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float 
         float inv = 127.0f / amax;
         for (uint32_t i = 0; i < len; i++) {
             float v = x[s + i] * inv;
+            /* clamp before rounding (same codes for every finite v); NaN/inf from a broken
+             * model become 0 / +-127 instead of an undefined float-to-int conversion */
+            v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v == v ? v : 0.0f;
             int32_t q = (int32_t)(v + (v >= 0.0f ? 0.5f : -0.5f));
-            xq[s + i] = (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
+            xq[s + i] = (int8_t)q;
         }
     }
 }

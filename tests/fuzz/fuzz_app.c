@@ -1,0 +1,207 @@
+/* libFuzzer target: the device's frame receiver and command handling, exactly as the boards run
+ * them (firmware/engine/app.c + protocol.c + the engine), on a fake HAL whose serial input is the
+ * fuzz input. Built by tests/fuzz/run.py with ASan + UBSan.
+ *
+ * Input: byte 0 selects the mode, the rest is the host's byte stream.
+ *   bit0 = 0: raw mode — the rest is fed to the serial port as it is, in reads of
+ *             1 + (byte0 >> 2) bytes (so frames split at every boundary get tried).
+ *   bit0 = 1: record mode — the rest is records, each u8 kind, u8 len, len bytes:
+ *             kind 0xFF: len raw bytes; kind 0xFE: a LAYOUT whose layout_id the harness computes
+ *             from the record (u32 state_tiers, tier bytes); any other kind: one well-formed frame
+ *             of that type carrying the len bytes as payload (COBS, seq and CRC by the firmware's
+ *             own encoder), so mutations reach the command parsers instead of dying at the CRC.
+ *   bit1 = 1: boot with a corrupted image (the refusal paths: ERROR no_model etc.).
+ *
+ * Oracle, beyond the sanitizers: everything the device sends must decode as good frames with
+ * consecutive seq numbers and device message types; a violation aborts.
+ *
+ * The model blob comes from $FLM_FUZZ_BLOB (tests/fuzz/make_blob.py writes it). */
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "app.h"
+#include "blob.h"
+#include "crc32.h"
+#include "hal.h"
+#include "protocol.h"
+
+#define STREAM_CAP (1u << 16)
+
+static uint8_t *good_blob, *bad_blob;
+static size_t blob_len;
+static int use_bad;
+
+static uint8_t stream[STREAM_CAP];
+static size_t stream_len, stream_pos, read_chunk;
+static jmp_buf done;
+static uint64_t now_us;
+static unsigned long idle_calls;
+
+static uint8_t arena[1u << 20] __attribute__((aligned(64)));
+static uint8_t psram[1u << 16] __attribute__((aligned(64)));
+
+/* ---- oracle: the device's output must be well-formed frames ---------------------------- */
+static uint8_t out_buf[70000];
+static flm_rx out_rx;
+static uint32_t out_frames;
+static int verbose;    /* $FLM_FUZZ_VERBOSE: print every frame the device sends */
+
+static void out_check(const uint8_t *buf, size_t len) {
+    for (size_t i = 0; i < len; i++) {
+        if (!flm_rx_feed(&out_rx, buf[i])) {
+            if (out_rx.bad_frames) {
+                fprintf(stderr, "oracle: the device sent a bad frame\n");
+                abort();
+            }
+            continue;
+        }
+        if (out_rx.seq != (uint16_t)out_frames) {
+            fprintf(stderr, "oracle: frame seq %u, expected %u\n", out_rx.seq, (unsigned)(uint16_t)out_frames);
+            abort();
+        }
+        if (out_rx.type < FLM_HELLO || out_rx.type > FLM_RESENT) {
+            fprintf(stderr, "oracle: the device sent frame type 0x%02x\n", out_rx.type);
+            abort();
+        }
+        if (out_rx.type == FLM_TOKEN && out_rx.len < 53u) {
+            fprintf(stderr, "oracle: TOKEN payload of %u bytes\n", (unsigned)out_rx.len);
+            abort();
+        }
+        if (verbose) {
+            fprintf(stderr, "device: seq %u type 0x%02x len %u", out_rx.seq, out_rx.type, (unsigned)out_rx.len);
+            if (out_rx.type == FLM_ERROR || out_rx.type == FLM_LOG) {
+                size_t o = out_rx.type == FLM_ERROR ? 2u : 0u;
+                if (out_rx.len >= o + 2u)
+                    fprintf(stderr, " %.*s", (int)(out_rx.len - o - 2u), (const char *)out_rx.payload + o + 2u);
+            }
+            fputc('\n', stderr);
+        }
+        out_frames++;
+    }
+}
+
+/* ---- the fake HAL ---------------------------------------------------------------------- */
+int hal_init(int argc, char **argv) { (void)argc; (void)argv; return 0; }
+
+const uint8_t *hal_blob(size_t *len) {
+    *len = blob_len;
+    return use_bad ? bad_blob : good_blob;
+}
+
+size_t hal_serial_read(uint8_t *buf, size_t max) {
+    size_t n = stream_len - stream_pos;
+    if (n > max) n = max;
+    if (n > read_chunk) n = read_chunk;
+    memcpy(buf, stream + stream_pos, n);
+    stream_pos += n;
+    return n;
+}
+
+void hal_serial_write(const uint8_t *buf, size_t len) { out_check(buf, len); }
+
+void hal_idle(void) {
+    if (stream_pos >= stream_len) longjmp(done, 1);   /* input used up and the device idle */
+    if (++idle_calls > 1000000ul) abort();            /* idle with input left: it would hang */
+}
+
+uint64_t hal_time_us(void) { return now_us += 7u; }
+uint8_t hal_clock_kind(void) { return 0; }
+const char *hal_board_name(void) { return "fuzz"; }
+
+uint8_t *hal_tier_arena(uint32_t tier, size_t *cap) {
+    if (tier == FLM_TIER_PSRAM) { *cap = sizeof psram; return psram; }
+    *cap = 0;
+    return 0;
+}
+
+/* ---- building the host stream ---------------------------------------------------------- */
+static flm_tx host_tx;
+
+static void stream_put(const uint8_t *p, size_t n) {
+    if (n > STREAM_CAP - stream_len) n = STREAM_CAP - stream_len;
+    memcpy(stream + stream_len, p, n);
+    stream_len += n;
+}
+
+static void frame(uint8_t type, const uint8_t *p, size_t n) {
+    flm_tx_begin(&host_tx, type);
+    flm_tx_put(&host_tx, p, n);
+    flm_tx_end(&host_tx);
+}
+
+static void layout_frame(const uint8_t *p, size_t n) {
+    uint8_t payload[12 + 255];
+    uint32_t st = 0, crc = 0;
+    if (n >= 4) { st = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; p += 4; n -= 4; }
+    else n = 0;
+    crc = flm_crc32_update(0, p, n);
+    if (st) {
+        uint8_t le[4] = {(uint8_t)st, (uint8_t)(st >> 8), (uint8_t)(st >> 16), (uint8_t)(st >> 24)};
+        crc = flm_crc32_update(crc, le, 4);
+    }
+    uint32_t v[3] = {crc, st, (uint32_t)n};
+    for (int k = 0; k < 3; k++)
+        for (int b = 0; b < 4; b++) payload[4 * k + b] = (uint8_t)(v[k] >> (8 * b));
+    memcpy(payload + 12, p, n);
+    frame(FLM_LAYOUT, payload, 12 + n);
+}
+
+static void build_stream(const uint8_t *data, size_t size) {
+    stream_len = stream_pos = 0;
+    if (!size) return;
+    uint8_t mode = data[0];
+    data++, size--;
+    use_bad = (mode >> 1) & 1;
+    if (!(mode & 1)) {
+        read_chunk = 1u + (mode >> 2);
+        stream_put(data, size);
+        return;
+    }
+    read_chunk = 64;
+    flm_tx_init(&host_tx, stream_put);
+    size_t i = 0;
+    while (i + 2 <= size) {
+        uint8_t kind = data[i], len = data[i + 1];
+        i += 2;
+        size_t n = len <= size - i ? len : size - i;
+        if (kind == 0xFF) stream_put(data + i, n);
+        else if (kind == 0xFE) layout_frame(data + i, n);
+        else frame(kind, data + i, n);
+        i += n;
+    }
+}
+
+/* ---- libFuzzer entry points ------------------------------------------------------------ */
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc; (void)argv;
+    verbose = getenv("FLM_FUZZ_VERBOSE") != 0;
+    const char *path = getenv("FLM_FUZZ_BLOB");
+    FILE *f = path ? fopen(path, "rb") : 0;
+    if (!f) {
+        fprintf(stderr, "fuzz_app: set FLM_FUZZ_BLOB to a model blob (tests/fuzz/make_blob.py)\n");
+        exit(2);
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (n <= 64) exit(2);
+    blob_len = (size_t)n;
+    good_blob = malloc(blob_len);
+    bad_blob = malloc(blob_len);
+    if (!good_blob || !bad_blob || fread(good_blob, 1, blob_len, f) != blob_len) exit(2);
+    fclose(f);
+    memcpy(bad_blob, good_blob, blob_len);
+    bad_blob[blob_len - 3] ^= 0x10;   /* a flipped bit in the last tensor: CRC mismatch at boot */
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    build_stream(data, size);
+    flm_rx_init(&out_rx, out_buf, sizeof out_buf);
+    out_frames = 0;
+    idle_calls = 0;
+    if (setjmp(done) == 0) flm_app_run(arena, sizeof arena, FLM_TIER_SRAM);
+    return 0;
+}

@@ -1,0 +1,98 @@
+/* libFuzzer target: the firmware's blob reader (firmware/engine/blob.c), and the engine running
+ * whatever it accepts. Built by tests/fuzz/run.py with ASan + UBSan.
+ *
+ * Input: byte 0 selects the mode, the rest is the image (in a buffer of exactly its size, so any
+ * read past the end is an ASan report).
+ *   bit0: write the real size into total_size, bit1: write the right CRC-32 (so mutations get
+ *   past the header checks to the table, section and tokenizer checks);
+ *   bit2: when the image is accepted, run a few forward steps and the sampler on it.
+ * Oracle, beyond the sanitizers: a refusal is one NUL-terminated printable line; an accepted
+ * image's pieces and tensors lie inside the image. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blob.h"
+#include "crc32.h"
+#include "engine.h"
+#include "hal.h"
+#include "sampler.h"
+
+static uint64_t now_us;
+uint64_t hal_time_us(void) { return now_us += 3u; }
+
+static size_t bounded_len(const char *s, size_t cap) {
+    size_t n = 0;
+    while (n < cap && s[n]) n++;
+    return n;
+}
+
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void inside(const flm_model *m, const flm_tensor *t, const uint8_t *b, size_t n) {
+    if (!t->data) return;
+    if (t->data < b || t->data + t->length > b + n) {
+        fprintf(stderr, "oracle: an accepted tensor lies outside the image\n");
+        abort();
+    }
+    (void)m;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    uint8_t mode = data[0];
+    size_t n = size - 1;
+    uint8_t *b = malloc(n ? n : 1);
+    if (!b) return 0;
+    memcpy(b, data + 1, n);
+    if ((mode & 1) && n >= 12) put32(b + 8, (uint32_t)n);
+    if ((mode & 2) && n >= 16) put32(b + 12, flm_crc32_update(0, b + 16, n - 16));
+
+    static flm_model m;
+    char err[120];
+    memset(err, 0x55, sizeof err);
+    if (flm_blob_open(&m, b, n, err, sizeof err) != 0) {
+        size_t len = bounded_len(err, sizeof err);
+        if (len == sizeof err || len == 0) { fprintf(stderr, "oracle: refusal text not terminated\n"); abort(); }
+        for (size_t i = 0; i < len; i++)
+            if (err[i] < ' ' || err[i] > '~') { fprintf(stderr, "oracle: refusal text not printable\n"); abort(); }
+        free(b);
+        return 0;
+    }
+    for (uint32_t i = 0; i < m.vocab; i++) {
+        uint32_t len;
+        const uint8_t *p = flm_piece(&m, i, &len);
+        if (p < b || p + len > b + n) { fprintf(stderr, "oracle: piece outside the image\n"); abort(); }
+    }
+    inside(&m, &m.tok_emb, b, n);
+    inside(&m, &m.head, b, n);
+    inside(&m, &m.norm, b, n);
+    for (uint32_t l = 0; l < m.n_layers; l++) {
+        const flm_layer *L = &m.layers[l];
+        const flm_tensor *ts[9] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->w1, &L->w2, &L->w3};
+        for (int k = 0; k < 9; k++) inside(&m, ts[k], b, n);
+    }
+    flm_blob_retier(&m, NULL);
+    size_t need = flm_state_bytes(&m);
+    if ((mode & 4) && need <= (8u << 20)) {
+        uint8_t *arena = malloc(need ? need : 1);
+        flm_state s;
+        if (arena && flm_state_init(&s, &m, arena, need, FLM_TIER_SRAM) == 0) {
+            flm_rng rng;
+            flm_rng_seed(&rng, mode);
+            uint32_t tok = 0, steps = m.seq_len < 3u ? m.seq_len : 3u;
+            for (uint32_t pos = 0; pos < steps; pos++) {
+                flm_step_stats st;
+                const float *logits = flm_forward(&s, tok, pos, &st);
+                tok = flm_sample(logits, m.vocab, (mode & 8) ? 0.8f : 0.0f, (mode & 16) ? 0.9f : 0.0f, &rng,
+                                 s.probs, s.idx);
+                if (tok >= m.vocab) { fprintf(stderr, "oracle: sampled token outside the vocabulary\n"); abort(); }
+            }
+        }
+        free(arena);
+    }
+    free(b);
+    return 0;
+}

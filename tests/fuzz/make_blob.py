@@ -1,0 +1,35 @@
+"""The small models the fuzz targets run: fixed seeds, so a committed input means the same thing
+on every machine. ``models()`` -> {name: blob bytes}; ``FUZZ_MODEL`` is the one fuzz_app boots."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+# vocab 24, context 12, 1 layer, dim 16: 14 table entries; a GENERATE may run to the context end
+FUZZ_MODEL = dict(seed=7, dim=16, n_heads=2, n_kv_heads=1, hidden_dim=24, vocab_size=24, max_seq_len=12,
+                  n_layers=1)
+
+
+def models() -> dict[str, bytes]:
+    from converter.blob import build_blob
+    from converter.quantize import quantize
+    from modelzoo import random_model
+    out = {}
+    _, ir = random_model(**FUZZ_MODEL)
+    out["app_q8"] = build_blob(quantize(ir, "q8", 8))
+    _, ir2 = random_model(**{**FUZZ_MODEL, "seed": 8, "tied": False, "n_layers": 2, "n_kv_heads": 2})
+    out["untied_q4"] = build_blob(quantize(ir2, "q4", 6, ["tok_embeddings=q8:16"]))
+    out["placed"] = build_blob(quantize(ir, "q8", 8), tiers={"layers.0.ffn.w1": "psram", "norm": "sram"})
+    return out
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else ROOT / "build" / "fuzz")
+    out.mkdir(parents=True, exist_ok=True)
+    for name, blob in models().items():
+        (out / f"{name}.flmb").write_bytes(blob)
+    print(out / "app_q8.flmb")

@@ -1,0 +1,94 @@
+"""Writes the seed corpora of the fuzz targets (committed under tests/fuzz/corpus/):
+
+* ``app/`` — host byte streams for fuzz_app (input format in fuzz_app.c): every host message,
+  well-formed and not, in record mode, and real wire streams with junk in raw mode;
+* ``blob/`` — images for fuzz_blob: the models of make_blob.py with each mode byte.
+
+Run ``python tests/fuzz/make_seeds.py`` after a change to the protocol or the blob format."""
+from __future__ import annotations
+
+import hashlib
+import struct
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from make_blob import FUZZ_MODEL, models  # noqa: E402
+
+from host import protocol as P  # noqa: E402
+
+REC, RAW_KIND, LAYOUT_AUTO = 1, 0xFF, 0xFE
+N_ENTRIES = 14
+
+
+def rec(kind: int, payload: bytes = b"") -> bytes:
+    assert len(payload) <= 255
+    return bytes([kind, len(payload)]) + payload
+
+
+def gen(prompt, max_new, temp=0.0, top_p=0.0, seed=0, flags=0) -> bytes:
+    return struct.pack(f"<IffQII{len(prompt)}I", max_new, temp, top_p, seed, flags, len(prompt), *prompt)
+
+
+def resend(generation, steps) -> bytes:
+    return struct.pack(f"<II{len(steps)}I", generation, len(steps), *steps)
+
+
+def app_seeds() -> dict[str, bytes]:
+    V, C = FUZZ_MODEL["vocab_size"], FUZZ_MODEL["max_seq_len"]
+    s = {}
+    s["ping"] = bytes([REC]) + rec(1)
+    s["generate_greedy"] = bytes([REC]) + rec(2, gen([1, 2, 3], 4))
+    s["generate_sampled_logits"] = bytes([REC]) + rec(2, gen([5], 6, 0.9, 0.8, 12345, 1))
+    s["generate_to_context"] = bytes([REC]) + rec(2, gen([1] * (C - 1), 0xFFFFFFFF, 1.5, 0.0, 9))
+    s["generate_then_stop"] = bytes([REC]) + rec(2, gen([1, 2], 8)) + rec(4) + rec(1)
+    s["generate_busy"] = bytes([REC]) + rec(2, gen([3], 5)) + rec(2, gen([3], 5)) + rec(3, b"")
+    s["generate_bad"] = bytes([REC]) + b"".join(rec(2, p) for p in (
+        b"", gen([], 3), gen([V], 3), gen([1] * (C + 1), 3), gen([1, 2], 3)[:-2], gen([0], 0),
+        struct.pack("<IffQII", 3, float("nan"), float("inf"), 0, 0, 1) + b"\x01\0\0\0"))
+    s["resend_status"] = bytes([REC]) + rec(5, resend(0, [0xFFFE0001]))
+    s["generate_resend"] = (bytes([REC]) + rec(2, gen([1, 2, 3], 9)) + rec(5, resend(1, [0, 2, 5, 0xFFFFFFFF]))
+                            + rec(5, resend(1, list(range(32)))) + rec(5, resend(7, [1])) + rec(5, b"\x01\0\0\0\x40\0\0\0"))
+    s["resend_during"] = bytes([REC]) + rec(2, gen([4], 10)) + rec(5, resend(1, [0, 0xFFFFFFFF])) + rec(4)
+    s["layout_ok"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0) + bytes([0, 0, 0, 1] + [2] * 10))
+    s["layout_state"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0x211) + bytes([1] * N_ENTRIES)) \
+        + rec(2, gen([1, 2], 3))
+    s["layout_bad"] = bytes([REC]) + b"".join(rec(3, p) for p in (
+        b"", struct.pack("<III", 0, 0, 3) + b"\0\0\0", struct.pack("<III", 1, 0, N_ENTRIES) + bytes(N_ENTRIES),
+        struct.pack("<III", 0, 0, N_ENTRIES) + bytes([7] * N_ENTRIES))) \
+        + rec(LAYOUT_AUTO, struct.pack("<I", 0xF0000) + bytes(N_ENTRIES))
+    s["unknown_types"] = bytes([REC]) + rec(0x00) + rec(0x81, b"hello?") + rec(0x7F, b"x" * 40) + rec(1)
+    s["raw_junk_then_frames"] = bytes([REC]) + rec(RAW_KIND, b"\xff\xfe junk\r\n\x00\x05\x00") + rec(1) \
+        + rec(RAW_KIND, b"\x02\x02\x00") + rec(2, gen([2], 2))
+    # raw mode: real wire bytes, read 1, 3 and 64 bytes at a time
+    wire = (b"boot noise\r\n" + P.encode_frame(P.Ping(), 0)
+            + P.encode_frame(P.Generate([1, 2, 3], 3, 0.0, 0.0, 0, True), 1)
+            + P.encode_frame(P.Resend(1, (0, 1, P.RESEND_DONE)), 2) + P.encode_frame(P.Stop(), 3)
+            + bytes(P.encode_frame(P.Ping(), 4))[:-3] + b"\x00" + P.encode_frame(P.Ping(), 5))
+    for chunk_mode in (0x00, 0x08, 0xFC):
+        s[f"raw_wire_{chunk_mode:02x}"] = bytes([chunk_mode]) + wire
+    s["raw_wire_bad_image"] = bytes([0x02]) + wire
+    s["record_bad_image"] = bytes([REC | 2]) + rec(1) + rec(2, gen([1], 2)) + rec(5, resend(0, [0]))
+    s["raw_overflow"] = bytes([0xFC]) + b"\x01" * 9000 + b"\x00" + P.encode_frame(P.Ping(), 0)
+    return s
+
+
+def blob_seeds() -> dict[str, bytes]:
+    s = {}
+    for name, blob in models().items():
+        for mode in (0, 3, 7, 15, 31):
+            s[f"{name}_m{mode}"] = bytes([mode]) + blob
+    return s
+
+
+def write(out: Path, seeds: dict[str, bytes]) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in seeds.items():
+        (out / f"{name}-{hashlib.sha1(data).hexdigest()[:8]}").write_bytes(data)
+    return len(seeds)
+
+
+if __name__ == "__main__":
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "corpus"
+    print(write(root / "app", app_seeds()), "app seeds,", write(root / "blob", blob_seeds()), "blob seeds in", root)
