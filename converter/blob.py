@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .files import read_file
 from .ir import ModelConfig, ModelError, QTensor, Tokenizer
 from .quantize import QuantModel
 
@@ -344,14 +345,7 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
 
 
 def read_header(path) -> BlobHeader:
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise BlobError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise BlobError(f"{path}: is a directory, expected a .flmb blob") from None
-    return parse_header(data, str(path))
+    return parse_header(read_file(path, "a .flmb blob", BlobError), str(path))
 
 
 def read_blob(path_or_bytes) -> QuantModel:
@@ -360,14 +354,7 @@ def read_blob(path_or_bytes) -> QuantModel:
         blob, what = bytes(path_or_bytes), "blob"
     else:
         what = str(path_or_bytes)
-        try:
-            blob = Path(path_or_bytes).read_bytes()
-        except FileNotFoundError:
-            raise BlobError(f"{what}: no such file") from None
-        except IsADirectoryError:
-            raise BlobError(f"{what}: is a directory, expected a .flmb blob") from None
-        except OSError as e:
-            raise BlobError(f"{what}: cannot read: {e.strerror or e}") from None
+        blob = read_file(path_or_bytes, "a .flmb blob", BlobError)
     h = parse_header(blob, what)
     c = h.config
     by = {e.name: e for e in h.entries}

@@ -20,12 +20,12 @@ before anything is allocated and the file must match it to the byte.
 """
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 
+from .files import regular_file_size
 from .ir import ModelConfig, ModelError, ModelIR, QTensor
 from .quantize import MAX_GROUP, quantize_matrix, rope_tables
 
@@ -145,18 +145,6 @@ def _check_size(path, expected: int, found: int, cls=ModelError) -> None:
         raise cls(f"{path}: {n} trailing byte{'s' if n != 1 else ''} (expected {expected} bytes, found {found})")
 
 
-def _file_size(path) -> int:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise ModelError(f"{path}: no such file") from None
-    except OSError as e:
-        raise ModelError(f"{path}: cannot read: {e.strerror or e}") from None
-    if not os.path.isfile(path):
-        raise ModelError(f"{path}: not a regular file")
-    return st.st_size
-
-
 def _read_head(path, n: int) -> bytes:
     try:
         with open(path, "rb") as f:
@@ -214,7 +202,7 @@ def _finish(path, cfg: ModelConfig, tensors: dict, version: int, **meta) -> Mode
 
 def read_v0(path) -> ModelIR:
     """Legacy llama2.c file.  Header or size mismatches raise ``FormatMismatch``."""
-    size = _file_size(path)
+    size = regular_file_size(path)
     head = _read_head(path, V0_HEADER)
     if len(head) < V0_HEADER:
         raise FormatMismatch(f"{path}: {len(head)} bytes is too short for a llama2.c v0 header "
@@ -230,7 +218,7 @@ def read_v0(path) -> ModelIR:
 
 def read_llama2c(path) -> ModelIR:
     """Any llama2.c checkpoint: v1/v2 by their magic, otherwise legacy v0."""
-    size = _file_size(path)
+    size = regular_file_size(path)
     head = _read_head(path, V12_HEADER)
     if len(head) < 4 or struct.unpack_from("<I", head)[0] != MAGIC:
         return read_v0(path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from . import llama2c
+from .files import regular_file_size
 from .ir import ModelError, ModelIR
 from .tokenizer import load_tokenizer
 
@@ -19,22 +20,8 @@ _HINTS = {
 }
 
 
-def _check_file(path) -> int:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise ModelError(f"{path}: no such file") from None
-    except OSError as e:
-        raise ModelError(f"{path}: cannot read: {e.strerror or e}") from None
-    if os.path.isdir(path):
-        raise ModelError(f"{path}: is a directory, expected a model file")
-    if not os.path.isfile(path):
-        raise ModelError(f"{path}: not a regular file")
-    return st.st_size
-
-
 def _sniff(path) -> ModelIR:
-    size = _check_file(path)
+    size = regular_file_size(path)
     if size == 0:
         raise ModelError(f"not a llama2.c or flashlm checkpoint: {path} is empty")
     try:

@@ -15,6 +15,7 @@ import math
 import re
 import struct
 
+from .files import read_file
 from .ir import ModelError, Tokenizer
 
 _BYTE_PIECE = re.compile(rb"<0x([0-9A-Fa-f]{2})>")
@@ -62,7 +63,7 @@ def parse_tokenizer_bin(buf: bytes, name: str = "tokenizer.bin") -> Tokenizer:
 
 
 def read_tokenizer_bin(path) -> Tokenizer:
-    return parse_tokenizer_bin(_read(path), str(path))
+    return parse_tokenizer_bin(read_file(path, "a tokenizer file"), str(path))
 
 
 def tokenizer_bin_bytes(tok: Tokenizer) -> bytes:
@@ -194,21 +195,9 @@ def from_hf_json(json_str: str) -> Tokenizer:
 
 # ----------------------------------------------------------------------------- files
 
-def _read(path) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise ModelError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ModelError(f"{path}: is a directory, expected a tokenizer file") from None
-    except OSError as e:
-        raise ModelError(f"{path}: cannot read: {e.strerror or e}") from None
-
-
 def load_tokenizer(path) -> Tokenizer:
     """tokenizer.bin (llama2.c) or tokenizer.json (``tokenizers``), told apart by content."""
-    buf = _read(path)
+    buf = read_file(path, "a tokenizer file")
     if buf.lstrip()[:1] == b"{":
         try:
             text = buf.decode("utf-8")
