@@ -13,11 +13,18 @@ def board_names() -> list[str]:
     return sorted(p.stem for p in BOARDS_DIR.glob("*.toml"))
 
 
+def _read(path: Path) -> dict:
+    with path.open("rb") as f:
+        return tomllib.load(f)
+
+
 def load_board(name: str) -> dict:
+    """The profile boards/NAME.toml, or the one listing NAME in its ``aliases``."""
     path = BOARDS_DIR / f"{name}.toml"
     if not path.is_file():
-        raise ModelError(f"unknown board {name!r}; known boards: {', '.join(board_names())}")
-    with path.open("rb") as f:
-        prof = tomllib.load(f)
-    prof.setdefault("name", name)
+        path = next((p for p in sorted(BOARDS_DIR.glob("*.toml")) if name in _read(p).get("aliases", ())), None)
+        if path is None:
+            raise ModelError(f"unknown board {name!r}; known boards: {', '.join(board_names())}")
+    prof = _read(path)
+    prof.setdefault("name", path.stem)
     return prof

@@ -432,3 +432,12 @@ def test_layout_on_the_emulated_rp2040(tmp_path, build_root):
             got.append([bits(lg.values).tobytes() for lg in logits])
         assert got[0] == got[1]
         assert toks[-1].bytes_read[2] < staged.predict_at(toks[-1].pos).bytes_read["sram"]
+
+
+def test_board_aliases_resolve_to_the_profile():
+    from converter.boards import load_board
+    from converter.ir import ModelError
+    assert load_board("esp32-s3-devkitc-1-n16r8")["name"] == "esp32s3-n16r8"
+    assert load_board("esp32-c3-devkitm-1")["name"] == "esp32c3-devkitm-1"
+    with pytest.raises(ModelError, match="unknown board 'esp32-s9'"):
+        load_board("esp32-s9")
