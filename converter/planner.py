@@ -19,7 +19,7 @@ would fit (a shorter context, an int8 KV cache, int4 for named tensors, another 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 

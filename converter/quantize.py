@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .ir import FORMATS, QMAX, ModelConfig, ModelError, ModelIR, QTensor, Tokenizer
+from .ir import QMAX, ModelConfig, ModelError, ModelIR, QTensor, Tokenizer
 
 MAX_GROUP = 1024   # keeps every int32 group sum below 2**24, so its float conversion is exact
 

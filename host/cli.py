@@ -407,7 +407,7 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
 
     from . import report as R
     from .protocol import Link
-    from .session import BoardError, DeviceError, LinkTimeout, Session, open_port
+    from .session import BoardError, Session, open_port
 
     model_dir, manifest = load_manifest(model)
     ns = argparse.Namespace(prompt=prompt, prompt_ids=prompt_ids)
@@ -621,6 +621,20 @@ def cmd_train(args, console, extra) -> int:
 # ---------------------------------------------------------------------------------------------
 # parser and entry point
 
+def add_generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    """What one generation on a board takes: prompt, sampling, and the serial link's settings."""
+    pr = p.add_mutually_exclusive_group()
+    pr.add_argument("--prompt", metavar="TEXT")
+    pr.add_argument("--prompt-ids", metavar="1,2,3")
+    p.add_argument("--max-tokens", type=_positive_int, default=max_tokens, metavar="N")
+    p.add_argument("--temperature", type=_nonneg_float, default=0.0, metavar="T")
+    p.add_argument("--top-p", type=_top_p, default=0.0, metavar="P")
+    p.add_argument("--seed", type=_nonneg_int, default=0, metavar="S")
+    p.add_argument("--baud", type=_positive_int, default=115200, metavar="B")
+    p.add_argument("--timeout", type=_seconds, default=10.0, metavar="S",
+                   help="seconds to wait for the board and for each frame (default 10)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="flashlm", description="Small transformer LMs on microcontrollers, with per-token timing.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -647,19 +661,10 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--board", help="start a virtual board (native, or rp2040-emu: the emulated RP2040)")
     where.add_argument("--port", metavar="PATH", help="serial port of a flashed board")
     r.add_argument("--model", metavar="OUTDIR", required=True)
-    pr = r.add_mutually_exclusive_group()
-    pr.add_argument("--prompt", metavar="TEXT")
-    pr.add_argument("--prompt-ids", metavar="1,2,3")
-    r.add_argument("--max-tokens", type=_positive_int, default=32, metavar="N")
-    r.add_argument("--temperature", type=_nonneg_float, default=0.0, metavar="T")
-    r.add_argument("--top-p", type=_top_p, default=0.0, metavar="P")
-    r.add_argument("--seed", type=_nonneg_int, default=0, metavar="S")
+    add_generation_args(r, max_tokens=32)
     r.add_argument("--json", metavar="FILE")
     r.add_argument("--csv", metavar="FILE")
     r.add_argument("--png", metavar="FILE")
-    r.add_argument("--baud", type=_positive_int, default=115200, metavar="B")
-    r.add_argument("--timeout", type=_seconds, default=10.0, metavar="S",
-                   help="seconds to wait for the board and for each frame (default 10)")
     r.add_argument("--retries", type=int, default=3, metavar="N",
                    help="times to reconnect or regenerate after a lost link, a board reset or lost steps (default 3)")
     r.set_defaults(func=cmd_run)
@@ -671,7 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=cmd_flash)
 
     from .plan import add_commands as add_plan_commands   # plan, compare
-    add_plan_commands(sub, _positive_int, _nonneg_int, _nonneg_float, _top_p, _seconds)
+    add_plan_commands(sub, _positive_int, _nonneg_int, add_generation_args)
 
     sv = sub.add_parser("serve", help="start a virtual board (native, rp2040-emu) and print its port")
     sv.add_argument("--board", default="rp2040-emu")

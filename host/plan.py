@@ -450,10 +450,8 @@ def measure_layouts(sess, plans: dict, prompt_ids, max_tokens: int, temperature=
 def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict:
     from contextlib import ExitStack
 
-    from rich.table import Table
-
     from .cli import encode_prompt, ensure_native_binary
-    from .protocol import PHASES, Link
+    from .protocol import Link
     from .session import Session, open_port
     UserError = _user_error()
     if info["kind"] != "dir":
@@ -521,7 +519,7 @@ def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict
 # ---------------------------------------------------------------------------------------------
 # argument parsing (called from host/cli.py)
 
-def add_commands(sub, positive_int, nonneg_int, nonneg_float, top_p, seconds) -> None:
+def add_commands(sub, positive_int, nonneg_int, add_generation_args) -> None:
     def model_opts(p):
         p.add_argument("model", metavar="MODEL", help="model dir from 'flashlm convert', a .flmb blob, or a checkpoint")
         p.add_argument("--ctx", type=positive_int, metavar="N", help="plan for a shorter context than the model's")
@@ -553,13 +551,5 @@ def add_commands(sub, positive_int, nonneg_int, nonneg_float, top_p, seconds) ->
                    help="auto | flash | PATTERN=TIER[,...] (repeatable; default: flash and auto)")
     c.add_argument("--run", action="store_true", help="also measure each layout on the board (LAYOUT, no reflash)")
     c.add_argument("--port", metavar="PATH", help="serial port of a flashed board (default: start the native board)")
-    pr = c.add_mutually_exclusive_group()
-    pr.add_argument("--prompt", metavar="TEXT")
-    pr.add_argument("--prompt-ids", metavar="1,2,3")
-    c.add_argument("--max-tokens", type=positive_int, default=16, metavar="N")
-    c.add_argument("--temperature", type=nonneg_float, default=0.0, metavar="T")
-    c.add_argument("--top-p", type=top_p, default=0.0, metavar="P")
-    c.add_argument("--seed", type=nonneg_int, default=0, metavar="S")
-    c.add_argument("--baud", type=positive_int, default=115200, metavar="B")
-    c.add_argument("--timeout", type=seconds, default=10.0, metavar="S")
+    add_generation_args(c, max_tokens=16)
     c.set_defaults(func=cmd_compare)

@@ -673,7 +673,6 @@ class FrameDecoder:
         self._dropped = 0
         if not chunk and not dropped:
             return  # empty frame: idle delimiter
-        st = self.stats
         try:
             msg_type, seq, payload = decode_raw_frame(chunk)
             skipped = dropped

@@ -597,8 +597,6 @@ class Session:
                 if on_token is not None:
                     on_token(t)
 
-        args = dict(temperature=temperature, top_p=top_p, seed=seed, on_token=show,
-                    send_logits=send_logits, frame_timeout=frame_timeout, resend=True)
         total: RunResult | None = None
         events: list[dict] = []
         prompt, max_new, run = prompt_ids, int(max_new_tokens), None

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+import zlib
 from pathlib import Path
 
+import numpy as np
 import serial
 
 from converter.blob import write_blob
+from converter.reference import NO_TOKEN
 from firmware.build import build_firmware
 from host.protocol import Done, Error, Generate, Hello, Link, Logits, Ping, Token
 from host.virtual import start_native_board
@@ -67,3 +70,29 @@ def drain(link, quiet: float = 0.3) -> list:
     while (f := link.recv(quiet)) is not None:
         out.append(f.msg)
     return out
+
+
+def assert_matches_reference(toks, logits, ref) -> None:
+    """TOKEN and LOGITS frames of one generation equal reference.generate(..., keep_logits=True):
+    the same ids, and every step's logits bit for bit (and their CRC-32)."""
+    assert len(toks) == len(ref)
+    assert [t.in_id for t in toks] == [r["in_id"] for r in ref]
+    assert [NO_TOKEN if t.out_id is None else t.out_id for t in toks] == [r["out_id"] for r in ref]
+    for t, lg, r in zip(toks, logits, ref):
+        assert lg.step == t.step
+        assert np.array_equal(lg.values.view(np.uint32), r["logits"].view(np.uint32)), f"step {t.step}"
+        assert t.logits_crc == zlib.crc32(r["logits"].tobytes())
+
+
+def expected_bytes_read(qm, pos: int) -> tuple[int, int, int]:
+    """(flash, psram, sram) one step at pos reads with everything in flash and the KV cache in SRAM:
+    each matrix once (the tied head is the embedding, read whole), one embedding row, the norms,
+    this position's RoPE rows, and per head the K and V rows 0..pos."""
+    from converter.blob import build_blob, parse_header
+    c = qm.config
+    h = parse_header(build_blob(qm))
+    emb = next(e for e in h.entries if e.name == "tok_embeddings")
+    mats = sum(e.length for e in h.entries if e.fmt in ("q8", "q4") and e.name != "tok_embeddings")
+    flash = (mats + (emb.length if c.tied else 0) + emb.row_stride
+             + (2 * c.n_layers + 1) * c.dim * 4 + c.head_dim * 4)
+    return flash, 0, c.n_layers * c.n_heads * 2 * (pos + 1) * c.head_dim * 4

@@ -1,14 +1,13 @@
 """The C engine on the native board reproduces the NumPy reference bit for bit."""
 import subprocess
-import zlib
 
 import numpy as np
 import pytest
 
 from converter.quantize import quantize
-from converter.reference import NO_TOKEN, fexp, generate, silu
+from converter.reference import fexp, generate, silu
 from modelzoo import random_model
-from nativeboard import native_link, run
+from nativeboard import assert_matches_reference, expected_bytes_read, native_link, run
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
@@ -45,12 +44,7 @@ def test_engine_matches_reference_bit_for_bit(case, tmp_path, build_root):
             ref = generate(qm, prompt, 34, temperature, top_p, seed, keep_logits=True)
             toks, logits, done = run(link, prompt, 34, temperature, top_p, seed)
             assert done.reason == "max_tokens" and done.generated == 34 and len(toks) == len(ref) == 36
-            assert [t.in_id for t in toks] == [r["in_id"] for r in ref]
-            assert [NO_TOKEN if t.out_id is None else t.out_id for t in toks] == [r["out_id"] for r in ref]
-            for t, lg, r in zip(toks, logits, ref):
-                assert lg.step == t.step
-                assert np.array_equal(bits(lg.values), bits(r["logits"])), f"step {t.step}"
-                assert t.logits_crc == zlib.crc32(r["logits"].tobytes())
+            assert_matches_reference(toks, logits, ref)
 
 
 def test_context_full_and_eos_stop(tmp_path, build_root):
@@ -67,18 +61,10 @@ def test_bytes_read_per_tier(tmp_path, build_root):
     """Every step reads each matrix once, one embedding row, norms, RoPE rows; KV grows with pos."""
     _, ir = random_model(seed=5)
     qm = quantize(ir, "q8", 32)
-    c = qm.config
-    from converter.blob import build_blob, parse_header
-    h = parse_header(build_blob(qm))
-    by = {e.name: e for e in h.entries}
-    mats = sum(e.length for e in h.entries if e.fmt in ("q8", "q4") and e.name != "tok_embeddings")
-    head = by["tok_embeddings"].length if c.tied else 0
-    flash = mats + head + by["tok_embeddings"].row_stride + (2 * c.n_layers + 1) * c.dim * 4 + c.head_dim * 4
     with native_link(qm, tmp_path, build_root) as (link, _):
         toks, _, _ = run(link, [1], 5, logits=False)
     for t in toks:
-        kv = c.n_layers * c.n_heads * 2 * (t.pos + 1) * c.head_dim * 4
-        assert t.bytes_read == (flash, 0, kv)
+        assert t.bytes_read == expected_bytes_read(qm, t.pos)
 
 
 def test_c_math_matches_numpy(tmp_path):

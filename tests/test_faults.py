@@ -26,7 +26,7 @@ from converter.quantize import quantize  # noqa: E402
 from host import protocol as P  # noqa: E402
 from host.faultproxy import KINDS, FaultProxy, Faults  # noqa: E402
 from host.protocol import Link  # noqa: E402
-from host.session import BoardReset, LinkLost, ModelMismatch, Session, open_port  # noqa: E402
+from host.session import BoardReset, ModelMismatch, Session, open_port  # noqa: E402
 from host.virtual import start_native_board  # noqa: E402
 from modelzoo import random_model  # noqa: E402
 from nativeboard import binary_for  # noqa: E402

@@ -1,6 +1,5 @@
 """Layout planner, board profiles, LAYOUT switching and staging on the native board."""
 import json
-import struct
 import subprocess
 import sys
 
@@ -20,7 +19,7 @@ from converter.quantize import quantize
 from converter.reference import generate
 from host.protocol import Error, Hello, Layout
 from modelzoo import random_model
-from nativeboard import drain, native_link, run
+from nativeboard import drain, expected_bytes_read, native_link, run
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 LLAMA15M = ModelConfig(dim=288, n_layers=6, n_heads=6, n_kv_heads=6, vocab_size=32000, hidden_dim=768,
@@ -199,17 +198,11 @@ def test_bytes_read_formula_matches_engine_test():
     """Planner figures for the default layout against tests/test_engine.py's formula."""
     _, ir = random_model(seed=5)
     qm = quantize(ir, "q8", 32)
-    c = qm.config
-    h = parse_header(build_blob(qm))
-    by = {e.name: e for e in h.entries}
-    mats = sum(e.length for e in h.entries if e.fmt in ("q8", "q4") and e.name != "tok_embeddings")
-    flash = (mats + by["tok_embeddings"].length + by["tok_embeddings"].row_stride
-             + (2 * c.n_layers + 1) * c.dim * 4 + c.head_dim * 4)
-    spec = ModelSpec.from_header(h)
+    spec = ModelSpec.from_header(parse_header(build_blob(qm)))
     for pos in (0, 3, 47):
         p = C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), pos)
-        kv = c.n_layers * c.n_heads * 2 * (pos + 1) * c.head_dim * 4
-        assert p.bytes_read == {"flash": flash, "psram": 0, "sram": kv}
+        flash, psram, sram = expected_bytes_read(qm, pos)
+        assert p.bytes_read == {"flash": flash, "psram": psram, "sram": sram}
 
 
 # ---------------------------------------------------------------------------------------------

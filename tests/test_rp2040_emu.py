@@ -6,7 +6,6 @@ import json
 import subprocess
 import zlib
 
-import numpy as np
 import pytest
 
 from converter.blob import build_blob, parse_header
@@ -16,7 +15,7 @@ from emuboard import BOARD, emu_link, image_for, require_emulator
 from firmware.build import BuildError, build_firmware
 from host.protocol import Error, Hello, Log
 from modelzoo import random_model
-from nativeboard import drain, run
+from nativeboard import assert_matches_reference, drain, run
 
 CASES = {
     # name: (model config, default format, group size, overrides) — no block padding: the core
@@ -31,10 +30,6 @@ CASES = {
 def build_root(tmp_path_factory):
     require_emulator()
     return tmp_path_factory.mktemp("emu-builds")
-
-
-def bits(a):
-    return np.asarray(a, np.float32).view(np.uint32)
 
 
 def padding_per_step(qm) -> int:
@@ -60,12 +55,7 @@ def check_run(link, board, qm, prompt, n, temperature, top_p, seed, padding=0):
     ref = generate(qm, prompt, n, temperature, top_p, seed, keep_logits=True)
     toks, logits, done = run(link, prompt, n, temperature, top_p, seed)
     assert done.reason == "max_tokens" and len(toks) == len(ref) == len(prompt) - 1 + n
-    assert [t.in_id for t in toks] == [r["in_id"] for r in ref]
-    assert [NO_TOKEN if t.out_id is None else t.out_id for t in toks] == [r["out_id"] for r in ref]
-    for t, lg, r in zip(toks, logits, ref):
-        assert lg.step == t.step
-        assert np.array_equal(bits(lg.values), bits(r["logits"])), f"step {t.step}"
-        assert t.logits_crc == zlib.crc32(r["logits"].tobytes())
+    assert_matches_reference(toks, logits, ref)
     counts = {c["step"]: c for c in board.read_counts()}
     assert sorted(counts) == [t.step for t in toks]
     for t in toks:

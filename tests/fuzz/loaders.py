@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import random
 import resource
 import signal
 import struct
