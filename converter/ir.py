@@ -14,7 +14,20 @@ for matrices, like ``torch.nn.Linear.weight``):
     layers.{i}.ffn.w2         [dim, hidden_dim]      down
     layers.{i}.ffn.w3         [hidden_dim, dim]      up
     norm                      [dim]
-    output                    [vocab, dim]           only when the head is untied
+    output                    [out_vocab, dim]       only when the head is untied
+
+With Per-Layer Embeddings (Gemma-3n style, ``ple_dim`` P > 0; the forward pass is specified in
+converter/reference.py), L = n_layers:
+
+    ple.table                 [vocab, L * P]         the flash-resident gather (after tok_embeddings)
+    ple.proj                  [L * P, dim]
+    ple.norm                  [P]                    one gain shared by the L per-layer norms
+    layers.{i}.ple.gate       [P, dim]               (after layers.{i}.ffn.w3)
+    layers.{i}.ple.proj       [dim, P]
+    layers.{i}.ple.norm       [dim]
+
+``out_vocab`` (0 = vocab) rows of the output layer: a tied head is the first out_vocab rows of
+tok_embeddings; tokens >= out_vocab can be inputs but are never predicted.
 
 RoPE rotates adjacent pairs (x[2i], x[2i+1]) of each head, as llama2.c does.
 A tensor value is fp32 ``np.ndarray`` or, for files that arrive quantized (llama2.c v2),
@@ -46,6 +59,13 @@ class ModelConfig:
     tied: bool = True
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    ple_dim: int = 0          # P: Per-Layer Embedding width (0: a dense model without PLE)
+    out_vocab: int = 0        # rows of the output layer (0: vocab_size); read it as n_out
+
+    @property
+    def n_out(self) -> int:
+        """Rows of the output layer: the tokens the model can predict."""
+        return self.out_vocab or self.vocab_size
 
     @property
     def head_dim(self) -> int:
@@ -73,11 +93,24 @@ class ModelConfig:
         for name, lim in limits.items():
             if ints[name] > lim:
                 raise ModelError(f"config: {name} {ints[name]} is implausibly large (limit {lim})")
+        for name, v in dict(ple_dim=self.ple_dim, out_vocab=self.out_vocab).items():
+            if not isinstance(v, (int, np.integer)) or v < 0:
+                raise ModelError(f"config: {name} must be a non-negative integer (0: off), got {v!r}")
+        if self.out_vocab > self.vocab_size:
+            raise ModelError(f"config: out_vocab {self.out_vocab} exceeds vocab_size {self.vocab_size} "
+                             f"(the output layer predicts a prefix of the vocabulary)")
+        if self.ple_dim > 1 << 16 or self.n_layers * self.ple_dim > 1 << 18:
+            raise ModelError(f"config: ple_dim {self.ple_dim} x {self.n_layers} layers is implausibly large "
+                             f"(limits 65536 and 262144 in all)")
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor a model of this config has, in canonical order."""
-        d, hd = self.dim, self.head_dim
+        d, hd, P, L = self.dim, self.head_dim, self.ple_dim, self.n_layers
         shapes: dict[str, tuple[int, ...]] = {"tok_embeddings": (self.vocab_size, d)}
+        if P:
+            shapes["ple.table"] = (self.vocab_size, L * P)
+            shapes["ple.proj"] = (L * P, d)
+            shapes["ple.norm"] = (P,)
         for i in range(self.n_layers):
             p = f"layers.{i}."
             shapes[p + "attn_norm"] = (d,)
@@ -89,13 +122,23 @@ class ModelConfig:
             shapes[p + "ffn.w1"] = (self.hidden_dim, d)
             shapes[p + "ffn.w2"] = (d, self.hidden_dim)
             shapes[p + "ffn.w3"] = (self.hidden_dim, d)
+            if P:
+                shapes[p + "ple.gate"] = (P, d)
+                shapes[p + "ple.proj"] = (d, P)
+                shapes[p + "ple.norm"] = (d,)
         shapes["norm"] = (d,)
         if not self.tied:
-            shapes["output"] = (self.vocab_size, d)
+            shapes["output"] = (self.n_out, d)
         return shapes
 
     def n_params(self) -> int:
         return int(sum(np.prod(s) for s in self.tensor_shapes().values()))
+
+    def param_split(self) -> dict[str, int]:
+        """Parameters in the PLE table (``table``: read one row per token, lives in flash) and in
+        everything else (``core``); they sum to n_params()."""
+        table = int(np.prod(self.tensor_shapes().get("ple.table", (0,))))
+        return {"table": table, "core": self.n_params() - table}
 
 
 @dataclass
@@ -104,11 +147,14 @@ class QTensor:
 
     Groups run along a row; the last group of a row is ragged when ``cols % group_size``.
     ``codes`` is int8 in [-qmax, qmax] (int4 codes are stored unpacked here; packing is the blob's job).
+    ``scale16``: every scale is an fp16 value (the quantizer rounded it before choosing the codes)
+    and the blob stores it as fp16 (format bit 8).
     """
     fmt: str
     codes: np.ndarray       # int8 [rows, cols]
     scales: np.ndarray      # float32 [rows, n_groups]
     group_size: int
+    scale16: bool = False
 
     @property
     def shape(self) -> tuple[int, int]:

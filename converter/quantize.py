@@ -2,20 +2,24 @@
 
 Recipe: every matrix gets the default format and group size; the token embedding and an untied
 output head stay q8 when the default is q4 (they are the tensors whose error reaches the logits
-directly); norms stay f32.  Overrides ``PATTERN=FMT[:GROUP]`` (fnmatch on tensor names; a pattern
-also matches everything below it, so ``layers.*.ffn=q4`` covers ``layers.3.ffn.w1``) win, last
-one first.
+directly); the PLE table (``ple.table``, most of a PLE model, read one row per token) is q4
+whatever the default; norms stay f32.  Overrides ``PATTERN=FMT[:GROUP]`` (fnmatch on tensor
+names; a pattern also matches everything below it, so ``layers.*.ffn=q4`` covers
+``layers.3.ffn.w1``; ``head`` names the output layer: ``tok_embeddings`` when tied, else
+``output``) win, last one first.  Scales are f32, or with ``scales="f16"`` rounded to fp16 before
+the codes are chosen (stored as fp16: half the scale bytes).
 """
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from .ir import QMAX, ModelConfig, ModelError, ModelIR, QTensor, Tokenizer
 
 MAX_GROUP = 1024   # keeps every int32 group sum below 2**24, so its float conversion is exact
+SCALES = ("f32", "f16")
 
 
 @dataclass
@@ -25,7 +29,7 @@ class QuantModel:
     rope_cos: np.ndarray
     rope_sin: np.ndarray
     tokenizer: Tokenizer | None
-    recipe: dict[str, str] = field(default_factory=dict)   # name -> "q8:32" / "f32"
+    recipe: dict[str, str] = field(default_factory=dict)   # name -> "q8:32" / "q4:128:f16" / "f32"
     source: str = ""
 
     def head(self) -> QTensor:
@@ -59,6 +63,17 @@ def parse_overrides(items) -> list[Override]:
     return out
 
 
+def resolve_head(ovs: list[Override], tied: bool) -> list[Override]:
+    """Overrides with the alias ``head`` replaced by the output layer's name."""
+    head = "tok_embeddings" if tied else "output"
+    return [replace(o, pattern=head) if o.pattern == "head" else o for o in ovs]
+
+
+def check_scales(scales: str) -> None:
+    if scales not in SCALES:
+        raise ModelError(f"scales must be f32 or f16, got {scales!r}")
+
+
 def check_group_size(g: int) -> None:
     if not 1 <= g <= MAX_GROUP:
         raise ModelError(f"group size {g} out of range 1..{MAX_GROUP}")
@@ -72,8 +87,9 @@ def rope_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
-def quantize_matrix(w: np.ndarray, fmt: str, group_size: int) -> QTensor:
-    """Per row, per group of ``group_size`` columns: scale = max|w| / qmax, code = round(w / scale)."""
+def quantize_matrix(w: np.ndarray, fmt: str, group_size: int, scale16: bool = False) -> QTensor:
+    """Per row, per group of ``group_size`` columns: scale = max|w| / qmax, code = round(w / scale).
+    ``scale16``: the scale is first rounded to fp16 (nearest even), and the codes use that scale."""
     rows, cols = w.shape
     ng = -(-cols // group_size)
     wp = np.zeros((rows, ng * group_size), np.float32)
@@ -81,30 +97,46 @@ def quantize_matrix(w: np.ndarray, fmt: str, group_size: int) -> QTensor:
     wg = wp.reshape(rows, ng, group_size)
     amax = np.abs(wg).max(axis=2)
     scales = (amax / np.float32(QMAX[fmt])).astype(np.float32)
+    if scale16:
+        with np.errstate(over="ignore"):
+            scales = scales.astype(np.float16).astype(np.float32)
+        if not np.all(np.isfinite(scales)):
+            raise ModelError(f"weights up to {float(amax.max()):.3g} overflow fp16 scales (largest 65504); "
+                             f"use f32 scales")
     safe = np.where(scales > 0, scales, np.float32(1))
     codes = np.rint(wg / safe[:, :, None])
     codes = np.clip(codes, -QMAX[fmt], QMAX[fmt]).astype(np.int8)
     codes[scales == 0] = 0
-    return QTensor(fmt, codes.reshape(rows, ng * group_size)[:, :cols].copy(), scales, group_size)
+    return QTensor(fmt, codes.reshape(rows, ng * group_size)[:, :cols].copy(), scales, group_size, scale16)
 
 
 def default_spec(name: str, default_format: str, group_size: int) -> tuple[str, int]:
+    if name == "ple.table":
+        return "q4", group_size
     if name in ("tok_embeddings", "output") and default_format == "q4":
         return "q8", group_size
     return default_format, group_size
 
 
-def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, overrides=()) -> QuantModel:
+def recipe_entry(fmt: str, g: int, scale16: bool) -> str:
+    return f"{fmt}:{g}" + (":f16" if scale16 else "")
+
+
+def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, overrides=(),
+             scales: str = "f32") -> QuantModel:
     if default_format not in ("q8", "q4"):
         raise ModelError(f"format must be q8 or q4, got {default_format!r}")
     check_group_size(group_size)
+    check_scales(scales)
+    s16 = scales == "f16"
     ovs = overrides if overrides and isinstance(overrides[0], Override) else parse_overrides(overrides)
     ir.validate()
     cfg = ir.config
+    ovs = resolve_head(ovs, cfg.tied)
     unused = [o.pattern for o in ovs if not any(o.matches(n) for n in ir.tensors)]
     if unused:
         raise ModelError(f"--quant pattern {unused[0]!r} matches no tensor (names look like "
-                         f"'layers.0.ffn.w1', 'tok_embeddings', 'output')")
+                         f"'layers.0.ffn.w1', 'tok_embeddings', 'output', 'head')")
     tensors: dict[str, QTensor | np.ndarray] = {}
     recipe: dict[str, str] = {}
     for name, t in ir.tensors.items():
@@ -113,18 +145,21 @@ def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, over
             recipe[name] = "f32"
             continue
         fmt, g = default_spec(name, default_format, group_size)
-        if isinstance(t, QTensor) and not ovs:
+        if isinstance(t, QTensor) and not ovs and not s16:
             fmt, g = t.fmt, t.group_size      # arrived quantized: keep it unless told otherwise
         for o in reversed(ovs):
             if o.matches(name):
                 fmt, g = o.fmt, (o.group_size or g)
                 break
-        if isinstance(t, QTensor) and (t.fmt, t.group_size) == (fmt, g):
+        if isinstance(t, QTensor) and (t.fmt, t.group_size, t.scale16) == (fmt, g, s16):
             tensors[name] = t
         else:
             w = t.dequantize() if isinstance(t, QTensor) else np.asarray(t, np.float32)
-            tensors[name] = quantize_matrix(w, fmt, g)
-        recipe[name] = f"{fmt}:{g}"
+            try:
+                tensors[name] = quantize_matrix(w, fmt, g, s16)
+            except ModelError as e:
+                raise ModelError(f"tensor {name}: {e}") from None
+        recipe[name] = recipe_entry(fmt, g, s16)
     if ir.rope_cos is not None and ir.rope_sin is not None:
         cos, sin = np.asarray(ir.rope_cos, np.float32), np.asarray(ir.rope_sin, np.float32)
     else:

@@ -15,7 +15,18 @@ firmware/engine/ does the same operations in the same order):
 * attention: ``s_t = fold(q*k_t) * (1/sqrt(head_dim))``, softmax ``e = exp(s - max)``,
   ``a = e * (1 / fold(e))``, ``out = fold_t(a_t * v_t)``;
 * ``exp`` is ``fexp`` below (range reduction + degree-6 polynomial, no libm), SiLU is
-  ``x / (1 + fexp(-x))``.
+  ``x / (1 + fexp(-x))``; GELU (tanh approximation) is ``u = x * (K0 + K1 * (x * x))``,
+  ``x / (1 + fexp(-(u + u)))`` with K0 = sqrt(2/pi) and K1 = sqrt(2/pi) * 0.044715, each rounded
+  once to binary32;
+* Per-Layer Embeddings (``ple_dim`` P > 0, L layers, d = dim), for token t:
+  before layer 0 ("embed"): ``z = matvec(ple.proj, x) * inv_sqrt_d`` with
+  ``inv_sqrt_d = 1 / sqrt(d)``, then per layer l
+  ``u_l = (rmsnorm(z[lP:(l+1)P], ple.norm) + (T[t][lP:(l+1)P] * sqrt_P)) * inv_sqrt2``
+  (T[t]: the dequantized table row; ``sqrt_P = sqrt(P)``, ``inv_sqrt2 = 1 / sqrt(2)``);
+  after each layer's FFN ("ple"): ``h = gelu(matvec(layers.l.ple.gate, x)) * u_l``,
+  ``x = x + rmsnorm(matvec(layers.l.ple.proj, h), layers.l.ple.norm)``;
+* the head computes ``out_vocab`` rows (a tied head: the first rows of the embedding); sampling
+  runs over them.
 """
 from __future__ import annotations
 
@@ -57,6 +68,18 @@ def fexp(x) -> np.ndarray:
 def silu(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         return (x / (F(1.0) + fexp(-x))).astype(F)
+
+
+GELU_K0 = F(0.7978845608028654)                 # sqrt(2/pi)
+GELU_K1 = F(0.7978845608028654 * 0.044715)      # sqrt(2/pi) * 0.044715, rounded once
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """tanh-approximation GELU as x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)."""
+    x = np.asarray(x, F)
+    with np.errstate(over="ignore", invalid="ignore"):
+        u = x * (GELU_K0 + GELU_K1 * (x * x))
+        return (x / (F(1.0) + fexp(-(u + u)))).astype(F)
 
 
 def fold(a: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -104,6 +127,11 @@ class PackedMatrix:
         g = np.arange(self.cols) // self.group_size
         return self.q.codes[r].astype(F) * self.scales[r, g]
 
+    def first_rows(self, n: int) -> "PackedMatrix":
+        """The matrix of rows [0, n) (a tied head over out_vocab rows)."""
+        q = self.q
+        return PackedMatrix(QTensor(q.fmt, q.codes[:n], q.scales[:n], q.group_size, q.scale16))
+
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: np.float32) -> np.ndarray:
     ss = fold(x * x) / F(x.shape[0]) + eps
@@ -143,17 +171,32 @@ class Reference:
         self.qm = qm
         self.mats = {n: PackedMatrix(t) for n, t in qm.tensors.items() if isinstance(t, QTensor)}
         self.vecs = {n: np.asarray(t, F) for n, t in qm.tensors.items() if not isinstance(t, QTensor)}
-        self.head = self.mats["tok_embeddings" if c.tied else "output"]
+        self.head = self.mats["tok_embeddings" if c.tied else "output"].first_rows(c.n_out)
         self.eps = F(c.norm_eps)
         self.att_scale = F(1.0) / np.sqrt(F(c.head_dim))
+        self.inv_sqrt_d = F(1.0) / np.sqrt(F(c.dim))
+        self.sqrt_p = np.sqrt(F(c.ple_dim))
+        self.inv_sqrt2 = F(1.0) / np.sqrt(F(2.0))
         self.kc = np.zeros((c.n_layers, c.max_seq_len, c.n_kv_heads, c.head_dim), F)
         self.vc = np.zeros_like(self.kc)
+
+    def ple_inputs(self, token: int, x: np.ndarray) -> np.ndarray:
+        """u [L, P]: each layer's per-layer input, from the embedding row x and the table row."""
+        c, m, P = self.cfg, self.mats, self.cfg.ple_dim
+        z = m["ple.proj"].matvec(x) * self.inv_sqrt_d
+        t = m["ple.table"].row(token)
+        u = np.empty((c.n_layers, P), F)
+        for i in range(c.n_layers):
+            zl = rmsnorm(z[i * P:(i + 1) * P], self.vecs["ple.norm"], self.eps)
+            u[i] = (zl + t[i * P:(i + 1) * P] * self.sqrt_p) * self.inv_sqrt2
+        return u
 
     def forward(self, token: int, pos: int) -> np.ndarray:
         c, m, v = self.cfg, self.mats, self.vecs
         hd = c.head_dim
         cos, sin = self.qm.rope_cos[pos], self.qm.rope_sin[pos]
         x = m["tok_embeddings"].row(token)
+        u = self.ple_inputs(token, x) if c.ple_dim else None
         for i in range(c.n_layers):
             p = f"layers.{i}."
             xb = rmsnorm(x, v[p + "attn_norm"], self.eps)
@@ -167,6 +210,9 @@ class Reference:
             xb = rmsnorm(x, v[p + "ffn_norm"], self.eps)
             hb = silu(m[p + "ffn.w1"].matvec(xb)) * m[p + "ffn.w3"].matvec(xb)
             x = x + m[p + "ffn.w2"].matvec(hb)
+            if u is not None:
+                h = gelu(m[p + "ple.gate"].matvec(x)) * u[i]
+                x = x + rmsnorm(m[p + "ple.proj"].matvec(h), v[p + "ple.norm"], self.eps)
         return self.head.matvec(rmsnorm(x, v["norm"], self.eps))
 
 
@@ -191,6 +237,12 @@ class Fp32Model:
 
         cos, sin = self.cos[pos], self.sin[pos]
         x = w["tok_embeddings"][token].copy()
+        P = c.ple_dim
+        if P:
+            z = (w["ple.proj"] @ x) / np.sqrt(F(c.dim))
+            t = w["ple.table"][token]
+            u = [(norm(z[i * P:(i + 1) * P], w["ple.norm"]) + t[i * P:(i + 1) * P] * np.sqrt(F(P))) / np.sqrt(F(2))
+                 for i in range(c.n_layers)]
         for i in range(c.n_layers):
             p = f"layers.{i}."
             xb = norm(x, w[p + "attn_norm"])
@@ -203,7 +255,11 @@ class Fp32Model:
             xb = norm(x, w[p + "ffn_norm"])
             h1 = w[p + "ffn.w1"] @ xb
             x = x + w[p + "ffn.w2"] @ ((h1 / (F(1) + np.exp(-h1))) * (w[p + "ffn.w3"] @ xb))
-        head = w["tok_embeddings" if c.tied else "output"]
+            if P:
+                g = w[p + "ple.gate"] @ x
+                g = F(0.5) * g * (F(1) + np.tanh(np.sqrt(F(2 / np.pi)) * (g + F(0.044715) * g ** 3)))
+                x = x + norm(w[p + "ple.proj"] @ (g * u[i]), w[p + "ple.norm"])
+        head = w["tok_embeddings" if c.tied else "output"][:c.n_out]
         return (head @ norm(x, w["norm"])).astype(F)
 
 

@@ -1,4 +1,5 @@
-"""Small random models for tests: our PyTorch Transformer with perturbed norms, as ModelIR."""
+"""Small random models for tests: our PyTorch Transformer with perturbed norms, as ModelIR; and
+Per-Layer-Embedding models drawn straight in NumPy (every tensor of the config's shape list)."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,3 +25,23 @@ def random_model(seed: int = 0, **cfg) -> tuple[Transformer, ModelIR]:
     tensors = {k[: -len(".weight")]: v.detach().numpy().astype(np.float32)
                for k, v in model.state_dict().items()}
     return model, ModelIR(config, tensors, source=f"random seed {seed}")
+
+
+def random_ple_model(seed: int = 0, **cfg) -> ModelIR:
+    """A random PLE model (``ple_dim`` > 0): Gaussian matrices scaled by 2/sqrt(fan-in), the PLE
+    table and embedding unit-scale, norms around 1 (the PLE post-norms too, so every path counts)."""
+    base = dict(dim=48, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=70, hidden_dim=64,
+                max_seq_len=48, tied=True, ple_dim=24, out_vocab=0)
+    base.update(cfg)
+    config = ModelConfig(**base)
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for name, shape in config.tensor_shapes().items():
+        if len(shape) == 1:
+            t = 1 + 0.2 * rng.standard_normal(shape)
+        elif name in ("tok_embeddings", "ple.table"):
+            t = rng.standard_normal(shape)
+        else:
+            t = rng.standard_normal(shape) * (2.0 / np.sqrt(shape[1]))
+        tensors[name] = t.astype(np.float32)
+    return ModelIR(config, tensors, source=f"random PLE seed {seed}")
