@@ -1,4 +1,4 @@
-"""The weights blob (flash image), format version 1 — layout in docs/formats.md section 1.
+"""The weights blob (flash image), format version 2 — layout in docs/formats.md section 1.
 
 The C reader (firmware/engine/blob.c) validates the same fields; ``read_blob`` turns a blob
 back into the QuantModel it encodes, so tests run the reference on exactly the bytes the
@@ -19,16 +19,19 @@ from .ir import ModelConfig, ModelError, QTensor, Tokenizer
 from .quantize import QuantModel
 
 MAGIC = b"FLMB"
-VERSION = 1
+VERSION = 2
 HEADER_SIZE = 112
 ENTRY_SIZE = 64
 ALIGN = 64
 FMT_CODE = {"f32": 0, "q8": 1, "q4": 2, "bytes": 3}
 FMT_NAME = {v: k for k, v in FMT_CODE.items()}
+FMT_SCALE16 = 0x100            # format bit 8: the quantized rows carry fp16 scales
+FMT_BASE = 0xFF                # bits 0-7: the base format
 TIER_CODE = {"flash": 0, "psram": 1, "sram": 2}
 TIER_NAME = {v: k for k, v in TIER_CODE.items()}
 NONE_ID = 0xFFFFFFFF
-CONFIG_FMT = "<10I2f4I"        # 64-byte config block at offset 48
+CONFIG_FMT = "<10I2f4I"        # 64-byte config block at offset 48 (v2: ple_dim, out_vocab, 2 reserved)
+PINNED_TO_FLASH = ("tokenizer", "ple.table")   # sections the firmware reads from flash only
 ENTRY_FMT = "<32s8I"
 
 
@@ -56,6 +59,7 @@ class Entry:
     offset: int
     length: int
     row_stride: int
+    scale16: bool = False
 
 
 def _pad4(n: int) -> int:
@@ -67,57 +71,79 @@ def group_lengths(cols: int, g: int) -> list[int]:
     return [g] * (ng - 1) + [cols - (ng - 1) * g]
 
 
+def code_bytes(fmt: str, n: int) -> int:
+    """Bytes of n codes, padded to a multiple of 4 (so every group's codes start word aligned)."""
+    return _pad4(n if fmt == "q8" else (n + 1) // 2)
+
+
 def block_bytes(fmt: str, n: int) -> int:
-    return 4 + _pad4(n if fmt == "q8" else (n + 1) // 2)
+    return 4 + code_bytes(fmt, n)
 
 
-def row_stride(fmt: str, cols: int, g: int) -> int:
+def row_stride(fmt: str, cols: int, g: int, scale16: bool = False) -> int:
     """Bytes of one row: full groups, then the last partial one (closed form, so a header's
-    column count of 2**32 costs nothing to check)."""
+    column count of 2**32 costs nothing to check). f32 scales: a block per group (scale, codes);
+    fp16 scales: the row's scales first (padded to 4), then each group's codes."""
     full, last = divmod(cols, g)
+    if scale16:
+        return _pad4(2 * (full + (1 if last else 0))) + full * code_bytes(fmt, g) + (code_bytes(fmt, last) if last else 0)
     return full * block_bytes(fmt, g) + (block_bytes(fmt, last) if last else 0)
 
 
+def _pack_codes(fmt: str, codes: np.ndarray) -> np.ndarray:
+    """[rows, n] int8 codes -> [rows, code_bytes] bytes (int8, or int4 nibble pairs, low first)."""
+    rows, n = codes.shape
+    if fmt == "q8":
+        body = codes.astype(np.int8).view(np.uint8)
+    else:
+        nib = (codes.astype(np.int16) & 0xF).astype(np.uint8)
+        if n % 2:
+            nib = np.concatenate([nib, np.zeros((rows, 1), np.uint8)], axis=1)
+        body = nib[:, 0::2] | (nib[:, 1::2] << 4)
+    return np.concatenate([body, np.zeros((rows, code_bytes(fmt, n) - body.shape[1]), np.uint8)], axis=1)
+
+
 def encode_qtensor(q: QTensor) -> bytes:
-    """Rows of blocks: f32 scale, then the group's codes (int8, or int4 nibble pairs), padded to 4."""
+    """Rows of blocks (f32 scale, then the group's codes), or with fp16 scales the row's scales
+    then its groups' codes; codes padded to 4 bytes per group."""
     rows, cols = q.shape
-    parts = []
-    start = 0
-    for gi, n in enumerate(group_lengths(cols, q.group_size)):
-        codes = q.codes[:, start:start + n].astype(np.int8)
-        if q.fmt == "q8":
-            body = codes.view(np.uint8)
-        else:
-            nib = (codes.astype(np.int16) & 0xF).astype(np.uint8)
-            if n % 2:
-                nib = np.concatenate([nib, np.zeros((rows, 1), np.uint8)], axis=1)
-            body = nib[:, 0::2] | (nib[:, 1::2] << 4)
-        pad = _pad4(body.shape[1]) - body.shape[1]
-        block = np.concatenate([q.scales[:, gi:gi + 1].astype("<f4").view(np.uint8), body,
-                                np.zeros((rows, pad), np.uint8)], axis=1)
-        parts.append(block)
-        start += n
+    lens = group_lengths(cols, q.group_size)
+    starts = np.cumsum([0] + lens[:-1])
+    codes = [_pack_codes(q.fmt, q.codes[:, a:a + n]) for a, n in zip(starts, lens)]
+    if q.scale16:
+        sc = q.scales.astype("<f2").view(np.uint8)
+        parts = [sc, np.zeros((rows, _pad4(sc.shape[1]) - sc.shape[1]), np.uint8)] + codes
+    else:
+        sc = q.scales.astype("<f4").view(np.uint8)
+        parts = [x for gi, c in enumerate(codes) for x in (sc[:, 4 * gi:4 * gi + 4], c)]
     return np.ascontiguousarray(np.concatenate(parts, axis=1)).tobytes()
 
 
-def decode_qtensor(buf: bytes, fmt: str, rows: int, cols: int, g: int) -> QTensor:
-    stride = row_stride(fmt, cols, g)
+def decode_qtensor(buf: bytes, fmt: str, rows: int, cols: int, g: int, scale16: bool = False) -> QTensor:
+    stride = row_stride(fmt, cols, g, scale16)
     raw = np.frombuffer(buf, np.uint8, rows * stride).reshape(rows, stride)
     lens = group_lengths(cols, g)
     codes = np.zeros((rows, cols), np.int8)
-    scales = np.zeros((rows, len(lens)), np.float32)
-    off = start = 0
+    if scale16:
+        scales = raw[:, :2 * len(lens)].copy().view("<f2").astype(np.float32)
+        off = _pad4(2 * len(lens))
+    else:
+        scales = np.zeros((rows, len(lens)), np.float32)
+        off = 0
+    start = 0
     for gi, n in enumerate(lens):
-        scales[:, gi] = raw[:, off:off + 4].copy().view("<f4")[:, 0]
-        body = raw[:, off + 4:off + block_bytes(fmt, n)]
+        if not scale16:
+            scales[:, gi] = raw[:, off:off + 4].copy().view("<f4")[:, 0]
+            off += 4
+        body = raw[:, off:off + code_bytes(fmt, n)]
         if fmt == "q8":
             codes[:, start:start + n] = body[:, :n].view(np.int8)
         else:
             nib = np.stack([body & 0xF, body >> 4], axis=2).reshape(rows, -1)[:, :n].astype(np.int8)
             codes[:, start:start + n] = np.where(nib > 7, nib - 16, nib)
-        off += block_bytes(fmt, n)
+        off += code_bytes(fmt, n)
         start += n
-    return QTensor(fmt, codes, scales, g)
+    return QTensor(fmt, codes, scales, g, scale16)
 
 
 def encode_tokenizer(tok: Tokenizer | None, vocab: int) -> bytes:
@@ -141,22 +167,36 @@ def decode_tokenizer(buf: bytes) -> list[bytes]:
     return [bytes(buf[base + offs[i]:base + offs[i + 1]]) for i in range(n)]
 
 
-def _sections(qm: QuantModel) -> list[tuple[str, str, int, int, int, bytes]]:
-    """(name, fmt, rows, cols, group, data) in blob order: tokenizer, RoPE tables, tensors."""
+def _sections(qm: QuantModel) -> list[tuple[str, str, int, int, int, bool, bytes]]:
+    """(name, fmt, rows, cols, group, scale16, data) in blob order: tokenizer, RoPE tables, tensors."""
     c = qm.config
     tok = encode_tokenizer(qm.tokenizer, c.vocab_size)
-    out = [("tokenizer", "bytes", 1, len(tok), 0, tok)]
+    out = [("tokenizer", "bytes", 1, len(tok), 0, False, tok)]
     for name, t in (("rope.cos", qm.rope_cos), ("rope.sin", qm.rope_sin)):
         a = np.ascontiguousarray(t, "<f4")
-        out.append((name, "f32", a.shape[0], a.shape[1], 0, a.tobytes()))
+        out.append((name, "f32", a.shape[0], a.shape[1], 0, False, a.tobytes()))
     for name in c.tensor_shapes():
         t = qm.tensors[name]
         if isinstance(t, QTensor):
-            out.append((name, t.fmt, t.shape[0], t.shape[1], t.group_size, encode_qtensor(t)))
+            out.append((name, t.fmt, t.shape[0], t.shape[1], t.group_size, t.scale16, encode_qtensor(t)))
         else:
             a = np.ascontiguousarray(t, "<f4").reshape(1, -1)
-            out.append((name, "f32", 1, a.shape[1], 0, a.tobytes()))
+            out.append((name, "f32", 1, a.shape[1], 0, False, a.tobytes()))
     return out
+
+
+def format_code(fmt: str, scale16: bool) -> int:
+    return FMT_CODE[fmt] | (FMT_SCALE16 if scale16 else 0)
+
+
+def check_pinned(tiers: dict[str, str]) -> None:
+    """Refuse a placement that moves a flash-only section (the tokenizer, the PLE table) off flash."""
+    for name in PINNED_TO_FLASH:
+        t = tiers.get(name, "flash")
+        if t != "flash":
+            why = ("it is a gather of one row per token that the firmware reads in place and never stages"
+                   if name == "ple.table" else "the firmware reads it in place and never stages it")
+            raise BlobError(f"{name} cannot be placed in {t}: {why}; it stays in flash")
 
 
 def config_block(c: ModelConfig, tok: Tokenizer | None) -> bytes:
@@ -164,7 +204,7 @@ def config_block(c: ModelConfig, tok: Tokenizer | None) -> bytes:
     eos = tok.eos_id if tok is not None and tok.eos_id is not None else NONE_ID
     return struct.pack(CONFIG_FMT, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.hidden_dim,
                        c.vocab_size, c.max_seq_len, 1 if c.tied else 0, bos, eos,
-                       c.norm_eps, c.rope_theta, 0, 0, 0, 0)
+                       c.norm_eps, c.rope_theta, c.ple_dim, c.n_out, 0, 0)
 
 
 STATE_REGIONS = ("kv", "logits", "scratch")   # 4-bit fields of the header's state_tiers, low bits first
@@ -209,6 +249,7 @@ def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None,
     """Serialize; ``tiers`` maps tensor name -> tier (default: everything read from flash);
     ``state`` places the engine's RAM buffers (``kv``, ``logits``, ``scratch``) on psram/sram."""
     tiers = tiers or {}
+    check_pinned(tiers)
     state_tiers = pack_state_tiers(state)
     secs = _sections(qm)
     if any(len(s[0]) > 31 for s in secs):
@@ -218,13 +259,13 @@ def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None,
     entries, body = [], bytearray()
     hasher = hashlib.sha256(config_block(qm.config, qm.tokenizer))
     tier_codes = []
-    for name, fmt, rows, cols, g, data in secs:
+    for name, fmt, rows, cols, g, s16, data in secs:
         tier = TIER_CODE[tiers.get(name, "flash")]
         tier_codes.append(tier)
-        stride = row_stride(fmt, cols, g) if fmt in ("q8", "q4") else (cols * 4 if fmt == "f32" else cols)
-        entries.append(struct.pack(ENTRY_FMT, name.encode(), FMT_CODE[fmt], rows, cols, g, tier,
-                                   off, len(data), stride))
-        hasher.update(struct.pack("<32s4I", name.encode(), FMT_CODE[fmt], rows, cols, g) + data)
+        stride = row_stride(fmt, cols, g, s16) if fmt in ("q8", "q4") else (cols * 4 if fmt == "f32" else cols)
+        code = format_code(fmt, s16)
+        entries.append(struct.pack(ENTRY_FMT, name.encode(), code, rows, cols, g, tier, off, len(data), stride))
+        hasher.update(struct.pack("<32s4I", name.encode(), code, rows, cols, g) + data)
         pad = -(-len(data) // ALIGN) * ALIGN - len(data)
         body += data + bytes(pad)
         off += len(data) + pad
@@ -247,6 +288,7 @@ def retier_blob(blob: bytes, tiers: dict[str, str] | None = None,
     flash), the header's state_tiers, layout_id and CRC rewritten; data and model hash unchanged."""
     h = parse_header(blob)
     tiers = tiers or {}
+    check_pinned(tiers)
     unknown = sorted(set(tiers) - {e.name for e in h.entries})
     if unknown:
         raise BlobError(f"no tensor {unknown[0]!r} in the blob")
@@ -301,6 +343,9 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
     if blob[:4] != MAGIC:
         raise BlobError(f"{what}: not a flashlm blob (magic {blob[:4]!r}, expected {MAGIC!r})")
     version, total, crc = struct.unpack_from("<3I", blob, 4)
+    if version < VERSION:
+        raise BlobError(f"{what}: blob format version {version} was written by an older flashlm; "
+                        f"re-run flashlm convert (this flashlm reads version {VERSION})")
     if version != VERSION:
         raise BlobError(f"{what}: blob format version {version}, this tool reads version {VERSION}")
     if total != len(blob):
@@ -311,9 +356,12 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
     layout_id, n, table_off, state_tiers = struct.unpack_from("<4I", blob, 32)
     v = struct.unpack_from(CONFIG_FMT, blob, 48)
     try:
+        if not 1 <= v[13] <= v[5]:      # the writer stores the effective out_vocab, never 0
+            raise ModelError(f"out_vocab {v[13]} is not in 1..vocab_size {v[5]}")
         cfg = ModelConfig(dim=v[0], n_layers=v[1], n_heads=v[2], n_kv_heads=v[3], hidden_dim=v[4],
                           vocab_size=v[5], max_seq_len=v[6], tied=bool(v[7] & 1),
-                          norm_eps=float(v[10]), rope_theta=float(v[11]))
+                          norm_eps=float(v[10]), rope_theta=float(v[11]), ple_dim=v[12],
+                          out_vocab=0 if v[13] == v[5] else v[13])
         cfg.validate()
     except (ModelError, ZeroDivisionError) as e:
         raise BlobError(f"{what}: bad model config in header: {e}") from None
@@ -328,17 +376,18 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
         raw = struct.unpack_from(ENTRY_FMT, blob, table_off + i * ENTRY_SIZE)
         name = raw[0].split(b"\0", 1)[0].decode("ascii", "replace")
         fmt, rows, cols, g, tier, off, length, stride = raw[1:]
-        if fmt not in FMT_NAME or tier not in TIER_NAME:
-            raise BlobError(f"{what}: tensor {name}: unknown format {fmt} or tier {tier}")
+        fname, s16 = FMT_NAME.get(fmt & FMT_BASE), bool(fmt & FMT_SCALE16)
+        if fname is None or fmt & ~(FMT_BASE | FMT_SCALE16) or (s16 and fname not in ("q8", "q4")) \
+                or tier not in TIER_NAME:
+            raise BlobError(f"{what}: tensor {name}: unknown format {fmt:#x} or tier {tier}")
         if off % ALIGN or off + length > total or off < table_off + n * ENTRY_SIZE:
             raise BlobError(f"{what}: tensor {name}: data out of bounds")
-        fname = FMT_NAME[fmt]
         if fname in ("q8", "q4"):
-            if not 1 <= g <= 1024 or stride != row_stride(fname, cols, g) or length != rows * stride:
+            if not 1 <= g <= 1024 or stride != row_stride(fname, cols, g, s16) or length != rows * stride:
                 raise BlobError(f"{what}: tensor {name}: inconsistent quantized layout")
         elif fname == "f32" and length != rows * cols * 4:
             raise BlobError(f"{what}: tensor {name}: length {length} != {rows}x{cols} f32")
-        entries.append(Entry(name, fname, rows, cols, g, TIER_NAME[tier], off, length, stride))
+        entries.append(Entry(name, fname, rows, cols, g, TIER_NAME[tier], off, length, stride, s16))
     return BlobHeader(version, total, crc, mhash, layout_id, cfg,
                       None if v[8] == NONE_ID else v[8], None if v[9] == NONE_ID else v[9], entries,
                       state_tiers)
@@ -369,7 +418,7 @@ def read_blob(path_or_bytes) -> QuantModel:
         if e.fmt in ("q8", "q4"):
             if (e.rows, e.cols) != shape:
                 raise BlobError(f"{what}: tensor {name}: shape {(e.rows, e.cols)}, expected {shape}")
-            tensors[name] = decode_qtensor(buf, e.fmt, e.rows, e.cols, e.group_size)
+            tensors[name] = decode_qtensor(buf, e.fmt, e.rows, e.cols, e.group_size, e.scale16)
         else:
             if e.fmt != "f32" or e.rows * e.cols != int(np.prod(shape)):
                 raise BlobError(f"{what}: tensor {name}: bad format or size")

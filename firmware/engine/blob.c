@@ -29,25 +29,28 @@ static int fail(char *err, size_t n, const char *a, const char *name, uint32_t v
 
 static uint32_t pad4(uint32_t n) { return (n + 3u) & ~3u; }
 
-static uint32_t stride_of(uint32_t fmt, uint32_t cols, uint32_t g) {
-    uint32_t full = cols / g, last = cols - full * g, s;
-    if (fmt == FLM_Q8) {
-        s = full * (4u + pad4(g));
-        if (last) s += 4u + pad4(last);
-    } else {
-        s = full * (4u + pad4((g + 1u) / 2u));
-        if (last) s += 4u + pad4((last + 1u) / 2u);
-    }
-    return s;
+/* Bytes of one row (docs/formats.md section 1): per group its codes padded to 4, plus a 4-byte f32
+ * scale each or, with fp16 scales, the row's scales up front padded to 4. 64-bit: a hostile column
+ * count cannot wrap it into a plausible value. */
+static uint64_t stride_of(uint32_t fmt, uint32_t cols, uint32_t g, uint32_t scale16) {
+    uint64_t full = cols / g, last = cols - full * g, ng = full + (last ? 1u : 0u);
+    uint64_t cg = fmt == FLM_Q8 ? pad4(g) : pad4((g + 1u) / 2u);
+    uint64_t cl = !last ? 0u : fmt == FLM_Q8 ? pad4((uint32_t)last) : pad4(((uint32_t)last + 1u) / 2u);
+    return full * cg + cl + (scale16 ? (2u * ng + 3u) & ~(uint64_t)3u : 4u * ng);
 }
 
-static const char *const LAYER_NAMES[9] = {"attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo",
-                                             "ffn_norm", "ffn.w1", "ffn.w2", "ffn.w3"};
+#define N_LAYER_TENSORS 12   /* the first 9 always; the 3 PLE ones when ple_dim > 0 */
+static const char *const LAYER_NAMES[N_LAYER_TENSORS] = {"attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo",
+                                                         "ffn_norm", "ffn.w1", "ffn.w2", "ffn.w3",
+                                                         "ple.gate", "ple.proj", "ple.norm"};
 
 static flm_tensor *layer_slot(flm_layer *L, int k) {
-    flm_tensor *ts[9] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->w1, &L->w2, &L->w3};
+    flm_tensor *ts[N_LAYER_TENSORS] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm,
+                                       &L->w1, &L->w2, &L->w3, &L->ple_gate, &L->ple_proj, &L->ple_norm};
     return ts[k];
 }
+
+static int layer_tensors(const flm_model *m) { return m->ple_dim ? N_LAYER_TENSORS : 9; }
 
 /* Where a table entry goes and what it must look like; NULL for names the engine does not use. */
 static flm_tensor *slot(flm_model *m, flm_tensor *tokenizer, const char *name, uint32_t *fmts,
@@ -60,20 +63,25 @@ static flm_tensor *slot(flm_model *m, flm_tensor *tokenizer, const char *name, u
         *rows = m->seq_len; *cols = m->head_dim / 2u;
         return name[5] == 'c' ? &m->rope_cos : &m->rope_sin;
     }
+    if (m->ple_dim && !strcmp(name, "ple.norm")) { *cols = m->ple_dim; return &m->ple_norm; }
     *fmts = Q; *rows = m->vocab;
     if (!strcmp(name, "tok_embeddings")) return &m->tok_emb;
-    if (!strcmp(name, "output")) return m->tied ? 0 : &m->head;
+    if (!strcmp(name, "output")) { *rows = m->n_out; return m->tied ? 0 : &m->head; }
+    if (m->ple_dim && !strcmp(name, "ple.table")) { *cols = m->n_layers * m->ple_dim; return &m->ple_table; }
+    if (m->ple_dim && !strcmp(name, "ple.proj")) { *rows = m->n_layers * m->ple_dim; return &m->ple_proj; }
     if (strncmp(name, "layers.", 7) != 0) return 0;
     const char *p = name + 7;
     uint32_t l = 0;
     if (*p < '0' || *p > '9') return 0;
     while (*p >= '0' && *p <= '9' && l < 100000u) l = l * 10u + (uint32_t)(*p++ - '0');
     if (*p++ != '.' || l >= m->n_layers) return 0;
-    for (int k = 0; k < 9; k++) {
+    for (int k = 0; k < layer_tensors(m); k++) {
         if (strcmp(p, LAYER_NAMES[k]) != 0) continue;
-        static const uint8_t is_norm[9] = {1, 0, 0, 0, 0, 1, 0, 0, 0};
-        uint32_t r[9] = {1, m->dim, m->kv_dim, m->kv_dim, m->dim, 1, m->hidden, m->dim, m->hidden};
-        uint32_t c[9] = {m->dim, m->dim, m->dim, m->dim, m->dim, m->dim, m->dim, m->hidden, m->dim};
+        static const uint8_t is_norm[N_LAYER_TENSORS] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1};
+        uint32_t r[N_LAYER_TENSORS] = {1, m->dim, m->kv_dim, m->kv_dim, m->dim, 1, m->hidden, m->dim, m->hidden,
+                                       m->ple_dim, m->dim, 1};
+        uint32_t c[N_LAYER_TENSORS] = {m->dim, m->dim, m->dim, m->dim, m->dim, m->dim, m->dim, m->hidden, m->dim,
+                                       m->dim, m->ple_dim, m->dim};
         *fmts = is_norm[k] ? F32 : Q; *rows = r[k]; *cols = c[k];
         return layer_slot(&m->layers[l], k);
     }
@@ -84,7 +92,10 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
     memset(m, 0, sizeof *m);
     if (len < HEADER_SIZE) return fail(err, en, "image too short for a header:", 0, (uint32_t)len, 1);
     if (memcmp(b, "FLMB", 4) != 0) return fail(err, en, "bad magic: no flashlm image in flash", 0, 0, 0);
-    if (flm_rd32(b + 4) != 1u) return fail(err, en, "unsupported image format version", 0, flm_rd32(b + 4), 1);
+    if (flm_rd32(b + 4) < 2u)
+        return fail(err, en, "image written by an older flashlm; re-run flashlm convert: format version", 0,
+                    flm_rd32(b + 4), 1);
+    if (flm_rd32(b + 4) != 2u) return fail(err, en, "unsupported image format version", 0, flm_rd32(b + 4), 1);
     uint32_t total = flm_rd32(b + 8);
     if (total != len) return fail(err, en, "image size mismatch (truncated or wrong partition), header says", 0, total, 1);
     if (flm_crc32_update(0, b + 16, len - 16) != flm_rd32(b + 12))
@@ -106,12 +117,15 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
     m->n_kv_heads = flm_rd32(c + 12); m->hidden = flm_rd32(c + 16); m->vocab = flm_rd32(c + 20);
     m->seq_len = flm_rd32(c + 24); m->tied = flm_rd32(c + 28) & 1u; m->bos = flm_rd32(c + 32);
     m->eos = flm_rd32(c + 36); m->eps = rdf(c + 40);
+    m->ple_dim = flm_rd32(c + 48); m->n_out = flm_rd32(c + 52);
     if (!m->dim || !m->n_heads || !m->n_kv_heads || !m->vocab || !m->seq_len || !m->hidden ||
         m->dim % m->n_heads || m->n_heads % m->n_kv_heads || (m->dim / m->n_heads) % 2u ||
-        m->dim > 65536u || m->hidden > 262144u || m->vocab > (1u << 20) || m->seq_len > 65536u)
+        m->dim > 65536u || m->hidden > 262144u || m->vocab > (1u << 20) || m->seq_len > 65536u ||
+        !m->n_out || m->n_out > m->vocab || m->ple_dim > 65536u)
         return fail(err, en, "bad model config in image", 0, 0, 0);
     if (m->n_layers == 0 || m->n_layers > FLM_MAX_LAYERS)
         return fail(err, en, "layer count unsupported by this build:", 0, m->n_layers, 1);
+    if (m->n_layers * m->ple_dim > 262144u) return fail(err, en, "bad model config in image: ple_dim", 0, 0, 0);
     m->head_dim = m->dim / m->n_heads;
     m->kv_dim = m->n_kv_heads * m->head_dim;
     /* K and V caches, f32: sized in 64 bits, so the engine's size_t sums cannot wrap on a 32-bit core */
@@ -130,8 +144,10 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
         uint32_t fmt = flm_rd32(e + 32), rows = flm_rd32(e + 36), cols = flm_rd32(e + 40);
         uint32_t g = flm_rd32(e + 44), tier = flm_rd32(e + 48), off = flm_rd32(e + 52);
         uint32_t length = flm_rd32(e + 56), stride = flm_rd32(e + 60);
-        if (fmt > FLM_BYTES || tier >= FLM_N_TIERS || off % 64u || off < data_min ||
-            (uint64_t)off + length > len)
+        uint32_t s16 = (fmt & FLM_FMT_SCALE16) ? 1u : 0u;
+        fmt &= ~FLM_FMT_SCALE16;
+        if (fmt > FLM_BYTES || (s16 && fmt != FLM_Q8 && fmt != FLM_Q4) || tier >= FLM_N_TIERS || off % 64u ||
+            off < data_min || (uint64_t)off + length > len)
             return fail(err, en, "tensor out of bounds or bad format: ", name, 0, 0);
         uint32_t fmts, wr, wc;
         flm_tensor *t = slot(m, &tokenizer, name, &fmts, &wr, &wc);
@@ -139,22 +155,29 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
         if (!((fmts >> fmt) & 1u) || rows != wr || (wc && cols != wc))
             return fail(err, en, "tensor has the wrong shape or format: ", name, 0, 0);
         if (fmt == FLM_Q8 || fmt == FLM_Q4) {
-            if (g == 0 || g > 1024u || stride != stride_of(fmt, cols, g) || (uint64_t)rows * stride != length)
+            if (g == 0 || g > 1024u || stride != stride_of(fmt, cols, g, s16) || (uint64_t)rows * stride != length)
                 return fail(err, en, "tensor has an inconsistent quantized layout: ", name, 0, 0);
         } else if (fmt == FLM_F32 && (uint64_t)rows * cols * 4u != length) {
             return fail(err, en, "tensor has the wrong length: ", name, 0, 0);
         }
-        *t = (flm_tensor){b + off, fmt, rows, cols, g, stride, tier, length};
+        *t = (flm_tensor){b + off, fmt, rows, cols, g, stride, tier, length, s16};
     }
     const char *missing = !tokenizer.data ? "tokenizer" : !m->tok_emb.data ? "tok_embeddings"
                         : !m->norm.data ? "norm" : !m->rope_cos.data ? "rope.cos"
-                        : !m->rope_sin.data ? "rope.sin" : (!m->tied && !m->head.data) ? "output" : 0;
+                        : !m->rope_sin.data ? "rope.sin" : (!m->tied && !m->head.data) ? "output"
+                        : !m->ple_dim ? 0 : !m->ple_table.data ? "ple.table" : !m->ple_proj.data ? "ple.proj"
+                        : !m->ple_norm.data ? "ple.norm" : 0;
     if (missing) return fail(err, en, "image lacks tensor ", missing, 0, 0);
     for (uint32_t l = 0; l < m->n_layers; l++)
-        for (int k = 0; k < 9; k++)
+        for (int k = 0; k < layer_tensors(m); k++)
             if (!layer_slot(&m->layers[l], k)->data)
                 return fail(err, en, "image lacks a layer tensor: ", LAYER_NAMES[k], l, 1);
-    if (m->tied) m->head = m->tok_emb;
+    flm_blob_tie_head(m);
+    m->min_group = 1024u;
+    for (uint32_t i = 0; flm_tensor_at(m, i); i++) {
+        const flm_tensor *t = flm_tensor_at(m, i);
+        if ((t->fmt == FLM_Q8 || t->fmt == FLM_Q4) && t->group < m->min_group) m->min_group = t->group;
+    }
     /* tokenizer section: u32 n, u32 maxlen, u32 off[n+1], bytes */
     if (tokenizer.length < 8u || flm_rd32(tokenizer.data) != m->vocab ||
         8u + 4u * ((uint64_t)m->vocab + 1u) > tokenizer.length)
@@ -184,7 +207,33 @@ void flm_blob_retier(flm_model *m, const uint8_t *tiers) {
         t->data = m->blob + flm_rd32(e + 52);
         t->tier = tiers ? tiers[i] : flm_rd32(e + 48);
     }
-    if (m->tied) m->head = m->tok_emb;
+    flm_blob_tie_head(m);
+}
+
+void flm_blob_tie_head(flm_model *m) {
+    if (!m->tied) return;
+    m->head = m->tok_emb;
+    m->head.rows = m->n_out;
+    m->head.length = m->n_out * m->tok_emb.stride;
+}
+
+flm_tensor *flm_tensor_at(const flm_model *cm, uint32_t i) {
+    flm_model *m = (flm_model *)(uintptr_t)cm;   /* like strchr: the caller decides what it may change */
+    flm_tensor *top[8];
+    uint32_t n = 0;
+    top[n++] = &m->tok_emb;
+    if (!m->tied) top[n++] = &m->head;
+    top[n++] = &m->norm;
+    top[n++] = &m->rope_cos;
+    top[n++] = &m->rope_sin;
+    if (m->ple_dim) {
+        top[n++] = &m->ple_table;
+        top[n++] = &m->ple_proj;
+        top[n++] = &m->ple_norm;
+    }
+    if (i < n) return top[i];
+    uint32_t k = (uint32_t)layer_tensors(m), l = (i - n) / k;
+    return l < m->n_layers ? layer_slot(&m->layers[l], (int)((i - n) % k)) : 0;
 }
 
 const uint8_t *flm_piece(const flm_model *m, uint32_t id, uint32_t *len) {

@@ -9,27 +9,35 @@
 #endif
 
 enum { FLM_F32 = 0, FLM_Q8 = 1, FLM_Q4 = 2, FLM_BYTES = 3 };
+#define FLM_FMT_SCALE16 0x100u   /* table format bit 8: the rows carry fp16 scales (q8/q4 only) */
 enum { FLM_TIER_FLASH = 0, FLM_TIER_PSRAM = 1, FLM_TIER_SRAM = 2, FLM_N_TIERS = 3 };
 #define FLM_NONE 0xFFFFFFFFu
 
 typedef struct {
     const uint8_t *data;
-    uint32_t fmt, rows, cols, group, stride, tier, length;
+    uint32_t fmt, rows, cols, group, stride, tier, length;   /* fmt: the base format (FLM_F32..) */
+    uint32_t scale16;              /* 1: fp16 scales, a row = its scales (padded to 4), then codes */
 } flm_tensor;
 
 typedef struct {
     flm_tensor attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3;
+    flm_tensor ple_gate, ple_proj, ple_norm;   /* Per-Layer Embeddings (ple_dim > 0 only) */
 } flm_layer;
+
 
 typedef struct {
     uint32_t dim, n_layers, n_heads, n_kv_heads, hidden, vocab, seq_len, tied, bos, eos;
+    uint32_t ple_dim;              /* P: Per-Layer Embedding width, 0 = none */
+    uint32_t n_out;                /* rows of the output layer (out_vocab): the logits' length */
     uint32_t head_dim, kv_dim, layout_id;
+    uint32_t min_group;            /* smallest group size of the quantized tensors */
     uint32_t state_tiers;          /* header: 4-bit tier per RAM region (FLM_REG_*), 0 = default arena */
     const uint8_t *blob;           /* the image in flash, and where its tensor table is */
     uint32_t n_entries, table;
     float eps;
     uint8_t model_hash[16];
     flm_tensor tok_emb, head, norm, rope_cos, rope_sin;
+    flm_tensor ple_table, ple_proj, ple_norm;   /* ple_dim > 0 only */
     flm_layer layers[FLM_MAX_LAYERS];
     const uint8_t *tok_data;       /* piece bytes; piece i = tok_data[tok_off[i] .. tok_off[i+1]) */
     const uint8_t *tok_off;        /* u32 little-endian offsets, n_pieces + 1 */
@@ -42,6 +50,11 @@ int flm_blob_open(flm_model *m, const uint8_t *blob, size_t len, char *err, size
  * tiers[i] (one byte per table entry, table order; each < FLM_N_TIERS) or, when tiers is NULL,
  * from the table. For an m that flm_blob_open accepted. */
 void flm_blob_retier(flm_model *m, const uint8_t *tiers);
+/* With a tied head: head = the first n_out rows of tok_emb (call after tok_emb moves). */
+void flm_blob_tie_head(flm_model *m);
+/* The i-th tensor the engine reads (i = 0, 1, ... until NULL): each once, a tied head being
+ * tok_emb's rows. The one list of them (staging, the emulator's region marks, the fuzz oracle). */
+flm_tensor *flm_tensor_at(const flm_model *m, uint32_t i);
 /* Piece bytes of token id; *len receives the length. */
 const uint8_t *flm_piece(const flm_model *m, uint32_t id, uint32_t *len);
 uint32_t flm_rd32(const uint8_t *p);

@@ -6,17 +6,6 @@
 
 static size_t up8(size_t n) { return (n + 7u) & ~(size_t)7u; }
 
-/* Smallest group size among the matrices decides how many activation scales a vector can need. */
-static uint32_t min_group(const flm_model *m) {
-    uint32_t g = m->tok_emb.group < m->head.group ? m->tok_emb.group : m->head.group;
-    for (uint32_t l = 0; l < m->n_layers; l++) {
-        const flm_layer *L = &m->layers[l];
-        const flm_tensor *ts[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w1, &L->w2, &L->w3};
-        for (int k = 0; k < 7; k++) if (ts[k]->group < g) g = ts[k]->group;
-    }
-    return g;
-}
-
 typedef struct { uint8_t *p; size_t used, cap; } carver;
 
 static void *carve(carver *c, size_t bytes) {
@@ -29,7 +18,9 @@ static void *carve(carver *c, size_t bytes) {
 static void layout(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_REGIONS], size_t size[FLM_N_REGIONS]) {
     carver sc = {base[FLM_REG_SCRATCH], 0, 0}, lg = {base[FLM_REG_LOGITS], 0, 0}, kc = {base[FLM_REG_KV], 0, 0};
     uint32_t wide = m->dim > m->hidden ? m->dim : m->hidden;   /* longest matmul input */
+    if (m->ple_dim > wide) wide = m->ple_dim;
     size_t kv = (size_t)m->n_layers * m->seq_len * m->kv_dim * sizeof(float);
+    size_t ple = (size_t)m->n_layers * m->ple_dim * 4u;
     s->x = carve(&sc, m->dim * 4u);
     s->xb = carve(&sc, m->dim * 4u);
     s->xb2 = carve(&sc, m->dim * 4u);
@@ -39,11 +30,13 @@ static void layout(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_R
     s->hb2 = carve(&sc, m->hidden * 4u);
     s->cos = carve(&sc, m->head_dim / 2u * 4u);
     s->sin = carve(&sc, m->head_dim / 2u * 4u);
+    s->pu = carve(&sc, ple);
+    s->pt = carve(&sc, ple);
     s->xq = carve(&sc, wide);
-    s->xs = carve(&sc, (wide / min_group(m) + 1u) * 4u);
-    s->logits = carve(&lg, m->vocab * 4u);
-    s->probs = carve(&lg, m->vocab * 4u);
-    s->idx = carve(&lg, m->vocab * 4u);
+    s->xs = carve(&sc, (wide / m->min_group + 1u) * 4u);   /* activation scales: one per group */
+    s->logits = carve(&lg, m->n_out * 4u);
+    s->probs = carve(&lg, m->n_out * 4u);
+    s->idx = carve(&lg, m->n_out * 4u);
     s->kc = carve(&kc, kv);
     s->vc = carve(&kc, kv);
     size[FLM_REG_SCRATCH] = sc.used;
@@ -145,6 +138,38 @@ static void attention(flm_state *s, uint32_t l, uint32_t pos, flm_step_stats *st
     }
 }
 
+/* PLE, before layer 0: u_l = (rmsnorm((ple.proj x) * inv_sqrt_d)[l] + T[t][l] * sqrt_P) * inv_sqrt2
+ * for every layer l (converter/reference.py Reference.ple_inputs). The table row is read in place
+ * from its tier (flash: the firmware never stages ple.table), one row of row_stride bytes. */
+static void ple_inputs(flm_state *s, uint32_t token, flm_step_stats *st) {
+    const flm_model *m = s->m;
+    const uint32_t P = m->ple_dim, n = m->n_layers * P;
+    const float inv_sqrt_d = 1.0f / flm_sqrtf((float)m->dim), sqrt_p = flm_sqrtf((float)P);
+    const float inv_sqrt2 = 1.0f / flm_sqrtf(2.0f);
+    matvec(s, &m->ple_proj, s->x, s->pu, st);
+    for (uint32_t i = 0; i < n; i++) s->pu[i] = s->pu[i] * inv_sqrt_d;
+    flm_dequant_row(&m->ple_table, token, s->pt);
+    st->bytes[m->ple_table.tier] += m->ple_table.stride;
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        float *u = s->pu + l * P;
+        const float *t = s->pt + l * P;
+        rmsnorm(u, u, &m->ple_norm, P, m->eps, st);
+        for (uint32_t i = 0; i < P; i++) u[i] = (u[i] + t[i] * sqrt_p) * inv_sqrt2;
+    }
+}
+
+/* PLE, after layer l's FFN: x += rmsnorm(ple.proj (gelu(ple.gate x) * u_l)). */
+static void ple_block(flm_state *s, uint32_t l, flm_step_stats *st) {
+    const flm_model *m = s->m;
+    const flm_layer *L = &m->layers[l];
+    const float *u = s->pu + l * m->ple_dim;
+    matvec(s, &L->ple_gate, s->x, s->pt, st);
+    for (uint32_t i = 0; i < m->ple_dim; i++) s->pt[i] = flm_gelu(s->pt[i]) * u[i];
+    matvec(s, &L->ple_proj, s->pt, s->xb, st);
+    rmsnorm(s->xb, s->xb, &L->ple_norm, m->dim, m->eps, st);
+    for (uint32_t i = 0; i < m->dim; i++) s->x[i] = s->x[i] + s->xb[i];
+}
+
 const float *flm_forward(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st) {
     const flm_model *m = s->m;
     const uint32_t dim = m->dim, hd = m->head_dim, kvd = m->kv_dim;
@@ -153,6 +178,7 @@ const float *flm_forward(flm_state *s, uint32_t token, uint32_t pos, flm_step_st
 
     flm_dequant_row(&m->tok_emb, token, s->x);
     st->bytes[m->tok_emb.tier] += m->tok_emb.stride;
+    if (m->ple_dim) ple_inputs(s, token, st);
     uint64_t t1 = hal_time_us();
     st->us[FLM_PH_EMBED] = (uint32_t)(t1 - t0);
 
@@ -187,9 +213,17 @@ const float *flm_forward(flm_state *s, uint32_t token, uint32_t pos, flm_step_st
         for (uint32_t i = 0; i < dim; i++) s->x[i] = s->x[i] + s->xb[i];
         t1 = hal_time_us();
         st->us[FLM_PH_FFN] += (uint32_t)(t1 - t2);
+
+        if (m->ple_dim) {
+            ple_block(s, l, st);
+            t2 = hal_time_us();
+            st->us[FLM_PH_PLE] += (uint32_t)(t2 - t1);
+            t1 = t2;
+        }
     }
     rmsnorm(s->xb, s->x, &m->norm, dim, m->eps, st);
     matvec(s, &m->head, s->xb, s->logits, st);
+    st->head_rows = m->head.rows;
     st->us[FLM_PH_OUTPUT] = (uint32_t)(hal_time_us() - t1);
     return s->logits;
 }

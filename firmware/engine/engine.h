@@ -3,16 +3,20 @@
 #define FLM_ENGINE_H
 #include "blob.h"
 
-enum { FLM_PH_EMBED, FLM_PH_ATTN, FLM_PH_FFN, FLM_PH_OUTPUT, FLM_PH_SAMPLE, FLM_N_PHASES };
+/* Phases, in the protocol's order: embed = everything before layer 0 (embedding row; with PLE the
+ * table row, ple.proj and the per-layer inputs), ple = each layer's PLE gate/proj/norm/residual. */
+enum { FLM_PH_EMBED, FLM_PH_ATTN, FLM_PH_FFN, FLM_PH_PLE, FLM_PH_OUTPUT, FLM_PH_SAMPLE, FLM_N_PHASES };
 
 typedef struct {
     uint32_t us[FLM_N_PHASES];      /* from hal_time_us */
     uint32_t bytes[FLM_N_TIERS];    /* weights, norms, RoPE rows and KV cache read, per tier */
+    uint32_t head_rows;             /* rows of the output layer the step computed */
 } flm_step_stats;
 
 typedef struct {
     const flm_model *m;
     float *x, *xb, *xb2, *q, *att, *hb, *hb2, *logits, *cos, *sin, *kc, *vc, *xs, *probs;
+    float *pu, *pt;                 /* PLE: per-layer inputs u [L*P]; the table row, then the gate [P] */
     int8_t *xq;
     uint32_t *idx;
     uint32_t kv_tier;               /* where the KV cache lives (the arena's tier) */
@@ -22,8 +26,8 @@ typedef struct {
  * state_tiers field, 4 bits per region in this order): */
 enum {
     FLM_REG_KV,        /* KV cache: kc, vc (read every step: counted in bytes_read) */
-    FLM_REG_LOGITS,    /* vocab-sized buffers: logits, probs, idx */
-    FLM_REG_SCRATCH,   /* activations: x, xb, xb2, q, att, hb, hb2, cos, sin, xq, xs */
+    FLM_REG_LOGITS,    /* out_vocab-sized buffers: logits, probs, idx */
+    FLM_REG_SCRATCH,   /* activations: x, xb, xb2, q, att, hb, hb2, cos, sin, pu, pt, xq, xs */
     FLM_N_REGIONS
 };
 
@@ -37,7 +41,7 @@ int flm_state_init(flm_state *s, const flm_model *m, uint8_t *arena, size_t cap,
 /* Each region at its own 8-aligned base (base[r] holds flm_state_region_bytes(m, r) bytes);
  * kv_tier names the tier of base[FLM_REG_KV]. */
 void flm_state_init_regions(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_REGIONS], uint32_t kv_tier);
-/* Run token at pos (< seq_len) through the model; returns the logits[vocab].
- * Fills st's embed/attention/ffn/output times and byte counts (sampling is the caller's). */
+/* Run token at pos (< seq_len) through the model; returns the logits[n_out].
+ * Fills st's embed/attention/ffn/ple/output times, byte counts and head_rows (sampling is the caller's). */
 const float *flm_forward(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st);
 #endif

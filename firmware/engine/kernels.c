@@ -11,6 +11,40 @@ static float rdf(const uint8_t *p) {
 }
 static int32_t nib(uint32_t v) { return (int32_t)(v & 15u) - (int32_t)((v & 8u) << 1); }
 
+/* An fp16 scale, widened exactly (every binary16 value is a binary32 value). */
+static float rdh(const uint8_t *p) {
+    uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8, e = (h >> 10) & 31u, m = h & 1023u;
+    if (e == 0u) {                     /* zero or subnormal: m * 2^-24, exact in binary32 */
+        float f = (float)m * 0x1p-24f;
+        return (h & 0x8000u) ? -f : f;
+    }
+    uint32_t u = (h & 0x8000u) << 16 | (e == 31u ? 255u : e + 112u) << 23 | m << 13;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Walks one row's groups (docs/formats.md section 1): f32 scales sit in front of each group's
+ * codes; fp16 scales sit together at the row's start (padded to 4), then the groups' codes. Codes
+ * of every group start 4-byte aligned either way. */
+typedef struct { const uint8_t *codes, *scale; uint32_t scale16; } row_reader;
+
+static row_reader row_at(const flm_tensor *w, uint32_t r) {
+    const uint8_t *p = w->data + (size_t)r * w->stride;
+    uint32_t ng = (w->cols + w->group - 1u) / w->group;
+    row_reader rr = {p, p, w->scale16};
+    if (w->scale16) rr.codes = p + ((2u * ng + 3u) & ~3u);
+    return rr;
+}
+
+/* The next group's scale; afterwards rr->codes points at that group's codes. */
+static float next_scale(row_reader *rr) {
+    float s;
+    if (rr->scale16) { s = rdh(rr->scale); rr->scale += 2; }
+    else { s = rdf(rr->codes); rr->codes += 4; }
+    return s;
+}
+
 void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float *xs) {
     for (uint32_t s = 0, gi = 0; s < n; s += g, gi++) {
         uint32_t len = n - s < g ? n - s : g;
@@ -61,38 +95,40 @@ static int32_t dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) {
 void flm_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out) {
     const uint32_t g = w->group, cols = w->cols;
     for (uint32_t r = 0; r < w->rows; r++) {
-        const uint8_t *p = w->data + (size_t)r * w->stride;
+        row_reader rr = row_at(w, r);
         float acc = 0.0f;
         for (uint32_t s = 0, gi = 0; s < cols; s += g, gi++) {
             uint32_t len = cols - s < g ? cols - s : g;
             uint32_t nbytes = w->fmt == FLM_Q8 ? len : (len + 1u) / 2u;
-            int32_t isum = w->fmt == FLM_Q8 ? dot_q8((const int8_t *)(p + 4), xq + s, len)
-                                            : dot_q4(p + 4, xq + s, len);
-            float term = (float)isum * (rdf(p) * xs[gi]);
+            float sc = next_scale(&rr);
+            const uint8_t *p = rr.codes;
+            int32_t isum = w->fmt == FLM_Q8 ? dot_q8((const int8_t *)p, xq + s, len) : dot_q4(p, xq + s, len);
+            float term = (float)isum * (sc * xs[gi]);
             acc = gi == 0 ? term : acc + term;
-            p += 4u + ((nbytes + 3u) & ~3u);
+            rr.codes += (nbytes + 3u) & ~3u;
         }
         out[r] = acc;
     }
 }
 
 void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out) {
-    const uint8_t *p = w->data + (size_t)r * w->stride;
+    row_reader rr = row_at(w, r);
     for (uint32_t s = 0; s < w->cols; s += w->group) {
         uint32_t len = w->cols - s < w->group ? w->cols - s : w->group;
         uint32_t nbytes = w->fmt == FLM_Q8 ? len : (len + 1u) / 2u;
-        float sc = rdf(p);
+        float sc = next_scale(&rr);
+        const uint8_t *p = rr.codes;
         if (w->fmt == FLM_Q8) {
-            for (uint32_t i = 0; i < len; i++) out[s + i] = (float)((const int8_t *)(p + 4))[i] * sc;
+            for (uint32_t i = 0; i < len; i++) out[s + i] = (float)((const int8_t *)p)[i] * sc;
         } else {   /* each code byte read once: two elements */
             uint32_t i = 0;
             for (; i + 1 < len; i += 2) {
-                uint32_t b = p[4 + (i >> 1)];
+                uint32_t b = p[i >> 1];
                 out[s + i] = (float)nib(b) * sc;
                 out[s + i + 1] = (float)nib(b >> 4) * sc;
             }
-            if (i < len) out[s + i] = (float)nib(p[4 + (i >> 1)]) * sc;
+            if (i < len) out[s + i] = (float)nib(p[i >> 1]) * sc;
         }
-        p += 4u + ((nbytes + 3u) & ~3u);
+        rr.codes += (nbytes + 3u) & ~3u;
     }
 }

@@ -66,14 +66,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const uint8_t *p = flm_piece(&m, i, &len);
         if (p < b || p + len > b + n) { fprintf(stderr, "oracle: piece outside the image\n"); abort(); }
     }
-    inside(&m, &m.tok_emb, b, n);
     inside(&m, &m.head, b, n);
-    inside(&m, &m.norm, b, n);
-    for (uint32_t l = 0; l < m.n_layers; l++) {
-        const flm_layer *L = &m.layers[l];
-        const flm_tensor *ts[9] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->w1, &L->w2, &L->w3};
-        for (int k = 0; k < 9; k++) inside(&m, ts[k], b, n);
-    }
+    for (uint32_t i = 0; flm_tensor_at(&m, i); i++) inside(&m, flm_tensor_at(&m, i), b, n);
     flm_blob_retier(&m, NULL);
     size_t need = flm_state_bytes(&m);
     if ((mode & 4) && need <= (8u << 20)) {
@@ -86,9 +80,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             for (uint32_t pos = 0; pos < steps; pos++) {
                 flm_step_stats st;
                 const float *logits = flm_forward(&s, tok, pos, &st);
-                tok = flm_sample(logits, m.vocab, (mode & 8) ? 0.8f : 0.0f, (mode & 16) ? 0.9f : 0.0f, &rng,
+                tok = flm_sample(logits, m.n_out, (mode & 8) ? 0.8f : 0.0f, (mode & 16) ? 0.9f : 0.0f, &rng,
                                  s.probs, s.idx);
-                if (tok >= m.vocab) { fprintf(stderr, "oracle: sampled token outside the vocabulary\n"); abort(); }
+                if (tok >= m.n_out) { fprintf(stderr, "oracle: sampled token outside the output vocabulary\n"); abort(); }
             }
         }
         free(arena);

@@ -200,15 +200,9 @@ void hal_rp2040_step_begin(uint32_t step, const void *state) {
     const flm_state *s = (const flm_state *)state;
     const flm_model *m = s->m;
     const size_t kv = (size_t)m->n_layers * m->seq_len * m->kv_dim;
+    const flm_tensor *t;
     mark_region(s->kc, s->vc + kv, s->kv_tier);   /* kc and vc are adjacent in the arena */
-    const flm_tensor *top[5] = {&m->tok_emb, &m->head, &m->norm, &m->rope_cos, &m->rope_sin};
-    for (int i = 0; i < 5; i++) mark_tensor(top[i]);
-    for (uint32_t l = 0; l < m->n_layers; l++) {
-        const flm_layer *L = &m->layers[l];
-        const flm_tensor *ts[9] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
-                                   &L->ffn_norm, &L->w1, &L->w2, &L->w3};
-        for (int i = 0; i < 9; i++) mark_tensor(ts[i]);
-    }
+    for (uint32_t i = 0; (t = flm_tensor_at(m, i)) != 0; i++) mark_tensor(t);
     REG(WD_SCRATCH(2)) = step;
     REG(WD_SCRATCH(3)) = FLM_MARK_BEGIN;
 }
