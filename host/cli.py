@@ -223,7 +223,7 @@ def _print_quality(console, rep: dict) -> None:
 
 
 def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32, quant=(),
-            report=True) -> dict:
+            report=True, scales="f32") -> dict:
     """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest."""
     from dataclasses import asdict
 
@@ -245,11 +245,15 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
     with console.status(f"loading {ckpt.name}"):
         ir = load_model(str(ckpt), tokenizer_path=str(tokenizer) if tokenizer else None)
     c = ir.config
+    split = c.param_split()
     console.print(f"  dim {c.dim}, {c.n_layers} layers, {c.n_heads}/{c.n_kv_heads} heads, hidden {c.hidden_dim}, "
-                  f"vocab {c.vocab_size}, context {c.max_seq_len}, {c.n_params():,} parameters")
-    _step(console, f"quantizing to {fmt} (group {group_size})" + (f" with {len(overrides)} override(s)" if overrides else ""))
+                  f"vocab {c.vocab_size}" + (f" (predicts {c.n_out})" if c.n_out != c.vocab_size else "")
+                  + (f", PLE dim {c.ple_dim}" if c.ple_dim else "") + f", context {c.max_seq_len}, "
+                  f"{c.n_params():,} parameters" + (f" ({split['table']:,} in the PLE table)" if split["table"] else ""))
+    _step(console, f"quantizing to {fmt} (group {group_size}, {scales} scales)"
+          + (f" with {len(overrides)} override(s)" if overrides else ""))
     with console.status("quantizing"):
-        qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=overrides)
+        qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=overrides, scales=scales)
     rep = None
     if report:
         _step(console, "measuring quality (quantized vs fp32 logits)")
@@ -273,7 +277,8 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         "model_hash": bytes(info.model_hash).hex(), "layout_id": info.layout_id,
         "config": cfg,
         "recipe": dict(qm.recipe),
-        "quantization": {"default_format": fmt, "group_size": group_size, "overrides": list(quant or ())},
+        "quantization": {"default_format": fmt, "group_size": group_size, "overrides": list(quant or ()),
+                         "scales": scales},
         "source": str(qm.source or ir.source or ckpt),
         "quality": "quality.json" if rep is not None else None,
     }
@@ -288,7 +293,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
 
 def cmd_convert(args, console) -> int:
     convert(console, args.checkpoint, args.output, tokenizer=args.tokenizer, fmt=args.format,
-            group_size=args.group_size, quant=args.quant, report=not args.no_report)
+            group_size=args.group_size, quant=args.quant, scales=args.scales, report=not args.no_report)
     return 0
 
 
@@ -489,7 +494,8 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
             _step(console, f"generating up to {max_tokens} tokens from a {len(ids)}-token prompt")
             if emulated:
                 vb.read_counts()      # the emulator's per-step read counts: only this generation's
-            with R.LiveView(console, hello, piece_of=piece_of, prompt_text=prompt_text) as view:
+            with R.LiveView(console, hello, piece_of=piece_of, prompt_text=prompt_text,
+                            ple=bool(manifest["config"].get("ple_dim"))) as view:
                 result = sess.generate_with_recovery(ids, max_tokens, temperature=temperature, top_p=top_p,
                                                      seed=seed, on_token=view.on_token, reconnect=reconnect,
                                                      max_recoveries=retries, handshake_timeout=timeout)
@@ -646,7 +652,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--format", choices=("q8", "q4"), default="q8")
     c.add_argument("--group-size", type=_positive_int, default=32, metavar="N")
     c.add_argument("--quant", action="append", default=[], metavar="PATTERN=FMT[:G]",
-                   help="per-tensor override, e.g. 'layers.*.ffn=q4:32' (repeatable)")
+                   help="per-tensor override, e.g. 'layers.*.ffn=q4:32', 'head=q4' (repeatable)")
+    c.add_argument("--scales", choices=("f32", "f16"), default="f32",
+                   help="group scales as f32, or rounded to fp16 (half the scale bytes)")
     c.add_argument("--no-report", action="store_true", help="skip the quality report")
     c.set_defaults(func=cmd_convert)
 

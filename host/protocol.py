@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-PROTO_VERSION = 1
+PROTO_VERSION = 2
 
 
 class MsgType(enum.IntEnum):
@@ -43,7 +43,7 @@ class MsgType(enum.IntEnum):
     RESENT = 0x87
 
 
-PHASES = ("embed", "attention", "ffn", "output", "sampling")
+PHASES = ("embed", "attention", "ffn", "ple", "output", "sampling")
 TIERS = ("flash", "psram", "sram")
 NO_TOKEN = 0xFFFFFFFF
 STOP_REASONS = ("max_tokens", "eos", "context_full", "stopped")
@@ -232,6 +232,7 @@ class Hello:
     model_hash: bytes
     layout_id: int
     vocab_size: int
+    out_vocab: int  # rows of the output layer: LOGITS carry this many values
     max_seq_len: int
     clock: int
     fw_version: str
@@ -251,6 +252,7 @@ class Token:
     out_id: int | None  # None on the wire is NO_TOKEN (a prompt step whose output is unused)
     us: tuple[int, ...]  # per phase, PHASES order
     bytes_read: tuple[int, ...]  # per tier, TIERS order
+    head_rows: int  # rows of the output layer this step computed
     logits_crc: int
     piece: bytes
 
@@ -277,7 +279,7 @@ class Error:
 @dataclass(frozen=True, eq=False)
 class Logits:
     step: int
-    values: np.ndarray  # float32, vocab_size entries
+    values: np.ndarray  # float32, out_vocab entries
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Logits):
@@ -343,10 +345,16 @@ def _enc_hello(m: Hello) -> bytes:
     if len(model_hash) != 16:
         raise ProtocolError(f"HELLO model_hash must be 16 bytes, got {len(model_hash)}")
     flags = (HELLO_FLAG_IMAGE_OK if m.image_ok else 0) | (HELLO_FLAG_RESEND if m.can_resend else 0)
+    if m.proto_version == 1:   # version 1 had no out_vocab (what an old board sends)
+        if m.out_vocab != m.vocab_size:
+            raise ProtocolError("HELLO version 1 cannot carry an out_vocab other than vocab_size")
+        sizes = struct.pack("<IIIB", m.layout_id, m.vocab_size, m.max_seq_len, m.clock)
+    else:
+        sizes = struct.pack("<IIIIB", m.layout_id, m.vocab_size, m.out_vocab, m.max_seq_len, m.clock)
     return (
         struct.pack("<HH", m.proto_version, flags)
         + model_hash
-        + struct.pack("<IIIB", m.layout_id, m.vocab_size, m.max_seq_len, m.clock)
+        + sizes
         + _s8(m.fw_version)
         + _s8(m.board)
     )
@@ -359,9 +367,9 @@ def _enc_token(m: Token) -> bytes:
     out_id = NO_TOKEN if m.out_id is None else m.out_id
     return (
         struct.pack("<4I", m.step, m.pos, m.in_id, out_id)
-        + struct.pack("<5I", *_fixed(m.us, len(PHASES), "TOKEN us"))
+        + struct.pack(f"<{len(PHASES)}I", *_fixed(m.us, len(PHASES), "TOKEN us"))
         + struct.pack("<3I", *_fixed(m.bytes_read, len(TIERS), "TOKEN bytes_read"))
-        + struct.pack("<IB", m.logits_crc, len(piece))
+        + struct.pack("<IIB", m.head_rows, m.logits_crc, len(piece))
         + piece
     )
 
@@ -370,7 +378,7 @@ def _enc_done(m: Done) -> bytes:
     if m.reason not in STOP_REASONS:
         raise ProtocolError(f"DONE reason {m.reason!r} is not one of {STOP_REASONS}")
     return struct.pack("<IIBQ", m.steps, m.generated, STOP_REASONS.index(m.reason), m.total_us) + (
-        struct.pack("<5Q", *_fixed(m.phase_us, len(PHASES), "DONE phase_us"))
+        struct.pack(f"<{len(PHASES)}Q", *_fixed(m.phase_us, len(PHASES), "DONE phase_us"))
     )
 
 
@@ -493,27 +501,31 @@ def _dec_generate(r: _Reader) -> Generate:
 def _dec_hello(r: _Reader) -> Hello:
     version, flags = r.unpack("HH")
     model_hash = r.take(16)
-    layout_id, vocab, max_seq, clock = r.unpack("IIIB")
+    if version == 1:   # no out_vocab yet: decoded so the session can name the version it refuses
+        layout_id, vocab, max_seq, clock = r.unpack("IIIB")
+        out_vocab = vocab
+    else:
+        layout_id, vocab, out_vocab, max_seq, clock = r.unpack("IIIIB")
     fw, board = _text(r.s8()), _text(r.s8())
     r.end()
-    return Hello(version, bool(flags & HELLO_FLAG_IMAGE_OK), model_hash, layout_id, vocab,
+    return Hello(version, bool(flags & HELLO_FLAG_IMAGE_OK), model_hash, layout_id, vocab, out_vocab,
                  max_seq, clock, fw, board, bool(flags & HELLO_FLAG_RESEND))
 
 
 def _dec_token(r: _Reader) -> Token:
     step, pos, in_id, out_id = r.unpack("4I")
-    us = r.unpack("5I")
+    us = r.unpack(f"{len(PHASES)}I")
     bytes_read = r.unpack("3I")
-    (logits_crc,) = r.unpack("I")
+    head_rows, logits_crc = r.unpack("II")
     piece = r.s8()
     r.end()
     return Token(step, pos, in_id, None if out_id == NO_TOKEN else out_id, us, bytes_read,
-                 logits_crc, piece)
+                 head_rows, logits_crc, piece)
 
 
 def _dec_done(r: _Reader) -> Done:
     steps, generated, reason, total = r.unpack("IIBQ")
-    phase_us = r.unpack("5Q")
+    phase_us = r.unpack(f"{len(PHASES)}Q")
     r.end()
     if reason >= len(STOP_REASONS):
         raise ProtocolError(f"DONE reason code {reason} is unknown")

@@ -22,10 +22,19 @@ from pathlib import Path
 from .protocol import PHASES, TIERS, Hello
 from .session import RunResult, clock_name
 
-PHASE_HEADERS = {"embed": "flash-read µs", "attention": "attention µs", "ffn": "FFN µs",
+PHASE_HEADERS = {"embed": "embed µs", "attention": "attention µs", "ffn": "FFN µs", "ple": "PLE µs",
                  "output": "output µs", "sampling": "sampling µs"}
-PHASE_COLORS = {"embed": "#4c72b0", "attention": "#dd8452", "ffn": "#55a868",
+PHASE_COLORS = {"embed": "#4c72b0", "attention": "#dd8452", "ffn": "#55a868", "ple": "#937860",
                 "output": "#c44e52", "sampling": "#8172b3"}
+PLE_INDEX = PHASES.index("ple")
+
+
+def shown_phases(tokens, ple: bool = False) -> list[str]:
+    """The phases a table shows: all six, or without ``ple`` for a model that has no PLE (the
+    caller says so, or every step so far spent 0 µs there). JSON and CSV always keep all six."""
+    if ple or any(t.us[PLE_INDEX] for t in tokens):
+        return list(PHASES)
+    return [p for p in PHASES if p != "ple"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,9 +191,11 @@ class LiveView:
     """Shows each TOKEN as it arrives: a rich ``Live`` table on a terminal, one line per step
     otherwise (pipes, CI logs).  Use as a context manager; pass ``on_token`` to Session.generate."""
 
-    def __init__(self, console, hello=None, piece_of=None, prompt_text: str = "", max_rows: int | None = None):
+    def __init__(self, console, hello=None, piece_of=None, prompt_text: str = "", max_rows: int | None = None,
+                 ple: bool = False):
         self.console = console
         self.hello = hello
+        self.ple = ple                    # the model has Per-Layer Embeddings: always show their column
         self.piece_of = piece_of          # id -> bytes, for showing prompt steps' input tokens
         self.prompt_text = prompt_text
         self.tokens: list = []
@@ -207,8 +218,8 @@ class LiveView:
                 shown = None
         return Text(piece_repr(shown) if shown is not None else f"#{t.in_id}", style="dim")
 
-    def _row(self, t) -> list[str]:
-        return ([str(t.step), str(t.pos)] + [f"{u:,}" for u in t.us] + [f"{step_total(t):,}"]
+    def _row(self, t, phases) -> list[str]:
+        return ([str(t.step), str(t.pos)] + [f"{t.us[PHASES.index(p)]:,}" for p in phases] + [f"{step_total(t):,}"]
                 + [f"{b:,}" for b in t.bytes_read])
 
     def render(self):
@@ -222,14 +233,15 @@ class LiveView:
         table.add_column("step", justify="right")
         table.add_column("pos", justify="right")
         table.add_column("token", overflow="ellipsis", max_width=18, no_wrap=True)
-        for p in PHASES:
+        phases = shown_phases(self.tokens, self.ple)
+        for p in phases:
             table.add_column(PHASE_HEADERS[p], justify="right")
         table.add_column("total µs", justify="right", style="bold")
         for tier in TIERS:
             table.add_column(f"{tier} B", justify="right")
         rows = self.max_rows or max(5, (self.console.size.height or 30) - 12)
         for t in self.tokens[-rows:]:
-            r = self._row(t)
+            r = self._row(t, phases)
             style = "dim" if t.out_id is None else None
             table.add_row(r[0], r[1], self._token_cell(t), *r[2:], style=style)
         text = Text(self.prompt_text, style="dim")
@@ -247,16 +259,19 @@ class LiveView:
             self._print_line(t)
 
     def _print_line(self, t) -> None:
-        if not self._printed_header:
+        if not self._printed_header:   # the columns are fixed by the first step
             self._printed_header = True
-            head = (f"{'step':>5} {'pos':>5} {'token':<16} " + " ".join(f"{PHASE_HEADERS[p]:>14}" for p in PHASES)
+            self._line_phases = shown_phases(self.tokens, self.ple)
+            head = (f"{'step':>5} {'pos':>5} {'token':<16} "
+                    + " ".join(f"{PHASE_HEADERS[p]:>14}" for p in self._line_phases)
                     + f" {'total µs':>10} " + " ".join(f"{tier + ' B':>10}" for tier in TIERS)
                     + f"   [{where(self.hello)}]")
             self.console.print(head, markup=False, highlight=False, soft_wrap=True)
-        r = self._row(t)
+        n = len(self._line_phases)
+        r = self._row(t, self._line_phases)
         tok = self._token_cell(t).plain
-        line = (f"{r[0]:>5} {r[1]:>5} {tok[:16]:<16} " + " ".join(f"{v:>14}" for v in r[2:7])
-                + f" {r[7]:>10} " + " ".join(f"{v:>10}" for v in r[8:]))
+        line = (f"{r[0]:>5} {r[1]:>5} {tok[:16]:<16} " + " ".join(f"{v:>14}" for v in r[2:2 + n])
+                + f" {r[2 + n]:>10} " + " ".join(f"{v:>10}" for v in r[3 + n:]))
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def __enter__(self) -> "LiveView":
@@ -295,7 +310,7 @@ def summary_renderables(result: RunResult) -> list:
     table.add_column("phase", no_wrap=True)
     for grp in ("prompt", "generated"):
         table.add_column(f"{grp} steps (n={s[grp]['steps']})\np50 / p95 / mean", justify="right", no_wrap=True)
-    for name in list(PHASES) + ["total"]:
+    for name in shown_phases(result.tokens) + ["total"]:
         label = PHASE_HEADERS.get(name, "total µs")
         cells = []
         for grp in ("prompt", "generated"):
@@ -384,7 +399,7 @@ def _hello_dict(h) -> dict | None:
         return None
     return {"proto_version": h.proto_version, "image_ok": bool(h.image_ok),
             "model_hash": bytes(h.model_hash).hex(), "layout_id": h.layout_id,
-            "vocab_size": h.vocab_size, "max_seq_len": h.max_seq_len, "clock": h.clock,
+            "vocab_size": h.vocab_size, "out_vocab": h.out_vocab, "max_seq_len": h.max_seq_len, "clock": h.clock,
             "clock_name": clock_name(h.clock), "fw_version": h.fw_version, "board": h.board}
 
 
@@ -393,7 +408,8 @@ def _token_dict(t) -> dict:
             "kind": "prompt" if t.out_id is None else "generated",
             "piece": bytes(t.piece).decode("utf-8", "replace"), "piece_hex": bytes(t.piece).hex(),
             "us": dict(zip(PHASES, map(int, t.us))), "total_us": step_total(t),
-            "bytes_read": dict(zip(TIERS, map(int, t.bytes_read))), "logits_crc": t.logits_crc}
+            "bytes_read": dict(zip(TIERS, map(int, t.bytes_read))), "head_rows": t.head_rows,
+            "logits_crc": t.logits_crc}
 
 
 def result_dict(result: RunResult) -> dict:
@@ -437,7 +453,7 @@ def _json_default(o):
 
 
 CSV_FIELDS = (["step", "pos", "kind", "in_id", "out_id", "piece"] + [f"{p}_us" for p in PHASES]
-              + ["total_us"] + [f"{t}_bytes" for t in TIERS] + ["logits_crc", "board", "clock"])
+              + ["total_us"] + [f"{t}_bytes" for t in TIERS] + ["head_rows", "logits_crc", "board", "clock"])
 
 
 def write_csv(result: RunResult, path) -> Path:
@@ -455,7 +471,8 @@ def write_csv(result: RunResult, path) -> Path:
         row = {"step": t.step, "pos": t.pos, "kind": "prompt" if t.out_id is None else "generated",
                "in_id": t.in_id, "out_id": "" if t.out_id is None else t.out_id,
                "piece": piece_repr(t.piece)[1:-1] if t.out_id is not None else "",
-               "total_us": step_total(t), "logits_crc": t.logits_crc, "board": board, "clock": clock}
+               "total_us": step_total(t), "head_rows": t.head_rows, "logits_crc": t.logits_crc, "board": board,
+               "clock": clock}
         row.update({f"{p}_us": int(u) for p, u in zip(PHASES, t.us)})
         row.update({f"{tier}_bytes": int(b) for tier, b in zip(TIERS, t.bytes_read)})
         w.writerow(row)
@@ -491,7 +508,7 @@ def plot_png(result: RunResult, path) -> Path:
         ax.axvspan(min(prompt_steps) - 0.5, max(prompt_steps) + 0.5, color="0.92", zorder=0)
     for s in result.missing_steps:
         ax.axvline(s, color="0.4", linestyle=":", linewidth=1)
-    handles = [Patch(color=PHASE_COLORS[p], label=PHASE_HEADERS[p].replace(" µs", "")) for p in PHASES]
+    handles = [Patch(color=PHASE_COLORS[p], label=PHASE_HEADERS[p].replace(" µs", "")) for p in shown_phases(toks)]
     handles.append(Patch(facecolor="white", edgecolor="0.3", hatch="//", label="prompt step"))
     if result.missing_steps:
         handles.append(Patch(facecolor="white", edgecolor="0.4", linestyle=":", label="lost step"))

@@ -265,6 +265,11 @@ class Session:
         raise LinkTimeout(msg)
 
     def _accept_hello(self, hello, errors):
+        if hello.proto_version != P.PROTO_VERSION:
+            fix = ("rebuild and flash its firmware with this flashlm (flashlm build / flashlm flash)"
+                   if hello.proto_version < P.PROTO_VERSION else "update flashlm on this host")
+            raise BoardError(f"{hello.board or self.name} speaks protocol version {hello.proto_version}, "
+                             f"this host speaks version {P.PROTO_VERSION}: {fix}")
         if not hello.image_ok:
             if not errors:   # the device sends its reason as ERROR; give it a moment to arrive
                 end = time.monotonic() + 0.5
@@ -277,9 +282,6 @@ class Session:
             why = _error_text(errors[-1]) if errors else "no reason given"
             raise DeviceError(f"{hello.board or self.name} rejected its model image: {why}",
                               errors[-1] if errors else None)
-        if hello.proto_version != 1:
-            raise BoardError(f"{hello.board or self.name} speaks protocol version {hello.proto_version}, "
-                             f"this host speaks version 1 (update firmware or host)")
         self.hello = hello
         return hello
 

@@ -1,4 +1,4 @@
-"""A small fake device for host tests: speaks protocol v1 (docs/formats.md section 2) on the
+"""A small fake device for host tests: speaks protocol v2 (docs/formats.md section 2) on the
 master side of an ``os.openpty()`` pair, from a thread.  The host opens ``board.path`` (the
 slave) like any serial port.
 
@@ -7,7 +7,9 @@ host/protocol.py, so the host is tested against the document rather than against
 
 The "model": the token after ``x`` at position ``p`` is ``(5 * x + p + 3) % vocab``; piece i is
 ``PIECES[i]``.  Faults to inject: junk before answering, ignored PINGs, dropped / corrupted
-TOKEN frames (by step), going silent after some TOKENs, a bad image, an ERROR for GENERATE.
+TOKEN frames (by step), going silent after some TOKENs, a bad image, an ERROR for GENERATE, an
+old board speaking protocol v1 (``proto=1``: its HELLO only). ``ple=True``: steps spend time in
+the PLE phase (a model with Per-Layer Embeddings); ``out_vocab`` rows of the output layer.
 """
 from __future__ import annotations
 
@@ -32,8 +34,9 @@ def next_token(x: int, pos: int, vocab: int) -> int:
     return (5 * x + pos + 3) % vocab
 
 
-def step_us(step: int, prompt: bool) -> tuple[int, ...]:
-    return (10 + step, 100 + 3 * step, 200 + step, 50, 0 if prompt else 7)
+def step_us(step: int, prompt: bool, ple: bool = False) -> tuple[int, ...]:
+    """embed, attention, ffn, ple, output, sampling"""
+    return (10 + step, 100 + 3 * step, 200 + step, 30 + step if ple else 0, 50, 0 if prompt else 7)
 
 
 def step_bytes(pos: int) -> tuple[int, int, int]:
@@ -96,8 +99,10 @@ class FakeBoard:
                  board="fakeboard", fw="fake-0.1", clock=2, image_ok=True,
                  image_error="tensor table out of bounds", boot_junk=b"", ignore_pings=0,
                  drop_steps=(), corrupt_steps=(), silent_after=None, generate_error=None,
-                 step_delay=0.0):
+                 step_delay=0.0, proto=2, ple=False, out_vocab=None):
         self.vocab, self.max_seq_len = vocab, max_seq_len
+        self.proto, self.ple = proto, ple
+        self.out_vocab = vocab if out_vocab is None else out_vocab
         self.model_hash, self.layout_id = bytes(model_hash), layout_id
         self.board, self.fw, self.clock = board, fw, clock
         self.image_ok, self.image_error = image_ok, image_error
@@ -184,8 +189,9 @@ class FakeBoard:
     # -- messages ----------------------------------------------------------------------------
     def _hello(self) -> bytes:
         fw, board = self.fw.encode(), self.board.encode()
-        return (struct.pack("<HH", 1, 1 if self.image_ok else 0) + self.model_hash
-                + struct.pack("<IIIB", self.layout_id, self.vocab, self.max_seq_len, self.clock)
+        sizes = (struct.pack("<IIIB", self.layout_id, self.vocab, self.max_seq_len, self.clock) if self.proto == 1
+                 else struct.pack("<IIIIB", self.layout_id, self.vocab, self.out_vocab, self.max_seq_len, self.clock))
+        return (struct.pack("<HH", self.proto, 1 if self.image_ok else 0) + self.model_hash + sizes
                 + bytes([len(fw)]) + fw + bytes([len(board)]) + board)
 
     def _error(self, code: int, text: str) -> None:
@@ -221,7 +227,7 @@ class FakeBoard:
         if not prompt or n > self.max_seq_len:
             return self._error(4, f"prompt of {n} tokens exceeds the context of {self.max_seq_len}")
         self._log(f"generate {n} prompt tokens, max {max_new}")
-        totals, steps, gen, reason = [0] * 5, 0, 0, "max_tokens"
+        totals, steps, gen, reason = [0] * 6, 0, 0, "max_tokens"
         for step, pos, in_id, out_id in expected_run(prompt, max_new, self.vocab, self.max_seq_len):
             if self._stop.is_set():
                 return
@@ -233,11 +239,11 @@ class FakeBoard:
                 break
             if self.step_delay:
                 time.sleep(self.step_delay)
-            us = step_us(step, out_id is None)
+            us = step_us(step, out_id is None, self.ple)
             pc = piece(out_id) if out_id is not None else b""
             payload = (struct.pack("<4I", step, pos, in_id, NO_TOKEN if out_id is None else out_id)
-                       + struct.pack("<5I", *us) + struct.pack("<3I", *step_bytes(pos))
-                       + struct.pack("<IB", 0x1234 + step, len(pc)) + pc)
+                       + struct.pack("<6I", *us) + struct.pack("<3I", *step_bytes(pos))
+                       + struct.pack("<IIB", self.out_vocab, 0x1234 + step, len(pc)) + pc)
             mangle = "drop" if step in self.drop_steps else "corrupt" if step in self.corrupt_steps else None
             self._send(0x82, payload, mangle)
             self.tokens_sent += 1
@@ -251,7 +257,7 @@ class FakeBoard:
                 reason = "context_full"
         self._stop_gen = False
         self._send(0x83, struct.pack("<IIBQ", steps, gen, REASONS[reason], sum(totals))
-                   + struct.pack("<5Q", *totals))
+                   + struct.pack("<6Q", *totals))
 
     def _log(self, text: str) -> None:
         raw = text.encode()

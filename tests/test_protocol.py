@@ -45,19 +45,19 @@ messages = st.one_of(
     st.just(Stop()),
     st.builds(Layout, u32, u32, st.binary(max_size=40)),
     st.builds(Generate, st.lists(u32, max_size=40), u32, f32, f32, u64, st.booleans()),
-    st.builds(Hello, u16, st.booleans(), st.binary(min_size=16, max_size=16), u32, u32, u32, u8,
-              text, text),
+    st.builds(Hello, u16.filter(lambda v: v != 1), st.booleans(), st.binary(min_size=16, max_size=16), u32, u32,
+              u32, u32, u8, text, text),
     st.builds(Token, u32, u32, u32, st.one_of(st.none(), st.integers(0, 0xFFFFFFFE)),
-              st.tuples(*[u32] * 5), st.tuples(*[u32] * 3), u32, st.binary(max_size=255)),
-    st.builds(Done, u32, u32, st.sampled_from(P.STOP_REASONS), u64, st.tuples(*[u64] * 5)),
+              st.tuples(*[u32] * 6), st.tuples(*[u32] * 3), u32, u32, st.binary(max_size=255)),
+    st.builds(Done, u32, u32, st.sampled_from(P.STOP_REASONS), u64, st.tuples(*[u64] * 6)),
     st.builds(Error, u16, text),
     st.builds(Logits, u32, st.lists(st.one_of(st.just(0.0), f32), max_size=300).map(
         lambda v: np.array(v, dtype=np.float32))),
     st.builds(Log, st.text(max_size=300)),
     st.builds(Resend, u32, st.lists(u32, max_size=P.RESEND_MAX).map(tuple)),
     st.builds(Resent, st.sampled_from(P.RESENT_STATES), u32, u32, u32, st.lists(u32, max_size=40).map(tuple)),
-    st.builds(Hello, u16, st.booleans(), st.binary(min_size=16, max_size=16), u32, u32, u32, u8,
-              text, text, st.booleans()),
+    st.builds(Hello, u16.filter(lambda v: v != 1), st.booleans(), st.binary(min_size=16, max_size=16), u32, u32,
+              u32, u32, u8, text, text, st.booleans()),
 )
 
 EXAMPLES = [
@@ -66,10 +66,10 @@ EXAMPLES = [
     Layout(0xDEADBEEF, 0x21, b"\x00\x01\x02\x00"),
     Generate([1, 0, 258, 0xFFFFFFFF], 32, 0.75, 0.5, 2**63 + 5, True),
     Generate([], 0),
-    Hello(1, True, bytes(range(16)), 7, 512, 256, 1, "0.1.0", "esp32s3-devkit"),
-    Token(3, 3, 17, None, (1, 2, 3, 4, 5), (1000, 0, 64), 0, b""),
-    Token(4, 4, 17, 99, (10, 20, 30, 40, 50), (0, 2**32 - 1, 8), 0xDEADBEEF, b" the\x00"),
-    Done(10, 6, "context_full", 2**40, (1, 2, 3, 4, 2**35)),
+    Hello(2, True, bytes(range(16)), 7, 512, 400, 256, 1, "0.1.0", "esp32s3-devkit"),
+    Token(3, 3, 17, None, (1, 2, 3, 0, 4, 5), (1000, 0, 64), 512, 0, b""),
+    Token(4, 4, 17, 99, (10, 20, 30, 35, 40, 50), (0, 2**32 - 1, 8), 0, 0xDEADBEEF, b" the\x00"),
+    Done(10, 6, "context_full", 2**40, (1, 2, 3, 4, 5, 2**35)),
     Error(4, "prompt of 300 ids > max_seq_len 256"),
     Error(99, ""),
     Logits(5, np.array([0.0, -1.5, 3.25, 0.0, 0.0, 1e-30], dtype=np.float32)),
@@ -77,7 +77,8 @@ EXAMPLES = [
     Resend(3, (4, 5, P.RESEND_DONE)),
     Resend(0xFFFFFFFF),
     Resent("generating", 3, 40, 8, (2, P.RESEND_DONE)),
-    Hello(1, True, bytes(range(16)), 7, 512, 256, 1, "0.1.0", "native", True),
+    Hello(2, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "native", True),
+    Hello(1, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.0.9", "an old board"),
 ]
 
 
@@ -175,13 +176,18 @@ def test_message_round_trip(msg, seq):
 def test_wire_layout():
     assert P.encode_payload(Generate([5, 6], 10, 0.5, 0.0, 3, True)) == (
         2, struct.pack("<IffQII2I", 10, 0.5, 0.0, 3, 1, 2, 5, 6))
-    t, p = P.encode_payload(Token(1, 2, 3, None, (0,) * 5, (0,) * 3, 7, b"ab"))
-    assert t == 0x82 and p[12:16] == b"\xff" * 4 and p[-3:] == b"\x02ab" and len(p) == 55
-    assert P.encode_payload(Done(1, 2, "stopped", 3, (0,) * 5))[1][8] == 3
+    t, p = P.encode_payload(Token(1, 2, 3, None, (0,) * 6, (0,) * 3, 9, 7, b"ab"))
+    assert t == 0x82 and p[12:16] == b"\xff" * 4 and p[-3:] == b"\x02ab" and len(p) == 63
+    assert p[52:60] == struct.pack("<II", 9, 7)                       # head_rows, logits_crc
+    assert P.encode_payload(Done(1, 2, "stopped", 3, (0,) * 6))[1][8] == 3
+    h = P.encode_payload(Hello(2, True, bytes(16), 5, 300, 200, 64, 1, "", ""))[1]
+    assert h[20:37] == struct.pack("<IIIIB", 5, 300, 200, 64, 1)      # out_vocab after vocab_size
+    old = P.encode_payload(Hello(1, True, bytes(16), 5, 300, 300, 64, 1, "", ""))[1]
+    assert old[20:33] == struct.pack("<IIIB", 5, 300, 64, 1)          # version 1: no out_vocab
     assert P.encode_payload(Log("hi")) == (0x86, b"\x02\x00hi")
     assert P.encode_payload(Resend(7, (1, P.RESEND_DONE))) == (5, struct.pack("<4I", 7, 2, 1, 0xFFFFFFFF))
     assert P.encode_payload(Resent("ended", 7, 9, 1, (0,))) == (0x87, struct.pack("<B5I", 2, 7, 9, 1, 1, 0))
-    assert P.encode_payload(Hello(1, True, bytes(16), 0, 0, 0, 0, "", "", True))[1][2:4] == b"\x03\x00"
+    assert P.encode_payload(Hello(2, True, bytes(16), 0, 0, 0, 0, 0, "", "", True))[1][2:4] == b"\x03\x00"
     frame = P.encode_frame(Ping(), 0x0102)
     body = P.cobs_decode(frame[:-1])
     assert frame[-1] == 0 and body[:3] == b"\x01\x02\x01"
@@ -208,10 +214,12 @@ def test_decode_payload_errors():
 
 
 @pytest.mark.parametrize("msg", [
-    Hello(1, True, b"short", 0, 0, 0, 0, "", ""),
-    Token(0, 0, 0, 0, (1, 2, 3), (0, 0, 0), 0, b""),
-    Token(0, 0, 0, 0, (0,) * 5, (0,) * 3, 0, b"x" * 256),
-    Done(0, 0, "bored", 0, (0,) * 5),
+    Hello(2, True, b"short", 0, 0, 0, 0, 0, "", ""),
+    Hello(1, True, bytes(16), 0, 10, 9, 0, 0, "", ""),
+    Token(0, 0, 0, 0, (1, 2, 3, 4, 5), (0, 0, 0), 0, 0, b""),
+    Token(0, 0, 0, 0, (0,) * 6, (0,) * 3, 0, 0, b"x" * 256),
+    Done(0, 0, "bored", 0, (0,) * 6),
+    Done(0, 0, "eos", 0, (0,) * 5),
     Generate([-1], 1),
     Generate([1], 2**32),
     Error(70000, "x"),
@@ -224,7 +232,7 @@ def test_encode_errors(msg):
 
 
 def test_text_is_cut_at_character_boundary():
-    t, p = P.encode_payload(Hello(1, False, bytes(16), 0, 0, 0, 2, "\u00e9" * 200, "b"))
+    t, p = P.encode_payload(Hello(2, False, bytes(16), 0, 0, 0, 0, 2, "\u00e9" * 200, "b"))
     msg = P.decode_payload(t, p)
     assert msg.fw_version == "\u00e9" * 127 and msg.board == "b" and msg.clock_name == "emulated timer"
     with pytest.raises(ProtocolError):
@@ -317,7 +325,7 @@ BOOT_LOG = (b"ESP-ROM:esp32s3-20210327\r\nrst:0x1 (POWERON),boot:0x8 (SPI_FAST_F
 
 @pytest.mark.parametrize("sep", [b"", b"\x00", b"\x00\x00"])
 def test_junk_before_first_frame(sep):
-    hello = Hello(1, True, bytes(16), 1, 256, 128, 1, "fw", "board")
+    hello = Hello(2, True, bytes(16), 1, 256, 256, 128, 1, "fw", "board")
     tail = P.encode_frame(Log("half a frame from before"), 77)[5:-1]  # partial frame at connect
     stream = tail + BOOT_LOG + sep + P.encode_frame(hello, 0) + P.encode_frame(Log("x"), 1)
     dec = FrameDecoder()
@@ -343,7 +351,7 @@ def test_gap_wrap_and_reset():
     got = dec.feed(b"".join(P.encode_frame(Log(str(s)), s) for s in seqs))
     assert [f.seq for f in got] == seqs
     assert dec.stats.gaps == [(2, 3)] and dec.stats.resets == 0
-    hello = Hello(1, False, bytes(16), 0, 0, 0, 0, "", "")
+    hello = Hello(2, False, bytes(16), 0, 0, 0, 0, 0, "", "")
     got = dec.feed(P.encode_frame(hello, 0) + P.encode_frame(Log("after"), 1)
                    + P.encode_frame(Log("not hello"), 0))
     assert [f.seq for f in got] == [0, 1, 0]

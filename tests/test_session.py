@@ -69,7 +69,7 @@ def test_full_generate(connect):
     assert res.generated_ids == [o for *_, o in want if o is not None]
     assert res.text_bytes == b"".join(piece(o) for *_, o in want if o is not None)
     assert len(res.prompt_steps) == len(PROMPT) - 1 and len(res.generated_steps) == 6
-    assert res.tokens[0].us == (10, 100, 200, 50, 0)
+    assert res.tokens[0].us == (10, 100, 200, 0, 50, 0) and res.tokens[0].head_rows == 40
     assert res.logs and "generate" in res.logs[0]
     assert res.clock == "emulated timer" and res.board == "fakeboard"
     # the GENERATE the device got carries what we asked for
@@ -247,7 +247,8 @@ def test_live_view_plain_and_terminal(result):
         for t in result.tokens:
             v.on_token(t)
     out = buf.getvalue()
-    assert "flash-read µs" in out and "emulated timer" in out and "fakeboard" in out
+    assert "embed µs" in out and "emulated timer" in out and "fakeboard" in out
+    assert "PLE µs" not in out                          # a model without PLE: no all-zero column
     assert len([ln for ln in out.splitlines() if ln.strip()[:1].isdigit()]) == len(result.tokens)
 
     buf = io.StringIO()
@@ -255,10 +256,45 @@ def test_live_view_plain_and_terminal(result):
     with R.LiveView(con, result.hello, piece_of=lambda i: b"<%d>" % i) as v:
         for t in result.tokens:
             v.on_token(t)
-    assert "flash-read µs" in buf.getvalue()
+    assert "embed µs" in buf.getvalue() and "PLE µs" not in buf.getvalue()
     R.print_summary(Console(file=(b2 := io.StringIO()), width=200), result)
     s = b2.getvalue()
     assert "tok/s" in s and "emulated timer" in s and "fakeboard" in s and "lost" in s
+    assert "PLE" not in s
+    d = R.result_dict(result)                           # JSON keeps all six phases
+    assert list(d["tokens"][0]["us"]) == ["embed", "attention", "ffn", "ple", "output", "sampling"]
+
+
+def test_ple_phase_shown_for_a_ple_model(connect):
+    import io
+
+    from rich.console import Console
+    with FakeBoard(ple=True, out_vocab=30) as fb:
+        s = connect(fb)
+        hello = s.handshake(timeout=5, interval=0.3)
+        res = s.generate(PROMPT, 3, frame_timeout=3)
+    assert hello.out_vocab == 30 and hello.vocab_size == 40
+    assert [t.us[3] for t in res.tokens] == [30 + t.step for t in res.tokens]
+    assert all(t.head_rows == 30 for t in res.tokens)
+    buf = io.StringIO()
+    con = Console(file=buf, width=220)
+    with R.LiveView(con, hello, ple=True) as v:
+        for t in res.tokens:
+            v.on_token(t)
+    lines = [ln.split() for ln in buf.getvalue().splitlines() if ln.strip()[:1].isdigit()]
+    assert "PLE µs" in buf.getvalue() and [int(ln[-7]) for ln in lines] == [30 + t.step for t in res.tokens]
+    R.print_summary(Console(file=(b2 := io.StringIO()), width=200), res)
+    assert "PLE µs" in b2.getvalue()
+    assert R.summarize(res)["generated"]["phases"]["ple"]["sum"] == sum(t.us[3] for t in res.generated_steps)
+
+
+def test_protocol_v1_board_is_refused_with_the_fix(connect):
+    with FakeBoard(proto=1) as fb:
+        s = connect(fb)
+        with pytest.raises(BoardError) as e:
+            s.handshake(timeout=5, interval=0.3)
+    msg = str(e.value)
+    assert "protocol version 1" in msg and "version 2" in msg and "flashlm flash" in msg and "\n" not in msg
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@
 enum { REASON_MAX_TOKENS = 0, REASON_EOS = 1, REASON_CONTEXT = 2, REASON_STOPPED = 3 };
 
 #ifndef FLM_MAX_ENTRIES
-#define FLM_MAX_ENTRIES (8 + 9 * FLM_MAX_LAYERS)   /* tensor-table entries a LAYOUT may address */
+#define FLM_MAX_ENTRIES (11 + 12 * FLM_MAX_LAYERS)   /* tensor-table entries a LAYOUT may address */
 #endif
 
 typedef struct { uint8_t *base; size_t cap, used; } flm_pool;
@@ -124,6 +124,7 @@ static void send_hello(void) {
     flm_tx_put(&A.tx, A.image_ok ? A.model.model_hash : zero, 16);
     flm_tx_u32(&A.tx, A.image_ok ? A.model.layout_id : 0u);
     flm_tx_u32(&A.tx, A.image_ok ? A.model.vocab : 0u);
+    flm_tx_u32(&A.tx, A.image_ok ? A.model.n_out : 0u);
     flm_tx_u32(&A.tx, A.image_ok ? A.model.seq_len : 0u);
     flm_tx_u8(&A.tx, hal_clock_kind());
     flm_tx_s8(&A.tx, FLM_FW_VERSION, slen(FLM_FW_VERSION));
@@ -168,6 +169,7 @@ static void tx_token(const flm_kept_token *k) {
     flm_tx_u32(&A.tx, k->out);
     for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u32(&A.tx, k->st.us[i]);
     for (int i = 0; i < FLM_N_TIERS; i++) flm_tx_u32(&A.tx, k->st.bytes[i]);
+    flm_tx_u32(&A.tx, k->st.head_rows);
     flm_tx_u32(&A.tx, k->crc);
     uint32_t plen = 0;
     const uint8_t *piece = k->out == FLM_NONE ? (const uint8_t *)"" : flm_piece(&A.model, k->out, &plen);
@@ -224,7 +226,7 @@ static void resend(const uint8_t *p, size_t len) {
 static void send_logits(uint32_t step, const float *logits) {
     flm_tx_begin(&A.tx, FLM_LOGITS);
     flm_tx_u32(&A.tx, step);
-    for (uint32_t i = 0; i < A.model.vocab; i++) flm_tx_f32(&A.tx, logits[i]);
+    for (uint32_t i = 0; i < A.model.n_out; i++) flm_tx_f32(&A.tx, logits[i]);
     flm_tx_end(&A.tx);
 }
 
@@ -288,11 +290,11 @@ static void generate(const uint8_t *p, size_t len) {
             next = A.prompt[pos + 1u];
         } else {
             uint64_t ts = hal_time_us();
-            out = next = flm_sample(logits, m->vocab, temperature, top_p, &rng, A.state.probs, A.state.idx);
+            out = next = flm_sample(logits, m->n_out, temperature, top_p, &rng, A.state.probs, A.state.idx);
             st.us[FLM_PH_SAMPLE] = (uint32_t)(hal_time_us() - ts);
             generated++;
         }
-        send_token(step, pos, tok, out, &st, flm_crc32_update(0, logits, (size_t)m->vocab * 4u));
+        send_token(step, pos, tok, out, &st, flm_crc32_update(0, logits, (size_t)m->n_out * 4u));
         if (flags & 1u) send_logits(step, logits);
         for (int i = 0; i < FLM_N_PHASES; i++) tot[i] += st.us[i];
         step++;
@@ -337,22 +339,6 @@ static uint8_t *take(flm_pool *p, size_t n, size_t align) {
 static uint32_t tensor_pool(uint32_t t) { return A.pool[t].cap || t != A.arena_tier ? t : 0u; }
 static uint32_t state_pool(uint32_t t) { return t == A.arena_tier ? 0u : t; }
 
-/* The tensors the engine reads (the tied head is tok_emb, listed once). */
-static uint32_t engine_tensors(flm_model *m, flm_tensor **out) {
-    uint32_t n = 0;
-    out[n++] = &m->tok_emb;
-    if (!m->tied) out[n++] = &m->head;
-    out[n++] = &m->norm;
-    out[n++] = &m->rope_cos;
-    out[n++] = &m->rope_sin;
-    for (uint32_t l = 0; l < m->n_layers; l++) {
-        flm_layer *L = &m->layers[l];
-        flm_tensor *ts[9] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->w1, &L->w2, &L->w3};
-        for (int k = 0; k < 9; k++) out[n++] = ts[k];
-    }
-    return n;
-}
-
 static uint32_t region_tier(uint32_t state_tiers, int r) {
     uint32_t t = (state_tiers >> (4u * (uint32_t)r)) & 15u;
     return t ? t : A.arena_tier;
@@ -373,15 +359,15 @@ static uint32_t layout_crc(const flm_model *m, const uint8_t *tiers, uint32_t st
  * state regions at state_tiers. Returns 0, or -1 with the reason in err when it does not fit (the
  * model is then left half-placed: the caller places a layout that fits). */
 static int place(const uint8_t *tiers, uint32_t state_tiers, char *err, size_t en) {
-    static flm_tensor *T[5 + 9 * FLM_MAX_LAYERS];
     flm_model *m = &A.model;
+    flm_tensor *x;
     flm_blob_retier(m, tiers);
-    uint32_t n = engine_tensors(m, T);
+    m->ple_table.tier = FLM_TIER_FLASH;   /* a gather of one row per token: read in place, never staged */
     /* bytes per pool: tensors 64-aligned (cache lines), then the regions (multiples of 8), then the
      * prompt buffer last, so an arena of exactly state + prompt holds the default placement */
     size_t need[FLM_N_TIERS] = {0, 0, 0};
-    for (uint32_t i = 0; i < n; i++)
-        if (T[i]->tier != FLM_TIER_FLASH) need[tensor_pool(T[i]->tier)] += up64(T[i]->length);
+    for (uint32_t i = 0; (x = flm_tensor_at(m, i)) != 0; i++)
+        if (x->tier != FLM_TIER_FLASH) need[tensor_pool(x->tier)] += up64(x->length);
     for (int r = 0; r < FLM_N_REGIONS; r++) need[state_pool(region_tier(state_tiers, r))] += flm_state_region_bytes(m, r);
     need[state_pool(region_tier(state_tiers, FLM_REG_SCRATCH))] += (size_t)m->seq_len * 4u;
     for (uint32_t p = 0; p < FLM_N_TIERS; p++) {
@@ -401,15 +387,14 @@ static int place(const uint8_t *tiers, uint32_t state_tiers, char *err, size_t e
         return -1;
     }
     for (uint32_t t = 0; t < FLM_N_TIERS; t++) { A.pool[t].used = 0; A.staged[t] = 0; }
-    for (uint32_t i = 0; i < n; i++) {
-        flm_tensor *x = T[i];
+    for (uint32_t i = 0; (x = flm_tensor_at(m, i)) != 0; i++) {
         if (x->tier == FLM_TIER_FLASH) continue;
         uint8_t *dst = take(&A.pool[tensor_pool(x->tier)], x->length, 64u);
         memcpy(dst, x->data, x->length);
         x->data = dst;
         A.staged[x->tier] += x->length;
     }
-    if (m->tied) m->head = m->tok_emb;
+    flm_blob_tie_head(m);
     uint8_t *base[FLM_N_REGIONS];
     for (int r = 0; r < FLM_N_REGIONS; r++)
         base[r] = take(&A.pool[state_pool(region_tier(state_tiers, r))], flm_state_region_bytes(m, r), 8u);
@@ -455,12 +440,19 @@ static void set_layout(const uint8_t *p, size_t len) {
         send_error(FLM_E_BAD_LAYOUT, err);
         return;
     }
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < n; i++) {
         if (tiers[i] >= FLM_N_TIERS) {
             fmt2(err, sizeof err, "LAYOUT: entry ", i, " has tier ", tiers[i], ", expected 0 (flash), 1 (psram) or 2 (sram)");
             send_error(FLM_E_BAD_LAYOUT, err);
             return;
         }
+        if (tiers[i] != FLM_TIER_FLASH && memcmp(m->blob + m->table + i * 64u, "ple.table", 10) == 0) {
+            fmt2(err, sizeof err, "LAYOUT: entry ", i, " (ple.table) has tier ", tiers[i],
+                 "; the PLE table is read from flash only, one row per token (tier 0)");
+            send_error(FLM_E_BAD_LAYOUT, err);
+            return;
+        }
+    }
     for (uint32_t r = 0; r < 8u; r++) {
         uint32_t t = (st >> (4u * r)) & 15u;
         if ((r < 3u && t != 0u && t != FLM_TIER_PSRAM && t != FLM_TIER_SRAM) || (r >= 3u && t)) {

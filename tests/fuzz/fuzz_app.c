@@ -65,7 +65,7 @@ static void out_check(const uint8_t *buf, size_t len) {
             fprintf(stderr, "oracle: the device sent frame type 0x%02x\n", out_rx.type);
             abort();
         }
-        if (out_rx.type == FLM_TOKEN && out_rx.len < 53u) {
+        if (out_rx.type == FLM_TOKEN && out_rx.len < 61u) {
             fprintf(stderr, "oracle: TOKEN payload of %u bytes\n", (unsigned)out_rx.len);
             abort();
         }
