@@ -4,8 +4,9 @@ Everything here mirrors firmware/engine/engine.c (and sampler.c) operation by op
 
 * ``usage(spec, pos)`` lists, per tensor and state region, the bytes a forward step at position
   ``pos`` reads from it and how many separate rows it gathers — exactly the bytes the engine adds
-  to its per-tier counters (weights, norms, the two RoPE rows, one embedding row, the KV cache per
-  head), plus the activation/logits traffic the engine does not count (used for timing only);
+  to its per-tier counters (weights, norms per call, the two RoPE rows, one embedding row, one PLE
+  table row, the head's out_vocab rows, the KV cache per head), plus the activation/logits traffic
+  the engine does not count (used for timing only);
 * ``compute_cycles(spec, pos)`` counts multiply-accumulates and float operations per phase;
 * ``predict(...)`` turns both into microseconds for a board profile: per tier
   ``bytes / seq_read_MBps + rows * row_latency_us``, plus cycles / clock. It is a prediction, and
@@ -19,17 +20,19 @@ from dataclasses import dataclass, field, replace
 from .footprint import REGIONS, prompt_bytes, region_bytes
 from .ir import ModelConfig, ModelError
 
-PHASES = ("embed", "attention", "ffn", "output", "sampling")
+PHASES = ("embed", "attention", "ffn", "ple", "output", "sampling")
 TIERS = ("flash", "psram", "sram")
 RAM_TIERS = ("psram", "sram")
 ALIGN = 64
 HEADER_SIZE, ENTRY_SIZE = 112, 64
 
 # [EST] float operations per call of the engine's own functions (flm_math.c): expf is a range
-# reduction plus a degree-6 polynomial, sqrt a few Newton steps, silu = x / (1 + exp(-x)).
+# reduction plus a degree-6 polynomial, sqrt a few Newton steps, silu = x / (1 + exp(-x)),
+# gelu = x / (1 + exp(-2u)) with u = x (K0 + K1 x^2).
 FLOPS_EXP = 16
 FLOPS_SQRT = 20
 FLOPS_DIV = 10
+FLOPS_GELU = 6 + FLOPS_EXP + FLOPS_DIV
 Q4_MAC_FACTOR = 1.5      # [EST] nibble unpacking per multiply-accumulate
 # compute defaults for a profile without [compute], by chip: RP2040 from our calibration on the
 # rp2040-emu board (boards/pico.toml [EMU]: rp2040js cycle counts, libgcc soft-float)
@@ -40,19 +43,13 @@ def _up64(n: int) -> int:
     return (n + ALIGN - 1) & ~(ALIGN - 1)
 
 
-def _pad4(n: int) -> int:
-    return (n + 3) & ~3
-
-
-def row_stride(fmt: str, cols: int, g: int) -> int:
+def row_stride(fmt: str, cols: int, g: int, scale16: bool = False) -> int:
     if fmt == "f32":
         return cols * 4
     if fmt == "bytes":
         return cols
-    full, last = divmod(cols, g)
-    body = (lambda n: n) if fmt == "q8" else (lambda n: (n + 1) // 2)
-    s = full * (4 + _pad4(body(g)))
-    return s + (4 + _pad4(body(last)) if last else 0)
+    from .blob import row_stride as quant_row_stride
+    return quant_row_stride(fmt, cols, g, scale16)
 
 
 @dataclass(frozen=True)
@@ -65,6 +62,7 @@ class TensorSpec:
     group: int
     length: int
     row_stride: int
+    scale16: bool = False
 
     @property
     def kind(self) -> str:
@@ -73,6 +71,8 @@ class TensorSpec:
             return "embedding"
         if n == "output":
             return "head"
+        if n == "ple.table":
+            return "ple_table"
         if n.startswith("rope."):
             return "rope"
         if n == "tokenizer":
@@ -83,6 +83,8 @@ class TensorSpec:
             return "attention"
         if ".ffn." in n:
             return "ffn"
+        if n.startswith("ple.") or ".ple." in n:
+            return "ple"
         return "other"
 
     @property
@@ -125,7 +127,7 @@ class ModelSpec:
     # -- constructors -----------------------------------------------------------------------
     @classmethod
     def from_header(cls, h, source: str = "") -> "ModelSpec":
-        ts = tuple(TensorSpec(e.name, e.fmt, e.rows, e.cols, e.group_size, e.length, e.row_stride)
+        ts = tuple(TensorSpec(e.name, e.fmt, e.rows, e.cols, e.group_size, e.length, e.row_stride, e.scale16)
                    for e in h.entries)
         return cls(h.config, ts, source)
 
@@ -133,19 +135,22 @@ class ModelSpec:
     def from_quant(cls, qm, source: str = "") -> "ModelSpec":
         from .blob import _sections
         ts = []
-        for name, fmt, rows, cols, g, data in _sections(qm):
-            ts.append(TensorSpec(name, fmt, rows, cols, g, len(data), row_stride(fmt, cols, g)))
+        for name, fmt, rows, cols, g, s16, data in _sections(qm):
+            ts.append(TensorSpec(name, fmt, rows, cols, g, len(data), row_stride(fmt, cols, g, s16), s16))
         return cls(qm.config, tuple(ts), source or qm.source)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, fmt: str = "q8", group_size: int = 32, overrides=(),
-                    tokenizer_bytes: int | None = None, source: str = "") -> "ModelSpec":
+                    tokenizer_bytes: int | None = None, source: str = "", scales: str = "f32") -> "ModelSpec":
         """A shape without weights: the converter's default recipe (matrices ``fmt``, embedding and
-        untied head q8 when ``fmt`` is q4, norms f32) with ``--quant``-style overrides. The
-        tokenizer section is estimated (8 bytes a piece) unless ``tokenizer_bytes`` is given."""
-        from .quantize import default_spec, parse_overrides
-        ovs = parse_overrides(overrides)
+        untied head q8 when ``fmt`` is q4, the PLE table q4, norms f32; ``scales`` f32 or f16) with
+        ``--quant``-style overrides. The tokenizer section is estimated (8 bytes a piece) unless
+        ``tokenizer_bytes`` is given."""
+        from .quantize import check_scales, default_spec, parse_overrides, resolve_head
         cfg.validate()
+        check_scales(scales)
+        ovs = resolve_head(parse_overrides(overrides), cfg.tied)
+        s16 = scales == "f16"
         est = tokenizer_bytes is None
         tok = tokenizer_bytes if tokenizer_bytes is not None else 8 + 4 * (cfg.vocab_size + 1) + 8 * cfg.vocab_size
         ts = [TensorSpec("tokenizer", "bytes", 1, tok, 0, tok, tok)]
@@ -161,21 +166,21 @@ class ModelSpec:
                 if o.matches(name):
                     f, g = o.fmt, (o.group_size or g)
                     break
-            rs = row_stride(f, shape[1], g)
-            ts.append(TensorSpec(name, f, shape[0], shape[1], g, shape[0] * rs, rs))
+            rs = row_stride(f, shape[1], g, s16)
+            ts.append(TensorSpec(name, f, shape[0], shape[1], g, shape[0] * rs, rs, s16))
         return cls(cfg, tuple(ts), source or "shape only", est)
 
     def with_formats(self, overrides) -> "ModelSpec":
         """The same model re-quantized by ``--quant``-style overrides (shape arithmetic only)."""
-        from .quantize import parse_overrides
-        ovs = parse_overrides(overrides)
+        from .quantize import parse_overrides, resolve_head
+        ovs = resolve_head(parse_overrides(overrides), self.config.tied)
         out = []
         for t in self.tensors:
             if t.fmt in ("q8", "q4"):
                 for o in reversed(ovs):
                     if o.matches(t.name):
                         g = o.group_size or t.group
-                        rs = row_stride(o.fmt, t.cols, g)
+                        rs = row_stride(o.fmt, t.cols, g, t.scale16)
                         t = replace(t, fmt=o.fmt, group=g, row_stride=rs, length=t.rows * rs)
                         break
             out.append(t)
@@ -233,6 +238,15 @@ def state_sizes(spec: ModelSpec, kv: str = "f32") -> dict[str, int]:
             "scratch": rb["scratch"] + prompt_bytes(cfg)}
 
 
+def head_rows(spec: ModelSpec) -> TensorSpec:
+    """The rows the output layer reads: ``output``, or a tied head's first out_vocab embedding rows."""
+    cfg, by = spec.config, spec.by_name()
+    if not cfg.tied:
+        return by["output"]
+    emb = by["tok_embeddings"]
+    return replace(emb, rows=cfg.n_out, length=cfg.n_out * emb.row_stride)
+
+
 def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy") -> dict[str, Use]:
     """Traffic per tensor name and per state region ("kv", "logits", "scratch") for a step at
     ``pos``: ``read`` is exactly what engine.c adds to ``bytes[tier]``."""
@@ -243,9 +257,15 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy") 
     u: dict[str, Use] = {t.name: Use() for t in spec.tensors}
     for r in REGIONS:
         u[r] = Use()
-    d, hd = cfg.dim, cfg.head_dim
+    d, hd, P, L = cfg.dim, cfg.head_dim, cfg.ple_dim, cfg.n_layers
     emb = by["tok_embeddings"]
     u["tok_embeddings"].add("embed", emb.row_stride, rows=1)             # one row, dequantized
+    if P:   # engine.c ple_inputs(): one table row gathered, ple.proj, L norms of P
+        u["ple.table"].add("embed", by["ple.table"].row_stride, rows=1)
+        u["ple.proj"].add("embed", by["ple.proj"].length)
+        _act(u, "embed", by["ple.proj"])
+        u["ple.norm"].add("embed", L * P * 4)
+        u["scratch"].add("embed", L * P * 4 * 4, counted=False)           # scale, norm, table row, combine
     u["rope.cos"].add("attention", hd // 2 * 4, rows=1)
     u["rope.sin"].add("attention", hd // 2 * 4, rows=1)
     for li in range(cfg.n_layers):
@@ -265,15 +285,22 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy") 
             u[p + w].add("ffn", by[p + w].length)
             _act(u, "ffn", by[p + w])
         u["scratch"].add("ffn", cfg.hidden_dim * 4 * 3, counted=False)                  # SiLU * up
+        if P:   # engine.c ple_block()
+            for w in ("ple.gate", "ple.proj"):
+                u[p + w].add("ple", by[p + w].length)
+                _act(u, "ple", by[p + w])
+            u[p + "ple.norm"].add("ple", d * 4)
+            u["scratch"].add("ple", P * 4 * 3 + d * 4 * 3, counted=False)              # gelu * u; norm; residual
     u["norm"].add("output", d * 4)
-    head = by["output"] if not cfg.tied else emb
+    head = head_rows(spec)
     u[head.name].add("output", head.length)
     _act(u, "output", head)
-    u["logits"].add("output", cfg.vocab_size * 4, counted=False)                         # written
+    n_out = cfg.n_out
+    u["logits"].add("output", n_out * 4, counted=False)                                  # written
     if sampling == "greedy":
-        u["logits"].add("sampling", cfg.vocab_size * 4, counted=False)
+        u["logits"].add("sampling", n_out * 4, counted=False)
     else:   # scale+max, exp+sum, normalize, cdf: logits once, probs three times
-        u["logits"].add("sampling", cfg.vocab_size * 4 * 5, counted=False)
+        u["logits"].add("sampling", n_out * 4 * 5, counted=False)
     return u
 
 
@@ -308,9 +335,16 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
     def rms(n: int) -> float:
         return (4 * n + FLOPS_SQRT + FLOPS_DIV) * cpf
 
+    def dequant_row(w: TensorSpec) -> float:
+        return 2 * w.cols * cpf + (w.cols * 2 if w.fmt == "q4" else 0)
+
     out = dict.fromkeys(PHASES, 0.0)
     emb = by["tok_embeddings"]
-    out["embed"] = 2 * d * cpf + (emb.cols * 2 if emb.fmt == "q4" else 0)
+    out["embed"] = dequant_row(emb)
+    P, L = cfg.ple_dim, cfg.n_layers
+    if P:   # table row, ple.proj, the scale by 1/sqrt(d), L norms of P, the combine (3 per element)
+        out["embed"] += (dequant_row(by["ple.table"]) + matvec(by["ple.proj"]) + L * rms(P)
+                         + L * P * 4 * cpf)
     t = pos + 1
     for li in range(cfg.n_layers):
         p = f"layers.{li}."
@@ -324,9 +358,11 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
         f = rms(d) + sum(matvec(by[p + w]) for w in ("ffn.w1", "ffn.w3", "ffn.w2"))
         f += hid * (FLOPS_EXP + FLOPS_DIV + 3) * cpf + d * cpf
         out["ffn"] += f
-    head = by["output"] if not cfg.tied else emb
-    out["output"] = rms(d) + matvec(head)
-    v = cfg.vocab_size
+        if P:   # gate, gelu * u, proj, post-norm, residual
+            out["ple"] += (matvec(by[p + "ple.gate"]) + matvec(by[p + "ple.proj"]) + P * (FLOPS_GELU + 1) * cpf
+                           + rms(d) + d * cpf)
+    out["output"] = rms(d) + matvec(head_rows(spec))
+    v = cfg.n_out
     out["sampling"] = v * cpf if sampling == "greedy" else v * (FLOPS_EXP + 8) * cpf
     return out
 

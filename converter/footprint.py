@@ -10,13 +10,7 @@ def _up8(n: int) -> int:
 
 
 def state_bytes(cfg: ModelConfig, min_group: int) -> int:
-    wide = max(cfg.dim, cfg.hidden_dim)
-    kv = cfg.n_layers * cfg.max_seq_len * cfg.kv_dim * 4
-    parts = [cfg.dim * 4] * 4 + [cfg.max_seq_len * 4, cfg.hidden_dim * 4, cfg.hidden_dim * 4,
-                                 cfg.vocab_size * 4, cfg.head_dim // 2 * 4, cfg.head_dim // 2 * 4,
-                                 wide, (wide // min_group + 1) * 4, cfg.vocab_size * 4,
-                                 cfg.vocab_size * 4, kv, kv]
-    return sum(_up8(p) for p in parts)
+    return sum(region_bytes(cfg, min_group).values())
 
 
 def arena_bytes(cfg: ModelConfig, min_group: int) -> int:
@@ -34,12 +28,13 @@ def _up64(n: int) -> int:
 
 def region_bytes(cfg: ModelConfig, min_group: int) -> dict[str, int]:
     """Bytes of each state region, as flm_state_region_bytes(); they sum to state_bytes()."""
-    wide = max(cfg.dim, cfg.hidden_dim)
+    wide = max(cfg.dim, cfg.hidden_dim, cfg.ple_dim)            # the longest matmul input
     kv = cfg.n_layers * cfg.max_seq_len * cfg.kv_dim * 4
+    ple = cfg.n_layers * cfg.ple_dim * 4                         # per-layer inputs; table row / gate
     scratch = [cfg.dim * 4] * 4 + [cfg.max_seq_len * 4, cfg.hidden_dim * 4, cfg.hidden_dim * 4,
-                                   cfg.head_dim // 2 * 4, cfg.head_dim // 2 * 4, wide,
+                                   cfg.head_dim // 2 * 4, cfg.head_dim // 2 * 4, ple, ple, wide,
                                    (wide // min_group + 1) * 4]
-    return {"kv": 2 * _up8(kv), "logits": 3 * _up8(cfg.vocab_size * 4),
+    return {"kv": 2 * _up8(kv), "logits": 3 * _up8(cfg.n_out * 4),
             "scratch": sum(_up8(p) for p in scratch)}
 
 
@@ -66,9 +61,11 @@ def tier_needs(cfg: ModelConfig, min_group: int, staged: dict[str, list[int]],
 def staging_bound(cfg: ModelConfig, min_group: int) -> int:
     """An upper bound on the bytes of every tensor the engine reads, staged, for any recipe of this
     config whose smallest group is ``min_group`` (q8 at that group is the largest encoding)."""
-    from .blob import row_stride
+    from .blob import PINNED_TO_FLASH, row_stride
     total = 0
     for name, shape in cfg.tensor_shapes().items():
+        if name in PINNED_TO_FLASH:
+            continue
         if len(shape) == 1:
             total += _up64(shape[0] * 4)
         else:
@@ -93,7 +90,7 @@ def build_arenas(header, prof: dict) -> tuple[int, int]:
     default = "sram"
     regions = {r: (default if t == "default" else t) for r, t in unpack_state_tiers(header.state_tiers).items()}
     staged: dict[str, list[int]] = {"psram": [], "sram": []}
-    used = set(cfg.tensor_shapes()) | {"rope.cos", "rope.sin"}
+    used = (set(cfg.tensor_shapes()) | {"rope.cos", "rope.sin"}) - {"ple.table"}   # the table is never staged
     for e in header.entries:
         if e.tier in staged and e.name in used:
             staged[e.tier].append(e.length)

@@ -115,6 +115,9 @@ def resolve_overrides(spec: ModelSpec, places: list[Place], tm: dict) -> dict[st
             if n == "tokenizer" and pl.tier != "flash":
                 raise PlanError(f"--place {pl.text!r}: the tokenizer is read from flash only "
                                 f"(the engine does not stage it)")
+            if n == "ple.table" and pl.tier != "flash":
+                raise PlanError(f"--place {pl.text!r}: ple.table stays in flash: the engine reads one row of "
+                                f"it per token in place (a gather costed by row latency) and never stages it")
             fixed[n] = (pl.tier, pl)
     return fixed
 
@@ -258,7 +261,8 @@ def plan(spec: ModelSpec, board: str | dict, *, overrides=(), kv: str = "f32", p
     budget = {t: tm[t].budget for t in tm}
     blob = spec.blob_bytes
 
-    weights = [t for t in spec.tensors if t.kind != "tokenizer"]
+    from .blob import PINNED_TO_FLASH    # read in place from flash by the firmware, whatever the budgets
+    weights = [t for t in spec.tensors if t.name not in PINNED_TO_FLASH]
     cost = {t.name: {tier: _item_cost(uses[t.name], tm[tier]) for tier in tm} for t in weights}
     rcost = {r: {tier: _item_cost(uses[r], tm[tier]) for tier in ram} for r in C.REGIONS}
     fixed_t = {n: v[0] for n, v in fixed.items() if n not in C.REGIONS}

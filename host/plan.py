@@ -3,8 +3,9 @@ predicted to cost there, and (``compare --run``) what it measures, layout by lay
 switched with LAYOUT frames instead of reflashing.
 
 MODEL may be a model directory written by ``flashlm convert`` (manifest.json + model.flmb), a
-``.flmb`` blob, or a checkpoint (llama2.c / flashlm ``.pt``), which is quantized in memory with
-``--format/--group-size/--quant`` as ``convert`` would.
+``.flmb`` blob, a checkpoint (llama2.c / flashlm ``.pt``), which is quantized in memory with
+``--format/--group-size/--quant/--scales`` as ``convert`` would, or ``shape:NAME``, a named shape
+from converter/shapes.py planned with its own recipe (``--quant`` applies on top).
 """
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-PHASE_LABEL = {"embed": "flash-read", "attention": "attention", "ffn": "FFN", "output": "output",
+PHASE_LABEL = {"embed": "embed", "attention": "attention", "ffn": "FFN", "ple": "PLE", "output": "output",
                "sampling": "sampling"}
 KIND_COLORS = {"embedding": "#4c72b0", "head": "#c44e52", "attention": "#dd8452", "ffn": "#55a868",
+               "ple_table": "#2f4b7c", "ple": "#a3845f",
                "norm": "#937860", "rope": "#8172b3", "tokenizer": "#8c8c8c", "kv": "#da8bc3",
                "logits": "#ccb974", "scratch": "#64b5cd", "other": "#999999"}
 
@@ -28,13 +30,20 @@ def _user_error():
 # ---------------------------------------------------------------------------------------------
 # the model argument
 
-def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=None):
-    """(ModelSpec, info) for a model dir, a blob or a checkpoint. ``info`` says which, and holds
-    the model dir / manifest / blob path where there is one."""
+SHAPE_PREFIX = "shape:"
+
+
+def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=None, scales: str = "f32"):
+    """(ModelSpec, info) for a model dir, a blob, a checkpoint or a named shape. ``info`` says
+    which, and holds the model dir / manifest / blob path where there is one."""
     from converter.blob import read_header
     from converter.costmodel import ModelSpec
 
     UserError = _user_error()
+    if str(model).startswith(SHAPE_PREFIX):
+        from converter.shapes import shape_spec
+        spec = shape_spec(str(model)[len(SHAPE_PREFIX):])
+        return (spec.with_formats(list(quant)) if quant else spec), dict(kind="shape")
     p = Path(model)
     if p.is_dir() or p.name == "manifest.json":
         from .cli import load_manifest
@@ -44,8 +53,9 @@ def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=
         return ModelSpec.from_header(h, str(d)), dict(kind="dir", model_dir=d, manifest=manifest, blob=blob,
                                                       header=h)
     if not p.exists():
+        from converter.shapes import SHAPES
         raise UserError(f"{p} does not exist (give a model directory from 'flashlm convert', a .flmb "
-                        f"blob or a checkpoint)")
+                        f"blob, a checkpoint or a shape: {', '.join(SHAPE_PREFIX + n for n in sorted(SHAPES))})")
     with p.open("rb") as f:
         magic = f.read(4)
     if magic == b"FLMB":
@@ -57,7 +67,7 @@ def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=
     if tok is None and (p.parent / "tokenizer.json").is_file() and p.suffix == ".pt":
         tok = p.parent / "tokenizer.json"
     ir = load_model(str(p), tokenizer_path=str(tok) if tok else None)
-    qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=list(quant or ()))
+    qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=list(quant or ()), scales=scales)
     return ModelSpec.from_quant(qm, str(p)), dict(kind="checkpoint", qm=qm, path=p)
 
 
@@ -297,7 +307,7 @@ def _plan_or_explain(console, spec, board, **kw):
 
 def cmd_plan(args, console) -> int:
     from converter.planner import parse_layout
-    spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer)
+    spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer, args.scales)
     if args.ctx:
         spec = spec.with_context(args.ctx)
     base, places = parse_layout(",".join(["auto" if not args.flash_only else "flash"] + list(args.place)))
@@ -355,7 +365,7 @@ def _side_by_side(console, title: str, columns: list[tuple[str, list[str]]]) -> 
 def cmd_compare(args, console) -> int:
     from converter.planner import PlanError, plan_layout
     UserError = _user_error()
-    spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer)
+    spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer, args.scales)
     if args.ctx:
         spec = spec.with_context(args.ctx)
     boards = args.board or ["native"]
@@ -521,7 +531,8 @@ def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict
 
 def add_commands(sub, positive_int, nonneg_int, add_generation_args) -> None:
     def model_opts(p):
-        p.add_argument("model", metavar="MODEL", help="model dir from 'flashlm convert', a .flmb blob, or a checkpoint")
+        p.add_argument("model", metavar="MODEL",
+                       help="model dir from 'flashlm convert', a .flmb blob, a checkpoint, or shape:NAME (e.g. shape:ple-28m)")
         p.add_argument("--ctx", type=positive_int, metavar="N", help="plan for a shorter context than the model's")
         p.add_argument("--kv", choices=("f32", "q8"), default="f32",
                        help="KV cache precision (q8: planner only; the engine keeps f32)")
@@ -530,6 +541,7 @@ def add_commands(sub, positive_int, nonneg_int, add_generation_args) -> None:
         p.add_argument("--format", choices=("q8", "q4"), default="q8", help="for a checkpoint: quantize like convert")
         p.add_argument("--group-size", type=positive_int, default=32, metavar="N")
         p.add_argument("--quant", action="append", default=[], metavar="PATTERN=FMT[:G]")
+        p.add_argument("--scales", choices=("f32", "f16"), default="f32", help="for a checkpoint: scale precision")
         p.add_argument("--tokenizer", metavar="PATH")
         p.add_argument("--png", metavar="FILE")
         p.add_argument("--json", metavar="FILE")

@@ -1,4 +1,5 @@
 """Layout planner, board profiles, LAYOUT switching and staging on the native board."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -65,11 +66,12 @@ def test_every_profile_number_names_a_source():
 # the planner's invariants
 
 configs = st.builds(
-    lambda d_h, heads, kvdiv, layers, vocab, hidden, ctx, tied: ModelConfig(
+    lambda d_h, heads, kvdiv, layers, vocab, hidden, ctx, tied, ple, out4: ModelConfig(
         dim=d_h * heads, n_layers=layers, n_heads=heads, n_kv_heads=heads // kvdiv, vocab_size=vocab,
-        hidden_dim=hidden, max_seq_len=ctx, tied=tied),
+        hidden_dim=hidden, max_seq_len=ctx, tied=tied, ple_dim=ple, out_vocab=vocab * out4 // 4),
     st.sampled_from([4, 8, 16]), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]), st.integers(1, 4),
-    st.integers(8, 600), st.integers(8, 200), st.integers(2, 96), st.booleans()).filter(
+    st.integers(8, 600), st.integers(8, 200), st.integers(2, 96), st.booleans(), st.sampled_from([0, 0, 5, 24]),
+    st.sampled_from([0, 1, 3, 4])).filter(
         lambda c: c.n_kv_heads > 0 and c.n_heads % c.n_kv_heads == 0)
 
 
@@ -88,7 +90,7 @@ def boards(draw):
 
 
 PATTERNS = ["layers.*.ffn", "layers.0.attn", "head", "tok_embeddings", "norm", "rope.*", "layers.*.attn.wq",
-            "kv", "logits", "scratch", "layers.1.ffn.w2", "*norm"]
+            "kv", "logits", "scratch", "layers.1.ffn.w2", "*norm", "layers.*.ple", "ple.proj", "ple.*"]
 
 
 @st.composite
@@ -136,10 +138,12 @@ def test_placement_within_budgets_exactly_once_overrides_respected(cfg, prof, ov
         return
     except PlanError as e:
         assert "--place" in str(e)
+        assert cfg.ple_dim or "ple.table" not in str(e)
         return
     names = [t.name for t in spec.tensors]
     assert sorted(pl.tiers) == sorted(names) and len(names) == len(set(names))   # every tensor, once
     assert set(pl.tiers.values()) <= set(prof["tiers"]) and pl.tiers["tokenizer"] == "flash"
+    assert pl.tiers.get("ple.table", "flash") == "flash"
     assert sorted(pl.regions) == sorted(C.REGIONS) and set(pl.regions.values()) <= set(prof["tiers"]) - {"flash"}
     need = _recount(spec, pl)
     for tier in ("psram", "sram"):
@@ -187,11 +191,29 @@ def test_predictions_monotone_in_bytes_moved(cfg, prof, data):
         assert t.us(n + 1, r) >= t.us(n, r) and t.us(n, r + 1) >= t.us(n, r)
 
 
-@settings(max_examples=60, deadline=None)
-@given(configs, st.sampled_from([7, 16, 32]))
-def test_region_sizes_mirror_engine_state(cfg, g):
-    rb = region_bytes(cfg, g)
-    assert sum(rb.values()) == state_bytes(cfg, g)
+@pytest.fixture(scope="module")
+def state_sizes_exe(tmp_path_factory):
+    exe = tmp_path_factory.mktemp("c") / "state_sizes"
+    eng = ROOT / "firmware/engine"
+    subprocess.run(["cc", "-std=c99", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{eng}", str(ROOT / "tests/c/state_sizes.c"),
+                    *(str(eng / f) for f in ("engine.c", "blob.c", "crc32.c", "kernels.c", "flm_math.c")),
+                    "-o", str(exe)], check=True)
+    return exe
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(configs.filter(lambda c: c.vocab_size <= 300), st.sampled_from([7, 16, 32]), st.data())
+def test_region_sizes_mirror_engine_state(state_sizes_exe, tmp_path, cfg, g, data):
+    """converter/footprint.py's region sizes are the engine's own (flm_state_region_bytes on the blob)."""
+    from modelzoo import random_ple_model
+    ir = random_ple_model(seed=0, **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
+    qm = quantize(ir, data.draw(st.sampled_from(["q8", "q4"])), g, [f"layers.0.ffn.w2=q8:{g + 3}"])
+    (tmp_path / "m.flmb").write_bytes(build_blob(qm))
+    out = subprocess.run([str(state_sizes_exe), str(tmp_path / "m.flmb")], capture_output=True, text=True, check=True)
+    min_group = min(t.group_size for t in qm.tensors.values() if hasattr(t, "codes"))
+    rb = region_bytes(cfg, min_group)
+    assert [int(x) for x in out.stdout.split()] == [rb["kv"], rb["logits"], rb["scratch"]]
+    assert sum(rb.values()) == state_bytes(cfg, min_group)
 
 
 def test_bytes_read_formula_matches_engine_test():
@@ -229,6 +251,59 @@ def test_15m_llama2c_shape_fits_esp32s3_n16r8_and_not_pico():
         assert "psram: none on this board" in e.value.details
         assert any("no quantization or context change" in s for s in e.value.suggestions)
     assert any("esp32s3-n16r8" in s for s in e.value.suggestions)   # q4: fits as is there
+
+
+def test_ple_seed_shape_fits_esp32s3_n16r8_with_the_table_in_flash():
+    """The 28.9M PLE shape (int4, groups of 128, fp16 scales, tied head over 25353 rows) on the
+    N16R8: the 12.4 MB table stays in flash and a token gathers one table row and one embedding row."""
+    from converter.shapes import SHAPES, shape_spec
+    spec = shape_spec("ple-28m")
+    c = spec.config
+    assert c.n_params() == 28_869_920 and c.param_split() == {"table": 25_165_824, "core": 3_704_096}
+    by = spec.by_name()
+    tab, emb = by["ple.table"], by["tok_embeddings"]
+    assert (tab.fmt, tab.group, tab.scale16, emb.fmt, emb.scale16) == ("q4", 128, True, "q4", True)
+    assert tab.row_stride == 12 + 6 * 64 and emb.row_stride == 4 + 48      # fp16 scales padded to 4, codes
+    gathered = tab.row_stride + emb.row_stride
+    assert gathered == 448 and 400 <= gathered <= 500
+    pl = plan(spec, "esp32s3-n16r8")
+    assert pl.tiers["ple.table"] == "flash" and pl.need["flash"] == spec.blob_bytes <= pl.budget["flash"]
+    u = pl.uses
+    assert u["ple.table"].read == {"embed": 396} and u["ple.table"].rows == {"embed": 1}
+    assert u["tok_embeddings"].read["embed"] == 52 and u["tok_embeddings"].rows == {"embed": 1}
+    assert u["tok_embeddings"].read["output"] == 25353 * 52                 # the tied head's rows
+    # the embedding sits where the head reads it fastest (PSRAM): flash serves the table row alone
+    assert pl.tiers["tok_embeddings"] == "psram" and pl.prediction.bytes_read["flash"] == 396
+    # with the embedding pinned to flash, flash gives both gathered rows plus the head's stream
+    fl = plan(spec, "esp32s3-n16r8", overrides=["embedding=flash"])
+    assert fl.prediction.bytes_read["flash"] == 448 + 25353 * 52
+    # a prediction for every phase, PLE included, within 3x of the published measurement
+    pub = SHAPES["ple-28m"]["published"]
+    ph = pl.prediction.phase_us
+    assert set(ph) == set(C.PHASES) and all(v > 0 for v in ph.values())
+    for k, ms in pub["phase_ms"].items():
+        assert ms / 3 < ph[k] / 1000 < ms * 3, k
+    # f32 scales do not fit the 15.66 MB blob partition; fp16 scales are what makes it fit
+    with pytest.raises(NoFit, match="flash short by"):
+        plan(ModelSpec.from_config(c, "q4", 128, ["head=q4"]), "esp32s3-n16r8", suggest=False)
+    for place in ("ple.table=psram", "ple.*=sram"):
+        with pytest.raises(PlanError, match="ple.table stays in flash") as e:
+            plan(spec, "esp32s3-n16r8", overrides=[place])
+        assert "\n" not in str(e.value)
+
+
+def test_cli_plans_the_seed_shape(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "host.cli", "plan", "shape:ple-28m", "--board", "esp32s3-n16r8",
+                          "--png", str(tmp_path / "m.png"), "--json", str(tmp_path / "p.json")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "ple.table" in out.stdout and "PLE" in out.stdout and "prediction" in out.stdout
+    d = json.loads((tmp_path / "p.json").read_text())
+    assert d["tiers"]["ple.table"] == "flash" and set(d["prediction"]["phase_us"]) == set(C.PHASES)
+    bad = subprocess.run([sys.executable, "-m", "host.cli", "plan", "shape:nope", "--board", "esp32s3-n16r8"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "shape 'nope'" in bad.stderr and "ple-28m" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_shorter_context_and_int8_kv_are_suggested():

@@ -17,13 +17,17 @@ FUZZ_MODEL = dict(seed=7, dim=16, n_heads=2, n_kv_heads=1, hidden_dim=24, vocab_
 def models() -> dict[str, bytes]:
     from converter.blob import build_blob
     from converter.quantize import quantize
-    from modelzoo import random_model
+    from modelzoo import random_ple_model, random_model
     out = {}
     _, ir = random_model(**FUZZ_MODEL)
     out["app_q8"] = build_blob(quantize(ir, "q8", 8))
     _, ir2 = random_model(**{**FUZZ_MODEL, "seed": 8, "tied": False, "n_layers": 2, "n_kv_heads": 2})
     out["untied_q4"] = build_blob(quantize(ir2, "q4", 6, ["tok_embeddings=q8:16"]))
     out["placed"] = build_blob(quantize(ir, "q8", 8), tiers={"layers.0.ffn.w1": "psram", "norm": "sram"})
+    # Per-Layer Embeddings, untied head over part of the vocabulary, fp16 scales, ragged groups
+    ple = random_ple_model(seed=9, dim=16, n_heads=2, n_kv_heads=1, hidden_dim=24, vocab_size=24, max_seq_len=12,
+                           n_layers=2, ple_dim=6, tied=False, out_vocab=17)
+    out["ple_q4_f16"] = build_blob(quantize(ple, "q4", 8, ["ple.proj=q8:5"], scales="f16"))
     return out
 
 
