@@ -86,13 +86,17 @@ def assert_matches_reference(toks, logits, ref) -> None:
 
 def expected_bytes_read(qm, pos: int) -> tuple[int, int, int]:
     """(flash, psram, sram) one step at pos reads with everything in flash and the KV cache in SRAM:
-    each matrix once (the tied head is the embedding, read whole), one embedding row, the norms,
-    this position's RoPE rows, and per head the K and V rows 0..pos."""
+    each matrix once (a tied head is the embedding's first out_vocab rows), one embedding row, one
+    PLE table row, every norm call (ple.norm once per layer), this position's RoPE rows, and per
+    head the K and V rows 0..pos."""
     from converter.blob import build_blob, parse_header
     c = qm.config
     h = parse_header(build_blob(qm))
-    emb = next(e for e in h.entries if e.name == "tok_embeddings")
-    mats = sum(e.length for e in h.entries if e.fmt in ("q8", "q4") and e.name != "tok_embeddings")
-    flash = (mats + (emb.length if c.tied else 0) + emb.row_stride
-             + (2 * c.n_layers + 1) * c.dim * 4 + c.head_dim * 4)
+    by = {e.name: e for e in h.entries}
+    emb = by["tok_embeddings"]
+    gathered = ("tok_embeddings", "ple.table")
+    mats = sum(e.length for e in h.entries if e.fmt in ("q8", "q4") and e.name not in gathered)
+    norms = (2 * c.n_layers + 1) * c.dim * 4 + c.n_layers * (c.ple_dim + c.dim) * 4 * bool(c.ple_dim)
+    flash = (mats + (c.n_out * emb.row_stride if c.tied else 0) + emb.row_stride
+             + (by["ple.table"].row_stride if c.ple_dim else 0) + norms + c.head_dim * 4)
     return flash, 0, c.n_layers * c.n_heads * 2 * (pos + 1) * c.head_dim * 4

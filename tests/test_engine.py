@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from converter.quantize import quantize
-from converter.reference import fexp, generate, silu
+from converter.reference import fexp, gelu, generate, silu
 from modelzoo import random_model
 from nativeboard import assert_matches_reference, expected_bytes_read, native_link, run
 
@@ -80,11 +80,17 @@ def test_c_math_matches_numpy(tmp_path):
                   np.float32(0.34657359), 1e-40, 3e38], np.float32),
         rng.integers(1, 0x7f800000, 100000, dtype=np.uint32).view(np.float32)])
     out = subprocess.run([str(exe)], input=x.tobytes(), capture_output=True, check=True).stdout
-    got = np.frombuffer(out, np.float32).reshape(-1, 3)
+    got = np.frombuffer(out, np.float32).reshape(-1, 4)
     with np.errstate(all="ignore"):
         assert np.array_equal(bits(got[:, 0]), bits(fexp(x)))
         assert np.array_equal(bits(got[:, 1]), bits(np.sqrt(np.abs(x))))
         assert np.array_equal(bits(got[:, 2]), bits(silu(x)))
+        assert np.array_equal(bits(got[:, 3]), bits(gelu(x)))
     exact = np.exp(x[:300000].astype(np.float64))
     ok = (x[:300000] > -80) & (x[:300000] < 80)
     assert np.max(np.abs(got[:300000, 0][ok] - exact[ok]) / exact[ok]) < 5e-7
+    # GELU is torch's tanh approximation (the training side's F.gelu(approximate="tanh"))
+    x64 = x[:300000].astype(np.float64)
+    want = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)))
+    ok = np.abs(x64) < 30
+    assert np.max(np.abs(got[:300000, 3][ok] - want[ok]) / np.maximum(np.abs(x64[ok]), 1e-3)) < 2e-6

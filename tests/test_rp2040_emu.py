@@ -14,7 +14,7 @@ from converter.reference import NO_TOKEN, generate
 from emuboard import BOARD, emu_link, image_for, require_emulator
 from firmware.build import BuildError, build_firmware
 from host.protocol import Error, Hello, Log
-from modelzoo import random_model
+from modelzoo import random_ple_model, random_model
 from nativeboard import assert_matches_reference, drain, run
 
 CASES = {
@@ -33,8 +33,8 @@ def build_root(tmp_path_factory):
 
 
 def padding_per_step(qm) -> int:
-    """Bytes of block padding inside the rows one step streams (the engine counts whole rows;
-    the core skips the ≤ 3 zero bytes that align each block)."""
+    """Bytes of padding inside the rows one step reads (the engine counts whole rows; the core
+    skips the ≤ 3 zero bytes that align each group's codes, and those after a row's fp16 scales)."""
     h = parse_header(build_blob(qm))
     by = {e.name: e for e in h.entries}
 
@@ -42,12 +42,14 @@ def padding_per_step(qm) -> int:
         ng = -(-e.cols // e.group_size)
         last = e.cols - (ng - 1) * e.group_size
         code = (lambda n: n) if e.fmt == "q8" else (lambda n: (n + 1) // 2)
-        return e.row_stride - (4 * ng + (ng - 1) * code(e.group_size) + code(last))
+        return e.row_stride - ((2 if e.scale16 else 4) * ng + (ng - 1) * code(e.group_size) + code(last))
 
+    gathered = ("tok_embeddings", "ple.table")        # one row each per step
     mats = [e for e in h.entries if e.fmt in ("q8", "q4")]
-    total = sum(e.rows * pad(e) for e in mats if e.name != "tok_embeddings")
+    total = sum(e.rows * pad(e) for e in mats if e.name not in gathered)
+    total += pad(by["ple.table"]) if "ple.table" in by else 0
     emb = by["tok_embeddings"]
-    return total + pad(emb) * (1 + (emb.rows if qm.config.tied else 0))
+    return total + pad(emb) * (1 + (qm.config.n_out if qm.config.tied else 0))
 
 
 def check_run(link, board, qm, prompt, n, temperature, top_p, seed, padding=0):
@@ -77,6 +79,25 @@ def test_emulated_rp2040_matches_reference_bit_for_bit(case, tmp_path, build_roo
         assert hello.board == BOARD and hello.clock == 2 and hello.image_ok
         check_run(link, board, qm, [1, 7, 3], 10, 0.0, 0.0, 0)
         check_run(link, board, qm, [5], 10, 0.8, 0.9, 12345)
+
+
+@pytest.mark.parametrize("case", ["q4-f16-untied", "q8-tied"])
+def test_ple_model_bit_exact_on_the_emulated_rp2040(case, tmp_path, build_root):
+    """Per-Layer Embeddings on the Cortex-M0+: out_vocab < vocab, ragged groups, fp16 scales; every
+    step's logits and tokens equal the reference's, and the harness's byte counts the engine's."""
+    if case == "q4-f16-untied":
+        ir = random_ple_model(seed=21, dim=32, n_heads=2, n_kv_heads=1, hidden_dim=40, vocab_size=40, ple_dim=12,
+                              tied=False, out_vocab=29, max_seq_len=40)
+        qm = quantize(ir, "q4", 16, ["ple.proj=q8:12"], scales="f16")
+    else:
+        ir = random_ple_model(seed=22, dim=32, n_heads=2, n_kv_heads=2, hidden_dim=40, vocab_size=40, ple_dim=8,
+                              out_vocab=33, max_seq_len=40)
+        qm = quantize(ir, "q8", 16)
+    with emu_link(qm, tmp_path, build_root) as (link, boot, board):
+        assert boot[-1].out_vocab == qm.config.n_out
+        toks = check_run(link, board, qm, [1, 39, 3], 32, 0.0, 0.0, 0, padding=padding_per_step(qm))
+        check_run(link, board, qm, [5], 8, 0.8, 0.9, 7, padding=padding_per_step(qm))
+    assert all(t.head_rows == qm.config.n_out and t.us[3] > 0 for t in toks)
 
 
 def test_ragged_groups_bit_exact_and_padding_is_the_only_difference(tmp_path, build_root):
