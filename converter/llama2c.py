@@ -260,6 +260,9 @@ def _check_writable(ir: ModelIR, path, version: int) -> ModelConfig:
     except ModelError as e:
         raise ModelError(f"{path}: cannot write: {e}") from None
     cfg = ir.config
+    if cfg.ple_dim or cfg.n_out != cfg.vocab_size:
+        raise ModelError(f"{path}: llama2.c files cannot hold Per-Layer Embeddings or an out_vocab "
+                         f"below the vocabulary; keep this model as a flashlm checkpoint")
     if cfg.norm_eps != NORM_EPS:
         raise ModelError(f"{path}: llama2.c files cannot record norm_eps {cfg.norm_eps} (always {NORM_EPS})")
     if version != 0 and cfg.rope_theta != ROPE_THETA:

@@ -488,9 +488,11 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
                           soft_wrap=True)
             sess.check_model(hello, manifest["model_hash"])
             check_prompt_length(len(ids), int(hello.max_seq_len), f"board {hello.board}'s")
-            if int(hello.vocab_size) != int(manifest["config"]["vocab_size"]):
-                raise UserError(f"board {hello.board} reports vocab {hello.vocab_size}, the model has "
-                                f"{manifest['config']['vocab_size']}")
+            cfg = manifest["config"]
+            want = (int(cfg["vocab_size"]), int(cfg.get("out_vocab") or cfg["vocab_size"]))
+            if (int(hello.vocab_size), int(hello.out_vocab)) != want:
+                raise UserError(f"board {hello.board} reports vocab {hello.vocab_size} (output {hello.out_vocab}), "
+                                f"the model has {want[0]} (output {want[1]})")
             _step(console, f"generating up to {max_tokens} tokens from a {len(ids)}-token prompt")
             if emulated:
                 vb.read_counts()      # the emulator's per-step read counts: only this generation's

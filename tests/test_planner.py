@@ -306,6 +306,16 @@ def test_cli_plans_the_seed_shape(tmp_path):
     assert len(bad.stderr.strip().splitlines()) == 1
 
 
+def test_bench_ple_seed_labels_prediction_and_measurement(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "bench.ple_seed", "--json", str(tmp_path / "t.json")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "PREDICTION" in out.stdout and "PUBLISHED MEASUREMENT" in out.stdout and "pred/pub" in out.stdout
+    t = json.loads((tmp_path / "t.json").read_text())
+    assert [r["phase"] for r in t["rows"]] == list(C.PHASES) and t["published_total_ms"] == 102.9
+    assert t["tiers"]["ple.table"] == "flash" and t["bytes_per_token"]["flash"] == 396
+
+
 def test_shorter_context_and_int8_kv_are_suggested():
     cfg = ModelConfig(dim=128, n_layers=4, n_heads=4, n_kv_heads=1, vocab_size=1024, hidden_dim=352,
                       max_seq_len=512, tied=True)

@@ -101,6 +101,13 @@ def test_fp16_scales_are_rounded_before_the_codes():
     assert "\n" not in str(e.value)
 
 
+def test_llama2c_files_cannot_hold_ple(tmp_path):
+    from converter.llama2c import write_llama2c
+    for ir in (random_ple_model(seed=1), random_ple_model(seed=1, ple_dim=0, out_vocab=30)):
+        with pytest.raises(ModelError, match="cannot hold Per-Layer Embeddings or an out_vocab"):
+            write_llama2c(ir, tmp_path / "m.bin", 1)
+
+
 # ---------------------------------------------------------------------------------------------
 # the reference
 

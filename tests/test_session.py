@@ -334,6 +334,15 @@ def test_cli_run_hash_mismatch(tmp_path, capsys):
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_cli_run_refuses_a_board_with_another_output_vocabulary(tmp_path, capsys):
+    d = _model_dir(tmp_path)                                  # the model predicts all 40 tokens
+    with FakeBoard(out_vocab=30) as fb:
+        rc = main(["run", "--port", fb.path, "--model", str(d), "--prompt-ids", "1,2", "--timeout", "3"])
+        assert 0x02 not in fb.types_received()
+    err = capsys.readouterr().err
+    assert rc == 2 and "output 30" in err and "output 40" in err and len(err.strip().splitlines()) == 1
+
+
 def test_cli_missing_port(tmp_path, capsys):
     d = _model_dir(tmp_path)
     rc = main(["run", "--port", "/dev/ttyNOPE-flashlm", "--model", str(d), "--prompt-ids", "1,2"])
