@@ -13,7 +13,6 @@ from host.protocol import Error, Hello
 from modelzoo import random_model
 from nativeboard import drain, native_link, recv_until, run
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -21,16 +20,6 @@ def small_qm():
     _, ir = random_model(seed=1, dim=32, n_heads=2, n_kv_heads=1, hidden_dim=40, vocab_size=30,
                          max_seq_len=16, n_layers=1)
     return quantize(ir, "q4", 24, ["tok_embeddings=q8:20"])
-
-
-@pytest.fixture(scope="module")
-def blob_checker(tmp_path_factory):
-    exe = tmp_path_factory.mktemp("c") / "blob_check"
-    subprocess.run(["cc", "-std=c99", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-                    "-Wall", "-Wextra", "-Werror", f"-I{ROOT}/firmware/engine", str(ROOT / "tests/c/blob_check.c"),
-                    str(ROOT / "firmware/engine/blob.c"), str(ROOT / "firmware/engine/crc32.c"), "-o", str(exe)],
-                   check=True)
-    return exe
 
 
 def with_crc(b: bytes) -> bytes:

@@ -191,28 +191,18 @@ def test_predictions_monotone_in_bytes_moved(cfg, prof, data):
         assert t.us(n + 1, r) >= t.us(n, r) and t.us(n, r + 1) >= t.us(n, r)
 
 
-@pytest.fixture(scope="module")
-def state_sizes_exe(tmp_path_factory):
-    exe = tmp_path_factory.mktemp("c") / "state_sizes"
-    eng = ROOT / "firmware/engine"
-    subprocess.run(["cc", "-std=c99", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{eng}", str(ROOT / "tests/c/state_sizes.c"),
-                    *(str(eng / f) for f in ("engine.c", "blob.c", "crc32.c", "kernels.c", "flm_math.c")),
-                    "-o", str(exe)], check=True)
-    return exe
-
-
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(configs.filter(lambda c: c.vocab_size <= 300), st.sampled_from([7, 16, 32]), st.data())
-def test_region_sizes_mirror_engine_state(state_sizes_exe, tmp_path, cfg, g, data):
+def test_region_sizes_mirror_engine_state(blob_checker, tmp_path, cfg, g, data):
     """converter/footprint.py's region sizes are the engine's own (flm_state_region_bytes on the blob)."""
     from modelzoo import random_ple_model
     ir = random_ple_model(seed=0, **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
     qm = quantize(ir, data.draw(st.sampled_from(["q8", "q4"])), g, [f"layers.0.ffn.w2=q8:{g + 3}"])
     (tmp_path / "m.flmb").write_bytes(build_blob(qm))
-    out = subprocess.run([str(state_sizes_exe), str(tmp_path / "m.flmb")], capture_output=True, text=True, check=True)
+    out = subprocess.run([str(blob_checker), str(tmp_path / "m.flmb")], capture_output=True, text=True, check=True)
     min_group = min(t.group_size for t in qm.tensors.values() if hasattr(t, "codes"))
     rb = region_bytes(cfg, min_group)
-    assert [int(x) for x in out.stdout.split()] == [rb["kv"], rb["logits"], rb["scratch"]]
+    assert out.stdout.split() == ["ok", str(rb["kv"]), str(rb["logits"]), str(rb["scratch"])]
     assert sum(rb.values()) == state_bytes(cfg, min_group)
 
 

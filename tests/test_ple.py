@@ -19,7 +19,6 @@ from host.protocol import Error, Hello, Layout
 from modelzoo import random_ple_model
 from nativeboard import assert_matches_reference, drain, expected_bytes_read, native_link, recv_until, run
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 CASES = {
     # name: (model config, default format, group size, overrides, scales) — dims and PLE widths
@@ -195,16 +194,6 @@ def test_blob_refuses_the_table_off_flash():
         with pytest.raises(BlobError, match="ple.table cannot be placed in") as e:
             f()
         assert "\n" not in str(e.value)
-
-
-@pytest.fixture(scope="module")
-def blob_checker(tmp_path_factory):
-    exe = tmp_path_factory.mktemp("c") / "blob_check"
-    subprocess.run(["cc", "-std=c99", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-                    "-Wall", "-Wextra", "-Werror", f"-I{ROOT}/firmware/engine", str(ROOT / "tests/c/blob_check.c"),
-                    str(ROOT / "firmware/engine/blob.c"), str(ROOT / "firmware/engine/crc32.c"), "-o", str(exe)],
-                   check=True)
-    return exe
 
 
 def _entry(blob: bytes, name: str) -> int:

@@ -1,0 +1,20 @@
+"""Fixtures shared by several test files."""
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE = ROOT / "firmware" / "engine"
+
+
+@pytest.fixture(scope="session")
+def blob_checker(tmp_path_factory):
+    """tests/c/blob_check.c with the firmware's blob reader and engine, under ASan + UBSan: prints
+    "ok KV LOGITS SCRATCH" (the engine's RAM region bytes) or the refusal reason for a blob file."""
+    exe = tmp_path_factory.mktemp("c") / "blob_check"
+    subprocess.run(["cc", "-std=c99", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                    "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", f"-I{ENGINE}", str(ROOT / "tests/c/blob_check.c"),
+                    *(str(ENGINE / f) for f in ("blob.c", "crc32.c", "engine.c", "kernels.c", "flm_math.c")),
+                    "-o", str(exe)], check=True)
+    return exe
