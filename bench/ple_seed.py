@@ -23,7 +23,7 @@ def seed_table(shape: str = "ple-28m", pos: int | None = None) -> dict:
     """Predicted ms per phase (planner, board profile) and the published ms, with their ratio."""
     s = SHAPES[shape]
     pub = s["published"]
-    pl = plan(shape_spec(shape), pub["board"], pos=pos)
+    pl = plan(shape_spec(shape), pub["board"], pos=pos, head="full")   # the published head scanned every row
     pred = {ph: pl.prediction.phase_us[ph] / 1000 for ph in PHASES}
     rows = [dict(phase=ph, predicted_ms=pred[ph], published_ms=pub["phase_ms"].get(ph),
                  ratio=(pred[ph] / pub["phase_ms"][ph]) if ph in pub["phase_ms"] else None) for ph in PHASES]

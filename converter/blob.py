@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import headprune
 from .files import read_file
 from .ir import ModelConfig, ModelError, QTensor, Tokenizer
 from .quantize import QuantModel
@@ -32,6 +33,7 @@ TIER_NAME = {v: k for k, v in TIER_CODE.items()}
 NONE_ID = 0xFFFFFFFF
 CONFIG_FMT = "<10I2f4I"        # 64-byte config block at offset 48 (v2: ple_dim, out_vocab, 2 reserved)
 PINNED_TO_FLASH = ("tokenizer", "ple.table")   # sections the firmware reads from flash only
+HEAD_PRUNE = "head.prune"      # the greedy head's pruning records (converter/headprune.py)
 ENTRY_FMT = "<32s8I"
 
 
@@ -168,7 +170,8 @@ def decode_tokenizer(buf: bytes) -> list[bytes]:
 
 
 def _sections(qm: QuantModel) -> list[tuple[str, str, int, int, int, bool, bytes]]:
-    """(name, fmt, rows, cols, group, scale16, data) in blob order: tokenizer, RoPE tables, tensors."""
+    """(name, fmt, rows, cols, group, scale16, data) in blob order: tokenizer, RoPE tables, tensors,
+    the head's pruning records."""
     c = qm.config
     tok = encode_tokenizer(qm.tokenizer, c.vocab_size)
     out = [("tokenizer", "bytes", 1, len(tok), 0, False, tok)]
@@ -182,6 +185,8 @@ def _sections(qm: QuantModel) -> list[tuple[str, str, int, int, int, bool, bytes
         else:
             a = np.ascontiguousarray(t, "<f4").reshape(1, -1)
             out.append((name, "f32", 1, a.shape[1], 0, False, a.tobytes()))
+    prune = headprune.section_bytes(qm.head(), c.n_out)
+    out.append((HEAD_PRUNE, "bytes", 1, len(prune), 0, False, prune))
     return out
 
 
@@ -209,15 +214,21 @@ def config_block(c: ModelConfig, tok: Tokenizer | None) -> bytes:
 
 STATE_REGIONS = ("kv", "logits", "scratch")   # 4-bit fields of the header's state_tiers, low bits first
 STATE_DEFAULT = 0                             # field value: the board's default arena
+KV_SHIFT = 12                                 # state_tiers bits 12-15: the KV cache's format
+KV_CODE = {"f32": 0, "int8": 1}
+KV_NAME = {v: k for k, v in KV_CODE.items()}
 
 
-def pack_state_tiers(state: dict[str, str] | int | None) -> int:
-    """Header field ``state_tiers`` from {"kv": "psram", ...} (missing or "default": the board's arena)."""
-    if state is None:
-        return 0
+def pack_state_tiers(state: dict[str, str] | int | None, kv: str = "f32") -> int:
+    """Header field ``state_tiers`` from {"kv": "psram", ...} (missing or "default": the board's arena)
+    and the KV cache format ``kv`` (f32 or int8); an int is taken as the whole field."""
     if isinstance(state, int):
         return state
-    v = 0
+    if kv not in KV_CODE:
+        raise BlobError(f"KV cache format must be f32 or int8, got {kv!r}")
+    v = KV_CODE[kv] << KV_SHIFT
+    if state is None:
+        return v
     for i, region in enumerate(STATE_REGIONS):
         t = state.get(region, "default")
         if t in (None, "default"):
@@ -226,6 +237,11 @@ def pack_state_tiers(state: dict[str, str] | int | None) -> int:
             raise BlobError(f"the {region} buffers cannot live in {t}; choose psram or sram")
         v |= TIER_CODE[t] << (4 * i)
     return v
+
+
+def kv_format(state_tiers: int) -> str:
+    """The KV cache format a header's (or LAYOUT's) state_tiers field names."""
+    return KV_NAME.get((state_tiers >> KV_SHIFT) & 0xF, f"kv{(state_tiers >> KV_SHIFT) & 0xF}")
 
 
 def unpack_state_tiers(v: int) -> dict[str, str]:
@@ -245,12 +261,13 @@ def layout_id_of(tier_codes, state_tiers: int = 0) -> int:
 
 
 def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None,
-               state: dict[str, str] | int | None = None) -> bytes:
+               state: dict[str, str] | int | None = None, kv: str = "f32") -> bytes:
     """Serialize; ``tiers`` maps tensor name -> tier (default: everything read from flash);
-    ``state`` places the engine's RAM buffers (``kv``, ``logits``, ``scratch``) on psram/sram."""
+    ``state`` places the engine's RAM buffers (``kv``, ``logits``, ``scratch``) on psram/sram;
+    ``kv`` is the KV cache's format (f32, int8)."""
     tiers = tiers or {}
     check_pinned(tiers)
-    state_tiers = pack_state_tiers(state)
+    state_tiers = pack_state_tiers(state, kv)
     secs = _sections(qm)
     if any(len(s[0]) > 31 for s in secs):
         raise BlobError("a tensor name is longer than 31 bytes")
@@ -283,9 +300,10 @@ def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None,
 
 
 def retier_blob(blob: bytes, tiers: dict[str, str] | None = None,
-                state: dict[str, str] | int | None = None) -> bytes:
+                state: dict[str, str] | int | None = None, kv: str = "f32") -> bytes:
     """The same blob with a new placement: every table entry's tier (``tiers`` by name, others
-    flash), the header's state_tiers, layout_id and CRC rewritten; data and model hash unchanged."""
+    flash), the header's state_tiers (regions and KV format), layout_id and CRC rewritten; data and
+    model hash unchanged."""
     h = parse_header(blob)
     tiers = tiers or {}
     check_pinned(tiers)
@@ -301,16 +319,16 @@ def retier_blob(blob: bytes, tiers: dict[str, str] | None = None,
             raise BlobError(f"unknown tier {t!r} for {e.name}")
         codes.append(TIER_CODE[t])
         struct.pack_into("<I", out, table_off + i * ENTRY_SIZE + 48, TIER_CODE[t])
-    st = pack_state_tiers(state)
+    st = pack_state_tiers(state, kv)
     struct.pack_into("<I", out, 32, layout_id_of(codes, st))
     struct.pack_into("<I", out, 44, st)
     struct.pack_into("<I", out, 12, zlib.crc32(memoryview(out)[16:]))
     return bytes(out)
 
 
-def write_blob(qm: QuantModel, path, tiers: dict[str, str] | None = None) -> BlobInfo:
+def write_blob(qm: QuantModel, path, tiers: dict[str, str] | None = None, kv: str = "f32") -> BlobInfo:
     path = Path(path)
-    blob = build_blob(qm, tiers)
+    blob = build_blob(qm, tiers, kv=kv)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(blob)
     tmp.replace(path)
@@ -365,7 +383,7 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
         cfg.validate()
     except (ModelError, ZeroDivisionError) as e:
         raise BlobError(f"{what}: bad model config in header: {e}") from None
-    if state_tiers >> (4 * len(STATE_REGIONS)) or any(
+    if state_tiers >> (KV_SHIFT + 4) or (state_tiers >> KV_SHIFT) & 0xF not in KV_NAME or any(
             ((state_tiers >> (4 * i)) & 0xF) not in (STATE_DEFAULT, TIER_CODE["psram"], TIER_CODE["sram"])
             for i in range(len(STATE_REGIONS))):
         raise BlobError(f"{what}: bad state_tiers 0x{state_tiers:x} in header")
@@ -407,7 +425,7 @@ def read_blob(path_or_bytes) -> QuantModel:
     h = parse_header(blob, what)
     c = h.config
     by = {e.name: e for e in h.entries}
-    want = set(c.tensor_shapes()) | {"tokenizer", "rope.cos", "rope.sin"}
+    want = set(c.tensor_shapes()) | {"tokenizer", "rope.cos", "rope.sin", HEAD_PRUNE}
     missing = want - set(by)
     if missing:
         raise BlobError(f"{what}: missing tensors: {', '.join(sorted(missing)[:3])}")
@@ -437,4 +455,8 @@ def read_blob(path_or_bytes) -> QuantModel:
     if len(pieces) != c.vocab_size:
         raise BlobError(f"{what}: tokenizer has {len(pieces)} pieces, vocab is {c.vocab_size}")
     tok = Tokenizer(pieces, [0.0] * len(pieces), kind="blob", bos_id=h.bos_id, eos_id=h.eos_id)
-    return QuantModel(c, tensors, rope["rope.cos"], rope["rope.sin"], tok, source=what)
+    qm = QuantModel(c, tensors, rope["rope.cos"], rope["rope.sin"], tok, source=what)
+    e = by[HEAD_PRUNE]
+    if blob[e.offset:e.offset + e.length] != headprune.section_bytes(qm.head(), c.n_out):
+        raise BlobError(f"{what}: {HEAD_PRUNE} does not match the output layer's rows (re-run flashlm convert)")
+    return qm

@@ -5,8 +5,13 @@ Everything here mirrors firmware/engine/engine.c (and sampler.c) operation by op
 * ``usage(spec, pos)`` lists, per tensor and state region, the bytes a forward step at position
   ``pos`` reads from it and how many separate rows it gathers — exactly the bytes the engine adds
   to its per-tier counters (weights, norms per call, the two RoPE rows, one embedding row, one PLE
-  table row, the head's out_vocab rows, the KV cache per head), plus the activation/logits traffic
-  the engine does not count (used for timing only);
+  table row, the head's rows, the KV cache per head), plus the activation/logits traffic the
+  engine does not count (used for timing only). The output layer of a step (``head``) is the whole
+  head ("full": sampled steps, ALL_LOGITS), none ("skip": a prompt step whose output is unused),
+  or a greedy step's pruned scan of k rows (int k: k rows gathered in bound order, one gather
+  each, plus 8 bytes of ``head.prune`` per row). Predictions of greedy steps quote k = out_vocab
+  by default: the **upper bound** (every record visited); the rows a real step visits depend on its
+  activations and are reported per step (TOKEN head_rows);
 * ``compute_cycles(spec, pos)`` counts multiply-accumulates and float operations per phase;
 * ``predict(...)`` turns both into microseconds for a board profile: per tier
   ``bytes / seq_read_MBps + rows * row_latency_us``, plus cycles / clock. It is a prediction, and
@@ -73,6 +78,8 @@ class TensorSpec:
             return "head"
         if n == "ple.table":
             return "ple_table"
+        if n == "head.prune":
+            return "head_prune"
         if n.startswith("rope."):
             return "rope"
         if n == "tokenizer":
@@ -168,6 +175,8 @@ class ModelSpec:
                     break
             rs = row_stride(f, shape[1], g, s16)
             ts.append(TensorSpec(name, f, shape[0], shape[1], g, shape[0] * rs, rs, s16))
+        prune = 8 * cfg.n_out             # head.prune: (u32 row, f32 bound) per head row
+        ts.append(TensorSpec("head.prune", "bytes", 1, prune, 0, prune, prune))
         return cls(cfg, tuple(ts), source or "shape only", est)
 
     def with_formats(self, overrides) -> "ModelSpec":
@@ -219,23 +228,11 @@ class Use:
         return sum(self.read.values())
 
 
-def kv_row_bytes(cfg: ModelConfig, kv: str) -> int:
-    """Bytes of one head's key (or value) row of the cache."""
-    return cfg.head_dim * 4 if kv == "f32" else cfg.head_dim + 4
-
-
-def kv_region_bytes(cfg: ModelConfig, kv: str, min_group: int) -> int:
-    if kv == "f32":
-        return region_bytes(cfg, min_group)["kv"]
-    return 2 * cfg.n_layers * cfg.max_seq_len * cfg.n_kv_heads * ((kv_row_bytes(cfg, kv) + 7) & ~7)
-
-
 def state_sizes(spec: ModelSpec, kv: str = "f32") -> dict[str, int]:
     """Bytes of each state region the planner places (the prompt buffer rides with scratch)."""
     cfg = spec.config
-    rb = region_bytes(cfg, spec.min_group)
-    return {"kv": kv_region_bytes(cfg, kv, spec.min_group), "logits": rb["logits"],
-            "scratch": rb["scratch"] + prompt_bytes(cfg)}
+    rb = region_bytes(cfg, spec.min_group, kv)
+    return {"kv": rb["kv"], "logits": rb["logits"], "scratch": rb["scratch"] + prompt_bytes(cfg)}
 
 
 def head_rows(spec: ModelSpec) -> TensorSpec:
@@ -247,9 +244,21 @@ def head_rows(spec: ModelSpec) -> TensorSpec:
     return replace(emb, rows=cfg.n_out, length=cfg.n_out * emb.row_stride)
 
 
-def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy") -> dict[str, Use]:
+def head_mode(spec: ModelSpec, sampling: str, head: str | int | None) -> str | int:
+    """The output layer a step computes: "full", "skip" or the rows k of a pruned greedy scan
+    (None: what a decode step does — pruned when greedy, at the upper bound k = out_vocab)."""
+    if head is None:
+        return spec.config.n_out if sampling == "greedy" else "full"
+    if head not in ("full", "skip") and not (isinstance(head, int) and 0 < head <= spec.config.n_out):
+        raise ModelError(f"head must be full, skip or a row count in 1..{spec.config.n_out}, got {head!r}")
+    return head
+
+
+def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
+          head: str | int | None = None) -> dict[str, Use]:
     """Traffic per tensor name and per state region ("kv", "logits", "scratch") for a step at
-    ``pos``: ``read`` is exactly what engine.c adds to ``bytes[tier]``."""
+    ``pos`` whose output layer is ``head`` (see head_mode): ``read`` is exactly what engine.c adds
+    to ``bytes[tier]``."""
     cfg = spec.config
     if not 0 <= pos < cfg.max_seq_len:
         raise ModelError(f"position {pos} is outside the context of {cfg.max_seq_len}")
@@ -274,8 +283,8 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy") 
         for w in ("attn.wq", "attn.wk", "attn.wv", "attn.wo"):
             u[p + w].add("attention", by[p + w].length)
             _act(u, "attention", by[p + w])
-        # per head: keys then values for t = 0..pos (engine.c attention())
-        row = kv_row_bytes(cfg, kv)
+        # per head: keys then values for t = 0..pos (engine.c attention(); an int8 row's padding unread)
+        row = hd * 4 if kv == "f32" else 4 + hd
         contiguous = cfg.kv_dim == hd
         u["kv"].add("attention", cfg.n_heads * 2 * (pos + 1) * row,
                     rows=cfg.n_heads * 2 * (1 if contiguous else pos + 1))
@@ -291,16 +300,24 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy") 
                 _act(u, "ple", by[p + w])
             u[p + "ple.norm"].add("ple", d * 4)
             u["scratch"].add("ple", P * 4 * 3 + d * 4 * 3, counted=False)              # gelu * u; norm; residual
+    mode = head_mode(spec, sampling, head)
+    if mode == "skip":
+        return u
     u["norm"].add("output", d * 4)
-    head = head_rows(spec)
-    u[head.name].add("output", head.length)
-    _act(u, "output", head)
+    hr = head_rows(spec)
     n_out = cfg.n_out
-    u["logits"].add("output", n_out * 4, counted=False)                                  # written
-    if sampling == "greedy":
-        u["logits"].add("sampling", n_out * 4, counted=False)
-    else:   # scale+max, exp+sum, normalize, cdf: logits once, probs three times
-        u["logits"].add("sampling", n_out * 4 * 5, counted=False)
+    if mode == "full":
+        u[hr.name].add("output", hr.length)
+        _act(u, "output", hr)
+        u["logits"].add("output", n_out * 4, counted=False)                              # written
+        if sampling == "greedy":
+            u["logits"].add("sampling", n_out * 4, counted=False)
+        else:   # scale+max, exp+sum, normalize, cdf: logits once, probs three times
+            u["logits"].add("sampling", n_out * 4 * 5, counted=False)
+    else:       # engine.c flm_head_argmax: k records, k rows in bound order (each its own gather)
+        u[hr.name].add("output", mode * hr.row_stride, rows=mode)
+        u["head.prune"].add("output", 8 * mode)
+        _act(u, "output", replace(hr, rows=mode))
     return u
 
 
@@ -315,7 +332,7 @@ def _act(u: dict, phase: str, w: TensorSpec) -> None:
 # compute
 
 def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
-                   sampling: str = "greedy") -> dict[str, float]:
+                   sampling: str = "greedy", head: str | int | None = None) -> dict[str, float]:
     """Cycles per phase on ``prof``'s CPU: MACs x cycles_per_mac + flops x cycles_per_flop."""
     cfg = spec.config
     comp = prof.get("compute", {})
@@ -350,9 +367,12 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
         p = f"layers.{li}."
         c = rms(d) + sum(matvec(by[p + w]) for w in ("attn.wq", "attn.wk", "attn.wv", "attn.wo"))
         c += (d // 2 + cfg.kv_dim // 2) * 6 * cpf                                     # RoPE
-        c += cfg.n_heads * (t * hd * 2 + t * (FLOPS_EXP + 4) + FLOPS_DIV + t * hd * 2) * cpf
-        if kv != "f32":
-            c += cfg.n_heads * t * hd * 2 * cpf                                       # dequantize
+        if kv == "f32":     # scores, softmax, weighted sum
+            c += cfg.n_heads * (t * hd * 2 + t * (FLOPS_EXP + 4) + FLOPS_DIV + t * hd * 2) * cpf
+        else:               # int8: query quantized per head, integer scores, (a*vs) * code sums;
+            c += cfg.n_heads * (t * hd * cpm + (hd * 5 + 2 * FLOPS_DIV + t * 3 + t * (FLOPS_EXP + 4)
+                                                + FLOPS_DIV + t * (1 + hd * 3)) * cpf)
+            c += 2 * cfg.kv_dim * 5 * cpf                                             # K, V rows quantized
         c += d * cpf                                                                  # residual
         out["attention"] += c
         f = rms(d) + sum(matvec(by[p + w]) for w in ("ffn.w1", "ffn.w3", "ffn.w2"))
@@ -361,9 +381,16 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
         if P:   # gate, gelu * u, proj, post-norm, residual
             out["ple"] += (matvec(by[p + "ple.gate"]) + matvec(by[p + "ple.proj"]) + P * (FLOPS_GELU + 1) * cpf
                            + rms(d) + d * cpf)
-    out["output"] = rms(d) + matvec(head_rows(spec))
+    mode = head_mode(spec, sampling, head)
     v = cfg.n_out
-    out["sampling"] = v * cpf if sampling == "greedy" else v * (FLOPS_EXP + 8) * cpf
+    if mode == "skip":
+        return out
+    hr = head_rows(spec)
+    if mode == "full":
+        out["output"] = rms(d) + matvec(hr)
+        out["sampling"] = v * cpf if sampling == "greedy" else v * (FLOPS_EXP + 8) * cpf
+    else:   # k rows, the bound test per record, ||x||^2 of the input; the argmax is the scan itself
+        out["output"] = rms(d) + matvec(replace(hr, rows=mode)) + (mode * 3 + d + FLOPS_SQRT) * cpf
     return out
 
 
@@ -429,11 +456,12 @@ class Prediction:
 
 def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[str, str], pos: int,
             kv: str = "f32", sampling: str = "greedy", line: int | None = None,
-            tm: dict[str, TierModel] | None = None, uses: dict[str, Use] | None = None) -> Prediction:
-    """Predict one step at ``pos`` with tensors on ``tiers`` (name -> tier) and state regions on
-    ``regions`` (region -> tier)."""
+            tm: dict[str, TierModel] | None = None, uses: dict[str, Use] | None = None,
+            head: str | int | None = None) -> Prediction:
+    """Predict one step at ``pos`` with tensors on ``tiers`` (name -> tier), state regions on
+    ``regions`` (region -> tier) and output layer ``head`` (see head_mode)."""
     tm = tm or tier_models(prof, line)
-    uses = uses if uses is not None else usage(spec, pos, kv, sampling)
+    uses = uses if uses is not None else usage(spec, pos, kv, sampling, head)
     where = {**{t.name: tiers.get(t.name, "flash") for t in spec.tensors}, **regions}
     bytes_read = dict.fromkeys(TIERS, 0)
     mem = dict.fromkeys(PHASES, 0.0)
@@ -446,7 +474,7 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
             if b or use.rows.get(ph):
                 mem[ph] += model.us(b, use.rows.get(ph, 0))
     clock = float(prof.get("clock_mhz", 100))
-    comp = {ph: c / clock for ph, c in compute_cycles(spec, pos, prof, kv, sampling).items()}
+    comp = {ph: c / clock for ph, c in compute_cycles(spec, pos, prof, kv, sampling, head).items()}
     return Prediction(pos, bytes_read, {ph: mem[ph] + comp[ph] for ph in PHASES}, mem, comp)
 
 

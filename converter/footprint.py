@@ -9,11 +9,12 @@ def _up8(n: int) -> int:
     return (n + 7) & ~7
 
 
-def state_bytes(cfg: ModelConfig, min_group: int) -> int:
-    return sum(region_bytes(cfg, min_group).values())
+def state_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32") -> int:
+    return sum(region_bytes(cfg, min_group, kv).values())
 
 
 def arena_bytes(cfg: ModelConfig, min_group: int) -> int:
+    """The engine's RAM for any placement of the model (an f32 KV cache is the larger format)."""
     return state_bytes(cfg, min_group) + cfg.max_seq_len * 4
 
 
@@ -26,10 +27,17 @@ def _up64(n: int) -> int:
     return (n + 63) & ~63
 
 
-def region_bytes(cfg: ModelConfig, min_group: int) -> dict[str, int]:
-    """Bytes of each state region, as flm_state_region_bytes(); they sum to state_bytes()."""
+def kv_row_bytes(cfg: ModelConfig, kv: str = "f32") -> int:
+    """Bytes of one (layer, position, kv head) row of the K or V cache (engine.c kv_row_bytes):
+    f32 values, or an int8 row: f32 scale, then head_dim codes padded to 4."""
+    return cfg.head_dim * 4 if kv == "f32" else 4 + ((cfg.head_dim + 3) & ~3)
+
+
+def region_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32") -> dict[str, int]:
+    """Bytes of each state region, as flm_state_region_bytes() with KV format ``kv`` (f32, int8);
+    they sum to state_bytes()."""
     wide = max(cfg.dim, cfg.hidden_dim, cfg.ple_dim)            # the longest matmul input
-    kv = cfg.n_layers * cfg.max_seq_len * cfg.kv_dim * 4
+    kv = cfg.n_layers * cfg.max_seq_len * cfg.n_kv_heads * kv_row_bytes(cfg, kv)
     ple = cfg.n_layers * cfg.ple_dim * 4                         # per-layer inputs; table row / gate
     scratch = [cfg.dim * 4] * 4 + [cfg.max_seq_len * 4, cfg.hidden_dim * 4, cfg.hidden_dim * 4,
                                    cfg.head_dim // 2 * 4, cfg.head_dim // 2 * 4, ple, ple, wide,
@@ -43,7 +51,7 @@ def prompt_bytes(cfg: ModelConfig) -> int:
 
 
 def tier_needs(cfg: ModelConfig, min_group: int, staged: dict[str, list[int]],
-               region_tiers: dict[str, str]) -> dict[str, int]:
+               region_tiers: dict[str, str], kv: str = "f32") -> dict[str, int]:
     """Bytes app.c's place() takes from each RAM tier: the tensors staged there (``staged[tier]``,
     each rounded up to 64 bytes), the state regions placed there (``region_tiers[region]``, a tier
     name; multiples of 8) and, with the scratch region, the prompt buffer (last, unrounded)."""
@@ -51,7 +59,7 @@ def tier_needs(cfg: ModelConfig, min_group: int, staged: dict[str, list[int]],
     for tier, lengths in staged.items():
         if tier in need:
             need[tier] += sum(_up64(n) for n in lengths)
-    rb = region_bytes(cfg, min_group)
+    rb = region_bytes(cfg, min_group, kv)
     for r in REGIONS:
         need[region_tiers[r]] += rb[r]
     need[region_tiers["scratch"]] += prompt_bytes(cfg)
@@ -70,7 +78,7 @@ def staging_bound(cfg: ModelConfig, min_group: int) -> int:
             total += _up64(shape[0] * 4)
         else:
             total += _up64(shape[0] * row_stride("q8", shape[1], min_group))
-    return total + 2 * _up64(cfg.max_seq_len * cfg.head_dim // 2 * 4)
+    return total + 2 * _up64(cfg.max_seq_len * cfg.head_dim // 2 * 4) + _up64(8 * cfg.n_out)   # RoPE, head.prune
 
 
 def build_arenas(header, prof: dict) -> tuple[int, int]:
@@ -81,7 +89,7 @@ def build_arenas(header, prof: dict) -> tuple[int, int]:
     reserves its whole SRAM budget; other boards reserve what the blob's own layout needs (their
     HAL's hal_tier_arena supplies staging space; a LAYOUT that needs more than there is is refused
     by the device with the numbers)."""
-    from .blob import unpack_state_tiers
+    from .blob import kv_format, unpack_state_tiers
     cfg = header.config
     min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
     if prof.get("hal") == "native":
@@ -90,11 +98,11 @@ def build_arenas(header, prof: dict) -> tuple[int, int]:
     default = "sram"
     regions = {r: (default if t == "default" else t) for r, t in unpack_state_tiers(header.state_tiers).items()}
     staged: dict[str, list[int]] = {"psram": [], "sram": []}
-    used = (set(cfg.tensor_shapes()) | {"rope.cos", "rope.sin"}) - {"ple.table"}   # the table is never staged
+    used = (set(cfg.tensor_shapes()) | {"rope.cos", "rope.sin", "head.prune"}) - {"ple.table"}   # the table is never staged
     for e in header.entries:
         if e.tier in staged and e.name in used:
             staged[e.tier].append(e.length)
-    need = tier_needs(cfg, min_group, staged, regions)
+    need = tier_needs(cfg, min_group, staged, regions, kv_format(header.state_tiers))
     if prof.get("build") == "arm-gcc":   # a statically linked arena: reserve the whole SRAM budget,
         sram = prof.get("tiers", {}).get("sram", {})      # so LAYOUT can switch within it
         return max(need["sram"], int(sram.get("budget", 0))), need["psram"]

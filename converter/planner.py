@@ -27,6 +27,7 @@ from . import costmodel as C
 from .boards import board_names, load_board
 from .costmodel import ModelSpec, match_pattern
 from .ir import ModelError
+from .reference import KV_FORMATS
 
 REGION_LABEL = {"kv": "KV cache", "logits": "logits buffers", "scratch": "scratch"}
 ALIASES = {"head": None, "embedding": "tok_embeddings", "embeddings": "tok_embeddings",
@@ -141,6 +142,7 @@ class Plan:
     uses: dict = field(repr=False, default_factory=dict)
     overrides: list = field(default_factory=list)
     base: str = "auto"
+    head: str | int | None = None     # the output layer the quote costs (costmodel.head_mode)
 
     @property
     def config(self):
@@ -153,8 +155,9 @@ class Plan:
 
     @property
     def state_tiers(self) -> int:
+        """The header/LAYOUT field: region tiers and the KV cache format."""
         from .blob import pack_state_tiers
-        return pack_state_tiers(self.state)
+        return pack_state_tiers(self.state, self.kv)
 
     @property
     def tier_codes(self) -> bytes:
@@ -169,8 +172,10 @@ class Plan:
     def staged(self, tier: str) -> list[str]:
         return [t.name for t in self.spec.tensors if self.tiers[t.name] == tier]
 
-    def predict_at(self, pos: int, sampling: str = "greedy") -> C.Prediction:
-        return C.predict(self.spec, self.prof, self.tiers, self.regions, pos, self.kv, sampling, self.line)
+    def predict_at(self, pos: int, sampling: str = "greedy", head: str | int | None = None) -> C.Prediction:
+        """A step at pos with output layer ``head`` (costmodel.head_mode; None: a decode step)."""
+        return C.predict(self.spec, self.prof, self.tiers, self.regions, pos, self.kv, sampling, self.line,
+                         head=head)
 
     def rows(self) -> list[dict]:
         """One row per tensor and region: name, shape, format, bytes, tier, bytes read per token."""
@@ -196,11 +201,23 @@ class Plan:
             "tiers": dict(self.tiers), "regions": dict(self.regions),
             "need": dict(self.need), "budget": dict(self.budget),
             "prediction": {"label": "predicted from the board profile (not measured)",
+                           "output_layer": output_label(self.head),
                            "bytes_read": dict(p.bytes_read), "phase_us": dict(p.phase_us),
                            "memory_us": dict(p.memory_us), "compute_us": dict(p.compute_us),
                            "total_us": p.total_us, "tok_s": p.tok_s},
             "tensors": self.rows(),
         }
+
+
+def output_label(head: str | int | None) -> str:
+    """What a plan's output-layer figure is (its ``head``)."""
+    if head is None:
+        return ("a greedy decode step's pruned head scan at its upper bound: every one of the out_vocab rows "
+                "visited (in bound order, plus 8 bytes of head.prune each); real steps stop earlier, see "
+                "TOKEN head_rows")
+    if head == "full":
+        return "the whole head (sampled steps, ALL_LOGITS)"
+    return "no head (a prompt step)" if head == "skip" else f"a pruned greedy head scan of {head} rows"
 
 
 def default_pos(ctx: int) -> int:
@@ -242,12 +259,14 @@ def _knapsack(items: list[tuple[str, int, float]], cap: int) -> set[str]:
 
 def plan(spec: ModelSpec, board: str | dict, *, overrides=(), kv: str = "f32", pos: int | None = None,
          line: int | None = None, base: str = "auto", sampling: str = "greedy",
-         suggest: bool = True) -> Plan:
-    """The fastest placement of ``spec`` on ``board`` (a profile name or dict) within budgets."""
+         suggest: bool = True, head: str | int | None = None) -> Plan:
+    """The fastest placement of ``spec`` on ``board`` (a profile name or dict) within budgets, for
+    decode steps whose output layer is ``head`` (costmodel.head_mode; None: pruned when greedy, at
+    its upper bound)."""
     prof = load_board(board) if isinstance(board, str) else board
     bname = prof.get("name", "?")
-    if kv not in ("f32", "q8"):
-        raise PlanError(f"KV precision must be f32 or q8, got {kv!r}")
+    if kv not in KV_FORMATS:
+        raise PlanError(f"KV cache format must be f32 or int8, got {kv!r}")
     if base not in ("auto", "flash"):
         raise PlanError(f"layout base must be auto or flash, got {base!r}")
     tm = C.tier_models(prof, line)
@@ -256,7 +275,7 @@ def plan(spec: ModelSpec, board: str | dict, *, overrides=(), kv: str = "f32", p
     pos = default_pos(cfg.max_seq_len) if pos is None else int(pos)
     places = overrides if overrides and isinstance(overrides[0], Place) else parse_place(overrides)
     fixed = resolve_overrides(spec, places, tm)
-    uses = C.usage(spec, pos, kv, sampling)
+    uses = C.usage(spec, pos, kv, sampling, head)
     sizes = C.state_sizes(spec, kv)
     budget = {t: tm[t].budget for t in tm}
     blob = spec.blob_bytes
@@ -307,8 +326,8 @@ def plan(spec: ModelSpec, board: str | dict, *, overrides=(), kv: str = "f32", p
         raise _no_fit(spec, prof, kv, places, blob, budget, ram, shortfalls, best, sizes, suggest, line)
     _, tiers, regions, used = best
     need = {"flash": blob, **used}
-    pred = C.predict(spec, prof, tiers, regions, pos, kv, sampling, line, tm=tm, uses=uses)
-    return Plan(spec, bname, prof, tiers, regions, kv, pos, line, need, budget, pred, uses, places, base)
+    pred = C.predict(spec, prof, tiers, regions, pos, kv, sampling, line, tm=tm, uses=uses, head=head)
+    return Plan(spec, bname, prof, tiers, regions, kv, pos, line, need, budget, pred, uses, places, base, head)
 
 
 def _assignments(regions: list[str], ram: list[str]) -> list[dict]:
@@ -396,8 +415,8 @@ def _suggestions(spec: ModelSpec, prof: dict, kv: str, places, line) -> list[str
     c = _max_ctx(spec, prof, kv, places, line)
     if c is not None:
         out.append(f"a context of {c} tokens fits (flashlm plan --ctx {c}; the model has {ctx})")
-    if kv == "f32" and fits(spec, prof, kv="q8", overrides=places, line=line):
-        out.append("an int8 KV cache fits (--kv q8: planner only, the engine keeps its cache in f32 today)")
+    if kv == "f32" and fits(spec, prof, kv="int8", overrides=places, line=line):
+        out.append("an int8 KV cache fits (--kv int8)")
     done = set()
     for pattern, what in INT4_STEPS:
         s = _int4(spec, pattern)
@@ -412,16 +431,16 @@ def _suggestions(spec: ModelSpec, prof: dict, kv: str, places, line) -> list[str
             if s2 is None:
                 continue
             s, steps = s2, steps + [(pattern, what)]
-            for kv2 in ("f32", "q8"):
+            for kv2 in KV_FORMATS:
                 if fits(s, prof, kv=kv2, overrides=places, line=line):
                     quant = " ".join(f"--quant '{p}=q4'" for p, _ in steps)
                     out.append(f"{' + '.join(w for _, w in steps)}"
-                               + (" + an int8 KV cache" if kv2 == "q8" else "") + f" fits ({quant})")
+                               + (" + an int8 KV cache" if kv2 == "int8" else "") + f" fits ({quant})")
                     break
                 c = _max_ctx(s, prof, kv2, places, line)
                 if c is not None:
                     quant = " ".join(f"--quant '{p}=q4'" for p, _ in steps)
-                    out.append(f"{' + '.join(w for _, w in steps)}" + (" + an int8 KV cache" if kv2 == "q8" else "")
+                    out.append(f"{' + '.join(w for _, w in steps)}" + (" + an int8 KV cache" if kv2 == "int8" else "")
                                + f" + a context of {c} tokens fits ({quant}, --ctx {c})")
                     break
             if out:

@@ -26,17 +26,34 @@ firmware/engine/ does the same operations in the same order):
   after each layer's FFN ("ple"): ``h = gelu(matvec(layers.l.ple.gate, x)) * u_l``,
   ``x = x + rmsnorm(matvec(layers.l.ple.proj, h), layers.l.ple.norm)``;
 * the head computes ``out_vocab`` rows (a tied head: the first rows of the embedding); sampling
-  runs over them.
+  runs over them. A greedy step computes it pruned (converter/headprune.py: the same token, fewer
+  rows); a prompt step whose output is unused skips the final RMSNorm and the head (``generate``);
+* int8 KV cache (``kv="int8"``): each (layer, position, kv head) K and V row is quantized like an
+  activation with group = head_dim (codes, one scale); a head's query is quantized the same way
+  once per step: ``s_t = (float(sum qc*kc_t) * (qs * ks_t)) * att_scale``, softmax as above,
+  ``out_i = fold_t((a_t * vs_t) * float(vc_t[i]))``;
+* sliding window (``generate`` with FLAG_SLIDE): when the context is full, position 0 stays,
+  ``n_drop = (S-1)//2`` positions after it are dropped, the rest move down by n_drop; a moved K row
+  is rotated back by n_drop: ``(a, b) -> (a*c + b*s, b*c - a*s)`` with c, s the RoPE tables' row
+  n_drop (an int8 K row is dequantized ``code * scale`` first and quantized again after).
 """
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
+from . import headprune
 from .ir import ModelIR, QTensor
 from .quantize import QuantModel
 
 F = np.float32
 NO_TOKEN = 0xFFFFFFFF
+KV_FORMATS = ("f32", "int8")
+# GENERATE flags (docs/formats.md section 2): what the device does, and what generate() mirrors
+FLAG_LOGITS = 0x1        # a LOGITS frame after every step; implies FLAG_ALL_LOGITS
+FLAG_SLIDE = 0x2         # a full context slides its window instead of ending the generation
+FLAG_ALL_LOGITS = 0x4    # every step computes the whole output layer, never pruned or skipped
 
 # fexp constants (binary32): ln2 split so k*LN2_HI is exact for |k| < 2**8
 LOG2E = F(1.44269504088896341)
@@ -118,7 +135,10 @@ class PackedMatrix:
         self.scales = q.scales.astype(F)
 
     def matvec(self, x: np.ndarray) -> np.ndarray:
-        xq, xs = quantize_activation(x, self.group_size)
+        return self.matvec_q(*quantize_activation(x, self.group_size))
+
+    def matvec_q(self, xq: np.ndarray, xs: np.ndarray) -> np.ndarray:
+        """The matvec of an input already quantized by quantize_activation (codes, scales)."""
         isum = np.einsum("rgk,gk->rg", self.codes, xq, dtype=np.int64).astype(np.int32)
         terms = isum.astype(F) * (self.scales * xs[None, :])
         return fold(terms, axis=1)
@@ -163,10 +183,37 @@ def attend(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, n_heads: int, n_kv: in
     return out
 
 
-class Reference:
-    """Quantized forward pass, one token at a time, with its own fp32 KV cache."""
+def attend_int8(q: np.ndarray, kc: np.ndarray, ks: np.ndarray, vc: np.ndarray, vs: np.ndarray,
+                n_heads: int, n_kv: int, hd: int, scale: np.float32) -> np.ndarray:
+    """q [n_heads*hd]; K/V codes [T, n_kv, hd] (int32) and scales [T, n_kv] -> [n_heads*hd]"""
+    rep = n_heads // n_kv
+    out = np.empty(n_heads * hd, F)
+    for h in range(n_heads):
+        kh = h // rep
+        qc, qs = quantize_activation(q[h * hd:(h + 1) * hd], hd)
+        isum = (kc[:, kh, :].astype(np.int64) @ qc[0].astype(np.int64)).astype(np.int32)
+        s = (isum.astype(F) * (qs[0] * ks[:, kh])) * scale
+        e = fexp(s - s.max())
+        a = e * (F(1.0) / fold(e))
+        out[h * hd:(h + 1) * hd] = fold((a * vs[:, kh])[:, None] * vc[:, kh, :].astype(F), axis=0)
+    return out
 
-    def __init__(self, qm: QuantModel):
+
+def rotate_back(k: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """K rows [..., hd] rotated by minus the angle of one RoPE table row (pairs (2i, 2i+1))."""
+    v = k.reshape(*k.shape[:-1], -1, 2)
+    a, b = v[..., 0], v[..., 1]
+    out = np.empty_like(v)
+    out[..., 0] = a * cos + b * sin
+    out[..., 1] = b * cos - a * sin
+    return out.reshape(k.shape)
+
+
+class Reference:
+    """Quantized forward pass, one token at a time, with its own KV cache (f32, or int8 codes
+    with one scale per row: ``kv="int8"``)."""
+
+    def __init__(self, qm: QuantModel, kv: str = "f32"):
         c = self.cfg = qm.config
         self.qm = qm
         self.mats = {n: PackedMatrix(t) for n, t in qm.tensors.items() if isinstance(t, QTensor)}
@@ -177,8 +224,16 @@ class Reference:
         self.inv_sqrt_d = F(1.0) / np.sqrt(F(c.dim))
         self.sqrt_p = np.sqrt(F(c.ple_dim))
         self.inv_sqrt2 = F(1.0) / np.sqrt(F(2.0))
-        self.kc = np.zeros((c.n_layers, c.max_seq_len, c.n_kv_heads, c.head_dim), F)
-        self.vc = np.zeros_like(self.kc)
+        if kv not in KV_FORMATS:
+            raise ValueError(f"KV cache format must be one of {KV_FORMATS}, got {kv!r}")
+        self.kv = kv
+        shape = (c.n_layers, c.max_seq_len, c.n_kv_heads, c.head_dim)
+        if kv == "f32":
+            self.kc, self.vc = np.zeros(shape, F), np.zeros(shape, F)
+        else:   # codes and one scale per (layer, position, kv head) row
+            self.kc, self.vc = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
+            self.ks, self.vs = np.zeros(shape[:3], F), np.zeros(shape[:3], F)
+        self.prune = headprune.records(self.qm.head(), c.n_out)
 
     def ple_inputs(self, token: int, x: np.ndarray) -> np.ndarray:
         """u [L, P]: each layer's per-layer input, from the embedding row x and the table row."""
@@ -191,7 +246,44 @@ class Reference:
             u[i] = (zl + t[i * P:(i + 1) * P] * self.sqrt_p) * self.inv_sqrt2
         return u
 
-    def forward(self, token: int, pos: int) -> np.ndarray:
+    def _store(self, layer: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
+        c = self.cfg
+        k, v = k.reshape(c.n_kv_heads, c.head_dim), v.reshape(c.n_kv_heads, c.head_dim)
+        if self.kv == "f32":
+            self.kc[layer, pos], self.vc[layer, pos] = k, v
+            return
+        kq, ks = quantize_activation(k.reshape(-1), c.head_dim)     # one group per kv head's row
+        vq, vs = quantize_activation(v.reshape(-1), c.head_dim)
+        self.kc[layer, pos], self.ks[layer, pos] = kq, ks
+        self.vc[layer, pos], self.vs[layer, pos] = vq, vs
+
+    def _attend(self, layer: int, q: np.ndarray, pos: int) -> np.ndarray:
+        c, t = self.cfg, pos + 1
+        if self.kv == "f32":
+            return attend(q, self.kc[layer, :t], self.vc[layer, :t], c.n_heads, c.n_kv_heads, c.head_dim,
+                          self.att_scale)
+        return attend_int8(q, self.kc[layer, :t], self.ks[layer, :t], self.vc[layer, :t], self.vs[layer, :t],
+                           c.n_heads, c.n_kv_heads, c.head_dim, self.att_scale)
+
+    def slide(self, n_drop: int) -> None:
+        """Keep position 0, drop positions [1, 1 + n_drop), move [1 + n_drop, S) to [1, S - n_drop)
+        with every moved K row rotated back by n_drop positions."""
+        c = self.cfg
+        S, hd = c.max_seq_len, c.head_dim
+        cos, sin = self.qm.rope_cos[n_drop], self.qm.rope_sin[n_drop]
+        src, dst = slice(1 + n_drop, S), slice(1, S - n_drop)
+        if self.kv == "f32":
+            self.kc[:, dst] = rotate_back(self.kc[:, src], cos, sin)
+            self.vc[:, dst] = self.vc[:, src]
+            return
+        k = rotate_back(self.kc[:, src].astype(F) * self.ks[:, src][..., None], cos, sin)
+        codes, scales = quantize_activation(k.reshape(-1), hd)      # one group per row
+        self.kc[:, dst] = codes.reshape(k.shape)
+        self.ks[:, dst] = scales.reshape(k.shape[:-1])
+        self.vc[:, dst], self.vs[:, dst] = self.vc[:, src], self.vs[:, src]
+
+    def body(self, token: int, pos: int) -> np.ndarray:
+        """Token at pos through every layer (its K and V rows stored): the residual stream x."""
         c, m, v = self.cfg, self.mats, self.vecs
         hd = c.head_dim
         cos, sin = self.qm.rope_cos[pos], self.qm.rope_sin[pos]
@@ -202,10 +294,8 @@ class Reference:
             xb = rmsnorm(x, v[p + "attn_norm"], self.eps)
             q = rope(m[p + "attn.wq"].matvec(xb), c.n_heads, hd, cos, sin)
             k = rope(m[p + "attn.wk"].matvec(xb), c.n_kv_heads, hd, cos, sin)
-            self.kc[i, pos] = k.reshape(c.n_kv_heads, hd)
-            self.vc[i, pos] = m[p + "attn.wv"].matvec(xb).reshape(c.n_kv_heads, hd)
-            att = attend(q, self.kc[i, :pos + 1], self.vc[i, :pos + 1], c.n_heads, c.n_kv_heads, hd,
-                         self.att_scale)
+            self._store(i, pos, k, m[p + "attn.wv"].matvec(xb))
+            att = self._attend(i, q, pos)
             x = x + m[p + "attn.wo"].matvec(att)
             xb = rmsnorm(x, v[p + "ffn_norm"], self.eps)
             hb = silu(m[p + "ffn.w1"].matvec(xb)) * m[p + "ffn.w3"].matvec(xb)
@@ -213,7 +303,23 @@ class Reference:
             if u is not None:
                 h = gelu(m[p + "ple.gate"].matvec(x)) * u[i]
                 x = x + rmsnorm(m[p + "ple.proj"].matvec(h), v[p + "ple.norm"], self.eps)
-        return self.head.matvec(rmsnorm(x, v["norm"], self.eps))
+        return x
+
+    def head_input(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The final RMSNorm of x, quantized for the head: (codes, scales)."""
+        return quantize_activation(rmsnorm(x, self.vecs["norm"], self.eps), self.head.group_size)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """The whole output layer: out_vocab logits."""
+        return self.head.matvec_q(*self.head_input(x))
+
+    def argmax(self, x: np.ndarray) -> tuple[int, int]:
+        """The greedy token by the pruned scan, and the head rows it visited."""
+        xq, xs = self.head_input(x)
+        return headprune.scan(self.head.matvec_q(xq, xs), self.prune, xq, xs)
+
+    def forward(self, token: int, pos: int) -> np.ndarray:
+        return self.logits(self.body(token, pos))
 
 
 class Fp32Model:
@@ -311,23 +417,45 @@ def sample(logits: np.ndarray, temperature: float, top_p: float, rng: Rng) -> in
 
 
 def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float = 0.0,
-             top_p: float = 0.0, seed: int = 0, keep_logits: bool = False) -> list[dict]:
-    """What the device does for one GENERATE: one record per forward step
-    (pos, in_id, out_id or NO_TOKEN, logits if keep_logits), stopping on max tokens, EOS or a full context."""
-    ref, rng = Reference(qm), Rng(seed)
+             top_p: float = 0.0, seed: int = 0, flags: int = 0, kv: str = "f32") -> list[dict]:
+    """What the device does for one GENERATE with these ``flags`` (FLAG_*): one record per forward
+    step — pos (the cache position), in_id, out_id (NO_TOKEN for a prompt step whose output is
+    unused), head_rows, logits (the whole output layer when the step computed it, else None) and
+    logits_crc (their crc32, else 0) — stopping on max tokens, EOS or a full context.
+
+    Without FLAG_LOGITS/FLAG_ALL_LOGITS a prompt step whose output is unused skips the head
+    (head_rows 0); the last prompt step and the generated ones compute it pruned when greedy,
+    whole when sampling."""
+    ref, rng = Reference(qm, kv), Rng(seed)
     eos = qm.tokenizer.eos_id if qm.tokenizer is not None else None
+    every = bool(flags & (FLAG_LOGITS | FLAG_ALL_LOGITS))
+    S = qm.config.max_seq_len
     steps, prompt = [], list(prompt_ids)
-    tok, generated, pos = prompt[0], 0, 0
-    while pos < qm.config.max_seq_len and generated < max_new_tokens:
-        logits = ref.forward(tok, pos)
-        out = NO_TOKEN
-        if pos + 1 < len(prompt):
-            nxt = prompt[pos + 1]
+    tok, generated, pos, step = prompt[0], 0, 0, 0
+    while generated < max_new_tokens:
+        if pos >= S:
+            if not flags & FLAG_SLIDE or S < 3:
+                break
+            n_drop = (S - 1) // 2
+            ref.slide(n_drop)
+            pos = S - n_drop
+        x = ref.body(tok, pos)
+        out, logits, rows = NO_TOKEN, None, 0
+        if every or step + 1 >= len(prompt) and temperature > 0:
+            logits = ref.logits(x)
+            rows = qm.config.n_out
+        if step + 1 < len(prompt):
+            nxt = prompt[step + 1]
         else:
-            out = nxt = sample(logits, temperature, top_p, rng)
+            if logits is None:
+                out, rows = ref.argmax(x)
+            else:
+                out = sample(logits, temperature, top_p, rng)
+            nxt = out
             generated += 1
-        steps.append(dict(pos=pos, in_id=tok, out_id=out, logits=logits if keep_logits else None))
+        steps.append(dict(pos=pos, in_id=tok, out_id=out, head_rows=rows, logits=logits,
+                          logits_crc=zlib.crc32(logits.tobytes()) if logits is not None else 0))
         if out == eos:
             break
-        tok, pos = nxt, pos + 1
+        tok, pos, step = nxt, pos + 1, step + 1
     return steps

@@ -16,7 +16,7 @@ from pathlib import Path
 
 PHASE_LABEL = {"embed": "embed", "attention": "attention", "ffn": "FFN", "ple": "PLE", "output": "output",
                "sampling": "sampling"}
-KIND_COLORS = {"embedding": "#4c72b0", "head": "#c44e52", "attention": "#dd8452", "ffn": "#55a868",
+KIND_COLORS = {"embedding": "#4c72b0", "head": "#c44e52", "head_prune": "#e8a0a2", "attention": "#dd8452", "ffn": "#55a868",
                "ple_table": "#2f4b7c", "ple": "#a3845f",
                "norm": "#937860", "rope": "#8172b3", "tokenizer": "#8c8c8c", "kv": "#da8bc3",
                "logits": "#ccb974", "scratch": "#64b5cd", "other": "#999999"}
@@ -146,6 +146,8 @@ def print_plan(console, plan, collapse: bool = True) -> None:
     ph.add_row("[bold]token[/]", f"{sum(p.memory_us.values()):,.0f}", f"{sum(p.compute_us.values()):,.0f}",
                f"[bold]{p.total_us:,.0f}[/]")
     console.print(ph)
+    from converter.planner import output_label
+    console.print(f"output layer: {output_label(plan.head)}", soft_wrap=True, style="dim")
     console.print(f"predicted [bold]{p.tok_s:,.2f} tok/s[/] on {plan.board}", soft_wrap=True)
 
 
@@ -278,9 +280,9 @@ def apply_plan(console, info: dict, plan) -> None:
         ctx = plan.config.max_seq_len
         qm = replace(qm, config=replace(qm.config, max_seq_len=ctx), rope_cos=qm.rope_cos[:ctx].copy(),
                      rope_sin=qm.rope_sin[:ctx].copy())
-        new = B.build_blob(qm, plan.tiers, plan.state)
+        new = B.build_blob(qm, plan.tiers, plan.state_tiers)
     else:
-        new = B.retier_blob(data, plan.tiers, plan.state)
+        new = B.retier_blob(data, plan.tiers, plan.state_tiers)
     atomic_write_bytes(blob_path, new)
     nh = B.parse_header(new, str(blob_path))
     manifest.update(blob_size=len(new), blob_crc=nh.crc, model_hash=bytes(nh.model_hash).hex(),
@@ -440,14 +442,14 @@ def measure_layouts(sess, plans: dict, prompt_ids, max_tokens: int, temperature=
         res = sess.generate(prompt_ids, max_tokens, temperature=temperature, top_p=top_p, seed=seed)
         sampling = "greedy" if temperature <= 0 else "temperature"
         gen = res.generated_steps
-        preds = {t.pos: pl.predict_at(t.pos, sampling) for t in res.tokens}
+        preds = {t.step: pl.predict_at(t.pos, sampling, step_head(t, sampling)) for t in res.tokens}
         measured = {ph: mean(t.us[i] for t in gen) for i, ph in enumerate(PHASES)} if gen else {}
-        predicted = {ph: mean(preds[t.pos].phase_us[ph] for t in gen) for ph in PHASES} if gen else {}
+        predicted = {ph: mean(preds[t.step].phase_us[ph] for t in gen) for ph in PHASES} if gen else {}
         tiers = ("flash", "psram", "sram")
         mbytes = {k: mean(t.bytes_read[i] for t in gen) for i, k in enumerate(tiers)} if gen else {}
-        pbytes = {k: mean(preds[t.pos].bytes_read[k] for t in gen) for k in tiers} if gen else {}
+        pbytes = {k: mean(preds[t.step].bytes_read[k] for t in gen) for k in tiers} if gen else {}
         match = sum(1 for t in res.tokens
-                    if tuple(t.bytes_read) == tuple(preds[t.pos].bytes_read[k] for k in ("flash", "psram", "sram")))
+                    if tuple(t.bytes_read) == tuple(preds[t.step].bytes_read[k] for k in ("flash", "psram", "sram")))
         out[name] = dict(layout_id=hello.layout_id, result=res, measured=measured, predicted=predicted,
                          measured_bytes=mbytes, predicted_bytes=pbytes,
                          bytes_match=match, steps=len(res.tokens), tokens=res.generated_ids,
@@ -455,6 +457,14 @@ def measure_layouts(sess, plans: dict, prompt_ids, max_tokens: int, temperature=
         if on_layout is not None:
             on_layout(name, out[name])
     return out
+
+
+def step_head(t, sampling: str) -> str | int:
+    """The output layer a TOKEN's step computed (a generation without ALL_LOGITS): skipped on a
+    prompt step (head_rows 0), whole when sampling, else the rows of the pruned greedy scan."""
+    if t.head_rows == 0:
+        return "skip"
+    return "full" if sampling != "greedy" else int(t.head_rows)
 
 
 def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict:
@@ -534,8 +544,8 @@ def add_commands(sub, positive_int, nonneg_int, add_generation_args) -> None:
         p.add_argument("model", metavar="MODEL",
                        help="model dir from 'flashlm convert', a .flmb blob, a checkpoint, or shape:NAME (e.g. shape:ple-28m)")
         p.add_argument("--ctx", type=positive_int, metavar="N", help="plan for a shorter context than the model's")
-        p.add_argument("--kv", choices=("f32", "q8"), default="f32",
-                       help="KV cache precision (q8: planner only; the engine keeps f32)")
+        p.add_argument("--kv", choices=("f32", "int8"), default="f32",
+                       help="KV cache format (int8: a scale and int8 codes per row; --apply records it)")
         p.add_argument("--pos", type=nonneg_int, metavar="P", help="position to quote per-token figures at (default: mid-context)")
         p.add_argument("--line", type=positive_int, metavar="BYTES", help="cache line size (boards with seq_read_MBps_by_line)")
         p.add_argument("--format", choices=("q8", "q4"), default="q8", help="for a checkpoint: quantize like convert")

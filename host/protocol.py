@@ -62,7 +62,9 @@ CLOCKS = ("host clock", "chip timer", "emulated timer")
 MAX_FRAME = 65536  # bytes of type|seq|payload|crc before COBS
 FRAME_OVERHEAD = 7  # type + seq + crc
 MAX_PAYLOAD = MAX_FRAME - FRAME_OVERHEAD
-GENERATE_FLAG_LOGITS = 0x1
+GENERATE_FLAG_LOGITS = 0x1      # a LOGITS frame after every step (implies ALL_LOGITS)
+GENERATE_FLAG_SLIDE = 0x2       # a full context slides its window instead of ending the generation
+GENERATE_FLAG_ALL_LOGITS = 0x4  # every step computes the whole output layer (never pruned or skipped)
 HELLO_FLAG_IMAGE_OK = 0x1
 HELLO_FLAG_RESEND = 0x2       # the device keeps recent TOKEN frames and answers RESEND
 RESEND_MAX = 32               # steps one RESEND may name
@@ -223,6 +225,13 @@ class Generate:
     top_p: float = 0.0
     seed: int = 0
     send_logits: bool = False
+    slide: bool = False
+    all_logits: bool = False
+
+    @property
+    def flags(self) -> int:
+        return ((GENERATE_FLAG_LOGITS if self.send_logits else 0) | (GENERATE_FLAG_SLIDE if self.slide else 0)
+                | (GENERATE_FLAG_ALL_LOGITS if self.all_logits else 0))
 
 
 @dataclass(frozen=True)
@@ -252,7 +261,7 @@ class Token:
     out_id: int | None  # None on the wire is NO_TOKEN (a prompt step whose output is unused)
     us: tuple[int, ...]  # per phase, PHASES order
     bytes_read: tuple[int, ...]  # per tier, TIERS order
-    head_rows: int  # rows of the output layer this step computed
+    head_rows: int  # rows of the output layer this step computed (0: head skipped; < out_vocab: pruned)
     logits_crc: int
     piece: bytes
 
@@ -335,8 +344,7 @@ def _fixed(values, n: int, what: str) -> tuple[int, ...]:
 
 def _enc_generate(m: Generate) -> bytes:
     ids = [int(i) for i in m.prompt_ids]
-    flags = GENERATE_FLAG_LOGITS if m.send_logits else 0
-    head = struct.pack("<IffQII", m.max_new_tokens, m.temperature, m.top_p, m.seed, flags, len(ids))
+    head = struct.pack("<IffQII", m.max_new_tokens, m.temperature, m.top_p, m.seed, m.flags, len(ids))
     return head + struct.pack(f"<{len(ids)}I", *ids)
 
 
@@ -495,7 +503,11 @@ def _dec_generate(r: _Reader) -> Generate:
         )
     ids = list(r.unpack(f"{n}I"))
     r.end()
-    return Generate(ids, max_new, temp, top_p, seed, bool(flags & GENERATE_FLAG_LOGITS))
+    known = GENERATE_FLAG_LOGITS | GENERATE_FLAG_SLIDE | GENERATE_FLAG_ALL_LOGITS
+    if flags & ~known:
+        raise ProtocolError(f"GENERATE flags 0x{flags:x} has unknown bits (known: 0x{known:x})")
+    return Generate(ids, max_new, temp, top_p, seed, bool(flags & GENERATE_FLAG_LOGITS),
+                    bool(flags & GENERATE_FLAG_SLIDE), bool(flags & GENERATE_FLAG_ALL_LOGITS))
 
 
 def _dec_hello(r: _Reader) -> Hello:

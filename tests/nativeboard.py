@@ -57,8 +57,10 @@ def recv_until(link, done, timeout: float = 30.0) -> list:
     raise AssertionError(f"no answer from the board within {timeout}s; got {out[-3:]}")
 
 
-def run(link, prompt, n, temperature=0.0, top_p=0.0, seed=0, logits=True):
-    link.send(Generate(list(prompt), n, temperature, top_p, seed, send_logits=logits))
+def run(link, prompt, n, temperature=0.0, top_p=0.0, seed=0, logits=True, slide=False, all_logits=False):
+    """One GENERATE; logits=True sets the LOGITS flag (every step's whole head, sent as LOGITS)."""
+    link.send(Generate(list(prompt), n, temperature, top_p, seed, send_logits=logits, slide=slide,
+                       all_logits=all_logits))
     msgs = recv_until(link, lambda m: isinstance(m, (Done, Error)))
     return ([m for m in msgs if isinstance(m, Token)], [m for m in msgs if isinstance(m, Logits)],
             msgs[-1])
@@ -72,31 +74,53 @@ def drain(link, quiet: float = 0.3) -> list:
     return out
 
 
-def assert_matches_reference(toks, logits, ref) -> None:
-    """TOKEN and LOGITS frames of one generation equal reference.generate(..., keep_logits=True):
-    the same ids, and every step's logits bit for bit (and their CRC-32)."""
+def assert_steps_match(toks, ref) -> None:
+    """TOKEN frames of one generation equal reference.generate(...) with the same flags: ids, cache
+    positions, head rows computed and logits CRC-32 (0 where the step computed no whole head)."""
     assert len(toks) == len(ref)
+    assert [t.step for t in toks] == list(range(len(ref)))
     assert [t.in_id for t in toks] == [r["in_id"] for r in ref]
     assert [NO_TOKEN if t.out_id is None else t.out_id for t in toks] == [r["out_id"] for r in ref]
+    assert [t.pos for t in toks] == [r["pos"] for r in ref]
+    assert [t.head_rows for t in toks] == [r["head_rows"] for r in ref]
+    assert [t.logits_crc for t in toks] == [r["logits_crc"] for r in ref]
+
+
+def assert_matches_reference(toks, logits, ref) -> None:
+    """TOKEN and LOGITS frames of one generation equal reference.generate(..., flags=FLAG_LOGITS):
+    the same ids, and every step's logits bit for bit (and their CRC-32)."""
+    assert_steps_match(toks, ref)
+    assert len(logits) == len(ref)
     for t, lg, r in zip(toks, logits, ref):
         assert lg.step == t.step
         assert np.array_equal(lg.values.view(np.uint32), r["logits"].view(np.uint32)), f"step {t.step}"
         assert t.logits_crc == zlib.crc32(r["logits"].tobytes())
 
 
-def expected_bytes_read(qm, pos: int) -> tuple[int, int, int]:
+def expected_bytes_read(qm, pos: int, head_rows: int | None = None, pruned: bool = False) -> tuple[int, int, int]:
     """(flash, psram, sram) one step at pos reads with everything in flash and the KV cache in SRAM:
-    each matrix once (a tied head is the embedding's first out_vocab rows), one embedding row, one
-    PLE table row, every norm call (ple.norm once per layer), this position's RoPE rows, and per
-    head the K and V rows 0..pos."""
+    each matrix once, one embedding row, one PLE table row, every norm call (ple.norm once per
+    layer), this position's RoPE rows, and per head the K and V rows 0..pos; then the final norm and
+    the head: all out_vocab rows (head_rows None; a tied head is the embedding's first out_vocab
+    rows), none (head_rows 0: a prompt step that skips it), or head_rows rows of a pruned greedy scan
+    plus 8 bytes of head.prune each."""
     from converter.blob import build_blob, parse_header
     c = qm.config
     h = parse_header(build_blob(qm))
     by = {e.name: e for e in h.entries}
     emb = by["tok_embeddings"]
-    gathered = ("tok_embeddings", "ple.table")
+    head = by["output"] if not c.tied else emb
+    gathered = ("tok_embeddings", "ple.table", "output")
     mats = sum(e.length for e in h.entries if e.fmt in ("q8", "q4") and e.name not in gathered)
-    norms = (2 * c.n_layers + 1) * c.dim * 4 + c.n_layers * (c.ple_dim + c.dim) * 4 * bool(c.ple_dim)
-    flash = (mats + (c.n_out * emb.row_stride if c.tied else 0) + emb.row_stride
-             + (by["ple.table"].row_stride if c.ple_dim else 0) + norms + c.head_dim * 4)
+    norms = 2 * c.n_layers * c.dim * 4 + c.n_layers * (c.ple_dim + c.dim) * 4 * bool(c.ple_dim)
+    rows = c.n_out if head_rows is None else head_rows
+    out = (c.dim * 4 if rows else 0) + rows * head.row_stride + (8 * rows if pruned else 0)
+    flash = (mats + emb.row_stride + (by["ple.table"].row_stride if c.ple_dim else 0) + norms + c.head_dim * 4
+             + out)
     return flash, 0, c.n_layers * c.n_heads * 2 * (pos + 1) * c.head_dim * 4
+
+
+def token_bytes_read(qm, t) -> tuple[int, int, int]:
+    """expected_bytes_read for a TOKEN frame: its head mode from head_rows and the CRC (a pruned
+    scan reports no CRC; a whole head always one)."""
+    return expected_bytes_read(qm, t.pos, t.head_rows, pruned=t.head_rows > 0 and t.logits_crc == 0)

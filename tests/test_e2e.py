@@ -7,7 +7,7 @@ import pytest
 from converter.blob import read_blob
 from converter.ir import Tokenizer
 from converter.llama2c import write_llama2c
-from converter.reference import NO_TOKEN, generate
+from converter.reference import FLAG_LOGITS, NO_TOKEN, generate
 from converter.tokenizer import write_tokenizer_bin
 from host.cli import main
 from modelzoo import random_model
@@ -35,7 +35,7 @@ def test_cli_run_native_streams_the_reference_tokens(llama2c_files, tmp_path, ca
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     rows = list(csv.DictReader((tmp_path / "run.csv").open()))
-    ref = generate(read_blob(out / "model.flmb"), prompt, 33, temperature, top_p, seed, keep_logits=True)
+    ref = generate(read_blob(out / "model.flmb"), prompt, 33, temperature, top_p, seed, flags=FLAG_LOGITS)
     eos_stop = ref[-1]["out_id"] == 2
     assert len(rows) == len(ref) and (eos_stop or len(ref) == 36)
     for row, r in zip(rows, ref):

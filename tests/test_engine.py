@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from converter.quantize import quantize
-from converter.reference import fexp, gelu, generate, silu
+from converter.reference import FLAG_LOGITS, fexp, gelu, generate, silu
 from modelzoo import random_model
-from nativeboard import assert_matches_reference, expected_bytes_read, native_link, run
+from nativeboard import assert_matches_reference, expected_bytes_read, native_link, run, token_bytes_read
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ def test_engine_matches_reference_bit_for_bit(case, tmp_path, build_root):
     runs = [(0.0, 0.0, 0), (0.9, 0.0, 11), (0.8, 0.9, 12345)]
     with native_link(qm, tmp_path, build_root) as (link, _):
         for temperature, top_p, seed in runs:
-            ref = generate(qm, prompt, 34, temperature, top_p, seed, keep_logits=True)
+            ref = generate(qm, prompt, 34, temperature, top_p, seed, flags=FLAG_LOGITS)
             toks, logits, done = run(link, prompt, 34, temperature, top_p, seed)
             assert done.reason == "max_tokens" and done.generated == 34 and len(toks) == len(ref) == 36
             assert_matches_reference(toks, logits, ref)
@@ -58,13 +58,19 @@ def test_context_full_and_eos_stop(tmp_path, build_root):
 
 
 def test_bytes_read_per_tier(tmp_path, build_root):
-    """Every step reads each matrix once, one embedding row, norms, RoPE rows; KV grows with pos."""
+    """Every step reads each matrix once, one embedding row, norms, RoPE rows; KV grows with pos;
+    the head: skipped on prompt steps, pruned rows (+ their head.prune records) on greedy steps, all
+    rows with ALL_LOGITS."""
     _, ir = random_model(seed=5)
     qm = quantize(ir, "q8", 32)
     with native_link(qm, tmp_path, build_root) as (link, _):
-        toks, _, _ = run(link, [1], 5, logits=False)
+        toks, _, _ = run(link, [1, 2, 3], 5, logits=False)
+        full, _, _ = run(link, [1, 2, 3], 5, logits=False, all_logits=True)
+    assert [t.head_rows for t in toks[:2]] == [0, 0] and all(t.head_rows > 0 for t in toks[2:])
     for t in toks:
-        assert t.bytes_read == expected_bytes_read(qm, t.pos)
+        assert t.bytes_read == token_bytes_read(qm, t)
+    for t in full:
+        assert t.head_rows == qm.config.n_out and t.bytes_read == expected_bytes_read(qm, t.pos)
 
 
 def test_c_math_matches_numpy(tmp_path):

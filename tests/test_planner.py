@@ -14,10 +14,10 @@ from converter.blob import build_blob, parse_header, read_header, retier_blob
 from converter.boards import board_names, load_board
 from converter.costmodel import ModelSpec, match_pattern
 from converter.footprint import region_bytes, state_bytes, tier_needs
-from converter.ir import ModelConfig
+from converter.ir import ModelConfig, ModelError
 from converter.planner import NoFit, PlanError, plan, plan_layout
 from converter.quantize import quantize
-from converter.reference import generate
+from converter.reference import FLAG_LOGITS, generate
 from host.protocol import Error, Hello, Layout
 from modelzoo import random_model
 from nativeboard import drain, expected_bytes_read, native_link, run
@@ -122,13 +122,13 @@ def _recount(spec, pl):
         need[tier] += sum((n + 63) & ~63 for n in lengths)
     for r, tier in pl.regions.items():
         need[tier] += sizes[r]
-    assert need == tier_needs(spec.config, spec.min_group, staged, pl.regions) if pl.kv == "f32" else True
+    assert need == tier_needs(spec.config, spec.min_group, staged, pl.regions, pl.kv)
     return need
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs, boards(), overrides(), st.sampled_from(["q8", "q4"]), st.sampled_from([8, 16, 32]),
-       st.sampled_from(["f32", "q8"]))
+       st.sampled_from(["f32", "int8"]))
 def test_placement_within_budgets_exactly_once_overrides_respected(cfg, prof, ovs, fmt, g, kv):
     spec = ModelSpec.from_config(cfg, fmt, g)
     try:
@@ -211,10 +211,14 @@ def test_bytes_read_formula_matches_engine_test():
     _, ir = random_model(seed=5)
     qm = quantize(ir, "q8", 32)
     spec = ModelSpec.from_header(parse_header(build_blob(qm)))
+    n_out = qm.config.n_out
     for pos in (0, 3, 47):
-        p = C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), pos)
-        flash, psram, sram = expected_bytes_read(qm, pos)
-        assert p.bytes_read == {"flash": flash, "psram": psram, "sram": sram}
+        for head, rows, pruned in (("full", None, False), ("skip", 0, False), (17, 17, True), (None, n_out, True)):
+            p = C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), pos, head=head)
+            flash, psram, sram = expected_bytes_read(qm, pos, rows, pruned)
+            assert p.bytes_read == {"flash": flash, "psram": psram, "sram": sram}, (pos, head)
+    with pytest.raises(ModelError, match="head must be full, skip or a row count"):
+        C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), 0, head=n_out + 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,7 +260,7 @@ def test_ple_seed_shape_fits_esp32s3_n16r8_with_the_table_in_flash():
     assert tab.row_stride == 12 + 6 * 64 and emb.row_stride == 4 + 48      # fp16 scales padded to 4, codes
     gathered = tab.row_stride + emb.row_stride
     assert gathered == 448 and 400 <= gathered <= 500
-    pl = plan(spec, "esp32s3-n16r8")
+    pl = plan(spec, "esp32s3-n16r8", head="full")      # the published measurement scanned the whole head
     assert pl.tiers["ple.table"] == "flash" and pl.need["flash"] == spec.blob_bytes <= pl.budget["flash"]
     u = pl.uses
     assert u["ple.table"].read == {"embed": 396} and u["ple.table"].rows == {"embed": 1}
@@ -265,8 +269,13 @@ def test_ple_seed_shape_fits_esp32s3_n16r8_with_the_table_in_flash():
     # the embedding sits where the head reads it fastest (PSRAM): flash serves the table row alone
     assert pl.tiers["tok_embeddings"] == "psram" and pl.prediction.bytes_read["flash"] == 396
     # with the embedding pinned to flash, flash gives both gathered rows plus the head's stream
-    fl = plan(spec, "esp32s3-n16r8", overrides=["embedding=flash"])
+    fl = plan(spec, "esp32s3-n16r8", overrides=["embedding=flash"], head="full")
     assert fl.prediction.bytes_read["flash"] == 448 + 25353 * 52
+    # a greedy step is quoted at the pruned scan's upper bound: every row, each its own gather, + records
+    up = plan(spec, "esp32s3-n16r8")
+    assert up.uses["tok_embeddings"].rows["output"] == 25353 and up.uses["head.prune"].read == {"output": 8 * 25353}
+    assert up.prediction.phase_us["output"] > pl.prediction.phase_us["output"]
+    assert "upper bound" in up.to_dict()["prediction"]["output_layer"]
     # a prediction for every phase, PLE included, within 3x of the published measurement
     pub = SHAPES["ple-28m"]["published"]
     ph = pl.prediction.phase_us
@@ -368,7 +377,7 @@ def test_layout_switch_moves_counters_keeps_logits(case, tmp_path, build_root):
     blob = build_blob(qm, first.tiers, first.state)
     assert parse_header(blob).layout_id == first.layout_id
     prompt, n = [1, 7, 3], 5
-    ref = generate(qm, prompt, n, keep_logits=True)
+    ref = generate(qm, prompt, n, flags=FLAG_LOGITS)
     with native_link(qm, tmp_path, build_root, blob_bytes=blob) as (link, boot):
         hello = [m for m in boot if isinstance(m, Hello)][-1]
         assert hello.layout_id == first.layout_id
@@ -381,7 +390,7 @@ def test_layout_switch_moves_counters_keeps_logits(case, tmp_path, build_root):
             toks, logits, done = run(link, prompt, n)
             assert done.generated == n and len(toks) == len(ref)
             for t, lg, r in zip(toks, logits, ref):
-                assert tuple(t.bytes_read) == tuple(pl.predict_at(t.pos).bytes_read[k]
+                assert tuple(t.bytes_read) == tuple(pl.predict_at(t.pos, head="full").bytes_read[k]
                                                     for k in ("flash", "psram", "sram")), (LAYOUTS, i, t.pos)
                 assert np.array_equal(bits(lg.values), bits(r["logits"]))
             seen.append(tuple(toks[-1].bytes_read))
@@ -496,10 +505,10 @@ def test_layout_on_the_emulated_rp2040(tmp_path, build_root):
             toks, logits, done = run(link, [1, 2], 2)
             assert done.generated == 2
             for t in toks:
-                assert tuple(t.bytes_read) == tuple(pl.predict_at(t.pos).bytes_read[k] for k in ("flash", "psram", "sram"))
+                assert tuple(t.bytes_read) == tuple(pl.predict_at(t.pos, head="full").bytes_read[k] for k in ("flash", "psram", "sram"))
             got.append([bits(lg.values).tobytes() for lg in logits])
         assert got[0] == got[1]
-        assert toks[-1].bytes_read[2] < staged.predict_at(toks[-1].pos).bytes_read["sram"]
+        assert toks[-1].bytes_read[2] < staged.predict_at(toks[-1].pos, head="full").bytes_read["sram"]
 
 
 def test_board_aliases_resolve_to_the_profile():

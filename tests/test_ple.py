@@ -14,7 +14,7 @@ from converter.blob import BlobError, build_blob, layout_id_of, parse_header, re
 from converter.boards import load_board
 from converter.ir import ModelConfig, ModelError
 from converter.quantize import quantize, quantize_matrix
-from converter.reference import Fp32Model, Reference, generate
+from converter.reference import FLAG_LOGITS, Fp32Model, Reference, generate
 from host.protocol import Error, Hello, Layout
 from modelzoo import random_ple_model
 from nativeboard import assert_matches_reference, drain, expected_bytes_read, native_link, recv_until, run
@@ -245,7 +245,7 @@ def test_engine_matches_reference_bit_for_bit(case, tmp_path, build_root):
         hello = boot[-1]
         assert (hello.vocab_size, hello.out_vocab) == (c.vocab_size, c.n_out)
         for temperature, top_p, seed in [(0.0, 0.0, 0), (0.9, 0.0, 11), (0.8, 0.9, 12345)]:
-            ref = generate(qm, prompt, 34, temperature, top_p, seed, keep_logits=True)
+            ref = generate(qm, prompt, 34, temperature, top_p, seed, flags=FLAG_LOGITS)
             toks, logits, done = run(link, prompt, 34, temperature, top_p, seed)
             assert done.reason == "max_tokens" and done.generated == 34 and len(toks) == len(ref) == 36
             assert_matches_reference(toks, logits, ref)
@@ -256,7 +256,7 @@ def test_engine_matches_reference_bit_for_bit(case, tmp_path, build_root):
         # the planner predicts the same bytes, step by step
         spec = C.ModelSpec.from_header(parse_header(build_blob(qm)))
         for t in toks:
-            p = C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), t.pos)
+            p = C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), t.pos, head="full")
             assert tuple(p.bytes_read[k] for k in C.TIERS) == t.bytes_read
     assert done.phase_us[3] == sum(t.us[3] for t in toks)     # the ple phase is timed
 
@@ -277,7 +277,7 @@ def test_flash_bytes_per_token_are_the_two_gathered_rows(tmp_path, build_root):
     spec = C.ModelSpec.from_header(parse_header(blob))
     with native_link(qm, tmp_path, build_root, blob_bytes=blob) as (link, boot):
         assert boot[-1].layout_id == parse_header(blob).layout_id
-        ref = generate(qm, [2, 5], 33, keep_logits=True)
+        ref = generate(qm, [2, 5], 33, flags=FLAG_LOGITS)
         toks, logits, done = run(link, [2, 5], 33)
         assert_matches_reference(toks, logits, ref)
         # a LAYOUT that moves the table out of flash is refused; the placement stays
@@ -291,7 +291,8 @@ def test_flash_bytes_per_token_are_the_two_gathered_rows(tmp_path, build_root):
         again, _, _ = run(link, [2, 5], 3)
     for t in toks + again:
         assert t.bytes_read[0] == row_bytes, t.step
-        p = C.predict(spec, load_board("native"), parse_header(blob).tiers, dict.fromkeys(C.REGIONS, "sram"), t.pos)
+        p = C.predict(spec, load_board("native"), parse_header(blob).tiers, dict.fromkeys(C.REGIONS, "sram"), t.pos,
+                      head="full")
         assert tuple(p.bytes_read[k] for k in C.TIERS) == t.bytes_read
     assert 40 < row_bytes < 200
 
@@ -309,5 +310,5 @@ def test_a_header_that_places_the_table_in_ram_is_read_from_flash(tmp_path, buil
     with native_link(qm, tmp_path, build_root, blob_bytes=_recrc(b)) as (link, boot):
         toks, logits, _ = run(link, [4], 3)
     assert isinstance(boot[-1], Hello) and boot[-1].image_ok and boot[-1].layout_id == layout_id_of(codes)
-    assert_matches_reference(toks, logits, generate(qm, [4], 3, keep_logits=True))
+    assert_matches_reference(toks, logits, generate(qm, [4], 3, flags=FLAG_LOGITS))
     assert all(t.bytes_read == expected_bytes_read(qm, t.pos) for t in toks)

@@ -10,7 +10,7 @@ import pytest
 
 from converter.blob import build_blob, parse_header
 from converter.quantize import quantize
-from converter.reference import NO_TOKEN, generate
+from converter.reference import FLAG_LOGITS, NO_TOKEN, generate
 from emuboard import BOARD, emu_link, image_for, require_emulator
 from firmware.build import BuildError, build_firmware
 from host.protocol import Error, Hello, Log
@@ -54,7 +54,7 @@ def padding_per_step(qm) -> int:
 
 def check_run(link, board, qm, prompt, n, temperature, top_p, seed, padding=0):
     board.read_counts()
-    ref = generate(qm, prompt, n, temperature, top_p, seed, keep_logits=True)
+    ref = generate(qm, prompt, n, temperature, top_p, seed, flags=FLAG_LOGITS)
     toks, logits, done = run(link, prompt, n, temperature, top_p, seed)
     assert done.reason == "max_tokens" and len(toks) == len(ref) == len(prompt) - 1 + n
     assert_matches_reference(toks, logits, ref)
@@ -206,7 +206,7 @@ def test_cli_run_board_rp2040_emu(tmp_path, build_root, capsys):
                "--max-tokens", "8", "--csv", str(tmp_path / "run.csv"), "--json", str(tmp_path / "run.json")])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
-    ref = generate(read_blob(out / "model.flmb"), prompt, 8, keep_logits=True)
+    ref = generate(read_blob(out / "model.flmb"), prompt, 8, flags=FLAG_LOGITS)
     rows = list(csv.DictReader((tmp_path / "run.csv").open()))
     assert len(rows) == len(ref)
     for row, r in zip(rows, ref):

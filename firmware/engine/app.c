@@ -21,6 +21,8 @@
 #endif
 
 enum { REASON_MAX_TOKENS = 0, REASON_EOS = 1, REASON_CONTEXT = 2, REASON_STOPPED = 3 };
+/* GENERATE flags (docs/formats.md section 2) */
+enum { GEN_LOGITS = 1u, GEN_SLIDE = 2u, GEN_ALL_LOGITS = 4u, GEN_FLAGS = 7u };
 
 #ifndef FLM_MAX_ENTRIES
 #define FLM_MAX_ENTRIES (11 + 12 * FLM_MAX_LAYERS)   /* tensor-table entries a LAYOUT may address */
@@ -254,6 +256,14 @@ static void generate(const uint8_t *p, size_t len) {
     uint32_t max_new = flm_get_u32(p), flags = flm_get_u32(p + 20), n = flm_get_u32(p + 24);
     float temperature = flm_get_f32(p + 4), top_p = flm_get_f32(p + 8);
     if (n == 0) { send_error(FLM_E_BAD_MESSAGE, "empty prompt"); return; }
+    if (flags & ~GEN_FLAGS) {
+        size_t i = 0;
+        put_str(t, &i, sizeof t, "GENERATE flags ");
+        put_dec(t, &i, sizeof t, flags);
+        put_str(t, &i, sizeof t, " has unknown bits (known: 1 logits, 2 slide, 4 all logits)");
+        send_error(FLM_E_BAD_MESSAGE, t);
+        return;
+    }
     if (temperature != temperature || temperature - temperature != 0.0f || top_p != top_p) {
         send_error(FLM_E_BAD_MESSAGE, "temperature must be a finite number and top_p a number");
         return;
@@ -276,26 +286,36 @@ static void generate(const uint8_t *p, size_t len) {
     K.steps = 0;
     flm_rng rng;
     flm_rng_seed(&rng, flm_get_u64(p + 12));
+    /* LOGITS implies ALL_LOGITS: every step computes the whole head, never pruned or skipped */
+    const int every = (flags & (GEN_LOGITS | GEN_ALL_LOGITS)) != 0, greedy = !(temperature > 0.0f);
     uint64_t tot[FLM_N_PHASES] = {0}, t_start = hal_time_us();
     uint32_t tok = A.prompt[0], pos = 0, generated = 0, step = 0, reason = REASON_MAX_TOKENS;
     for (;;) {
         if (generated >= max_new) { reason = REASON_MAX_TOKENS; break; }
-        if (pos >= m->seq_len) { reason = REASON_CONTEXT; break; }
-        flm_step_stats st;
-        FLM_STEP_BEGIN(step, &A.state);
-        const float *logits = flm_forward(&A.state, tok, pos, &st);
-        FLM_STEP_END(step);
-        uint32_t out = FLM_NONE, next;
-        if (pos + 1u < n) {
-            next = A.prompt[pos + 1u];
-        } else {
-            uint64_t ts = hal_time_us();
-            out = next = flm_sample(logits, m->n_out, temperature, top_p, &rng, A.state.probs, A.state.idx);
-            st.us[FLM_PH_SAMPLE] = (uint32_t)(hal_time_us() - ts);
-            generated++;
+        uint32_t n_drop = 0;
+        if (pos >= m->seq_len) {
+            if (!(flags & GEN_SLIDE) || m->seq_len < 3u) { reason = REASON_CONTEXT; break; }
+            n_drop = (m->seq_len - 1u) / 2u;   /* position 0 stays: the attention sink */
+            pos = m->seq_len - n_drop;
         }
-        send_token(step, pos, tok, out, &st, flm_crc32_update(0, logits, (size_t)m->n_out * 4u));
-        if (flags & 1u) send_logits(step, logits);
+        flm_step_stats st;
+        memset(&st, 0, sizeof st);
+        FLM_STEP_BEGIN(step, &A.state);
+        if (n_drop) flm_slide(&A.state, n_drop, &st);
+        flm_body(&A.state, tok, pos, &st);
+        const int prompt_step = step + 1u < n;
+        const float *logits = every || (!prompt_step && !greedy) ? flm_head(&A.state, &st) : 0;
+        uint32_t out = FLM_NONE, next = prompt_step ? A.prompt[step + 1u] : 0u;
+        if (!prompt_step && !logits) out = flm_head_argmax(&A.state, &st);   /* sampling 0 µs: the scan chose */
+        FLM_STEP_END(step);
+        if (!prompt_step && logits) {
+            uint64_t ts = hal_time_us();
+            out = flm_sample(logits, m->n_out, temperature, top_p, &rng, A.state.probs, A.state.idx);
+            st.us[FLM_PH_SAMPLE] = (uint32_t)(hal_time_us() - ts);
+        }
+        if (!prompt_step) { next = out; generated++; }
+        send_token(step, pos, tok, out, &st, logits ? flm_crc32_update(0, logits, (size_t)m->n_out * 4u) : 0u);
+        if (flags & GEN_LOGITS) send_logits(step, logits);
         for (int i = 0; i < FLM_N_PHASES; i++) tot[i] += st.us[i];
         step++;
         if (out != FLM_NONE && out == m->eos) { reason = REASON_EOS; break; }
@@ -362,6 +382,7 @@ static int place(const uint8_t *tiers, uint32_t state_tiers, char *err, size_t e
     flm_model *m = &A.model;
     flm_tensor *x;
     flm_blob_retier(m, tiers);
+    m->kv_fmt = (state_tiers >> FLM_KV_SHIFT) & 15u;   /* before the region sizes: they depend on it */
     m->ple_table.tier = FLM_TIER_FLASH;   /* a gather of one row per token: read in place, never staged */
     /* bytes per pool: tensors 64-aligned (cache lines), then the regions (multiples of 8), then the
      * prompt buffer last, so an arena of exactly state + prompt holds the default placement */
@@ -419,7 +440,9 @@ static void log_layout(const char *what) {
     put_dec(t, &i, sizeof t, A.staged[FLM_TIER_PSRAM]);
     put_str(t, &i, sizeof t, " bytes in PSRAM, ");
     put_dec(t, &i, sizeof t, A.staged[FLM_TIER_SRAM]);
-    put_str(t, &i, sizeof t, " in SRAM; KV cache in ");
+    put_str(t, &i, sizeof t, " in SRAM; KV cache ");
+    put_str(t, &i, sizeof t, A.model.kv_fmt == FLM_KV_INT8 ? "int8" : "f32");
+    put_str(t, &i, sizeof t, " in ");
     put_str(t, &i, sizeof t, TIER_NAME[A.state.kv_tier]);
     send_log(t);
 }
@@ -453,12 +476,10 @@ static void set_layout(const uint8_t *p, size_t len) {
             return;
         }
     }
-    for (uint32_t r = 0; r < 8u; r++) {
-        uint32_t t = (st >> (4u * r)) & 15u;
-        if ((r < 3u && t != 0u && t != FLM_TIER_PSRAM && t != FLM_TIER_SRAM) || (r >= 3u && t)) {
-            send_error(FLM_E_BAD_LAYOUT, "LAYOUT: bad state_tiers (each region: 0 default, 1 psram, 2 sram)");
-            return;
-        }
+    if (!flm_state_tiers_ok(st)) {
+        send_error(FLM_E_BAD_LAYOUT, "LAYOUT: bad state_tiers (each region: 0 default, 1 psram, 2 sram; "
+                                     "bits 12-15 KV format: 0 f32, 1 int8)");
+        return;
     }
     if (layout_crc(m, tiers, st) != want_id) {
         fmt2(err, sizeof err, "LAYOUT: layout_id ", want_id, " does not match its tiers (device computes ",

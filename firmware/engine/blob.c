@@ -59,6 +59,7 @@ static flm_tensor *slot(flm_model *m, flm_tensor *tokenizer, const char *name, u
     *rows = 1; *cols = m->dim; *fmts = F32;
     if (!strcmp(name, "norm")) return &m->norm;
     if (!strcmp(name, "tokenizer")) { *fmts = 1u << FLM_BYTES; *cols = 0; return tokenizer; }
+    if (!strcmp(name, "head.prune")) { *fmts = 1u << FLM_BYTES; *cols = 8u * m->n_out; return &m->head_prune; }
     if (!strcmp(name, "rope.cos") || !strcmp(name, "rope.sin")) {
         *rows = m->seq_len; *cols = m->head_dim / 2u;
         return name[5] == 'c' ? &m->rope_cos : &m->rope_sin;
@@ -104,11 +105,8 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
     m->layout_id = flm_rd32(b + 32);
     uint32_t n = flm_rd32(b + 36), table = flm_rd32(b + 40);
     m->state_tiers = flm_rd32(b + 44);
-    for (uint32_t r = 0; r < 8u; r++) {
-        uint32_t t = (m->state_tiers >> (4u * r)) & 15u;
-        if ((r < 3u && t != 0u && t != FLM_TIER_PSRAM && t != FLM_TIER_SRAM) || (r >= 3u && t))
-            return fail(err, en, "bad state_tiers in image header", 0, 0, 0);
-    }
+    if (!flm_state_tiers_ok(m->state_tiers)) return fail(err, en, "bad state_tiers in image header", 0, 0, 0);
+    m->kv_fmt = (m->state_tiers >> FLM_KV_SHIFT) & 15u;
     m->blob = b;
     m->n_entries = n;
     m->table = table;
@@ -157,7 +155,7 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
         if (fmt == FLM_Q8 || fmt == FLM_Q4) {
             if (g == 0 || g > 1024u || stride != stride_of(fmt, cols, g, s16) || (uint64_t)rows * stride != length)
                 return fail(err, en, "tensor has an inconsistent quantized layout: ", name, 0, 0);
-        } else if (fmt == FLM_F32 && (uint64_t)rows * cols * 4u != length) {
+        } else if ((fmt == FLM_F32 && (uint64_t)rows * cols * 4u != length) || (fmt == FLM_BYTES && wc && cols != length)) {
             return fail(err, en, "tensor has the wrong length: ", name, 0, 0);
         }
         *t = (flm_tensor){b + off, fmt, rows, cols, g, stride, tier, length, s16};
@@ -165,6 +163,7 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
     const char *missing = !tokenizer.data ? "tokenizer" : !m->tok_emb.data ? "tok_embeddings"
                         : !m->norm.data ? "norm" : !m->rope_cos.data ? "rope.cos"
                         : !m->rope_sin.data ? "rope.sin" : (!m->tied && !m->head.data) ? "output"
+                        : !m->head_prune.data ? "head.prune"
                         : !m->ple_dim ? 0 : !m->ple_table.data ? "ple.table" : !m->ple_proj.data ? "ple.proj"
                         : !m->ple_norm.data ? "ple.norm" : 0;
     if (missing) return fail(err, en, "image lacks tensor ", missing, 0, 0);
@@ -172,6 +171,9 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
         for (int k = 0; k < layer_tensors(m); k++)
             if (!layer_slot(&m->layers[l], k)->data)
                 return fail(err, en, "image lacks a layer tensor: ", LAYER_NAMES[k], l, 1);
+    for (uint32_t i = 0; i < m->n_out; i++)   /* the greedy scan reads head row `row` of each record */
+        if (flm_rd32(m->head_prune.data + 8u * i) >= m->n_out || !(rdf(m->head_prune.data + 8u * i + 4u) >= 0.0f))
+            return fail(err, en, "head.prune record names no head row or has a bad bound:", 0, i, 1);
     flm_blob_tie_head(m);
     m->min_group = 1024u;
     for (uint32_t i = 0; flm_tensor_at(m, i); i++) {
@@ -192,6 +194,15 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
         prev = o;
     }
     return 0;
+}
+
+int flm_state_tiers_ok(uint32_t st) {
+    for (uint32_t r = 0; r < 8u; r++) {
+        uint32_t t = (st >> (4u * r)) & 15u;
+        if (r < 3u ? t != 0u && t != FLM_TIER_PSRAM && t != FLM_TIER_SRAM : r == 3u ? t > FLM_KV_INT8 : t != 0u)
+            return 0;
+    }
+    return 1;
 }
 
 void flm_blob_retier(flm_model *m, const uint8_t *tiers) {
@@ -219,13 +230,14 @@ void flm_blob_tie_head(flm_model *m) {
 
 flm_tensor *flm_tensor_at(const flm_model *cm, uint32_t i) {
     flm_model *m = (flm_model *)(uintptr_t)cm;   /* like strchr: the caller decides what it may change */
-    flm_tensor *top[8];
+    flm_tensor *top[9];
     uint32_t n = 0;
     top[n++] = &m->tok_emb;
     if (!m->tied) top[n++] = &m->head;
     top[n++] = &m->norm;
     top[n++] = &m->rope_cos;
     top[n++] = &m->rope_sin;
+    top[n++] = &m->head_prune;
     if (m->ple_dim) {
         top[n++] = &m->ple_table;
         top[n++] = &m->ple_proj;

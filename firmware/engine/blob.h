@@ -11,6 +11,8 @@
 enum { FLM_F32 = 0, FLM_Q8 = 1, FLM_Q4 = 2, FLM_BYTES = 3 };
 #define FLM_FMT_SCALE16 0x100u   /* table format bit 8: the rows carry fp16 scales (q8/q4 only) */
 enum { FLM_TIER_FLASH = 0, FLM_TIER_PSRAM = 1, FLM_TIER_SRAM = 2, FLM_N_TIERS = 3 };
+enum { FLM_KV_F32 = 0, FLM_KV_INT8 = 1 };   /* KV cache format: state_tiers bits 12-15 */
+#define FLM_KV_SHIFT 12u
 #define FLM_NONE 0xFFFFFFFFu
 
 typedef struct {
@@ -32,11 +34,13 @@ typedef struct {
     uint32_t head_dim, kv_dim, layout_id;
     uint32_t min_group;            /* smallest group size of the quantized tensors */
     uint32_t state_tiers;          /* header: 4-bit tier per RAM region (FLM_REG_*), 0 = default arena */
+    uint32_t kv_fmt;               /* placement: the KV cache's format (FLM_KV_*), from state_tiers */
     const uint8_t *blob;           /* the image in flash, and where its tensor table is */
     uint32_t n_entries, table;
     float eps;
     uint8_t model_hash[16];
     flm_tensor tok_emb, head, norm, rope_cos, rope_sin;
+    flm_tensor head_prune;         /* n_out records (u32 row, f32 bound), bound descending (greedy scan) */
     flm_tensor ple_table, ple_proj, ple_norm;   /* ple_dim > 0 only */
     flm_layer layers[FLM_MAX_LAYERS];
     const uint8_t *tok_data;       /* piece bytes; piece i = tok_data[tok_off[i] .. tok_off[i+1]) */
@@ -46,6 +50,9 @@ typedef struct {
 /* Validate magic, version, size, CRC-32, config and every table entry's bounds and layout,
  * then fill m. Returns 0, or -1 with a one-line reason in err. */
 int flm_blob_open(flm_model *m, const uint8_t *blob, size_t len, char *err, size_t errlen);
+/* 1 when a state_tiers field (header or LAYOUT) is valid: regions 0-2 a tier (0 default, psram,
+ * sram), bits 12-15 a KV format (FLM_KV_*), everything else 0. */
+int flm_state_tiers_ok(uint32_t st);
 /* Point every tensor the engine uses back at its bytes in the image (flash) and set its tier from
  * tiers[i] (one byte per table entry, table order; each < FLM_N_TIERS) or, when tiers is NULL,
  * from the table. For an m that flm_blob_open accepted. */

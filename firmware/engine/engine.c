@@ -6,6 +6,14 @@
 
 static size_t up8(size_t n) { return (n + 7u) & ~(size_t)7u; }
 
+/* Exact pruning of the greedy head (docs/formats.md section 3; converter/headprune.py). */
+#define PRUNE_MARGIN 0x1.02p+0f      /* 1 + 2^-7: covers every rounding of the bound test */
+#define PRUNE_FLOOR 0x1p-64f         /* below it nothing is pruned: no underflow can matter */
+
+static uint32_t kv_row_bytes(const flm_model *m) {
+    return m->kv_fmt == FLM_KV_INT8 ? 4u + ((m->head_dim + 3u) & ~3u) : m->head_dim * 4u;
+}
+
 typedef struct { uint8_t *p; size_t used, cap; } carver;
 
 static void *carve(carver *c, size_t bytes) {
@@ -16,10 +24,10 @@ static void *carve(carver *c, size_t bytes) {
 
 /* Carves the regions; base[r] == 0 only measures. Returns region r's size in *size[r]. */
 static void layout(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_REGIONS], size_t size[FLM_N_REGIONS]) {
-    carver sc = {base[FLM_REG_SCRATCH], 0, 0}, lg = {base[FLM_REG_LOGITS], 0, 0}, kc = {base[FLM_REG_KV], 0, 0};
+    carver sc = {base[FLM_REG_SCRATCH], 0, 0}, lg = {base[FLM_REG_LOGITS], 0, 0}, kvc = {base[FLM_REG_KV], 0, 0};
     uint32_t wide = m->dim > m->hidden ? m->dim : m->hidden;   /* longest matmul input */
     if (m->ple_dim > wide) wide = m->ple_dim;
-    size_t kv = (size_t)m->n_layers * m->seq_len * m->kv_dim * sizeof(float);
+    size_t kv = (size_t)m->n_layers * m->seq_len * m->n_kv_heads * kv_row_bytes(m);
     size_t ple = (size_t)m->n_layers * m->ple_dim * 4u;
     s->x = carve(&sc, m->dim * 4u);
     s->xb = carve(&sc, m->dim * 4u);
@@ -37,11 +45,13 @@ static void layout(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_R
     s->logits = carve(&lg, m->n_out * 4u);
     s->probs = carve(&lg, m->n_out * 4u);
     s->idx = carve(&lg, m->n_out * 4u);
-    s->kc = carve(&kc, kv);
-    s->vc = carve(&kc, kv);
+    s->kc = carve(&kvc, kv);
+    s->vc = carve(&kvc, kv);
+    s->kv_row = kv_row_bytes(m);
+    s->kv_bytes = kvc.used;
     size[FLM_REG_SCRATCH] = sc.used;
     size[FLM_REG_LOGITS] = lg.used;
-    size[FLM_REG_KV] = kc.used;
+    size[FLM_REG_KV] = kvc.used;
 }
 
 size_t flm_state_region_bytes(const flm_model *m, int region) {
@@ -102,19 +112,52 @@ static void rope(float *v, uint32_t n_heads, uint32_t hd, const float *cos, cons
     }
 }
 
+/* Row (layer l, position t, kv head h) of the K (base = kc) or V (base = vc) cache. */
+static uint8_t *kv_at(const flm_state *s, uint8_t *base, uint32_t l, uint32_t t, uint32_t h) {
+    const flm_model *m = s->m;
+    return base + (((size_t)l * m->seq_len + t) * m->n_kv_heads + h) * s->kv_row;
+}
+
+/* Store v[kv_dim] as the rows of every kv head at row0: copied (f32) or quantized like an
+ * activation with group head_dim: f32 scale, then the codes (int8). */
+static void kv_put(const flm_state *s, uint8_t *row0, const float *v) {
+    const flm_model *m = s->m;
+    const uint32_t hd = m->head_dim;
+    for (uint32_t h = 0; h < m->n_kv_heads; h++) {
+        uint8_t *row = row0 + h * s->kv_row;
+        if (m->kv_fmt == FLM_KV_INT8) flm_quantize_act(v + h * hd, hd, hd, (int8_t *)(row + 4), (float *)(void *)row);
+        else memcpy(row, v + h * hd, hd * 4u);
+    }
+}
+
+/* int8 KV: head h's query codes qc (scale qs) against a K row: float(sum qc*kc) * (qs * ks). */
+static float score_int8(const int8_t *qc, float qs, const uint8_t *row, uint32_t hd) {
+    const int8_t *kc = (const int8_t *)(row + 4);
+    int32_t isum = 0;
+    for (uint32_t i = 0; i < hd; i++) isum += (int32_t)qc[i] * (int32_t)kc[i];
+    return (float)isum * (qs * *(const float *)(const void *)row);
+}
+
 static void attention(flm_state *s, uint32_t l, uint32_t pos, flm_step_stats *st) {
     const flm_model *m = s->m;
-    const uint32_t hd = m->head_dim, kvd = m->kv_dim, rep = m->n_heads / m->n_kv_heads;
+    const uint32_t hd = m->head_dim, rep = m->n_heads / m->n_kv_heads;
+    const int i8 = m->kv_fmt == FLM_KV_INT8;
     const float scale = 1.0f / flm_sqrtf((float)hd);
-    const float *kc = s->kc + (size_t)l * m->seq_len * kvd, *vc = s->vc + (size_t)l * m->seq_len * kvd;
     for (uint32_t h = 0; h < m->n_heads; h++) {
         const float *q = s->q + h * hd;
-        const uint32_t koff = (h / rep) * hd;
-        float mx = 0.0f;
+        const uint32_t kh = h / rep;
+        float qs = 0.0f, mx = 0.0f;
+        if (i8) flm_quantize_act(q, hd, hd, s->xq, &qs);   /* once per head and step */
         for (uint32_t t = 0; t <= pos; t++) {
-            const float *k = kc + (size_t)t * kvd + koff;
-            float d = q[0] * k[0];
-            for (uint32_t i = 1; i < hd; i++) d = d + q[i] * k[i];
+            const uint8_t *row = kv_at(s, s->kc, l, t, kh);
+            float d;
+            if (i8) {
+                d = score_int8(s->xq, qs, row, hd);
+            } else {
+                const float *k = (const float *)(const void *)row;
+                d = q[0] * k[0];
+                for (uint32_t i = 1; i < hd; i++) d = d + q[i] * k[i];
+            }
             d = d * scale;
             s->att[t] = d;
             if (t == 0 || d > mx) mx = d;
@@ -129,13 +172,58 @@ static void attention(flm_state *s, uint32_t l, uint32_t pos, flm_step_stats *st
         for (uint32_t t = 0; t <= pos; t++) s->att[t] = s->att[t] * inv;
         float *o = s->xb2 + h * hd;
         for (uint32_t t = 0; t <= pos; t++) {
-            const float *v = vc + (size_t)t * kvd + koff;
-            const float a = s->att[t];
-            if (t == 0) for (uint32_t i = 0; i < hd; i++) o[i] = a * v[i];
-            else for (uint32_t i = 0; i < hd; i++) o[i] = o[i] + a * v[i];
+            const uint8_t *row = kv_at(s, s->vc, l, t, kh);
+            if (i8) {   /* (a_t * vs_t) * float(code) */
+                const float a = s->att[t] * *(const float *)(const void *)row;
+                const int8_t *v = (const int8_t *)(row + 4);
+                if (t == 0) for (uint32_t i = 0; i < hd; i++) o[i] = a * (float)v[i];
+                else for (uint32_t i = 0; i < hd; i++) o[i] = o[i] + a * (float)v[i];
+            } else {
+                const float *v = (const float *)(const void *)row;
+                const float a = s->att[t];
+                if (t == 0) for (uint32_t i = 0; i < hd; i++) o[i] = a * v[i];
+                else for (uint32_t i = 0; i < hd; i++) o[i] = o[i] + a * v[i];
+            }
         }
-        st->bytes[s->kv_tier] += 2u * (pos + 1u) * hd * 4u;
+        /* per row the engine reads: f32 the values; int8 the scale and the codes (not the padding) */
+        st->bytes[s->kv_tier] += 2u * (pos + 1u) * (i8 ? 4u + hd : hd * 4u);
     }
+}
+
+void flm_slide(flm_state *s, uint32_t n_drop, flm_step_stats *st) {
+    const flm_model *m = s->m;
+    const uint32_t hd = m->head_dim, moved = m->seq_len - 1u - n_drop;
+    const int i8 = m->kv_fmt == FLM_KV_INT8;
+    uint64_t t0 = hal_time_us();
+    /* the rotation by -n_drop: RoPE row n_drop, read once */
+    memcpy(s->cos, m->rope_cos.data + (size_t)n_drop * hd / 2u * 4u, hd / 2u * 4u);
+    memcpy(s->sin, m->rope_sin.data + (size_t)n_drop * hd / 2u * 4u, hd / 2u * 4u);
+    st->bytes[m->rope_cos.tier] += hd / 2u * 4u;
+    st->bytes[m->rope_sin.tier] += hd / 2u * 4u;
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        for (uint32_t t = 1u + n_drop; t < m->seq_len; t++) {   /* ascending: a row moves before it is overwritten */
+            for (uint32_t h = 0; h < m->n_kv_heads; h++) {
+                const uint8_t *src = kv_at(s, s->kc, l, t, h);
+                uint8_t *dst = kv_at(s, s->kc, l, t - n_drop, h);
+                float *k = i8 ? s->xb2 : (float *)(void *)dst;
+                const float *from = (const float *)(const void *)src;
+                if (i8) {   /* dequantize: code * scale */
+                    const float sc = *(const float *)(const void *)src;
+                    for (uint32_t i = 0; i < hd; i++) k[i] = (float)((const int8_t *)(src + 4))[i] * sc;
+                    from = k;
+                }
+                for (uint32_t i = 0; i < hd / 2u; i++) {
+                    const float a = from[2 * i], b = from[2 * i + 1], c = s->cos[i], sn = s->sin[i];
+                    k[2 * i] = a * c + b * sn;
+                    k[2 * i + 1] = b * c - a * sn;
+                }
+                if (i8) flm_quantize_act(k, hd, hd, (int8_t *)(dst + 4), (float *)(void *)dst);
+            }
+        }
+        memmove(kv_at(s, s->vc, l, 1u, 0), kv_at(s, s->vc, l, 1u + n_drop, 0), (size_t)moved * m->n_kv_heads * s->kv_row);
+    }
+    st->bytes[s->kv_tier] += m->n_layers * moved * m->n_kv_heads * ((i8 ? 4u + hd : hd * 4u) + s->kv_row);
+    st->us[FLM_PH_ATTN] += (uint32_t)(hal_time_us() - t0);
 }
 
 /* PLE, before layer 0: u_l = (rmsnorm((ple.proj x) * inv_sqrt_d)[l] + T[t][l] * sqrt_P) * inv_sqrt2
@@ -170,17 +258,16 @@ static void ple_block(flm_state *s, uint32_t l, flm_step_stats *st) {
     for (uint32_t i = 0; i < m->dim; i++) s->x[i] = s->x[i] + s->xb[i];
 }
 
-const float *flm_forward(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st) {
+void flm_body(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st) {
     const flm_model *m = s->m;
-    const uint32_t dim = m->dim, hd = m->head_dim, kvd = m->kv_dim;
-    memset(st, 0, sizeof *st);
+    const uint32_t dim = m->dim, hd = m->head_dim;
     uint64_t t0 = hal_time_us();
 
     flm_dequant_row(&m->tok_emb, token, s->x);
     st->bytes[m->tok_emb.tier] += m->tok_emb.stride;
     if (m->ple_dim) ple_inputs(s, token, st);
     uint64_t t1 = hal_time_us();
-    st->us[FLM_PH_EMBED] = (uint32_t)(t1 - t0);
+    st->us[FLM_PH_EMBED] += (uint32_t)(t1 - t0);
 
     /* this position's RoPE rows, read once */
     memcpy(s->cos, m->rope_cos.data + (size_t)pos * hd / 2u * 4u, hd / 2u * 4u);
@@ -190,15 +277,14 @@ const float *flm_forward(flm_state *s, uint32_t token, uint32_t pos, flm_step_st
 
     for (uint32_t l = 0; l < m->n_layers; l++) {
         const flm_layer *L = &m->layers[l];
-        float *kpos = s->kc + ((size_t)l * m->seq_len + pos) * kvd;
-        float *vpos = s->vc + ((size_t)l * m->seq_len + pos) * kvd;
         rmsnorm(s->xb, s->x, &L->attn_norm, dim, m->eps, st);
         matvec(s, &L->wq, s->xb, s->q, st);
-        matvec(s, &L->wk, s->xb, s->xb2, st);   /* k is rotated in scratch, then stored: */
-        matvec(s, &L->wv, s->xb, vpos, st);
+        matvec(s, &L->wv, s->xb, s->xb2, st);     /* v, then k, pass through scratch into the cache */
+        kv_put(s, kv_at(s, s->vc, l, pos, 0), s->xb2);
+        matvec(s, &L->wk, s->xb, s->xb2, st);
         rope(s->q, m->n_heads, hd, s->cos, s->sin);
         rope(s->xb2, m->n_kv_heads, hd, s->cos, s->sin);
-        memcpy(kpos, s->xb2, kvd * 4u);            /* the step reads the KV cache only in attention */
+        kv_put(s, kv_at(s, s->kc, l, pos, 0), s->xb2);   /* the step reads the KV cache only in attention */
         attention(s, l, pos, st);
         matvec(s, &L->wo, s->xb2, s->xb, st);
         for (uint32_t i = 0; i < dim; i++) s->x[i] = s->x[i] + s->xb[i];
@@ -221,9 +307,55 @@ const float *flm_forward(flm_state *s, uint32_t token, uint32_t pos, flm_step_st
             t1 = t2;
         }
     }
-    rmsnorm(s->xb, s->x, &m->norm, dim, m->eps, st);
+}
+
+const float *flm_head(flm_state *s, flm_step_stats *st) {
+    const flm_model *m = s->m;
+    uint64_t t0 = hal_time_us();
+    rmsnorm(s->xb, s->x, &m->norm, m->dim, m->eps, st);
     matvec(s, &m->head, s->xb, s->logits, st);
     st->head_rows = m->head.rows;
-    st->us[FLM_PH_OUTPUT] = (uint32_t)(hal_time_us() - t1);
+    st->us[FLM_PH_OUTPUT] += (uint32_t)(hal_time_us() - t0);
     return s->logits;
+}
+
+uint32_t flm_head_argmax(flm_state *s, flm_step_stats *st) {
+    const flm_model *m = s->m;
+    const flm_tensor *w = &m->head;
+    uint64_t t0 = hal_time_us();
+    rmsnorm(s->xb, s->x, &m->norm, m->dim, m->eps, st);
+    flm_quantize_act(s->xb, w->cols, w->group, s->xq, s->xs);
+    /* X2 = fold over groups of float(sum xq^2) * (xs * xs): ||x||^2 of the quantized input */
+    float x2 = 0.0f;
+    for (uint32_t k = 0, gi = 0; k < w->cols; k += w->group, gi++) {
+        const uint32_t len = w->cols - k < w->group ? w->cols - k : w->group;
+        int32_t sq = 0;
+        for (uint32_t i = 0; i < len; i++) sq += (int32_t)s->xq[k + i] * (int32_t)s->xq[k + i];
+        const float t = (float)sq * (s->xs[gi] * s->xs[gi]);
+        x2 = gi == 0 ? t : x2 + t;
+    }
+    const float xm = flm_sqrtf(x2) * PRUNE_MARGIN;
+    const int prunable = x2 >= PRUNE_FLOOR;
+    const uint8_t *rec = m->head_prune.data;
+    float best = 0.0f;
+    uint32_t best_row = 0, n = 0;
+    for (; n < m->n_out; n++) {   /* records: (u32 row, f32 bound), bound descending */
+        const uint32_t r = flm_rd32(rec + 8u * n), bb = flm_rd32(rec + 8u * n + 4u);
+        float b;
+        memcpy(&b, &bb, 4);
+        if (n && prunable && best >= PRUNE_FLOOR && b * xm < best) break;   /* |logit| <= b ||x|| < best */
+        const float lg = flm_matvec_row(w, r, s->xq, s->xs);
+        if (!n || lg > best || (lg == best && r < best_row)) { best = lg; best_row = r; }
+    }
+    st->head_rows = n;
+    st->bytes[w->tier] += n * w->stride;
+    st->bytes[m->head_prune.tier] += n * 8u;
+    st->us[FLM_PH_OUTPUT] += (uint32_t)(hal_time_us() - t0);
+    return best_row;
+}
+
+const float *flm_forward(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st) {
+    memset(st, 0, sizeof *st);
+    flm_body(s, token, pos, st);
+    return flm_head(s, st);
 }

@@ -15,8 +15,11 @@ typedef struct {
 
 typedef struct {
     const flm_model *m;
-    float *x, *xb, *xb2, *q, *att, *hb, *hb2, *logits, *cos, *sin, *kc, *vc, *xs, *probs;
+    float *x, *xb, *xb2, *q, *att, *hb, *hb2, *logits, *cos, *sin, *xs, *probs;
     float *pu, *pt;                 /* PLE: per-layer inputs u [L*P]; the table row, then the gate [P] */
+    uint8_t *kc, *vc;               /* KV cache: one row per (layer, position, kv head), m->kv_fmt */
+    uint32_t kv_row;                /* bytes of a row: f32 head_dim*4; int8 f32 scale + head_dim codes, padded to 4 */
+    size_t kv_bytes;                /* bytes of the KV region, from kc to the end of vc */
     int8_t *xq;
     uint32_t *idx;
     uint32_t kv_tier;               /* where the KV cache lives (the arena's tier) */
@@ -41,7 +44,18 @@ int flm_state_init(flm_state *s, const flm_model *m, uint8_t *arena, size_t cap,
 /* Each region at its own 8-aligned base (base[r] holds flm_state_region_bytes(m, r) bytes);
  * kv_tier names the tier of base[FLM_REG_KV]. */
 void flm_state_init_regions(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_REGIONS], uint32_t kv_tier);
-/* Run token at pos (< seq_len) through the model; returns the logits[n_out].
- * Fills st's embed/attention/ffn/ple/output times, byte counts and head_rows (sampling is the caller's). */
+/* A forward step is flm_body, then (unless its output is unused) flm_head or flm_head_argmax; each
+ * adds its phases' times and byte counts to st (zeroed by the caller), the head sets head_rows. */
+/* Token at pos (< seq_len) through every layer; its K and V rows are stored at pos. */
+void flm_body(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st);
+/* Final RMSNorm and the whole output layer: returns the logits[n_out]; head_rows = n_out. */
+const float *flm_head(flm_state *s, flm_step_stats *st);
+/* Final RMSNorm and the greedy output layer, pruned exactly (docs/formats.md section 3): returns
+ * the full scan's first maximum; head_rows = the head.prune records visited. */
+uint32_t flm_head_argmax(flm_state *s, flm_step_stats *st);
+/* Sliding window: keep position 0, drop positions [1, 1 + n_drop), move the cached rows of
+ * [1 + n_drop, seq_len) down by n_drop (K rows rotated back by n_drop positions). Timed as attention. */
+void flm_slide(flm_state *s, uint32_t n_drop, flm_step_stats *st);
+/* st zeroed, flm_body, flm_head: the logits[n_out] of token at pos. */
 const float *flm_forward(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st);
 #endif

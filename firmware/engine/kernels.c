@@ -93,22 +93,24 @@ static int32_t dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) {
 }
 
 void flm_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out) {
+    for (uint32_t r = 0; r < w->rows; r++) out[r] = flm_matvec_row(w, r, xq, xs);
+}
+
+float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs) {
     const uint32_t g = w->group, cols = w->cols;
-    for (uint32_t r = 0; r < w->rows; r++) {
-        row_reader rr = row_at(w, r);
-        float acc = 0.0f;
-        for (uint32_t s = 0, gi = 0; s < cols; s += g, gi++) {
-            uint32_t len = cols - s < g ? cols - s : g;
-            uint32_t nbytes = w->fmt == FLM_Q8 ? len : (len + 1u) / 2u;
-            float sc = next_scale(&rr);
-            const uint8_t *p = rr.codes;
-            int32_t isum = w->fmt == FLM_Q8 ? dot_q8((const int8_t *)p, xq + s, len) : dot_q4(p, xq + s, len);
-            float term = (float)isum * (sc * xs[gi]);
-            acc = gi == 0 ? term : acc + term;
-            rr.codes += (nbytes + 3u) & ~3u;
-        }
-        out[r] = acc;
+    row_reader rr = row_at(w, r);
+    float acc = 0.0f;
+    for (uint32_t s = 0, gi = 0; s < cols; s += g, gi++) {
+        uint32_t len = cols - s < g ? cols - s : g;
+        uint32_t nbytes = w->fmt == FLM_Q8 ? len : (len + 1u) / 2u;
+        float sc = next_scale(&rr);
+        const uint8_t *p = rr.codes;
+        int32_t isum = w->fmt == FLM_Q8 ? dot_q8((const int8_t *)p, xq + s, len) : dot_q4(p, xq + s, len);
+        float term = (float)isum * (sc * xs[gi]);
+        acc = gi == 0 ? term : acc + term;
+        rr.codes += (nbytes + 3u) & ~3u;
     }
+    return acc;
 }
 
 void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out) {

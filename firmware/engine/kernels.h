@@ -8,6 +8,9 @@ void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float 
 /* out[r] = fold over groups of float(int32 group dot) * (wscale * xscale); xq/xs from flm_quantize_act
  * with the tensor's group size. */
 void flm_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out);
+/* Row r of flm_matvec's output, bit for bit (the pruned greedy head computes rows one at a time;
+ * the tensor must be row-major). */
+float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs);
 /* Dequantize row r of a q8/q4 tensor into out[cols]: code * scale. */
 void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out);
 #endif
