@@ -224,9 +224,7 @@ def pack_state_tiers(state: dict[str, str] | int | None, kv: str = "f32") -> int
     and the KV cache format ``kv`` (f32 or int8); an int is taken as the whole field."""
     if isinstance(state, int):
         return state
-    if kv not in KV_CODE:
-        raise BlobError(f"KV cache format must be f32 or int8, got {kv!r}")
-    v = KV_CODE[kv] << KV_SHIFT
+    v = with_kv(0, kv)
     if state is None:
         return v
     for i, region in enumerate(STATE_REGIONS):
@@ -237,6 +235,13 @@ def pack_state_tiers(state: dict[str, str] | int | None, kv: str = "f32") -> int
             raise BlobError(f"the {region} buffers cannot live in {t}; choose psram or sram")
         v |= TIER_CODE[t] << (4 * i)
     return v
+
+
+def with_kv(state_tiers: int, kv: str) -> int:
+    """A state_tiers field with its KV cache format replaced by kv (f32, int8)."""
+    if kv not in KV_CODE:
+        raise BlobError(f"KV cache format must be f32 or int8, got {kv!r}")
+    return (state_tiers & ~(0xF << KV_SHIFT)) | (KV_CODE[kv] << KV_SHIFT)
 
 
 def kv_format(state_tiers: int) -> str:

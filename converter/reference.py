@@ -7,7 +7,7 @@ firmware/engine/ does the same operations in the same order):
   (``np.add.accumulate`` is such a fold; ``np.sum`` is not and is never used on floats here);
 * activation quantization, per group of the matrix's group size:
   ``amax = max|x|``; if 0 all codes and the scale are 0, else ``scale = amax / 127``,
-  ``inv = 127 / amax``, ``v = x * inv``, ``code = trunc(v + (v >= 0 ? 0.5 : -0.5))`` clipped to ±127;
+  ``inv = 127 / amax``, ``v = x * inv`` clamped to ±127 (NaN: 0), ``code = trunc(v + (v >= 0 ? 0.5 : -0.5))``;
 * matmul row r: ``isum_g = sum_k wcode * xcode`` (int32, exact),
   ``term_g = float(isum_g) * (wscale_rg * xscale_g)``, ``y_r = fold(term_g)``;
 * RMSNorm: ``ss = fold(x*x) / n + eps``, ``inv = 1 / sqrt(ss)`` (IEEE sqrt), ``y = (x * inv) * w``;
@@ -115,9 +115,10 @@ def quantize_activation(x: np.ndarray, group_size: int) -> tuple[np.ndarray, np.
     nz = amax > 0
     safe = np.where(nz, amax, F(1.0))
     scale = np.where(nz, safe / F(127.0), F(0.0)).astype(F)
-    inv = (F(127.0) / safe).astype(F)
-    v = xp * inv[:, None]
-    codes = np.clip(round_half_away(v), -127, 127)
+    with np.errstate(over="ignore", invalid="ignore"):   # amax below 127/FLT_MAX: inv is inf
+        inv = (F(127.0) / safe).astype(F)
+        v = np.clip(xp * inv[:, None], F(-127), F(127))   # clamped before rounding, NaN (0 * inf) to 0,
+    codes = round_half_away(np.where(np.isnan(v), F(0), v))   # as kernels.c: the same codes for finite v
     codes[~nz] = 0
     return codes, scale
 

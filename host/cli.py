@@ -223,7 +223,7 @@ def _print_quality(console, rep: dict) -> None:
 
 
 def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32, quant=(),
-            report=True, scales="f32") -> dict:
+            report=True, scales="f32", kv="f32") -> dict:
     """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest."""
     from dataclasses import asdict
 
@@ -262,7 +262,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         _print_quality(console, rep)
     outdir.mkdir(parents=True, exist_ok=True)
     _step(console, f"writing {outdir / BLOB_NAME}")
-    info = write_blob(qm, outdir / BLOB_NAME)
+    info = write_blob(qm, outdir / BLOB_NAME, kv=kv)
     tok_name = _write_tokenizer(ir, tokenizer, outdir)
     if tok_name is None:
         console.print("  [yellow]no tokenizer: runs of this model need --prompt-ids[/]")
@@ -279,6 +279,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         "recipe": dict(qm.recipe),
         "quantization": {"default_format": fmt, "group_size": group_size, "overrides": list(quant or ()),
                          "scales": scales},
+        "kv": kv,
         "source": str(qm.source or ir.source or ckpt),
         "quality": "quality.json" if rep is not None else None,
     }
@@ -293,7 +294,8 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
 
 def cmd_convert(args, console) -> int:
     convert(console, args.checkpoint, args.output, tokenizer=args.tokenizer, fmt=args.format,
-            group_size=args.group_size, quant=args.quant, scales=args.scales, report=not args.no_report)
+            group_size=args.group_size, quant=args.quant, scales=args.scales, report=not args.no_report,
+            kv=args.kv)
     return 0
 
 
@@ -405,9 +407,19 @@ def _write_outputs(console, result, json_path=None, csv_path=None, png_path=None
             console.print(f"[green]wrote[/] {what} {path}")
 
 
+def kv_layout(blob: Path, kv: str) -> tuple[int, int, bytes]:
+    """(layout_id, state_tiers, tiers) of the blob's own placement with the KV cache format kv: the
+    LAYOUT that switches a board holding this blob to it."""
+    from converter.blob import TIER_CODE, layout_id_of, read_header, with_kv
+    h = read_header(blob)
+    st = with_kv(h.state_tiers, kv)
+    tiers = bytes(TIER_CODE[e.tier] for e in h.entries)
+    return layout_id_of(tiers, st), st, tiers
+
+
 def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max_tokens=32,
         temperature=0.0, top_p=0.0, seed=0, json_path=None, csv_path=None, png_path=None,
-        baud=115200, timeout=10.0, retries=3) -> int:
+        baud=115200, timeout=10.0, retries=3, slide=False, all_logits=False, kv=None) -> int:
     from contextlib import ExitStack
 
     from . import report as R
@@ -493,14 +505,27 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
             if (int(hello.vocab_size), int(hello.out_vocab)) != want:
                 raise UserError(f"board {hello.board} reports vocab {hello.vocab_size} (output {hello.out_vocab}), "
                                 f"the model has {want[0]} (output {want[1]})")
-            _step(console, f"generating up to {max_tokens} tokens from a {len(ids)}-token prompt")
+            after_handshake = None
+            if kv is not None:     # the model's own placement with this KV format, kept across resets
+                lid, st, tiers = kv_layout(model_dir / manifest["blob"], kv)
+
+                def after_handshake(h):
+                    if h.layout_id != lid:
+                        sess.set_layout(lid, st, tiers, timeout=timeout)
+                after_handshake(hello)
+                console.print(f"  KV cache {kv}: layout {lid}")
+            _step(console, f"generating up to {max_tokens} tokens from a {len(ids)}-token prompt"
+                  + (", sliding the window when the context fills" if slide else "")
+                  + (", every step's whole head (ALL_LOGITS)" if all_logits else ""))
             if emulated:
                 vb.read_counts()      # the emulator's per-step read counts: only this generation's
             with R.LiveView(console, hello, piece_of=piece_of, prompt_text=prompt_text,
                             ple=bool(manifest["config"].get("ple_dim"))) as view:
                 result = sess.generate_with_recovery(ids, max_tokens, temperature=temperature, top_p=top_p,
                                                      seed=seed, on_token=view.on_token, reconnect=reconnect,
-                                                     max_recoveries=retries, handshake_timeout=timeout)
+                                                     max_recoveries=retries, handshake_timeout=timeout,
+                                                     slide=slide, all_logits=all_logits,
+                                                     after_handshake=after_handshake)
             if emulated:
                 result.harness = vb.read_counts()
         except BoardError as e:    # DeviceError, LinkTimeout, LinkLost, BoardReset, ModelMismatch, ...
@@ -549,7 +574,8 @@ def cmd_run(args, console) -> int:
     return run(console, args.model, prompt=args.prompt, prompt_ids=args.prompt_ids, board=args.board,
                port=args.port, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                seed=args.seed, json_path=args.json, csv_path=args.csv, png_path=args.png, baud=args.baud,
-               timeout=args.timeout, retries=max(0, args.retries))
+               timeout=args.timeout, retries=max(0, args.retries), slide=args.slide, all_logits=args.all_logits,
+               kv=args.kv)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -657,6 +683,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-tensor override, e.g. 'layers.*.ffn=q4:32', 'head=q4' (repeatable)")
     c.add_argument("--scales", choices=("f32", "f16"), default="f32",
                    help="group scales as f32, or rounded to fp16 (half the scale bytes)")
+    c.add_argument("--kv", choices=("f32", "int8"), default="f32",
+                   help="KV cache format recorded in the blob (int8: a scale and int8 codes per row)")
     c.add_argument("--no-report", action="store_true", help="skip the quality report")
     c.set_defaults(func=cmd_convert)
 
@@ -677,6 +705,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--png", metavar="FILE")
     r.add_argument("--retries", type=int, default=3, metavar="N",
                    help="times to reconnect or regenerate after a lost link, a board reset or lost steps (default 3)")
+    r.add_argument("--slide", action="store_true",
+                   help="when the context fills, keep position 0, drop the older half and go on (no context_full)")
+    r.add_argument("--all-logits", action="store_true",
+                   help="verification mode: every step computes the whole output layer (no prefill skip, no pruning)")
+    r.add_argument("--kv", choices=("f32", "int8"),
+                   help="switch the board's KV cache format first (a LAYOUT; default: the blob's)")
     r.set_defaults(func=cmd_run)
 
     f = sub.add_parser("flash", help="build and upload a PlatformIO project from 'build', then write the blob")

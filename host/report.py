@@ -4,9 +4,12 @@ Every number comes from the device's own per-phase µs (TOKEN frames), never fro
 wall clock, and is printed together with the board name and the clock source the HELLO named
 ("host clock", "chip timer", "emulated timer").  Host wall time is reported once, labelled.
 
-Step kinds: a *prompt* step's output is unused (out_id None); a *generated* step produced a
-token (the last prompt step and every later one), so "generated tok/s" is the generated tokens
-divided by the device time of the steps that produced them.
+Step kinds: a *prefill* step is a prompt step whose output is unused (out_id None: by default
+the device skips its output layer); a *decode* step produced a token (the last prompt step and
+every later one), so "decode tok/s" is the generated tokens divided by the device time of the
+steps that produced them, and "prefill tok/s" the prompt tokens run per second of prefill time.
+Each group reports the output-layer rows its steps computed (TOKEN head_rows), as a share of
+out_vocab: 0 for a skipped head, below 100 % for a pruned greedy scan.
 """
 from __future__ import annotations
 
@@ -55,8 +58,9 @@ def step_total(tok) -> int:
     return int(sum(tok.us))
 
 
-def group_stats(tokens) -> dict:
-    """p50/p95/mean per phase and of the step total, plus mean bytes per tier, for some steps."""
+def group_stats(tokens, out_vocab: int | None = None) -> dict:
+    """p50/p95/mean per phase and of the step total, mean bytes per tier, and the output-layer rows
+    computed (mean, and % of out_vocab when known), for some steps."""
     out: dict = {"steps": len(tokens), "phases": {}, "bytes": {}}
     cols = {p: [t.us[i] for t in tokens] for i, p in enumerate(PHASES)}
     cols["total"] = [step_total(t) for t in tokens]
@@ -67,6 +71,10 @@ def group_stats(tokens) -> dict:
     for i, tier in enumerate(TIERS):
         vals = [t.bytes_read[i] for t in tokens]
         out["bytes"][tier] = (sum(vals) / len(vals)) if vals else None
+    rows = [t.head_rows for t in tokens]
+    mean = sum(rows) / len(rows) if rows else None
+    out["head_rows"] = {"mean": mean, "p50": percentile(rows, 50), "max": max(rows) if rows else None,
+                        "pct_of_out_vocab": 100.0 * mean / out_vocab if mean is not None and out_vocab else None}
     return out
 
 
@@ -88,7 +96,7 @@ def harness_rows(result: RunResult) -> list[dict]:
         if h is None:
             continue
         hb = [int(b) for b in h.get("bytes", [])]
-        rows.append({"step": int(t.step), "kind": "prompt" if t.out_id is None else "generated",
+        rows.append({"step": int(t.step), "kind": "prefill" if t.out_id is None else "decode",
                      "engine_bytes": dict(zip(TIERS, map(int, t.bytes_read))),
                      "harness_bytes": dict(zip(TIERS, hb)),
                      "agree": hb == [int(b) for b in t.bytes_read],
@@ -99,11 +107,11 @@ def harness_rows(result: RunResult) -> list[dict]:
 
 def harness_summary(result: RunResult) -> dict | None:
     """Agreement of the harness's per-region read counts with the engine's, and per-token cost on
-    the emulator (generated steps); None when the run had no harness (not an emulated board)."""
+    the emulator (decode steps); None when the run had no harness (not an emulated board)."""
     if not result.harness:
         return None
     rows = harness_rows(result)
-    gen = [r for r in rows if r["kind"] == "generated"] or rows
+    gen = [r for r in rows if r["kind"] == "decode"] or rows
 
     def stats(vals):
         return {"p50": percentile(vals, 50), "mean": (sum(vals) / len(vals)) if vals else None}
@@ -120,7 +128,8 @@ def harness_summary(result: RunResult) -> dict | None:
 def summarize(result: RunResult) -> dict:
     hello = result.hello
     prompt, gen = result.prompt_steps, result.generated_steps
-    ps, gs = group_stats(prompt), group_stats(gen)
+    out_vocab = hello.out_vocab if hello is not None else None
+    ps, gs = group_stats(prompt, out_vocab), group_stats(gen, out_vocab)
     gen_us = gs["phases"]["total"]["sum"]
     prompt_us = ps["phases"]["total"]["sum"]
     done = result.done
@@ -139,11 +148,13 @@ def summarize(result: RunResult) -> dict:
         "duplicate_steps": list(result.duplicate_steps),
         "frame_gaps": result.frame_gaps,
         "bad_frames": result.bad_frames,
-        "prompt": ps,
-        "generated": gs,
+        "out_vocab": out_vocab,
+        "flags": {"slide": bool(result.slide), "all_logits": bool(result.all_logits)},
+        "prefill": ps,
+        "decode": gs,
         # device time only: generated tokens over the µs of the steps that produced them
         "tokens_per_s": _rate(len(gen), gen_us),
-        "prompt_steps_per_s": _rate(len(prompt), prompt_us),
+        "prefill_tok_per_s": _rate(len(prompt), prompt_us),
         "bytes_per_token": gs["bytes"],
         "device_total_us": int(done.total_us) if done is not None else None,
         "device_steps_us": int(sum(step_total(t) for t in result.tokens)),
@@ -308,38 +319,40 @@ def summary_renderables(result: RunResult) -> list:
     out = []
     table = Table(title=f"device µs per step — {at}", title_justify="left")
     table.add_column("phase", no_wrap=True)
-    for grp in ("prompt", "generated"):
+    for grp in ("prefill", "decode"):
         table.add_column(f"{grp} steps (n={s[grp]['steps']})\np50 / p95 / mean", justify="right", no_wrap=True)
     for name in shown_phases(result.tokens) + ["total"]:
         label = PHASE_HEADERS.get(name, "total µs")
         cells = []
-        for grp in ("prompt", "generated"):
+        for grp in ("prefill", "decode"):
             ph = s[grp]["phases"][name]
             cells.append(f"{_fmt(ph['p50'])} / {_fmt(ph['p95'])} / {_fmt(ph['mean'], 1)}")
         table.add_row(label, *cells, style="bold" if name == "total" else None)
+    table.add_row("head rows (% of out_vocab)", *[_rows_cell(s[grp]["head_rows"]) for grp in ("prefill", "decode")])
     out.append(table)
 
     lines = []
     tps = s["tokens_per_s"]
-    gen_us = s["generated"]["phases"]["total"]["sum"]
-    lines.append(f"generated: {s['generated_tokens']} tokens in {gen_us:,} µs of device time"
+    gen_us = s["decode"]["phases"]["total"]["sum"]
+    lines.append(f"decode: {s['generated_tokens']} tokens in {gen_us:,} µs of device time"
                  + (f" = {tps:,.2f} tok/s" if tps else "") + f"  [{at}]")
-    pps = s["prompt_steps_per_s"]
-    if s["prompt"]["steps"]:
-        lines.append(f"prompt: {s['prompt']['steps']} steps in {s['prompt']['phases']['total']['sum']:,} µs"
-                     + (f" = {pps:,.2f} steps/s" if pps else "") + f"  [{at}]")
-    b = s["bytes_per_token"]
-    if b["flash"] is not None:
-        lines.append("bytes read per generated token: "
-                     + ", ".join(f"{tier} {b[tier]:,.0f}" for tier in TIERS) + f"  [{at}]")
+    pps = s["prefill_tok_per_s"]
+    if s["prefill"]["steps"]:
+        lines.append(f"prefill: {s['prefill']['steps']} prompt tokens in {s['prefill']['phases']['total']['sum']:,} µs"
+                     + (f" = {pps:,.2f} tok/s" if pps else "") + f"  [{at}]")
+    for grp in ("prefill", "decode"):
+        b = s[grp]["bytes"]
+        if b["flash"] is not None:
+            lines.append(f"bytes read per {grp} token: "
+                         + ", ".join(f"{tier} {b[tier]:,.0f}" for tier in TIERS) + f"  [{at}]")
     h = s.get("harness")
     if h is not None:
         hb, eb = h["harness_bytes_per_token"], s["bytes_per_token"]
-        lines.append("emulator harness, bytes the core read per generated token: "
+        lines.append("emulator harness, bytes the core read per decode token: "
                      + ", ".join(f"{tier} {hb[tier]:,.0f} (engine {eb[tier]:,.0f})" for tier in TIERS
                                  if hb[tier] is not None and eb[tier] is not None)
                      + f" — agree on {h['agree_steps']}/{h['steps']} steps")
-        lines.append(f"emulated cycles per generated token: p50 {_fmt(h['cycles_per_token']['p50'])} "
+        lines.append(f"emulated cycles per decode token: p50 {_fmt(h['cycles_per_token']['p50'])} "
                      f"({_fmt(h['emulated_us_per_token']['p50'])} µs emulated); emulator wall time per token: "
                      f"p50 {_fmt(h['wall_ms_per_token']['p50'], 1)} ms (host clock)")
     if s["device_total_us"] is not None:
@@ -360,6 +373,13 @@ def summary_renderables(result: RunResult) -> list:
     if result.interrupted:
         out.append(Text("interrupted: STOP sent, showing what arrived", style="yellow"))
     return out
+
+
+def _rows_cell(h: dict) -> str:
+    if h["mean"] is None:
+        return "–"
+    pct = f" ({h['pct_of_out_vocab']:.1f} %)" if h["pct_of_out_vocab"] is not None else ""
+    return f"{h['mean']:,.1f}{pct}"
 
 
 def print_summary(console, result: RunResult) -> None:
@@ -405,7 +425,7 @@ def _hello_dict(h) -> dict | None:
 
 def _token_dict(t) -> dict:
     return {"step": t.step, "pos": t.pos, "in_id": t.in_id, "out_id": t.out_id,
-            "kind": "prompt" if t.out_id is None else "generated",
+            "kind": "prefill" if t.out_id is None else "decode",
             "piece": bytes(t.piece).decode("utf-8", "replace"), "piece_hex": bytes(t.piece).hex(),
             "us": dict(zip(PHASES, map(int, t.us))), "total_us": step_total(t),
             "bytes_read": dict(zip(TIERS, map(int, t.bytes_read))), "head_rows": t.head_rows,
@@ -418,7 +438,8 @@ def result_dict(result: RunResult) -> dict:
         "format": "flashlm-run", "version": 1,
         "hello": _hello_dict(result.hello),
         "params": {"prompt_ids": list(result.prompt_ids), "max_new_tokens": result.max_new_tokens,
-                   "temperature": result.temperature, "top_p": result.top_p, "seed": result.seed},
+                   "temperature": result.temperature, "top_p": result.top_p, "seed": result.seed,
+                   "slide": bool(result.slide), "all_logits": bool(result.all_logits)},
         "done": None if d is None else {"steps": d.steps, "generated": d.generated, "reason": d.reason,
                                         "total_us": d.total_us, "phase_us": dict(zip(PHASES, map(int, d.phase_us)))},
         "text": result.text_bytes.decode("utf-8", "replace"),
@@ -468,7 +489,7 @@ def write_csv(result: RunResult, path) -> Path:
         if t is None:
             w.writerow({"step": step, "kind": "missing", "board": board, "clock": clock})
             continue
-        row = {"step": t.step, "pos": t.pos, "kind": "prompt" if t.out_id is None else "generated",
+        row = {"step": t.step, "pos": t.pos, "kind": "prefill" if t.out_id is None else "decode",
                "in_id": t.in_id, "out_id": "" if t.out_id is None else t.out_id,
                "piece": piece_repr(t.piece)[1:-1] if t.out_id is not None else "",
                "total_us": step_total(t), "head_rows": t.head_rows, "logits_crc": t.logits_crc, "board": board,
@@ -480,9 +501,11 @@ def write_csv(result: RunResult, path) -> Path:
 
 
 def plot_png(result: RunResult, path) -> Path:
-    """Stacked bars of per-phase device µs per step; prompt steps hatched and paler."""
+    """Stacked bars of per-phase device µs per step, prefill steps hatched and paler on a grey band;
+    a line (right axis) gives the output-layer rows each step computed, % of out_vocab."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     toks = sorted(result.tokens, key=lambda t: t.step)
@@ -490,8 +513,8 @@ def plot_png(result: RunResult, path) -> Path:
     fig = Figure(figsize=(min(18.0, max(7.0, 3.0 + 0.12 * n)), 4.8), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    groups = [("prompt", [t for t in toks if t.out_id is None]),
-              ("generated", [t for t in toks if t.out_id is not None])]
+    groups = [("prefill", [t for t in toks if t.out_id is None]),
+              ("decode", [t for t in toks if t.out_id is not None])]
     for kind, ts in groups:
         if not ts:
             continue
@@ -500,8 +523,8 @@ def plot_png(result: RunResult, path) -> Path:
         for i, p in enumerate(PHASES):
             vals = [float(t.us[i]) for t in ts]
             ax.bar(xs, vals, bottom=bottom, width=0.85, color=PHASE_COLORS[p],
-                   alpha=0.45 if kind == "prompt" else 0.95,
-                   hatch="//" if kind == "prompt" else None, edgecolor="white", linewidth=0.3)
+                   alpha=0.45 if kind == "prefill" else 0.95,
+                   hatch="//" if kind == "prefill" else None, edgecolor="white", linewidth=0.3)
             bottom = [b + v for b, v in zip(bottom, vals)]
     prompt_steps = [t.step for t in toks if t.out_id is None]
     if prompt_steps:
@@ -509,13 +532,22 @@ def plot_png(result: RunResult, path) -> Path:
     for s in result.missing_steps:
         ax.axvline(s, color="0.4", linestyle=":", linewidth=1)
     handles = [Patch(color=PHASE_COLORS[p], label=PHASE_HEADERS[p].replace(" µs", "")) for p in shown_phases(toks)]
-    handles.append(Patch(facecolor="white", edgecolor="0.3", hatch="//", label="prompt step"))
+    handles.append(Patch(facecolor="white", edgecolor="0.3", hatch="//", label="prefill step"))
+    out_vocab = result.hello.out_vocab if result.hello is not None else 0
+    if toks and out_vocab:
+        rows = ax.twinx()
+        rows.plot([t.step for t in toks], [100.0 * t.head_rows / out_vocab for t in toks], color="0.25",
+                  linewidth=1, marker=".", markersize=3)
+        rows.set_ylim(0, 105)
+        rows.set_ylabel("head rows, % of out_vocab")
+        handles.append(Line2D([], [], color="0.25", marker=".", label="head rows %"))
     if result.missing_steps:
         handles.append(Patch(facecolor="white", edgecolor="0.4", linestyle=":", label="lost step"))
     fig.legend(handles=handles, fontsize=8, ncol=len(handles), loc="lower center", frameon=False)
     s = summarize(result)
-    tps = f", {s['tokens_per_s']:,.1f} tok/s" if s["tokens_per_s"] else ""
-    ax.set_title(f"{result.board} — {result.clock}: device µs per step{tps}", fontsize=11)
+    tps = f", decode {s['tokens_per_s']:,.1f} tok/s" if s["tokens_per_s"] else ""
+    pps = f", prefill {s['prefill_tok_per_s']:,.1f} tok/s" if s["prefill_tok_per_s"] else ""
+    ax.set_title(f"{result.board} — {result.clock}: device µs per step{tps}{pps}", fontsize=11)
     ax.set_xlabel("step")
     ax.set_ylabel(f"µs ({result.clock})")
     ax.set_xlim(-0.75, n - 0.25)

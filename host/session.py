@@ -125,6 +125,8 @@ class RunResult:
     temperature: float = 0.0
     top_p: float = 0.0
     seed: int = 0
+    slide: bool = False                                  # GENERATE flag SLIDE: a full context slid its window
+    all_logits: bool = False                             # GENERATE flag ALL_LOGITS (or LOGITS): every step's whole head
     tokens: list = field(default_factory=list)          # protocol Token, in step order
     done: P.Done | None = None
     missing_steps: list[int] = field(default_factory=list)
@@ -327,8 +329,10 @@ class Session:
 
     def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_p: float = 0.0,
                  seed: int = 0, on_token: Callable | None = None, send_logits: bool = False,
-                 frame_timeout: float | None = None, resend: bool = True) -> RunResult:
-        """Send GENERATE, collect TOKEN frames until DONE.
+                 frame_timeout: float | None = None, resend: bool = True, slide: bool = False,
+                 all_logits: bool = False) -> RunResult:
+        """Send GENERATE, collect TOKEN frames until DONE. ``send_logits``, ``slide``, ``all_logits``
+        are the GENERATE flags (docs/formats.md section 2).
 
         With a device that answers RESEND (HELLO flag bit1; docs/formats.md section 2.1) every lost
         TOKEN, and a lost DONE, is asked for again while the device still keeps it; what cannot be
@@ -336,19 +340,19 @@ class Session:
         vanished port LinkLost, a board that restarted BoardReset (all carry ``.partial``).
         Ctrl-C sends STOP and returns what arrived."""
         run = self._start(prompt_ids, max_new_tokens, temperature, top_p, seed, on_token, send_logits,
-                          frame_timeout, resend)
+                          frame_timeout, resend, slide, all_logits)
         self._collect(run)
         return run.finish()
 
     def _start(self, prompt_ids, max_new_tokens, temperature, top_p, seed, on_token, send_logits,
-               frame_timeout, resend) -> "_Run":
+               frame_timeout, resend, slide=False, all_logits=False) -> "_Run":
         prompt_ids = [int(i) for i in prompt_ids]
         res = RunResult(hello=self.hello, prompt_ids=prompt_ids, max_new_tokens=int(max_new_tokens),
                         temperature=float(temperature), top_p=float(top_p), seed=int(seed),
-                        board_name=self.name)
+                        slide=bool(slide), all_logits=bool(all_logits or send_logits), board_name=self.name)
         msg = P.Generate(prompt_ids=prompt_ids, max_new_tokens=int(max_new_tokens),
                          temperature=float(temperature), top_p=float(top_p), seed=int(seed),
-                         send_logits=bool(send_logits))
+                         send_logits=bool(send_logits), slide=bool(slide), all_logits=bool(all_logits))
         run = _Run(self, res, msg, self.frame_timeout if frame_timeout is None else frame_timeout, on_token)
         if resend and self.hello is not None and self.hello.can_resend:
             run.generation = self._next_generation(res)
@@ -574,7 +578,8 @@ class Session:
                                top_p: float = 0.0, seed: int = 0, on_token: Callable | None = None,
                                send_logits: bool = False, frame_timeout: float | None = None,
                                reconnect: Callable | None = None, max_recoveries: int = 3,
-                               handshake_timeout: float = 5.0) -> RunResult:
+                               handshake_timeout: float = 5.0, slide: bool = False,
+                               all_logits: bool = False, after_handshake: Callable | None = None) -> RunResult:
         """``generate`` that survives a vanished port (LinkLost), a board that restarted
         (BoardReset) or went silent (LinkTimeout), and steps that could not be re-sent.
 
@@ -583,9 +588,11 @@ class Session:
         reconnect the host handshakes again and refuses to go on (ModelMismatch) if the board's
         model hash is not the one of the first handshake. If the device still keeps this
         generation it continues there (RESEND); otherwise the missing steps are generated again:
-        greedy runs resume from the prompt plus the tokens known so far, sampled runs replay from
-        the prompt with the same seed (the device's sampler is deterministic). Every step both runs
-        computed must agree (input id, logits CRC, output id), or BoardError. At most
+        greedy runs resume from the prompt plus the tokens known so far, sampled and sliding runs
+        replay from the prompt with the same seed (the device's sampler is deterministic; a slid
+        window is not the computation of a longer prompt). Every step both runs
+        computed must agree (input id, logits CRC, output id), or BoardError. ``after_handshake(hello)``
+        runs after every re-handshake (e.g. to send again a LAYOUT a restarted board forgot). At most
         ``max_recoveries`` recoveries; each is described in ``result.recoveries``."""
         if self.hello is None:
             raise BoardError("generate_with_recovery needs a handshake first (it checks the model hash)")
@@ -607,7 +614,7 @@ class Session:
                 try:
                     if run is None:
                         run = self._start(prompt, max_new, temperature, top_p, seed, show, send_logits,
-                                          frame_timeout, True)
+                                          frame_timeout, True, slide, all_logits)
                     self._collect(run)
                     part, err = run.finish(), None
                 except (LinkLost, BoardReset, LinkTimeout) as e:
@@ -627,6 +634,8 @@ class Session:
                       "last_step": max(seen) if seen else None}
                 if err is not None:
                     self._relink(reconnect, err, total, handshake_timeout, want)
+                    if after_handshake is not None:
+                        after_handshake(self.hello)
                     ev["board"] = self.hello.board
                     if (not isinstance(err, BoardReset) and run is not None and run.generation is not None
                             and self.hello.can_resend):
@@ -639,7 +648,7 @@ class Session:
                             ev["action"] = "continued the same generation (lost steps re-sent from the device)"
                             events.append(ev)
                             continue
-                prompt, max_new = _resume_point(total, prompt_ids, int(max_new_tokens), float(temperature))
+                prompt, max_new = _resume_point(total, prompt_ids, int(max_new_tokens), float(temperature), slide)
                 run = None
                 ev["action"] = (f"generated again (prompt + {len(prompt) - len(prompt_ids)} known tokens), "
                                 f"steps {len(prompt) - 1}..{len(prompt) + max_new - 2}")
@@ -685,7 +694,7 @@ class _Run:
         self.on_token = on_token
         n = len(gen_msg.prompt_ids)
         limit = n - 1 + int(gen_msg.max_new_tokens)
-        if session.hello is not None and session.hello.max_seq_len:
+        if session.hello is not None and session.hello.max_seq_len and not gen_msg.slide:
             limit = min(limit, int(session.hello.max_seq_len))
         self.max_steps = max(1, min(limit, 1 << 20))
         self.generation: int | None = None
@@ -742,17 +751,18 @@ class _Run:
 REFILL_WINDOW = 32   # the device's ring (FLM_TOKEN_RING): a refill that ends within it can be patched by RESEND
 
 
-def _resume_point(total: RunResult, prompt_ids: list[int], max_new: int, temperature: float):
+def _resume_point(total: RunResult, prompt_ids: list[int], max_new: int, temperature: float,
+                  slide: bool = False):
     """(prompt, max_new_tokens) of the generation that recomputes what ``total`` lacks.
 
     Greedy runs resume from the prompt plus the generated tokens known before the first gap;
-    sampled runs replay from the prompt (the seed restarts the sampler). Without the DONE the
+    sampled and sliding runs replay from the prompt (the seed restarts the sampler). Without the DONE the
     run goes to the end (the device's DONE is needed); with it, only as far as the last missing
     step within REFILL_WINDOW steps of the first, so every step the refill computes is still
     kept on the device when it ends, and a loss in the refill itself can be re-sent."""
     n = len(prompt_ids)
     prompt = list(prompt_ids)
-    if temperature <= 0:
+    if temperature <= 0 and not slide:
         by = {t.step: t for t in total.tokens}
         known, s = [], n - 1
         while s in by and by[s].out_id is not None:

@@ -45,3 +45,14 @@ def random_ple_model(seed: int = 0, **cfg) -> ModelIR:
             t = rng.standard_normal(shape) * (2.0 / np.sqrt(shape[1]))
         tensors[name] = t.astype(np.float32)
     return ModelIR(config, tensors, source=f"random PLE seed {seed}")
+
+
+def spread_head(ir: ModelIR, seed: int = 0, span: float = 3.0) -> ModelIR:
+    """The same model with its output layer's rows scaled by exp(-span * U[0, 1)) each: row norms
+    spread over a factor e^span, so a greedy step's pruned scan can stop early (in a trained model
+    a few rows dominate; random rows are all alike and need every row scanned)."""
+    name = "tok_embeddings" if ir.config.tied else "output"
+    w = ir.tensors[name]
+    scale = np.exp(-span * np.random.default_rng(seed).random(w.shape[0]))
+    ir.tensors[name] = (w * scale[:, None]).astype(np.float32)
+    return ir

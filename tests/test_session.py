@@ -204,8 +204,8 @@ def test_summary_numbers_from_device_clock(result):
     us = sum(sum(t.us) for t in gen)
     assert sm["tokens_per_s"] == pytest.approx(len(gen) / (us / 1e6))
     assert sm["clock"] == "emulated timer" and sm["board"] == "fakeboard"
-    assert sm["prompt"]["steps"] == len(PROMPT) - 1
-    assert sm["generated"]["phases"]["ffn"]["p50"] == R.percentile([t.us[2] for t in gen], 50)
+    assert sm["prefill"]["steps"] == len(PROMPT) - 1
+    assert sm["decode"]["phases"]["ffn"]["p50"] == R.percentile([t.us[2] for t in gen], 50)
     assert sm["bytes_per_token"]["psram"] == 0
     assert sm["missing_steps"] == [5]
     assert R.percentile([1, 2, 3, 4], 50) == 2.5 and R.percentile([], 50) is None
@@ -223,7 +223,7 @@ def test_json_csv_png_written(result, tmp_path):
     assert len(rows) == result.done.steps                     # one row per step, the lost one too
     assert [r["kind"] for r in rows].count("missing") == 1 and rows[5]["kind"] == "missing"
     r0 = rows[0]
-    assert r0["kind"] == "prompt" and int(r0["total_us"]) == sum(result.tokens[0].us)
+    assert r0["kind"] == "prefill" and int(r0["total_us"]) == sum(result.tokens[0].us)
     assert rows[-1]["clock"] == "emulated timer"
     nl = next(r for r in rows if r["out_id"] == "3") if any(r["out_id"] == "3" for r in rows) else None
     if nl is not None:
@@ -285,7 +285,7 @@ def test_ple_phase_shown_for_a_ple_model(connect):
     assert "PLE µs" in buf.getvalue() and [int(ln[-7]) for ln in lines] == [30 + t.step for t in res.tokens]
     R.print_summary(Console(file=(b2 := io.StringIO()), width=200), res)
     assert "PLE µs" in b2.getvalue()
-    assert R.summarize(res)["generated"]["phases"]["ple"]["sum"] == sum(t.us[3] for t in res.generated_steps)
+    assert R.summarize(res)["decode"]["phases"]["ple"]["sum"] == sum(t.us[3] for t in res.generated_steps)
 
 
 def test_protocol_v1_board_is_refused_with_the_fix(connect):
