@@ -9,7 +9,7 @@ Everything here mirrors firmware/engine/engine.c (and sampler.c) operation by op
   engine does not count (used for timing only). The output layer of a step (``head``) is the whole
   head ("full": sampled steps, ALL_LOGITS), none ("skip": a prompt step whose output is unused),
   or a greedy step's pruned scan of k rows (int k: k rows gathered in bound order, one gather
-  each, plus 8 bytes of ``head.prune`` per row). Predictions of greedy steps quote k = out_vocab
+  each, plus 8 bytes of ``head.prune`` per row and the 4-byte bound that stopped the scan). Predictions of greedy steps quote k = out_vocab
   by default: the **upper bound** (every record visited); the rows a real step visits depend on its
   activations and are reported per step (TOKEN head_rows);
 * ``compute_cycles(spec, pos)`` counts multiply-accumulates and float operations per phase;
@@ -316,7 +316,7 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
             u["logits"].add("sampling", n_out * 4 * 5, counted=False)
     else:       # engine.c flm_head_argmax: k records, k rows in bound order (each its own gather)
         u[hr.name].add("output", mode * hr.row_stride, rows=mode)
-        u["head.prune"].add("output", 8 * mode)
+        u["head.prune"].add("output", 8 * mode + (4 if mode < n_out else 0))    # + the bound that stopped it
         _act(u, "output", replace(hr, rows=mode))
     return u
 

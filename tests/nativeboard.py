@@ -103,7 +103,7 @@ def expected_bytes_read(qm, pos: int, head_rows: int | None = None, pruned: bool
     layer), this position's RoPE rows, and per head the K and V rows 0..pos; then the final norm and
     the head: all out_vocab rows (head_rows None; a tied head is the embedding's first out_vocab
     rows), none (head_rows 0: a prompt step that skips it), or head_rows rows of a pruned greedy scan
-    plus 8 bytes of head.prune each."""
+    plus 8 bytes of head.prune each and the 4-byte bound that stopped the scan (if it stopped)."""
     from converter.blob import build_blob, parse_header
     c = qm.config
     h = parse_header(build_blob(qm))
@@ -114,7 +114,8 @@ def expected_bytes_read(qm, pos: int, head_rows: int | None = None, pruned: bool
     mats = sum(e.length for e in h.entries if e.fmt in ("q8", "q4") and e.name not in gathered)
     norms = 2 * c.n_layers * c.dim * 4 + c.n_layers * (c.ple_dim + c.dim) * 4 * bool(c.ple_dim)
     rows = c.n_out if head_rows is None else head_rows
-    out = (c.dim * 4 if rows else 0) + rows * head.row_stride + (8 * rows if pruned else 0)
+    out = (c.dim * 4 if rows else 0) + rows * head.row_stride
+    out += (8 * rows + (4 if rows < c.n_out else 0)) if pruned else 0     # records, and the bound that stopped
     flash = (mats + emb.row_stride + (by["ple.table"].row_stride if c.ple_dim else 0) + norms + c.head_dim * 4
              + out)
     return flash, 0, c.n_layers * c.n_heads * 2 * (pos + 1) * c.head_dim * 4

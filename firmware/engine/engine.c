@@ -340,22 +340,17 @@ uint32_t flm_head_argmax(flm_state *s, flm_step_stats *st) {
     float best = 0.0f;
     uint32_t best_row = 0, n = 0;
     for (; n < m->n_out; n++) {   /* records: (u32 row, f32 bound), bound descending */
-        const uint32_t r = flm_rd32(rec + 8u * n), bb = flm_rd32(rec + 8u * n + 4u);
+        const uint32_t bb = flm_rd32(rec + 8u * n + 4u);
         float b;
         memcpy(&b, &bb, 4);
         if (n && prunable && best >= PRUNE_FLOOR && b * xm < best) break;   /* |logit| <= b ||x|| < best */
+        const uint32_t r = flm_rd32(rec + 8u * n);
         const float lg = flm_matvec_row(w, r, s->xq, s->xs);
         if (!n || lg > best || (lg == best && r < best_row)) { best = lg; best_row = r; }
     }
     st->head_rows = n;
     st->bytes[w->tier] += n * w->stride;
-    st->bytes[m->head_prune.tier] += n * 8u;
+    st->bytes[m->head_prune.tier] += n * 8u + (n < m->n_out ? 4u : 0u);   /* + the bound that stopped it */
     st->us[FLM_PH_OUTPUT] += (uint32_t)(hal_time_us() - t0);
     return best_row;
-}
-
-const float *flm_forward(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st) {
-    memset(st, 0, sizeof *st);
-    flm_body(s, token, pos, st);
-    return flm_head(s, st);
 }

@@ -56,6 +56,4 @@ uint32_t flm_head_argmax(flm_state *s, flm_step_stats *st);
 /* Sliding window: keep position 0, drop positions [1, 1 + n_drop), move the cached rows of
  * [1 + n_drop, seq_len) down by n_drop (K rows rotated back by n_drop positions). Timed as attention. */
 void flm_slide(flm_state *s, uint32_t n_drop, flm_step_stats *st);
-/* st zeroed, flm_body, flm_head: the logits[n_out] of token at pos. */
-const float *flm_forward(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st);
 #endif

@@ -5,7 +5,8 @@
  * read past the end is an ASan report).
  *   bit0: write the real size into total_size, bit1: write the right CRC-32 (so mutations get
  *   past the header checks to the table, section and tokenizer checks);
- *   bit2: when the image is accepted, run a few forward steps and the sampler on it.
+ *   bit2: when the image is accepted, run a few forward steps and the sampler on it (bit3: sample
+ *   the whole head, else the pruned greedy scan; bit4: top-p; bit5: slide the window at the end).
  * Oracle, beyond the sanitizers: a refusal is one NUL-terminated printable line; an accepted
  * image's pieces and tensors lie inside the image. */
 #include <stdio.h>
@@ -76,13 +77,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (arena && flm_state_init(&s, &m, arena, need, FLM_TIER_SRAM) == 0) {
             flm_rng rng;
             flm_rng_seed(&rng, mode);
-            uint32_t tok = 0, steps = m.seq_len < 3u ? m.seq_len : 3u;
-            for (uint32_t pos = 0; pos < steps; pos++) {
+            /* bit5: start at the last position, so the second step slides the window (as GENERATE
+             * with SLIDE does); the head is the whole one (then sampled) or the pruned greedy scan */
+            uint32_t tok = 0, pos = (mode & 32) && m.seq_len >= 3u ? m.seq_len - 1u : 0u;
+            for (uint32_t k = 0; k < 3u; k++, pos++) {
                 flm_step_stats st;
-                const float *logits = flm_forward(&s, tok, pos, &st);
-                tok = flm_sample(logits, m.n_out, (mode & 8) ? 0.8f : 0.0f, (mode & 16) ? 0.9f : 0.0f, &rng,
-                                 s.probs, s.idx);
-                if (tok >= m.n_out) { fprintf(stderr, "oracle: sampled token outside the output vocabulary\n"); abort(); }
+                memset(&st, 0, sizeof st);
+                if (pos >= m.seq_len) {
+                    if (m.seq_len < 3u) break;
+                    uint32_t n_drop = (m.seq_len - 1u) / 2u;
+                    flm_slide(&s, n_drop, &st);
+                    pos = m.seq_len - n_drop;
+                }
+                flm_body(&s, tok, pos, &st);
+                if (mode & 8) tok = flm_sample(flm_head(&s, &st), m.n_out, 0.8f, (mode & 16) ? 0.9f : 0.0f, &rng,
+                                               s.probs, s.idx);
+                else tok = flm_head_argmax(&s, &st);
+                if (tok >= m.n_out || st.head_rows > m.n_out) {
+                    fprintf(stderr, "oracle: token or head rows outside the output vocabulary\n");
+                    abort();
+                }
             }
         }
         free(arena);

@@ -17,7 +17,7 @@ FUZZ_MODEL = dict(seed=7, dim=16, n_heads=2, n_kv_heads=1, hidden_dim=24, vocab_
 def models() -> dict[str, bytes]:
     from converter.blob import build_blob
     from converter.quantize import quantize
-    from modelzoo import random_ple_model, random_model
+    from modelzoo import random_ple_model, random_model, spread_head
     out = {}
     _, ir = random_model(**FUZZ_MODEL)
     out["app_q8"] = build_blob(quantize(ir, "q8", 8))
@@ -28,6 +28,9 @@ def models() -> dict[str, bytes]:
     ple = random_ple_model(seed=9, dim=16, n_heads=2, n_kv_heads=1, hidden_dim=24, vocab_size=24, max_seq_len=12,
                            n_layers=2, ple_dim=6, tied=False, out_vocab=17)
     out["ple_q4_f16"] = build_blob(quantize(ple, "q4", 8, ["ple.proj=q8:5"], scales="f16"))
+    # an int8 KV cache (head_dim 6: padded rows), a head whose row norms differ (the greedy scan stops early)
+    _, ir3 = random_model(**{**FUZZ_MODEL, "seed": 10, "dim": 12, "n_kv_heads": 2})
+    out["int8_kv_spread_head"] = build_blob(quantize(spread_head(ir3), "q8", 6), kv="int8")
     return out
 
 

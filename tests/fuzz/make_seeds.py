@@ -19,7 +19,7 @@ from make_blob import FUZZ_MODEL, models  # noqa: E402
 from host import protocol as P  # noqa: E402
 
 REC, RAW_KIND, LAYOUT_AUTO = 1, 0xFF, 0xFE
-N_ENTRIES = 14
+N_ENTRIES = 15     # table entries of FUZZ_MODEL's blob (head.prune included)
 
 
 def rec(kind: int, payload: bytes = b"") -> bytes:
@@ -58,6 +58,17 @@ def app_seeds() -> dict[str, bytes]:
         b"", struct.pack("<III", 0, 0, 3) + b"\0\0\0", struct.pack("<III", 1, 0, N_ENTRIES) + bytes(N_ENTRIES),
         struct.pack("<III", 0, 0, N_ENTRIES) + bytes([7] * N_ENTRIES))) \
         + rec(LAYOUT_AUTO, struct.pack("<I", 0xF0000) + bytes(N_ENTRIES))
+    # GENERATE flags: slide (past the context of 12), all logits, both, logits + slide, an unknown bit
+    s["generate_slide"] = bytes([REC]) + rec(2, gen([1, 2, 3], 30, flags=2)) + rec(1)
+    s["generate_slide_sampled_all"] = bytes([REC]) + rec(2, gen([4, 5], 0xFFFFFFFF, 0.7, 0.9, 5, flags=6)) + rec(4)
+    s["generate_all_logits"] = bytes([REC]) + rec(2, gen([1, 2, 3], 5, flags=4)) + rec(2, gen([6], 3, flags=7))
+    s["generate_bad_flags"] = bytes([REC]) + rec(2, gen([1], 2, flags=8)) + rec(2, gen([1], 2, flags=0xFFFFFFFF))
+    # the KV cache format through LAYOUT: int8, int8 with the state in PSRAM, an unknown format
+    s["layout_kv_int8"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0x1000) + bytes(N_ENTRIES)) \
+        + rec(2, gen([1, 2], 20, flags=2))
+    s["layout_kv_int8_psram"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0x1111) + bytes([1] * N_ENTRIES)) \
+        + rec(2, gen([3], 4, 0.5, 0.0, 1, 1))
+    s["layout_kv_bad"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0x2000) + bytes(N_ENTRIES)) + rec(1)
     s["unknown_types"] = bytes([REC]) + rec(0x00) + rec(0x81, b"hello?") + rec(0x7F, b"x" * 40) + rec(1)
     s["raw_junk_then_frames"] = bytes([REC]) + rec(RAW_KIND, b"\xff\xfe junk\r\n\x00\x05\x00") + rec(1) \
         + rec(RAW_KIND, b"\x02\x02\x00") + rec(2, gen([2], 2))
@@ -77,7 +88,7 @@ def app_seeds() -> dict[str, bytes]:
 def blob_seeds() -> dict[str, bytes]:
     s = {}
     for name, blob in models().items():
-        for mode in (0, 3, 7, 15, 31):
+        for mode in (0, 3, 7, 15, 31, 39):
             s[f"{name}_m{mode}"] = bytes([mode]) + blob
     return s
 
