@@ -231,7 +231,7 @@ class LiveView:
 
     def _row(self, t, phases) -> list[str]:
         return ([str(t.step), str(t.pos)] + [f"{t.us[PHASES.index(p)]:,}" for p in phases] + [f"{step_total(t):,}"]
-                + [f"{b:,}" for b in t.bytes_read])
+                + [f"{b:,}" for b in t.bytes_read] + [f"{t.head_rows:,}"])
 
     def render(self):
         from rich.console import Group
@@ -250,6 +250,7 @@ class LiveView:
         table.add_column("total µs", justify="right", style="bold")
         for tier in TIERS:
             table.add_column(f"{tier} B", justify="right")
+        table.add_column("head rows", justify="right")
         rows = self.max_rows or max(5, (self.console.size.height or 30) - 12)
         for t in self.tokens[-rows:]:
             r = self._row(t, phases)
@@ -276,13 +277,13 @@ class LiveView:
             head = (f"{'step':>5} {'pos':>5} {'token':<16} "
                     + " ".join(f"{PHASE_HEADERS[p]:>14}" for p in self._line_phases)
                     + f" {'total µs':>10} " + " ".join(f"{tier + ' B':>10}" for tier in TIERS)
-                    + f"   [{where(self.hello)}]")
+                    + f" {'head rows':>9}   [{where(self.hello)}]")
             self.console.print(head, markup=False, highlight=False, soft_wrap=True)
         n = len(self._line_phases)
         r = self._row(t, self._line_phases)
         tok = self._token_cell(t).plain
         line = (f"{r[0]:>5} {r[1]:>5} {tok[:16]:<16} " + " ".join(f"{v:>14}" for v in r[2:2 + n])
-                + f" {r[2 + n]:>10} " + " ".join(f"{v:>10}" for v in r[3 + n:]))
+                + f" {r[2 + n]:>10} " + " ".join(f"{v:>10}" for v in r[3 + n:-1]) + f" {r[-1]:>9}")
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def __enter__(self) -> "LiveView":

@@ -7,7 +7,7 @@ import pytest
 from converter.blob import read_blob
 from converter.ir import Tokenizer
 from converter.llama2c import write_llama2c
-from converter.reference import FLAG_LOGITS, NO_TOKEN, generate
+from converter.reference import FLAG_ALL_LOGITS, NO_TOKEN, generate
 from converter.tokenizer import write_tokenizer_bin
 from host.cli import main
 from modelzoo import random_model
@@ -23,24 +23,32 @@ def llama2c_files(tmp_path_factory):
     return d
 
 
-@pytest.mark.parametrize("fmt,temperature,top_p,seed", [("q8", 0.0, 0.0, 0), ("q4", 0.9, 0.95, 77)])
-def test_cli_run_native_streams_the_reference_tokens(llama2c_files, tmp_path, capsys, fmt, temperature, top_p, seed):
+@pytest.mark.parametrize("fmt,temperature,top_p,seed,all_logits", [("q8", 0.0, 0.0, 0, True), ("q4", 0.9, 0.95, 77, True),
+                                                                    ("q8", 0.0, 0.0, 0, False)])
+def test_cli_run_native_streams_the_reference_tokens(llama2c_files, tmp_path, capsys, fmt, temperature, top_p, seed,
+                                                     all_logits):
+    """Every step's logits CRC with --all-logits; the default mode's head rows and CRCs (prompt steps
+    without the head, greedy steps pruned) otherwise."""
     out = tmp_path / "model"
     assert main(["convert", str(llama2c_files / "model.bin"), "--tokenizer", str(llama2c_files / "tok.bin"),
                  "-o", str(out), "--format", fmt, "--group-size", "16"]) == 0
     prompt = [1, 10, 20, 30]
     rc = main(["run", "--board", "native", "--model", str(out), "--prompt-ids", ",".join(map(str, prompt)),
                "--max-tokens", "33", "--temperature", str(temperature), "--top-p", str(top_p),
-               "--seed", str(seed), "--csv", str(tmp_path / "run.csv"), "--json", str(tmp_path / "run.json")])
+               "--seed", str(seed), "--csv", str(tmp_path / "run.csv"), "--json", str(tmp_path / "run.json")]
+              + (["--all-logits"] if all_logits else []))
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     rows = list(csv.DictReader((tmp_path / "run.csv").open()))
-    ref = generate(read_blob(out / "model.flmb"), prompt, 33, temperature, top_p, seed, flags=FLAG_LOGITS)
+    ref = generate(read_blob(out / "model.flmb"), prompt, 33, temperature, top_p, seed,
+                   flags=FLAG_ALL_LOGITS if all_logits else 0)
     eos_stop = ref[-1]["out_id"] == 2
     assert len(rows) == len(ref) and (eos_stop or len(ref) == 36)
     for row, r in zip(rows, ref):
         assert int(row["in_id"]) == r["in_id"]
         assert (int(row["out_id"]) if row["out_id"] else NO_TOKEN) == r["out_id"]
-        assert int(row["logits_crc"]) == zlib.crc32(r["logits"].tobytes())
+        assert (int(row["logits_crc"]), int(row["head_rows"])) == (r["logits_crc"], r["head_rows"])
+        if all_logits:
+            assert r["logits_crc"] == zlib.crc32(r["logits"].tobytes())
         assert row["board"] == "native" and row["clock"] == "host clock"
     assert "Traceback" not in captured.err

@@ -109,7 +109,7 @@ def head_of(ir):
 def adversarial_model(case: str, variant: str):
     """The case's model with its head made hostile: spread row norms (pruning stops early), rows
     duplicated (ties: the first maximum must win), a common component shared by every row (negative
-    maxima), or a final norm so small that X2 falls below the underflow floor."""
+    maxima), a final norm so small that X2 falls below the underflow floor, or far from 1 (scaled)."""
     make, fmt, g, ov, scales = CASES[case]
     ir = make()
     name, n_out = head_of(ir), ir.config.n_out
@@ -124,7 +124,11 @@ def adversarial_model(case: str, variant: str):
         w += 4.0 * np.abs(np.random.default_rng(1).standard_normal(w.shape[1])).astype(F)
     if variant == "tiny":
         ir.tensors["norm"] = np.full_like(ir.tensors["norm"], 1e-25)
-    return quantize(ir, fmt, g, ov, scales=scales)
+    if variant == "scaled":      # ||x|| ~ 1e14, head rows ~ 1e-12: Xm far from the logits' scale
+        spread_head(ir, seed=len(case))
+        ir.tensors["norm"] = ir.tensors["norm"] * F(1e12)
+        ir.tensors[name] = ir.tensors[name] * F(1e-12)
+    return quantize(ir, fmt, g, ov, scales="f32" if variant == "scaled" else scales)
 
 
 def activations(qm, rng) -> dict[str, np.ndarray]:
@@ -155,7 +159,7 @@ def run_checker(exe, blob_path, xs, n_out):
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")   # x / 1e-25 squared: inf, as in C
-@pytest.mark.parametrize("variant", ["spread", "ties", "common", "tiny"])
+@pytest.mark.parametrize("variant", ["spread", "ties", "common", "tiny", "scaled"])
 @pytest.mark.parametrize("case", CASES)
 def test_engine_pruned_head_equals_full_scan_and_reference(prune_checker, tmp_path, case, variant):
     qm = adversarial_model(case, variant)
@@ -179,7 +183,7 @@ def test_engine_pruned_head_equals_full_scan_and_reference(prune_checker, tmp_pa
         assert ref.logits(x).max() < 0 and ref.argmax(x)[1] == c.n_out
     if variant == "tiny":    # X2 under the floor: the scan never stops early
         assert not any(stopped)
-    if variant in ("spread", "ties"):
+    if variant in ("spread", "ties", "scaled"):
         assert any(stopped), "pruning never stopped early: the test would prove nothing"
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from converter.blob import build_blob, parse_header
 from converter.quantize import quantize
-from converter.reference import FLAG_LOGITS, NO_TOKEN, generate
+from converter.reference import FLAG_ALL_LOGITS, FLAG_LOGITS, NO_TOKEN, generate
 from emuboard import BOARD, emu_link, image_for, require_emulator
 from firmware.build import BuildError, build_firmware
 from host.protocol import Error, Hello, Log
@@ -203,10 +203,11 @@ def test_cli_run_board_rp2040_emu(tmp_path, build_root, capsys):
                  "--group-size", "16", "--no-report"]) == 0
     prompt = [1, 10, 20]
     rc = main(["run", "--board", BOARD, "--model", str(out), "--prompt-ids", ",".join(map(str, prompt)),
-               "--max-tokens", "8", "--csv", str(tmp_path / "run.csv"), "--json", str(tmp_path / "run.json")])
+               "--max-tokens", "8", "--csv", str(tmp_path / "run.csv"), "--json", str(tmp_path / "run.json"),
+               "--all-logits"])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
-    ref = generate(read_blob(out / "model.flmb"), prompt, 8, flags=FLAG_LOGITS)
+    ref = generate(read_blob(out / "model.flmb"), prompt, 8, flags=FLAG_ALL_LOGITS)
     rows = list(csv.DictReader((tmp_path / "run.csv").open()))
     assert len(rows) == len(ref)
     for row, r in zip(rows, ref):

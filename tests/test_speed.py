@@ -218,3 +218,52 @@ def test_emulated_rp2040_int8_kv_slide_pruned(tmp_path):
     assert any(t.head_rows < qm.config.n_out for t in pruned) and any(t.pos < p.pos for p, t in zip(pruned, pruned[1:]))
     assert all(t.head_rows == 0 and t.us[OUTPUT] == 0 for t in steps[0][:len(prompt) - 1])
     assert NO_TOKEN not in [t.out_id for t in pruned]
+
+
+# ---------------------------------------------------------------------------------------------
+# the CLI and the report: --kv, --slide, prefill vs decode
+
+def test_cli_convert_kv_run_slide_and_the_prefill_decode_report(tmp_path, capsys):
+    import csv
+    import json
+
+    from converter.blob import read_blob, read_header
+    from converter.torch_import import save_checkpoint
+    from host.cli import main
+    model, _ = random_model(seed=50, max_seq_len=16)
+    save_checkpoint(tmp_path / "m.pt", model)
+    out = tmp_path / "model"
+    assert main(["convert", str(tmp_path / "m.pt"), "-o", str(out), "--kv", "int8", "--no-report"]) == 0
+    assert kv_format(read_header(out / "model.flmb").state_tiers) == "int8"
+    assert json.loads((out / "manifest.json").read_text())["kv"] == "int8"
+    qm = read_blob(out / "model.flmb")
+    prompt = [1, 2, 3, 4]
+    for kv in (None, "f32"):
+        args = ["run", "--board", "native", "--model", str(out), "--prompt-ids", ",".join(map(str, prompt)),
+                "--max-tokens", "30", "--slide", "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv"),
+                "--png", str(tmp_path / "r.png")] + (["--kv", kv] if kv else [])
+        rc = main(args)
+        cap = capsys.readouterr()
+        assert rc == 0, cap.err
+        ref = generate(qm, prompt, 30, flags=FLAG_SLIDE, kv=kv or "int8")
+        rows = list(csv.DictReader((tmp_path / "r.csv").open()))
+        assert [(r["kind"], int(r["head_rows"]), int(r["logits_crc"]), int(r["pos"])) for r in rows] == [
+            ("prefill" if x["out_id"] == NO_TOKEN else "decode", x["head_rows"], x["logits_crc"], x["pos"]) for x in ref]
+        assert len(rows) == 33 > qm.config.max_seq_len
+        d = json.loads((tmp_path / "r.json").read_text())
+        sm = d["summary"]
+        assert d["params"]["slide"] and not d["params"]["all_logits"] and sm["flags"]["slide"]
+        assert sm["prefill"]["steps"] == 3 and sm["decode"]["steps"] == 30
+        assert sm["prefill"]["head_rows"]["pct_of_out_vocab"] == 0 and sm["prefill"]["phases"]["output"]["sum"] == 0
+        assert 0 < sm["decode"]["head_rows"]["pct_of_out_vocab"] <= 100
+        assert sm["prefill_tok_per_s"] > 0 and sm["tokens_per_s"] > 0
+        assert "prefill: 3 prompt tokens" in cap.out and "head rows (% of out_vocab)" in cap.out
+        assert (tmp_path / "r.png").stat().st_size > 1000
+    assert "KV cache f32: layout" in cap.out
+    # plan --kv int8 --apply: the header records the format, the layout id changes
+    rc = main(["plan", str(out), "--board", "native", "--flash-only", "--apply", "--png", str(tmp_path / "p.png")])
+    assert rc == 0 and kv_format(read_header(out / "model.flmb").state_tiers) == "f32"
+    rc = main(["plan", str(out), "--board", "native", "--flash-only", "--kv", "int8", "--apply",
+               "--png", str(tmp_path / "p.png")])
+    assert rc == 0 and kv_format(read_header(out / "model.flmb").state_tiers) == "int8"
+    assert "upper bound" in capsys.readouterr().out

@@ -171,8 +171,8 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
         for (int k = 0; k < layer_tensors(m); k++)
             if (!layer_slot(&m->layers[l], k)->data)
                 return fail(err, en, "image lacks a layer tensor: ", LAYER_NAMES[k], l, 1);
-    for (uint32_t i = 0; i < m->n_out; i++)   /* the greedy scan reads head row `row` of each record */
-        if (flm_rd32(m->head_prune.data + 8u * i) >= m->n_out || !(rdf(m->head_prune.data + 8u * i + 4u) >= 0.0f))
+    for (uint32_t i = 0; i < m->n_out; i++)   /* each record's row is read; its bound must be +0..+inf */
+        if (flm_rd32(m->head_prune.data + 8u * i) >= m->n_out || flm_rd32(m->head_prune.data + 8u * i + 4u) > 0x7f800000u)
             return fail(err, en, "head.prune record names no head row or has a bad bound:", 0, i, 1);
     flm_blob_tie_head(m);
     m->min_group = 1024u;

@@ -336,17 +336,38 @@ uint32_t flm_head_argmax(flm_state *s, flm_step_stats *st) {
     }
     const float xm = flm_sqrtf(x2) * PRUNE_MARGIN;
     const int prunable = x2 >= PRUNE_FLOOR;
-    const uint8_t *rec = m->head_prune.data;
+    /* records: (u32 row, f32 bound), bound descending; 8-byte records in a 64-aligned section */
+    const uint32_t *rec = (const uint32_t *)(const void *)m->head_prune.data;
     float best = 0.0f;
-    uint32_t best_row = 0, n = 0;
-    for (; n < m->n_out; n++) {   /* records: (u32 row, f32 bound), bound descending */
-        const uint32_t bb = flm_rd32(rec + 8u * n + 4u);
-        float b;
-        memcpy(&b, &bb, 4);
-        if (n && prunable && best >= PRUNE_FLOOR && b * xm < best) break;   /* |logit| <= b ||x|| < best */
-        const uint32_t r = flm_rd32(rec + 8u * n);
+    uint32_t best_row = 0, best_bits = 0, hi = 0, armed = 0, n = 0;
+    for (; n < m->n_out; n++) {
+        /* stop when b * xm < best (|logit| <= b ||x|| < best). Bounds are >= +0 (checked at boot),
+         * so float order is the order of the bit patterns; while b >= hi = (best / xm)(1 + 2^-20)
+         * (a normal number) the product cannot fall below best (its three roundings lose less
+         * than 2^-22), so only records below hi pay the multiply: the same test, cheap on cores
+         * without an FPU. */
+        const uint32_t bb = rec[2u * n + 1u];
+        if (armed && bb < hi) {
+            float b, p;
+            uint32_t pb;
+            memcpy(&b, &bb, 4);
+            p = b * xm;
+            memcpy(&pb, &p, 4);
+            if (pb < best_bits) break;   /* p >= 0 and best > 0: p < best */
+        }
+        const uint32_t r = rec[2u * n];
         const float lg = flm_matvec_row(w, r, s->xq, s->xs);
-        if (!n || lg > best || (lg == best && r < best_row)) { best = lg; best_row = r; }
+        if (!n || lg > best || (lg == best && r < best_row)) {
+            best = lg;
+            best_row = r;
+            armed = prunable && best >= PRUNE_FLOOR;   /* the guards of the proof */
+            if (armed) {   /* a subnormal quotient is not relatively accurate: then test every record */
+                const float t = best / xm * 0x1.00001p+0f;
+                memcpy(&best_bits, &best, 4);
+                memcpy(&hi, &t, 4);
+                if (!(t >= 0x1p-100f)) hi = 0xFFFFFFFFu;
+            }
+        }
     }
     st->head_rows = n;
     st->bytes[w->tier] += n * w->stride;

@@ -1,0 +1,214 @@
+"""``python -m bench.speed``: what the engine's speed work does on the shipped model
+(models/default), measured in one run and printed, never asserted.
+
+* native board (host clock) and emulated RP2040 (emulated timer, rp2040js cycle counts): output
+  phase µs per decode token with the whole head (GENERATE flag ALL_LOGITS) and with the pruned
+  greedy scan, and the share of head rows the pruned scan visits on a real prompt;
+* prefill of a ~20-token prompt: device µs of its prefill steps with the head (ALL_LOGITS: what
+  every prompt step did before) and without it (the default);
+* the int8 KV cache (switched by LAYOUT): attention µs per decode token beside the f32 cache, KV
+  bytes stored per position and KV bytes read per decode token (the engine's own counters);
+* the int4 head (``--quant head=q4``): output µs, flash bytes per token, rows visited;
+* quality through the NumPy reference: eval loss and perplexity on the held-out text
+  (models/default/eval.txt) with an f32 vs int8 KV cache and a q8 vs q4 head, over the first
+  ``--eval-windows`` 128-token windows (the reference runs ~30 ms a token; the whole text is 502
+  windows).
+
+``--json FILE`` writes the figures. Timings come from the firmware's clock; each line names it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from converter.blob import write_blob
+from converter.footprint import kv_row_bytes
+from converter.load import load_model
+from converter.quantize import quantize
+from converter.reference import Reference
+from converter.tokenizer import encode
+from firmware.build import build_firmware
+from host.cli import kv_layout
+from host.protocol import Link
+from host.session import Session, open_port
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "models" / "default"
+LONG_PROMPT = "ROMEO:\nWhat light through yonder window breaks?"
+PREFILL_PROMPT = "HAMLET.\nTo be, or not to be, that is the question:"      # 23 tokens with <|bos|>
+OUT, ATTN, SAMPLE = 4, 1, 5      # phase indices (host.protocol.PHASES)
+
+
+def _median(xs) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def board_figures(board: str, qm, work: Path, new_tokens: int, rounds: int) -> dict:
+    """The runs on one board, repeated ``rounds`` times in turn (so a busy host slows all alike):
+    whole head vs pruned, prefill with and without the head, f32 vs int8 KV cache (LAYOUT)."""
+    tok = qm.tokenizer
+    long_ids = list(encode(tok, LONG_PROMPT, bos=True))
+    pre_ids = list(encode(tok, PREFILL_PROMPT, bos=True))
+    blob = work / "model.flmb"
+    write_blob(qm, blob)
+    fw = build_firmware(board, work / f"fw-{board}", blob)
+    if board == "native":
+        from host.virtual import start_native_board as start
+        ctx = start(fw.binary, blob)
+    else:
+        from host.virtual import start_emulated_board
+        ctx = start_emulated_board(fw.binary, blob, board=board, timeout=60)
+    n_out = qm.config.n_out
+    with ctx as vb:
+        ser = open_port(vb.port)
+        try:
+            s = Session(Link(ser), frame_timeout=120)
+            hello = s.handshake(timeout=60)
+            runs: dict = {k: [] for k in ("full", "pruned", "pre_full", "pre_skip", "int8")}
+            for _ in range(rounds):
+                s.set_layout(*kv_layout(blob, "f32"))
+                runs["full"].append(s.generate(long_ids, new_tokens, all_logits=True))
+                runs["pruned"].append(s.generate(long_ids, new_tokens))
+                runs["pre_full"].append(s.generate(pre_ids, 1, all_logits=True))
+                runs["pre_skip"].append(s.generate(pre_ids, 1))
+                s.set_layout(*kv_layout(blob, "int8"))
+                runs["int8"].append(s.generate(long_ids, new_tokens))
+        finally:
+            ser.close()
+    for f, p in zip(runs["full"], runs["pruned"]):
+        assert [t.out_id for t in f.generated_steps] == [t.out_id for t in p.generated_steps], \
+            "the pruned head chose other tokens than the whole head"
+    dec_f, dec_p, dec_8 = ([t for r in runs[k] for t in r.generated_steps] for k in ("full", "pruned", "int8"))
+    c = qm.config
+    ids_f32 = [t.out_id for t in runs["pruned"][0].generated_steps]
+    ids_i8 = [t.out_id for t in runs["int8"][0].generated_steps]
+    diverge = next((i for i, (a, b) in enumerate(zip(ids_f32, ids_i8)) if a != b), None)
+
+    def prefill(key):
+        per = [(sum(sum(t.us) for t in r.prompt_steps), sum(t.us[OUT] for t in r.prompt_steps)) for r in runs[key]]
+        return dict(steps=len(runs[key][0].prompt_steps), total_us=_median([a for a, _ in per]),
+                    output_us=_median([b for _, b in per]))
+
+    return dict(
+        board=hello.board, clock=hello.clock_name, prompt_tokens=len(long_ids), rounds=rounds,
+        decode_steps=len(runs["pruned"][0].generated_steps),
+        # the head and the argmax: a whole head's argmax is the sampling phase, the pruned scan's is its own
+        output_us_full=_median([t.us[OUT] + t.us[SAMPLE] for t in dec_f]),
+        output_us_pruned=_median([t.us[OUT] + t.us[SAMPLE] for t in dec_p]),
+        token_us_full=_median([sum(t.us) for t in dec_f]), token_us_pruned=_median([sum(t.us) for t in dec_p]),
+        head_rows_pct=100.0 * statistics.mean(t.head_rows for t in dec_p) / n_out,
+        head_rows_min_pct=100.0 * min(t.head_rows for t in dec_p) / n_out,
+        flash_bytes_full=_median([t.bytes_read[0] for t in dec_f]),
+        flash_bytes_pruned=_median([t.bytes_read[0] for t in dec_p]),
+        prefill_prompt_tokens=len(pre_ids), prefill_with_head=prefill("pre_full"),
+        prefill_without_head=prefill("pre_skip"),
+        attention_us_f32=_median([t.us[ATTN] for t in dec_p]), attention_us_int8=_median([t.us[ATTN] for t in dec_8]),
+        kv_read_per_token_f32=_median([t.bytes_read[2] for t in dec_p]),
+        kv_read_per_token_int8=_median([t.bytes_read[2] for t in dec_8]),
+        kv_stored_per_position_f32=2 * c.n_layers * c.n_kv_heads * kv_row_bytes(c, "f32"),
+        kv_stored_per_position_int8=2 * c.n_layers * c.n_kv_heads * kv_row_bytes(c, "int8"),
+        int8_first_divergence=diverge,
+    )
+
+
+def eval_ids() -> list[int]:
+    from converter.corpus import split_docs
+    from converter.train import encode_docs, tokenizer_from_json
+    tok = tokenizer_from_json((MODEL / "tokenizer.json").read_text(encoding="utf-8"))
+    docs = split_docs((MODEL / "eval.txt").read_text(encoding="utf-8"))
+    return [int(i) for i in encode_docs(tok, docs)]
+
+
+def eval_loss(qm, ids: list[int], windows: int, kv: str) -> dict:
+    """Mean next-token cross-entropy (nats) of the reference over consecutive max_seq_len windows
+    (each from an empty cache, as converter.train.evaluate cuts them)."""
+    T = qm.config.max_seq_len
+    total, n = 0.0, 0
+    for w in range(windows):
+        seq = ids[w * T: w * T + T + 1]
+        if len(seq) < 2:
+            break
+        ref = Reference(qm, kv)
+        for p in range(len(seq) - 1):
+            lg = ref.forward(seq[p], p).astype(np.float64)
+            m = lg.max()
+            total += m + math.log(np.exp(lg - m).sum()) - lg[seq[p + 1]]
+            n += 1
+    return dict(loss=total / n, ppl=math.exp(total / n), tokens=n)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.speed", description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=96, help="decode tokens on the native board (default 96)")
+    ap.add_argument("--rounds", type=int, default=5, help="repetitions of each native run, interleaved (default 5)")
+    ap.add_argument("--emu-tokens", type=int, default=10, help="decode tokens on the emulated RP2040 (default 10)")
+    ap.add_argument("--eval-windows", type=int, default=16, help="128-token windows of eval.txt (default 16)")
+    ap.add_argument("--no-emu", action="store_true", help="skip the emulated RP2040")
+    ap.add_argument("--json", metavar="FILE")
+    a = ap.parse_args(argv)
+    ir = load_model(MODEL / "model.pt")
+    q8 = quantize(ir, "q8", 32)
+    q4head = quantize(ir, "q8", 32, ["head=q4"])
+    out: dict = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "model": str(MODEL.relative_to(ROOT))}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for name, qm, board, n, rounds in (("native_q8", q8, "native", a.tokens, a.rounds),
+                                           ("native_q8_head_q4", q4head, "native", a.tokens, a.rounds),
+                                           ("rp2040_emu_q8", q8, "rp2040-emu", a.emu_tokens, 1)):
+            if board != "native" and a.no_emu:
+                continue
+            (work / name).mkdir()
+            t0 = time.monotonic()
+            out[name] = board_figures(board, qm, work / name, n, rounds)
+            out[name]["wall_s"] = time.monotonic() - t0
+            _print_board(name, out[name])
+    ids = eval_ids()
+    t0 = time.monotonic()
+    out["eval"] = {"windows": a.eval_windows, "of_tokens": len(ids) - 1,
+                   "q8_f32kv": eval_loss(q8, ids, a.eval_windows, "f32"),
+                   "q8_int8kv": eval_loss(q8, ids, a.eval_windows, "int8"),
+                   "q8_head_q4_f32kv": eval_loss(q4head, ids, a.eval_windows, "f32")}
+    e = out["eval"]
+    print(f"\nquality (NumPy reference, first {e['windows']} windows of 128 tokens = {e['q8_f32kv']['tokens']:,} of "
+          f"{e['of_tokens']:,} eval tokens of {out['model']}/eval.txt; {time.monotonic() - t0:.0f} s host time):")
+    base = e["q8_f32kv"]
+    for k, label in (("q8_f32kv", "q8 weights, f32 KV cache"), ("q8_int8kv", "q8 weights, int8 KV cache"),
+                     ("q8_head_q4_f32kv", "q8 weights, q4 head, f32 KV")):
+        r = e[k]
+        print(f"  {label:30s} loss {r['loss']:.4f} nats/token, ppl {r['ppl']:.3f}  "
+              f"(delta {r['loss'] - base['loss']:+.4f} nats)")
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+        print(f"wrote {a.json}")
+    return 0
+
+
+def _print_board(name: str, f: dict) -> None:
+    pf, ps = f["prefill_with_head"], f["prefill_without_head"]
+    print(f"\n{name}: board {f['board']}, {f['clock']}; {f['prompt_tokens']}-token prompt, {f['decode_steps']} decode "
+          f"steps, {f['rounds']} round(s) (medians)")
+    print(f"  output + sampling per decode token: whole head {f['output_us_full']:,.0f} µs, pruned {f['output_us_pruned']:,.0f} "
+          f"µs (x{f['output_us_pruned'] / max(f['output_us_full'], 1):.3f}); token {f['token_us_full']:,.0f} -> "
+          f"{f['token_us_pruned']:,.0f} µs")
+    print(f"  head rows the pruned scan visits: {f['head_rows_pct']:.1f} % of out_vocab on average "
+          f"(fewest {f['head_rows_min_pct']:.1f} %); flash bytes per token {f['flash_bytes_full']:,.0f} -> "
+          f"{f['flash_bytes_pruned']:,.0f}")
+    print(f"  prefill of a {f['prefill_prompt_tokens']}-token prompt ({pf['steps']} prefill steps): with the head "
+          f"{pf['total_us']:,.0f} µs (output {pf['output_us']:,.0f}), without {ps['total_us']:,.0f} µs (output "
+          f"{ps['output_us']:,.0f}): x{ps['total_us'] / max(pf['total_us'], 1):.3f}")
+    print(f"  KV cache f32 -> int8: attention {f['attention_us_f32']:,.0f} -> {f['attention_us_int8']:,.0f} µs per "
+          f"decode token; KV bytes read per decode token {f['kv_read_per_token_f32']:,.0f} -> "
+          f"{f['kv_read_per_token_int8']:,.0f}; stored per position {f['kv_stored_per_position_f32']:,} -> "
+          f"{f['kv_stored_per_position_int8']:,}; greedy tokens "
+          + ("all the same" if f["int8_first_divergence"] is None else f"differ from decode step {f['int8_first_divergence']}"))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
