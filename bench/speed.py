@@ -161,7 +161,8 @@ def main(argv=None) -> int:
         work = Path(tmp)
         for name, qm, board, n, rounds in (("native_q8", q8, "native", a.tokens, a.rounds),
                                            ("native_q8_head_q4", q4head, "native", a.tokens, a.rounds),
-                                           ("rp2040_emu_q8", q8, "rp2040-emu", a.emu_tokens, 1)):
+                                           ("rp2040_emu_q8", q8, "rp2040-emu", a.emu_tokens, 1),
+                                           ("rp2040_emu_q8_head_q4", q4head, "rp2040-emu", a.emu_tokens, 1)):
             if board != "native" and a.no_emu:
                 continue
             (work / name).mkdir()
