@@ -42,6 +42,9 @@ int flm_blob_open(flm_model *m, const uint8_t *blob, size_t len, char *err, size
  * tiers[i] (one byte per table entry, table order; each < FLM_N_TIERS) or, when tiers is NULL,
  * from the table. For an m that flm_blob_open accepted. */
 void flm_blob_retier(flm_model *m, const uint8_t *tiers);
+/* The bytes of the section (format bytes) named name, or NULL; *len receives its length. For an m
+ * that flm_blob_open accepted (it checked every table entry's bounds). */
+const uint8_t *flm_blob_section(const flm_model *m, const char *name, uint32_t *len);
 /* Piece bytes of token id; *len receives the length. */
 const uint8_t *flm_piece(const flm_model *m, uint32_t id, uint32_t *len);
 uint32_t flm_rd32(const uint8_t *p);
