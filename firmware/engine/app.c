@@ -356,6 +356,10 @@ static uint16_t encode_text(const uint8_t *text, size_t len, uint32_t *n, uint32
     const flm_tokenizer *t = text_encoder();
     if (!A.image_ok) { scopy(err, en, A.image_err); return FLM_E_NO_MODEL; }
     if (!t) { scopy(err, en, T.why); return FLM_E_CANNOT_ENCODE; }
+    if (m->bos != FLM_NONE && m->bos >= m->vocab) {     /* the header's BOS is not checked at boot */
+        fmt2(err, en, "the image's BOS id ", m->bos, " is outside the vocabulary of ", m->vocab, "");
+        return FLM_E_BAD_TOKEN;
+    }
     flm_tok_result r;
     uint64_t t0 = hal_time_us();
     int rc = flm_tok_encode(t, text, len, m->bos, A.prompt, m->seq_len, A.state.kc, &r);
