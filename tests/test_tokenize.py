@@ -24,7 +24,8 @@ from converter.tokenizer import decode, encode, from_hf_json, load_tokenizer, pa
 from converter.tokenizer_enc import (CLASS_LETTER, CLASS_NUMBER, CLASS_OTHER, CLASS_SPACE, SECTION, class_runs,
                                      device_section, parse_section, unicode_classes, unicode_version)
 from host import protocol as P
-from host.protocol import Done, Error, Hello, Link, Ping, Token
+from host.faultproxy import BOOT_LOG
+from host.protocol import Done, Error, Hello, Link, Log, Ping, Token
 from host.session import DeviceError, Session
 from modelzoo import random_model
 from nativeboard import native_link, recv_until
@@ -409,6 +410,10 @@ def test_a_frame_after_console_line_ends_and_noise_lose_nothing(bpe, tmp_path, b
         assert runs[0] == runs[1] == runs[2] and len(runs[0]) == msgs[-1].steps
         link.port.write(b"hi\r\n" + P.encode_frame(Ping(), 7))   # a code byte below LF after a held LF
         assert isinstance(recv_until(link, lambda m: isinstance(m, Hello))[-1], Hello)
+        link.port.write(BOOT_LOG + P.encode_frame(Ping(), 8))      # the fault proxy's noise burst, host->device
+        got = recv_until(link, lambda m: isinstance(m, Hello))
+        lines = BOOT_LOG.count(b"\n")
+        assert f"text console: answered {lines} line(s)" in " ".join(m.text for m in got if isinstance(m, Log))
         link.port.write(b"Once upon a time\rq")              # "q": a key pressed as the story starts
         assert read_until(link.port, b"]\r\n").endswith(b"; stopped by a key]\r\n")
         link.port.write(b"\r")                               # the "q" began a line: its own story
