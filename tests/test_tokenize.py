@@ -439,3 +439,41 @@ def test_generate_text_on_the_emulated_rp2040(bpe, tmp_path_factory):
         a, b = sess.generate(texts[1], 3), sess.generate(encode(bpe, texts[1]), 3)
         assert [(t.in_id, t.out_id, t.logits_crc) for t in a.tokens] == [(t.in_id, t.out_id, t.logits_crc)
                                                                          for t in b.tokens]
+
+
+def test_prompt_of_reads_the_ids_from_token_frames():
+    from host.session import prompt_of
+
+    def tok(step, in_id, out):
+        return Token(step, step, in_id, out, (0,) * 5, (0,) * 3, 0, b"")
+    assert prompt_of([tok(2, 7, 9), tok(0, 5, None), tok(1, 6, None), tok(3, 9, 4)]) == [5, 6, 7]
+    assert prompt_of([tok(0, 5, None), tok(2, 7, 9)]) == []              # step 1 missing
+    assert prompt_of([tok(0, 5, None), tok(1, 6, None)]) == []           # no generated step yet
+
+
+def test_text_prompt_survives_a_lossy_link(bpe, tmp_path, build_root):
+    """generate_with_recovery on a text prompt over the fault proxy: every step equals a clean run
+    (steps lost beyond the device's ring are generated again, from the ids the device showed)."""
+    from host.faultproxy import FaultProxy, Faults
+    from host.session import open_port
+    from host.virtual import start_native_board
+    from nativeboard import binary_for
+    qm = model_with(bpe)
+    blob = tmp_path / "model.flmb"
+    write_blob(qm, blob)
+    text = "ROMEO:\nWhat light through yonder window breaks? It is the east"
+    with start_native_board(binary_for(blob, build_root), blob) as vb:
+        ser = open_port(vb.port)
+        clean = Session(Link(ser))
+        clean.handshake()
+        truth = clean.generate(text, 60)
+        ser.close()
+        with FaultProxy(vb.port, Faults(drop=4e-3, flip=2e-3), seed=4) as fp:
+            ser = open_port(fp.port)
+            s = Session(Link(ser))
+            s.handshake(timeout=5, interval=0.2)
+            res = s.generate_with_recovery(text, 60, frame_timeout=5, max_recoveries=4)
+            ser.close()
+    assert truth.complete and res.complete and res.prompt_ids == truth.prompt_ids == encode(bpe, text)
+    key = lambda t: (t.step, t.in_id, t.out_id, t.logits_crc)   # noqa: E731
+    assert [key(t) for t in res.tokens] == [key(t) for t in truth.tokens]
