@@ -317,7 +317,7 @@ static void generate(const uint8_t *p, size_t len) {
     send_done();
 }
 
-/* ---- text prompts: GENERATE_TEXT and the plain-text console (docs/formats.md 1.1, 2.2) ---- */
+/* ---- text prompts: GENERATE_TEXT and the plain-text console (docs/formats.md 1.1, 2.3) ---- */
 
 /* The image's text encoder (its tokenizer.enc section), or why there is none. */
 static struct {
@@ -415,7 +415,7 @@ static void generate_text(void) {
     generate(p, 28u + 4u * (size_t)n);
 }
 
-/* The console. A host frame's first byte is its COBS code byte, below 0x20 (docs/formats.md 2.2),
+/* The console. A host frame's first byte is its COBS code byte, below 0x20 (docs/formats.md 2.3),
  * so a line that starts with a byte >= 0x20 and ends in CR or LF, with no other control byte
  * (tab, backspace and DEL aside) and no 0x00 in it, is text typed at a serial monitor: a prompt.
  * Its answer is plain text: the prompt, the greedy continuation, a summary line; no frames. */
