@@ -28,7 +28,7 @@ from host.faultproxy import BOOT_LOG
 from host.protocol import Done, Error, Hello, Link, Log, Ping, Token
 from host.session import DeviceError, Session
 from modelzoo import random_model
-from nativeboard import native_link, recv_until
+from nativeboard import drain, native_link, recv_until
 from test_import import tiny_bin, tiny_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -366,6 +366,7 @@ def test_console_answers_a_typed_line_in_plain_text(bpe, tmp_path, build_root):
     framed protocol then works as before and reports the line."""
     qm = model_with(bpe)
     with native_link(qm, tmp_path, build_root) as (link, boot):
+        drain(link)                                          # the HELLO that answers native_link's PING
         port = link.port
         prompt = "ROMEO:\tBut soft"
         port.write(b"ROMEO:\tBut sofx\x7ft\r\n")
@@ -414,6 +415,7 @@ def test_a_frame_after_console_line_ends_and_noise_lose_nothing(bpe, tmp_path, b
         got = recv_until(link, lambda m: isinstance(m, Hello))
         lines = BOOT_LOG.count(b"\n")
         assert f"text console: answered {lines} line(s)" in " ".join(m.text for m in got if isinstance(m, Log))
+        drain(link)
         link.port.write(b"Once upon a time\rq")              # "q": a key pressed as the story starts
         assert read_until(link.port, b"]\r\n").endswith(b"; stopped by a key]\r\n")
         link.port.write(b"\r")                               # the "q" began a line: its own story
