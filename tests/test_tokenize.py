@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from converter.blob import build_blob, parse_header, write_blob
 from converter.ir import ModelError
 from converter.quantize import quantize
-from converter.tokenizer import decode, encode, from_hf_json, load_tokenizer, parse_tokenizer_bin
+from converter.tokenizer import encode, from_hf_json, load_tokenizer, parse_tokenizer_bin
 from converter.tokenizer_enc import (CLASS_LETTER, CLASS_NUMBER, CLASS_OTHER, CLASS_SPACE, SECTION, class_runs,
                                      device_section, parse_section, unicode_classes, unicode_version)
 from host import protocol as P
