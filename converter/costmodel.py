@@ -75,7 +75,7 @@ class TensorSpec:
             return "ple_table"
         if n.startswith("rope."):
             return "rope"
-        if n == "tokenizer":
+        if n == "tokenizer" or n.startswith("tokenizer."):   # the pieces, the device encoder's tables
             return "tokenizer"
         if n.endswith("norm"):
             return "norm"

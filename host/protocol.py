@@ -34,6 +34,7 @@ class MsgType(enum.IntEnum):
     LAYOUT = 0x03
     STOP = 0x04
     RESEND = 0x05
+    GENERATE_TEXT = 0x06
     HELLO = 0x81
     TOKEN = 0x82
     DONE = 0x83
@@ -56,6 +57,7 @@ ERROR_CODES = {
     6: "busy",
     7: "no_model",
     8: "bad_layout",
+    9: "cannot_encode",
 }
 CLOCKS = ("host clock", "chip timer", "emulated timer")
 
@@ -65,6 +67,7 @@ MAX_PAYLOAD = MAX_FRAME - FRAME_OVERHEAD
 GENERATE_FLAG_LOGITS = 0x1
 HELLO_FLAG_IMAGE_OK = 0x1
 HELLO_FLAG_RESEND = 0x2       # the device keeps recent TOKEN frames and answers RESEND
+HELLO_FLAG_TEXT = 0x4         # the device encodes text prompts (GENERATE_TEXT, the text console)
 RESEND_MAX = 32               # steps one RESEND may name
 RESEND_DONE = 0xFFFFFFFF      # the step number that asks for the generation's DONE
 RESENT_STATES = ("idle", "generating", "ended")
@@ -226,6 +229,18 @@ class Generate:
 
 
 @dataclass(frozen=True)
+class GenerateText:
+    """GENERATE with the prompt as UTF-8 text, which the device encodes (BOS first, as the host's
+    encode_prompt does) with its blob's tokenizer.enc section."""
+    text: str
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 0.0
+    seed: int = 0
+    send_logits: bool = False
+
+
+@dataclass(frozen=True)
 class Hello:
     proto_version: int
     image_ok: bool
@@ -238,6 +253,7 @@ class Hello:
     fw_version: str
     board: str
     can_resend: bool = False  # HELLO flag bit1
+    can_encode: bool = False  # HELLO flag bit2
 
     @property
     def clock_name(self) -> str:
@@ -340,11 +356,20 @@ def _enc_generate(m: Generate) -> bytes:
     return head + struct.pack(f"<{len(ids)}I", *ids)
 
 
+def _enc_generate_text(m: GenerateText) -> bytes:
+    raw = m.text.encode("utf-8")
+    if len(raw) > 0xFFFF:
+        raise ProtocolError(f"GENERATE_TEXT: text of {len(raw)} bytes does not fit in s16")
+    flags = GENERATE_FLAG_LOGITS if m.send_logits else 0
+    return struct.pack("<IffQIH", m.max_new_tokens, m.temperature, m.top_p, m.seed, flags, len(raw)) + raw
+
+
 def _enc_hello(m: Hello) -> bytes:
     model_hash = bytes(m.model_hash)
     if len(model_hash) != 16:
         raise ProtocolError(f"HELLO model_hash must be 16 bytes, got {len(model_hash)}")
-    flags = (HELLO_FLAG_IMAGE_OK if m.image_ok else 0) | (HELLO_FLAG_RESEND if m.can_resend else 0)
+    flags = ((HELLO_FLAG_IMAGE_OK if m.image_ok else 0) | (HELLO_FLAG_RESEND if m.can_resend else 0)
+             | (HELLO_FLAG_TEXT if m.can_encode else 0))
     if m.proto_version == 1:   # version 1 had no out_vocab (what an old board sends)
         if m.out_vocab != m.vocab_size:
             raise ProtocolError("HELLO version 1 cannot carry an out_vocab other than vocab_size")
@@ -405,6 +430,7 @@ def _enc_resent(m: Resent) -> bytes:
 _ENCODERS: dict[type, tuple[MsgType, Callable[[Any], bytes]]] = {
     Ping: (MsgType.PING, lambda m: b""),
     Generate: (MsgType.GENERATE, _enc_generate),
+    GenerateText: (MsgType.GENERATE_TEXT, _enc_generate_text),
     Layout: (MsgType.LAYOUT, lambda m: struct.pack("<3I", m.layout_id, m.state_tiers, len(m.tiers))
              + bytes(m.tiers)),
     Stop: (MsgType.STOP, lambda m: b""),
@@ -498,6 +524,17 @@ def _dec_generate(r: _Reader) -> Generate:
     return Generate(ids, max_new, temp, top_p, seed, bool(flags & GENERATE_FLAG_LOGITS))
 
 
+def _dec_generate_text(r: _Reader) -> GenerateText:
+    max_new, temp, top_p, seed, flags = r.unpack("IffQI")
+    text = r.s16()
+    r.end()
+    try:
+        s = text.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProtocolError(f"GENERATE_TEXT text is not UTF-8: {e}") from None
+    return GenerateText(s, max_new, temp, top_p, seed, bool(flags & GENERATE_FLAG_LOGITS))
+
+
 def _dec_hello(r: _Reader) -> Hello:
     version, flags = r.unpack("HH")
     model_hash = r.take(16)
@@ -509,7 +546,7 @@ def _dec_hello(r: _Reader) -> Hello:
     fw, board = _text(r.s8()), _text(r.s8())
     r.end()
     return Hello(version, bool(flags & HELLO_FLAG_IMAGE_OK), model_hash, layout_id, vocab, out_vocab,
-                 max_seq, clock, fw, board, bool(flags & HELLO_FLAG_RESEND))
+                 max_seq, clock, fw, board, bool(flags & HELLO_FLAG_RESEND), bool(flags & HELLO_FLAG_TEXT))
 
 
 def _dec_token(r: _Reader) -> Token:
@@ -585,6 +622,7 @@ def _dec_resent(r: _Reader) -> Resent:
 _DECODERS: dict[int, Callable[[_Reader], Message]] = {
     MsgType.PING: _dec_empty(Ping),
     MsgType.GENERATE: _dec_generate,
+    MsgType.GENERATE_TEXT: _dec_generate_text,
     MsgType.LAYOUT: _dec_layout,
     MsgType.STOP: _dec_empty(Stop),
     MsgType.RESEND: _dec_resend,

@@ -417,7 +417,8 @@ def result_dict(result: RunResult) -> dict:
     return {
         "format": "flashlm-run", "version": 1,
         "hello": _hello_dict(result.hello),
-        "params": {"prompt_ids": list(result.prompt_ids), "max_new_tokens": result.max_new_tokens,
+        "params": {"prompt_ids": list(result.prompt_ids), "prompt_text": result.prompt_text,
+                   "max_new_tokens": result.max_new_tokens,
                    "temperature": result.temperature, "top_p": result.top_p, "seed": result.seed},
         "done": None if d is None else {"steps": d.steps, "generated": d.generated, "reason": d.reason,
                                         "total_us": d.total_us, "phase_us": dict(zip(PHASES, map(int, d.phase_us)))},
