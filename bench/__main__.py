@@ -6,6 +6,9 @@
 * emulated RP2040 (rp2040js), default model at q8 and q4: cycles and emulated µs per decode
   token (median, from the emulated TIMER / the harness's cycle count), emulator wall time per
   token (host clock), bytes per token the harness counted, firmware image sizes;
+* emulated RP2040, default model: time the device tokenizer takes to encode text prompts (from the
+  LOG a GENERATE_TEXT answers with, emulated timer µs; cycles at 125 MHz): a short prompt, a
+  verse of the eval text, and the worst case, a 2032-byte run of spaces (one word merged down);
 * convert time of a ~15M-parameter random llama2.c v1 checkpoint (dim 288, 6 layers, 6 heads,
   vocab 32000, context 256): load + quantize + blob.
 
@@ -94,6 +97,46 @@ def emu_run(qm, work: Path, new_tokens: int = 12) -> dict:
                 blob_bytes=blob.stat().st_size)
 
 
+ENCODE_TEXTS = {"short": PROMPT, "eval_verse": None, "spaces_2032": " " * 2032}
+
+
+def emu_encode(qm, work: Path) -> dict:
+    """Encode times of the device tokenizer on the emulated RP2040 (each GENERATE_TEXT is stopped
+    after its first step)."""
+    import re
+
+    from host.protocol import Done, GenerateText, Log, Stop
+    from host.virtual import start_emulated_board
+    blob = work / "model.flmb"
+    write_blob(qm, blob)
+    fw = build_firmware("rp2040-emu", work / "fw-emu", blob)
+    lines = (ROOT / "models" / "default" / "eval.txt").read_text(encoding="utf-8").split("\n")
+    texts = {**ENCODE_TEXTS, "eval_verse": "\n".join(lines[100:106])}
+    out = {}
+    with start_emulated_board(fw.binary, blob) as board:
+        ser = open_port(board.port)
+        try:
+            link = Link(ser)
+            Session(link, frame_timeout=60).handshake(timeout=30)
+            for name, text in texts.items():
+                link.send(GenerateText(text, 1))
+                got = None
+                while True:
+                    fr = link.recv(120)
+                    if fr is None:
+                        raise RuntimeError(f"no answer to GENERATE_TEXT {name}")
+                    if isinstance(fr.msg, Log) and (m := re.match(r"text prompt: (\d+) bytes, (\d+) tokens, "
+                                                                    r"encoded in (\d+) us", fr.msg.text)):
+                        got = dict(bytes=int(m[1]), tokens=int(m[2]), us=int(m[3]), cycles=int(m[3]) * 125)
+                        link.send(Stop())
+                    if isinstance(fr.msg, Done):
+                        break
+                out[name] = got
+        finally:
+            ser.close()
+    return out
+
+
 def default_model() -> ModelIR:
     path = ROOT / "models" / "default" / "model.pt"
     return load_model(path)
@@ -145,6 +188,8 @@ def main() -> None:
         for fmt in ("q8", "q4"):
             (work / f"emu-{fmt}").mkdir()
             results[f"rp2040_emu_{fmt}"] = emu_run(quantize(ir, fmt, 32), work / f"emu-{fmt}")
+        (work / "emu-encode").mkdir()
+        results["rp2040_emu_encode"] = emu_encode(quantize(ir, "q8", 32), work / "emu-encode")
         results["convert_15M_llama2c_v1"] = convert_15m(work)
     prev = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     now, before = flatten(results), flatten(prev)
@@ -165,6 +210,9 @@ def main() -> None:
           f"q4 {e4['cycles_per_token']:,.0f} cycles = {e4['emulated_us_per_token']:,.0f} µs; q4/q8 cycles "
           f"{e4['cycles_per_token'] / e8['cycles_per_token']:.3f}; emulator wall time per token q8 "
           f"{e8['wall_ms_per_token']:,.0f} ms, q4 {e4['wall_ms_per_token']:,.0f} ms (host clock)")
+    enc = results["rp2040_emu_encode"]
+    print("device tokenizer on the emulated RP2040 (emulated timer; cycles at 125 MHz): " + ", ".join(
+        f"{k} {v['bytes']} B -> {v['tokens']} tokens in {v['us']:,} µs ({v['cycles']:,} cycles)" for k, v in enc.items()))
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     print(f"saved {RESULTS.relative_to(ROOT)}")
 

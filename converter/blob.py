@@ -18,6 +18,7 @@ from . import headprune
 from .files import read_file
 from .ir import ModelConfig, ModelError, QTensor, Tokenizer
 from .quantize import QuantModel
+from .tokenizer_enc import SECTION as ENC_SECTION, device_section
 
 MAGIC = b"FLMB"
 VERSION = 2
@@ -170,11 +171,14 @@ def decode_tokenizer(buf: bytes) -> list[bytes]:
 
 
 def _sections(qm: QuantModel) -> list[tuple[str, str, int, int, int, bool, bytes]]:
-    """(name, fmt, rows, cols, group, scale16, data) in blob order: tokenizer, RoPE tables, tensors,
-    the head's pruning records."""
+    """(name, fmt, rows, cols, group, scale16, data) in blob order: tokenizer (and its device
+    encoder's tables, tokenizer.enc), RoPE tables, tensors, the head's pruning records."""
     c = qm.config
     tok = encode_tokenizer(qm.tokenizer, c.vocab_size)
     out = [("tokenizer", "bytes", 1, len(tok), 0, False, tok)]
+    enc, _ = device_section(qm.tokenizer, c)      # the device's text encoder, when it can have one
+    if enc is not None:
+        out.append((ENC_SECTION, "bytes", 1, len(enc), 0, False, enc))
     for name, t in (("rope.cos", qm.rope_cos), ("rope.sin", qm.rope_sin)):
         a = np.ascontiguousarray(t, "<f4")
         out.append((name, "f32", a.shape[0], a.shape[1], 0, False, a.tobytes()))

@@ -82,7 +82,7 @@ class TensorSpec:
             return "head_prune"
         if n.startswith("rope."):
             return "rope"
-        if n == "tokenizer":
+        if n == "tokenizer" or n.startswith("tokenizer."):   # the pieces, the device encoder's tables
             return "tokenizer"
         if n.endswith("norm"):
             return "norm"

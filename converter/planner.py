@@ -113,7 +113,7 @@ def resolve_overrides(spec: ModelSpec, places: list[Place], tm: dict) -> dict[st
             if n in C.REGIONS and pl.tier == "flash":
                 raise PlanError(f"--place {pl.text!r}: the {REGION_LABEL[n]} is written every token; "
                                 f"it cannot live in flash (choose psram or sram)")
-            if n == "tokenizer" and pl.tier != "flash":
+            if n not in C.REGIONS and spec.by_name()[n].kind == "tokenizer" and pl.tier != "flash":
                 raise PlanError(f"--place {pl.text!r}: the tokenizer is read from flash only "
                                 f"(the engine does not stage it)")
             if n == "ple.table" and pl.tier != "flash":

@@ -12,6 +12,7 @@ import jinja2
 from converter.boards import load_board
 from converter.footprint import arena_bytes, build_arenas
 from converter.blob import read_header
+from converter.tokenizer_enc import section_info
 from converter.ir import ModelConfig
 
 FW_DIR = Path(__file__).resolve().parent
@@ -35,9 +36,10 @@ def engine_sources() -> list[str]:
     return sorted(p.name for p in ENGINE_DIR.glob("*.c"))
 
 
-def render_project(board: str, out_dir, config: ModelConfig, min_group: int, header=None) -> Path:
+def render_project(board: str, out_dir, config: ModelConfig, min_group: int, header=None, text_bytes: int = 0) -> Path:
     """Write a complete project for ``board`` sized for a model of ``config`` into out_dir
-    (with ``header``, the blob's BlobHeader, sized for its placement too)."""
+    (with ``header``, the blob's BlobHeader, sized for its placement too; ``text_bytes``: the
+    longest text prompt the device encoder takes, which the receive buffer must hold)."""
     prof = load_board(board)
     out = Path(out_dir)
     src = out / "src"
@@ -59,7 +61,7 @@ def render_project(board: str, out_dir, config: ModelConfig, min_group: int, hea
     n_entries = len(header.entries) if header is not None else 0
     ctx = dict(board=prof, fw_version=FW_VERSION, max_layers=c.n_layers,
                arena_bytes=arena, psram_arena_bytes=psram_arena,
-               rx_cap=64 + max(28 + 4 * c.max_seq_len, 12 + n_entries),
+               rx_cap=64 + max(28 + 4 * c.max_seq_len, 12 + n_entries, 26 + text_bytes + text_bytes // 254),
                engine_sources=engine_sources(), hal_sources=hal_sources,
                model_summary=(f"dim {c.dim}, {c.n_layers} layers, {c.n_heads}/{c.n_kv_heads} heads, "
                               f"hidden {c.hidden_dim}, vocab {c.vocab_size}, context {c.max_seq_len}"))
@@ -75,7 +77,9 @@ def build_firmware(board: str, out_dir, blob) -> BuildResult:
     prof = load_board(board)
     h = read_header(blob)
     min_group = min(e.group_size for e in h.entries if e.fmt in ("q8", "q4"))
-    out = render_project(board, out_dir, h.config, min_group, h)
+    enc = section_info(blob, h)
+    out = render_project(board, out_dir, h.config, min_group, h,
+                         enc.text_capacity(h.config.max_seq_len) if enc is not None else 0)
     if prof.get("build") == "arm-gcc":
         from .build_arm import build_arm
         return build_arm(board, prof, out, blob, h, min_group)

@@ -177,6 +177,26 @@ def encode_prompt(args, model_dir: Path, manifest: dict) -> tuple[list[int], obj
     return ids, tok
 
 
+def text_prompt(prompt, prompt_ids, model_dir: Path, manifest: dict) -> tuple[str, object]:
+    """--prompt for the board to encode (--encode-on device): checked against what the model's
+    blob says its device encoder can take before anything is sent."""
+    if prompt_ids is not None:
+        raise UserError("--encode-on device encodes a --prompt text; --prompt-ids are ids already")
+    if prompt == "":
+        raise UserError("the prompt is empty")
+    from converter.tokenizer_enc import section_info
+    info = section_info(model_dir / manifest["blob"])
+    if info is None:
+        why = manifest.get("device_tokenizer") or "its blob has no tokenizer.enc section"
+        raise UserError(f"the model in {model_dir} cannot be encoded on the board ({why}); "
+                        f"use --encode-on host")
+    ctx, n = int(manifest["config"]["max_seq_len"]), len(prompt.encode("utf-8"))
+    if n > info.text_capacity(ctx):
+        raise UserError(f"prompt is {n} bytes: more than the model's context of {ctx} tokens holds "
+                        f"(a token covers at most {info.span} bytes); shorten the prompt")
+    return prompt, _load_model_tokenizer(model_dir, manifest, required=False)
+
+
 def check_prompt_length(n: int, ctx: int, whose: str) -> None:
     if n > ctx:
         raise UserError(f"prompt is {n} tokens but {whose} context is {ctx} tokens; shorten the prompt")
@@ -266,6 +286,10 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
     tok_name = _write_tokenizer(ir, tokenizer, outdir)
     if tok_name is None:
         console.print("  [yellow]no tokenizer: runs of this model need --prompt-ids[/]")
+    from converter.tokenizer_enc import device_section
+    enc, enc_about = device_section(qm.tokenizer, c)     # the same call build_blob made
+    console.print(f"  device tokenizer (text prompts encoded on the board): "
+                  f"{enc_about if enc is not None else 'none, ' + enc_about}", markup=False, soft_wrap=True)
     cfg = asdict(c)
     t = qm.tokenizer
     cfg["bos_id"] = t.bos_id if t is not None else None
@@ -282,6 +306,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         "kv": kv,
         "source": str(qm.source or ir.source or ckpt),
         "quality": "quality.json" if rep is not None else None,
+        "device_tokenizer": enc_about,
     }
     if rep is not None:
         atomic_write_bytes(outdir / "quality.json", (json.dumps(rep, indent=1) + "\n").encode())
@@ -419,7 +444,7 @@ def kv_layout(blob: Path, kv: str) -> tuple[int, int, bytes]:
 
 def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max_tokens=32,
         temperature=0.0, top_p=0.0, seed=0, json_path=None, csv_path=None, png_path=None,
-        baud=115200, timeout=10.0, retries=3, slide=False, all_logits=False, kv=None) -> int:
+        baud=115200, timeout=10.0, retries=3, encode_on="host", slide=False, all_logits=False, kv=None) -> int:
     from contextlib import ExitStack
 
     from . import report as R
@@ -427,8 +452,11 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
     from .session import BoardError, Session, open_port
 
     model_dir, manifest = load_manifest(model)
-    ns = argparse.Namespace(prompt=prompt, prompt_ids=prompt_ids)
-    ids, tok = encode_prompt(ns, model_dir, manifest)
+    on_device = encode_on == "device"
+    if on_device:    # ids: the text itself; the board encodes it and shows the ids in its TOKEN frames
+        ids, tok = text_prompt(prompt, prompt_ids, model_dir, manifest)
+    else:
+        ids, tok = encode_prompt(argparse.Namespace(prompt=prompt, prompt_ids=prompt_ids), model_dir, manifest)
     emulated = emulated_board(board)
     if board is not None and board != "native" and not emulated:
         raise UserError(f"--board {board}: flashlm can only start the virtual boards (native, "
@@ -441,7 +469,7 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
         piece_of = lambda i: pieces[i] if 0 <= i < len(pieces) else None  # noqa: E731
         from converter.tokenizer import decode
         try:
-            prompt_text = bytes(decode(tok, ids)).decode("utf-8", "replace")
+            prompt_text = ids if on_device else bytes(decode(tok, ids)).decode("utf-8", "replace")
         except Exception:   # the echoed prompt is a display nicety; it must never stop a run
             prompt_text = ""
 
@@ -499,7 +527,11 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
                           f"model {bytes(hello.model_hash).hex()[:16]}, layout {hello.layout_id}, context {hello.max_seq_len}",
                           soft_wrap=True)
             sess.check_model(hello, manifest["model_hash"])
-            check_prompt_length(len(ids), int(hello.max_seq_len), f"board {hello.board}'s")
+            if on_device and not hello.can_encode:
+                raise UserError(f"board {hello.board} cannot encode text prompts (its HELLO says so: older "
+                                f"firmware, or an image without a device tokenizer); use --encode-on host")
+            if not on_device:
+                check_prompt_length(len(ids), int(hello.max_seq_len), f"board {hello.board}'s")
             cfg = manifest["config"]
             want = (int(cfg["vocab_size"]), int(cfg.get("out_vocab") or cfg["vocab_size"]))
             if (int(hello.vocab_size), int(hello.out_vocab)) != want:
@@ -514,9 +546,10 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
                         sess.set_layout(lid, st, tiers, timeout=timeout)
                 after_handshake(hello)
                 console.print(f"  KV cache {kv}: layout {lid}")
-            _step(console, f"generating up to {max_tokens} tokens from a {len(ids)}-token prompt"
-                  + (", sliding the window when the context fills" if slide else "")
-                  + (", every step's whole head (ALL_LOGITS)" if all_logits else ""))
+            _step(console, f"generating up to {max_tokens} tokens from "
+                           + ("a text prompt the board encodes" if on_device else f"a {len(ids)}-token prompt")
+                           + (", sliding the window when the context fills" if slide else "")
+                           + (", every step's whole head (ALL_LOGITS)" if all_logits else ""))
             if emulated:
                 vb.read_counts()      # the emulator's per-step read counts: only this generation's
             with R.LiveView(console, hello, piece_of=piece_of, prompt_text=prompt_text,
@@ -574,8 +607,8 @@ def cmd_run(args, console) -> int:
     return run(console, args.model, prompt=args.prompt, prompt_ids=args.prompt_ids, board=args.board,
                port=args.port, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                seed=args.seed, json_path=args.json, csv_path=args.csv, png_path=args.png, baud=args.baud,
-               timeout=args.timeout, retries=max(0, args.retries), slide=args.slide, all_logits=args.all_logits,
-               kv=args.kv)
+               timeout=args.timeout, retries=max(0, args.retries), encode_on=args.encode_on, slide=args.slide,
+               all_logits=args.all_logits, kv=args.kv)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -703,6 +736,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", metavar="FILE")
     r.add_argument("--csv", metavar="FILE")
     r.add_argument("--png", metavar="FILE")
+    r.add_argument("--encode-on", choices=("host", "device"), default="host",
+                   help="who turns --prompt into token ids: the host (default) or the board (its image's "
+                        "device tokenizer; the same ids)")
     r.add_argument("--retries", type=int, default=3, metavar="N",
                    help="times to reconnect or regenerate after a lost link, a board reset or lost steps (default 3)")
     r.add_argument("--slide", action="store_true",

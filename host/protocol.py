@@ -34,6 +34,7 @@ class MsgType(enum.IntEnum):
     LAYOUT = 0x03
     STOP = 0x04
     RESEND = 0x05
+    GENERATE_TEXT = 0x06
     HELLO = 0x81
     TOKEN = 0x82
     DONE = 0x83
@@ -56,6 +57,7 @@ ERROR_CODES = {
     6: "busy",
     7: "no_model",
     8: "bad_layout",
+    9: "cannot_encode",
 }
 CLOCKS = ("host clock", "chip timer", "emulated timer")
 
@@ -67,6 +69,7 @@ GENERATE_FLAG_SLIDE = 0x2       # a full context slides its window instead of en
 GENERATE_FLAG_ALL_LOGITS = 0x4  # every step computes the whole output layer (never pruned or skipped)
 HELLO_FLAG_IMAGE_OK = 0x1
 HELLO_FLAG_RESEND = 0x2       # the device keeps recent TOKEN frames and answers RESEND
+HELLO_FLAG_TEXT = 0x4         # the device encodes text prompts (GENERATE_TEXT, the text console)
 RESEND_MAX = 32               # steps one RESEND may name
 RESEND_DONE = 0xFFFFFFFF      # the step number that asks for the generation's DONE
 RESENT_STATES = ("idle", "generating", "ended")
@@ -228,10 +231,36 @@ class Generate:
     slide: bool = False
     all_logits: bool = False
 
-    @property
-    def flags(self) -> int:
-        return ((GENERATE_FLAG_LOGITS if self.send_logits else 0) | (GENERATE_FLAG_SLIDE if self.slide else 0)
-                | (GENERATE_FLAG_ALL_LOGITS if self.all_logits else 0))
+
+@dataclass(frozen=True)
+class GenerateText:
+    """GENERATE with the prompt as UTF-8 text, which the device encodes (BOS first, as the host's
+    encode_prompt does) with its blob's tokenizer.enc section."""
+    text: str
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 0.0
+    seed: int = 0
+    send_logits: bool = False
+    slide: bool = False
+    all_logits: bool = False
+
+
+GENERATE_FLAGS = GENERATE_FLAG_LOGITS | GENERATE_FLAG_SLIDE | GENERATE_FLAG_ALL_LOGITS
+
+
+def generate_flags(m: Generate | GenerateText) -> int:
+    """The u32 flags of a GENERATE or GENERATE_TEXT."""
+    return ((GENERATE_FLAG_LOGITS if m.send_logits else 0) | (GENERATE_FLAG_SLIDE if m.slide else 0)
+            | (GENERATE_FLAG_ALL_LOGITS if m.all_logits else 0))
+
+
+def _flag_fields(name: str, flags: int) -> tuple[bool, bool, bool]:
+    """(send_logits, slide, all_logits) of a flags field; unknown bits are a ProtocolError."""
+    if flags & ~GENERATE_FLAGS:
+        raise ProtocolError(f"{name} flags 0x{flags:x} has unknown bits (known: 0x{GENERATE_FLAGS:x})")
+    return (bool(flags & GENERATE_FLAG_LOGITS), bool(flags & GENERATE_FLAG_SLIDE),
+            bool(flags & GENERATE_FLAG_ALL_LOGITS))
 
 
 @dataclass(frozen=True)
@@ -247,6 +276,7 @@ class Hello:
     fw_version: str
     board: str
     can_resend: bool = False  # HELLO flag bit1
+    can_encode: bool = False  # HELLO flag bit2
 
     @property
     def clock_name(self) -> str:
@@ -344,15 +374,24 @@ def _fixed(values, n: int, what: str) -> tuple[int, ...]:
 
 def _enc_generate(m: Generate) -> bytes:
     ids = [int(i) for i in m.prompt_ids]
-    head = struct.pack("<IffQII", m.max_new_tokens, m.temperature, m.top_p, m.seed, m.flags, len(ids))
+    head = struct.pack("<IffQII", m.max_new_tokens, m.temperature, m.top_p, m.seed, generate_flags(m), len(ids))
     return head + struct.pack(f"<{len(ids)}I", *ids)
+
+
+def _enc_generate_text(m: GenerateText) -> bytes:
+    raw = m.text.encode("utf-8")
+    if len(raw) > 0xFFFF:
+        raise ProtocolError(f"GENERATE_TEXT: text of {len(raw)} bytes does not fit in s16")
+    return (struct.pack("<IffQIH", m.max_new_tokens, m.temperature, m.top_p, m.seed, generate_flags(m), len(raw))
+            + raw)
 
 
 def _enc_hello(m: Hello) -> bytes:
     model_hash = bytes(m.model_hash)
     if len(model_hash) != 16:
         raise ProtocolError(f"HELLO model_hash must be 16 bytes, got {len(model_hash)}")
-    flags = (HELLO_FLAG_IMAGE_OK if m.image_ok else 0) | (HELLO_FLAG_RESEND if m.can_resend else 0)
+    flags = ((HELLO_FLAG_IMAGE_OK if m.image_ok else 0) | (HELLO_FLAG_RESEND if m.can_resend else 0)
+             | (HELLO_FLAG_TEXT if m.can_encode else 0))
     if m.proto_version == 1:   # version 1 had no out_vocab (what an old board sends)
         if m.out_vocab != m.vocab_size:
             raise ProtocolError("HELLO version 1 cannot carry an out_vocab other than vocab_size")
@@ -413,6 +452,7 @@ def _enc_resent(m: Resent) -> bytes:
 _ENCODERS: dict[type, tuple[MsgType, Callable[[Any], bytes]]] = {
     Ping: (MsgType.PING, lambda m: b""),
     Generate: (MsgType.GENERATE, _enc_generate),
+    GenerateText: (MsgType.GENERATE_TEXT, _enc_generate_text),
     Layout: (MsgType.LAYOUT, lambda m: struct.pack("<3I", m.layout_id, m.state_tiers, len(m.tiers))
              + bytes(m.tiers)),
     Stop: (MsgType.STOP, lambda m: b""),
@@ -503,11 +543,18 @@ def _dec_generate(r: _Reader) -> Generate:
         )
     ids = list(r.unpack(f"{n}I"))
     r.end()
-    known = GENERATE_FLAG_LOGITS | GENERATE_FLAG_SLIDE | GENERATE_FLAG_ALL_LOGITS
-    if flags & ~known:
-        raise ProtocolError(f"GENERATE flags 0x{flags:x} has unknown bits (known: 0x{known:x})")
-    return Generate(ids, max_new, temp, top_p, seed, bool(flags & GENERATE_FLAG_LOGITS),
-                    bool(flags & GENERATE_FLAG_SLIDE), bool(flags & GENERATE_FLAG_ALL_LOGITS))
+    return Generate(ids, max_new, temp, top_p, seed, *_flag_fields("GENERATE", flags))
+
+
+def _dec_generate_text(r: _Reader) -> GenerateText:
+    max_new, temp, top_p, seed, flags = r.unpack("IffQI")
+    text = r.s16()
+    r.end()
+    try:
+        s = text.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProtocolError(f"GENERATE_TEXT text is not UTF-8: {e}") from None
+    return GenerateText(s, max_new, temp, top_p, seed, *_flag_fields("GENERATE_TEXT", flags))
 
 
 def _dec_hello(r: _Reader) -> Hello:
@@ -521,7 +568,7 @@ def _dec_hello(r: _Reader) -> Hello:
     fw, board = _text(r.s8()), _text(r.s8())
     r.end()
     return Hello(version, bool(flags & HELLO_FLAG_IMAGE_OK), model_hash, layout_id, vocab, out_vocab,
-                 max_seq, clock, fw, board, bool(flags & HELLO_FLAG_RESEND))
+                 max_seq, clock, fw, board, bool(flags & HELLO_FLAG_RESEND), bool(flags & HELLO_FLAG_TEXT))
 
 
 def _dec_token(r: _Reader) -> Token:
@@ -597,6 +644,7 @@ def _dec_resent(r: _Reader) -> Resent:
 _DECODERS: dict[int, Callable[[_Reader], Message]] = {
     MsgType.PING: _dec_empty(Ping),
     MsgType.GENERATE: _dec_generate,
+    MsgType.GENERATE_TEXT: _dec_generate_text,
     MsgType.LAYOUT: _dec_layout,
     MsgType.STOP: _dec_empty(Stop),
     MsgType.RESEND: _dec_resend,

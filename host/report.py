@@ -438,7 +438,8 @@ def result_dict(result: RunResult) -> dict:
     return {
         "format": "flashlm-run", "version": 1,
         "hello": _hello_dict(result.hello),
-        "params": {"prompt_ids": list(result.prompt_ids), "max_new_tokens": result.max_new_tokens,
+        "params": {"prompt_ids": list(result.prompt_ids), "prompt_text": result.prompt_text,
+                   "max_new_tokens": result.max_new_tokens,
                    "temperature": result.temperature, "top_p": result.top_p, "seed": result.seed,
                    "slide": bool(result.slide), "all_logits": bool(result.all_logits)},
         "done": None if d is None else {"steps": d.steps, "generated": d.generated, "reason": d.reason,

@@ -120,7 +120,7 @@ def _delta(after: dict, before: dict) -> dict:
 class RunResult:
     """Everything one generation produced, as it arrived."""
     hello: P.Hello | None                                # None if generate ran before a handshake
-    prompt_ids: list[int]
+    prompt_ids: list[int]                                # a text prompt's: from the TOKEN frames
     max_new_tokens: int = 0
     temperature: float = 0.0
     top_p: float = 0.0
@@ -148,6 +148,7 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     recoveries: list[dict] = field(default_factory=list)   # reconnects / regenerations (generate_with_recovery)
     done_from_host: bool = False                         # DONE totals summed by the host over merged runs
+    prompt_text: str | None = None                       # the prompt, when the device encoded it (GENERATE_TEXT)
 
     @property
     def frame_gaps(self) -> int:
@@ -331,8 +332,9 @@ class Session:
                  seed: int = 0, on_token: Callable | None = None, send_logits: bool = False,
                  frame_timeout: float | None = None, resend: bool = True, slide: bool = False,
                  all_logits: bool = False) -> RunResult:
-        """Send GENERATE, collect TOKEN frames until DONE. ``send_logits``, ``slide``, ``all_logits``
-        are the GENERATE flags (docs/formats.md section 2).
+        """Send GENERATE (GENERATE_TEXT when ``prompt_ids`` is a str: the device encodes it, and the
+        ids it used come back in the TOKEN frames), collect TOKEN frames until DONE. ``send_logits``,
+        ``slide`` and ``all_logits`` are the GENERATE flags (docs/formats.md section 2).
 
         With a device that answers RESEND (HELLO flag bit1; docs/formats.md section 2.1) every lost
         TOKEN, and a lost DONE, is asked for again while the device still keeps it; what cannot be
@@ -346,13 +348,15 @@ class Session:
 
     def _start(self, prompt_ids, max_new_tokens, temperature, top_p, seed, on_token, send_logits,
                frame_timeout, resend, slide=False, all_logits=False) -> "_Run":
-        prompt_ids = [int(i) for i in prompt_ids]
+        text = prompt_ids if isinstance(prompt_ids, str) else None
+        prompt_ids = [] if text is not None else [int(i) for i in prompt_ids]
         res = RunResult(hello=self.hello, prompt_ids=prompt_ids, max_new_tokens=int(max_new_tokens),
                         temperature=float(temperature), top_p=float(top_p), seed=int(seed),
-                        slide=bool(slide), all_logits=bool(all_logits or send_logits), board_name=self.name)
-        msg = P.Generate(prompt_ids=prompt_ids, max_new_tokens=int(max_new_tokens),
-                         temperature=float(temperature), top_p=float(top_p), seed=int(seed),
-                         send_logits=bool(send_logits), slide=bool(slide), all_logits=bool(all_logits))
+                        slide=bool(slide), all_logits=bool(all_logits or send_logits), board_name=self.name,
+                        prompt_text=text)
+        params = dict(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
+                      seed=int(seed), send_logits=bool(send_logits), slide=bool(slide), all_logits=bool(all_logits))
+        msg = P.GenerateText(text, **params) if text is not None else P.Generate(prompt_ids=prompt_ids, **params)
         run = _Run(self, res, msg, self.frame_timeout if frame_timeout is None else frame_timeout, on_token)
         if resend and self.hello is not None and self.hello.can_resend:
             run.generation = self._next_generation(res)
@@ -590,14 +594,17 @@ class Session:
         generation it continues there (RESEND); otherwise the missing steps are generated again:
         greedy runs resume from the prompt plus the tokens known so far, sampled and sliding runs
         replay from the prompt with the same seed (the device's sampler is deterministic; a slid
-        window is not the computation of a longer prompt). Every step both runs
-        computed must agree (input id, logits CRC, output id), or BoardError. ``after_handshake(hello)``
-        runs after every re-handshake (e.g. to send again a LAYOUT a restarted board forgot). At most
-        ``max_recoveries`` recoveries; each is described in ``result.recoveries``."""
+        window is not the computation of a longer prompt). Every step both runs computed must agree
+        (input id, logits CRC, output id), or BoardError. ``after_handshake(hello)`` runs after every
+        re-handshake (e.g. to send again a LAYOUT a restarted board forgot). At most
+        ``max_recoveries`` recoveries; each is described in ``result.recoveries``. A text prompt
+        (a str) is encoded by the device; once its TOKEN frames have shown the ids, a recovery goes on
+        from the ids, else it sends the text again."""
         if self.hello is None:
             raise BoardError("generate_with_recovery needs a handshake first (it checks the model hash)")
         want = bytes(self.hello.model_hash)
-        prompt_ids = [int(i) for i in prompt_ids]
+        text = prompt_ids if isinstance(prompt_ids, str) else None
+        prompt_ids = [] if text is not None else [int(i) for i in prompt_ids]
         shown: set[int] = set()
 
         def show(t):
@@ -608,7 +615,7 @@ class Session:
 
         total: RunResult | None = None
         events: list[dict] = []
-        prompt, max_new, run = prompt_ids, int(max_new_tokens), None
+        prompt, max_new, run = text if text is not None else prompt_ids, int(max_new_tokens), None
         try:
             while True:
                 try:
@@ -648,8 +655,14 @@ class Session:
                             ev["action"] = "continued the same generation (lost steps re-sent from the device)"
                             events.append(ev)
                             continue
-                prompt, max_new = _resume_point(total, prompt_ids, int(max_new_tokens), float(temperature), slide)
+                if text is not None and (prompt_ids := prompt_of(total.tokens)):
+                    text = None                 # the device's ids for the text are known now
                 run = None
+                if text is not None:
+                    ev["action"] = "generated again from the text prompt"
+                    events.append(ev)
+                    continue
+                prompt, max_new = _resume_point(total, prompt_ids, int(max_new_tokens), float(temperature), slide)
                 ev["action"] = (f"generated again (prompt + {len(prompt) - len(prompt_ids)} known tokens), "
                                 f"steps {len(prompt) - 1}..{len(prompt) + max_new - 2}")
                 events.append(ev)
@@ -658,6 +671,8 @@ class Session:
                 raise
             total.interrupted = True
         total.recoveries = events
+        if total.prompt_text is not None and not total.prompt_ids:
+            total.prompt_ids = prompt_of(total.tokens)
         return total
 
     def _relink(self, reconnect, err, total, timeout: float, want: bytes) -> None:
@@ -692,8 +707,8 @@ class _Run:
         self.gen_msg = gen_msg
         self.timeout = timeout
         self.on_token = on_token
-        n = len(gen_msg.prompt_ids)
-        limit = n - 1 + int(gen_msg.max_new_tokens)
+        # a text prompt's length is the device's to find: up to the context (or on, sliding)
+        limit = len(gen_msg.prompt_ids) - 1 + int(gen_msg.max_new_tokens) if isinstance(gen_msg, P.Generate) else 1 << 20
         if session.hello is not None and session.hello.max_seq_len and not gen_msg.slide:
             limit = min(limit, int(session.hello.max_seq_len))
         self.max_steps = max(1, min(limit, 1 << 20))
@@ -743,9 +758,24 @@ class _Run:
         res.run_stats = {k: self._acc[k] + v for k, v in self._delta().items()}
         res.gap_pairs = self._acc_gaps + stats.gaps[self.gaps_before:]
         res.tokens.sort(key=lambda t: t.step)
+        if res.prompt_text is not None and not res.prompt_ids:
+            res.prompt_ids = prompt_of(res.tokens)
         res.missing_steps = sorted(self.missing)
         res.generation = self.generation
         return res
+
+
+def prompt_of(tokens) -> list[int]:
+    """The prompt ids a generation's TOKEN frames show (step s reads prompt id s, up to the first
+    step that produces a token), or [] while one of those steps is missing."""
+    ids = []
+    for i, t in enumerate(sorted(tokens, key=lambda t: t.step)):
+        if t.step != i:
+            return []
+        ids.append(t.in_id)
+        if t.out_id is not None:
+            return ids
+    return []
 
 
 REFILL_WINDOW = 32   # the device's ring (FLM_TOKEN_RING): a refill that ends within it can be patched by RESEND

@@ -10,6 +10,7 @@ import pytest
 import serial
 
 from converter.blob import read_header, write_blob
+from converter.tokenizer_enc import section_info
 from firmware.build import build_firmware
 from host.protocol import Hello, Link, Ping
 from host.virtual import emulator_missing, start_emulated_board
@@ -30,7 +31,8 @@ def require_emulator() -> None:
 
 def image_for(blob: Path, build_root: Path) -> Path:
     h = read_header(blob)
-    key = (h.config, min(e.group_size for e in h.entries if e.group_size))
+    enc = section_info(blob, h)     # its text capacity sizes the receive buffer
+    key = (h.config, min(e.group_size for e in h.entries if e.group_size), enc.span if enc else 0)
     if key not in _builds:
         _builds[key] = build_firmware(BOARD, build_root / f"emu{len(_builds)}", blob).binary
     return _builds[key]

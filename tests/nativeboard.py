@@ -20,8 +20,10 @@ _builds: dict = {}
 
 def binary_for(blob: Path, build_root: Path) -> Path:
     from converter.blob import read_header
+    from converter.tokenizer_enc import section_info
     h = read_header(blob)
-    key = (h.config, min(e.group_size for e in h.entries if e.group_size))
+    enc = section_info(blob, h)     # its text capacity sizes the receive buffer
+    key = (h.config, min(e.group_size for e in h.entries if e.group_size), enc.span if enc else 0)
     if key not in _builds:
         _builds[key] = build_firmware("native", build_root / f"fw{len(_builds)}", blob).binary
     return _builds[key]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,6 +84,13 @@ def account(truth, res) -> dict:
             "recoveries": len(res.recoveries)}
 
 
+def console_lines(res) -> int:
+    """Lines the device took for console text (docs/formats.md 2.3): host->device noise (a boot log
+    burst holds whole lines) can make them; the device reports them in a LOG, and the run must
+    still lose nothing."""
+    return sum(int(re.search(r"answered (\d+) line", t)[1]) for t in res.logs if t.startswith("text console:"))
+
+
 def record(name: str, fig: dict, proxy: FaultProxy | None = None, **extra) -> dict:
     if proxy is not None:
         fig = {**fig, "faults": proxy.faults_injected(),
@@ -149,7 +157,8 @@ def test_each_fault_kind(env, board, ports, kind):
         t0 = time.monotonic()
         res = s.generate(PROMPT, SHORT, frame_timeout=5)
         took = time.monotonic() - t0
-        fig = record(f"kind_{kind}", account(env["truth"][SHORT], res), fp, seconds=round(took, 2))
+        fig = record(f"kind_{kind}", account(env["truth"][SHORT], res), fp, seconds=round(took, 2),
+                     console_lines=console_lines(res))
     assert took < 15
     assert fig["wrong"] == 0 and fig["lost_silently"] == 0
     assert fig["faults"][kind] > 0
@@ -168,7 +177,7 @@ def test_all_faults_at_once_long_generation(env, board, ports):
         t0 = time.monotonic()
         res = s.generate_with_recovery(PROMPT, LONG, frame_timeout=5, max_recoveries=4)
         fig = record("all_kinds_with_recovery", account(env["truth"][LONG], res), fp,
-                     seconds=round(time.monotonic() - t0, 2))
+                     seconds=round(time.monotonic() - t0, 2), console_lines=console_lines(plain) + console_lines(res))
     assert fig["wrong"] == 0 and fig["lost_silently"] == 0
     assert res.complete and fig["delivered"] == fig["steps"], res.recoveries
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from host import protocol as P
 from host.protocol import (
-    Done, Error, Frame, FrameDecoder, Generate, Hello, Layout, Link, Log, Logits, MsgType, Ping,
+    Done, Error, Frame, FrameDecoder, Generate, GenerateText, Hello, Layout, Link, Log, Logits, MsgType, Ping,
     ProtocolError, Resend, Resent, Stop, Token,
 )
 
@@ -45,6 +45,7 @@ messages = st.one_of(
     st.just(Stop()),
     st.builds(Layout, u32, u32, st.binary(max_size=40)),
     st.builds(Generate, st.lists(u32, max_size=40), u32, f32, f32, u64, st.booleans()),
+    st.builds(GenerateText, st.text(max_size=60), u32, f32, f32, u64, st.booleans()),
     st.builds(Hello, u16.filter(lambda v: v != 1), st.booleans(), st.binary(min_size=16, max_size=16), u32, u32,
               u32, u32, u8, text, text),
     st.builds(Token, u32, u32, u32, st.one_of(st.none(), st.integers(0, 0xFFFFFFFE)),
@@ -57,7 +58,7 @@ messages = st.one_of(
     st.builds(Resend, u32, st.lists(u32, max_size=P.RESEND_MAX).map(tuple)),
     st.builds(Resent, st.sampled_from(P.RESENT_STATES), u32, u32, u32, st.lists(u32, max_size=40).map(tuple)),
     st.builds(Hello, u16.filter(lambda v: v != 1), st.booleans(), st.binary(min_size=16, max_size=16), u32, u32,
-              u32, u32, u8, text, text, st.booleans()),
+              u32, u32, u8, text, text, st.booleans(), st.booleans()),
 )
 
 EXAMPLES = [
@@ -79,6 +80,9 @@ EXAMPLES = [
     Resent("generating", 3, 40, 8, (2, P.RESEND_DONE)),
     Hello(2, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "native", True),
     Hello(1, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.0.9", "an old board"),
+    Hello(2, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "native", True, True),
+    GenerateText("Once upon a time é😀", 32, 0.75, 0.5, 9, True),
+    GenerateText("", 1),
 ]
 
 
@@ -188,6 +192,9 @@ def test_wire_layout():
     assert P.encode_payload(Resend(7, (1, P.RESEND_DONE))) == (5, struct.pack("<4I", 7, 2, 1, 0xFFFFFFFF))
     assert P.encode_payload(Resent("ended", 7, 9, 1, (0,))) == (0x87, struct.pack("<B5I", 2, 7, 9, 1, 1, 0))
     assert P.encode_payload(Hello(2, True, bytes(16), 0, 0, 0, 0, 0, "", "", True))[1][2:4] == b"\x03\x00"
+    assert P.encode_payload(Hello(2, True, bytes(16), 0, 0, 0, 0, 0, "", "", True, True))[1][2:4] == b"\x07\x00"
+    assert P.encode_payload(GenerateText("h\u00e9", 10, 0.5, 0.0, 3, True)) == (
+        6, struct.pack("<IffQIH", 10, 0.5, 0.0, 3, 1, 3) + "h\u00e9".encode())
     frame = P.encode_frame(Ping(), 0x0102)
     body = P.cobs_decode(frame[:-1])
     assert frame[-1] == 0 and body[:3] == b"\x01\x02\x01"
@@ -204,7 +211,7 @@ def test_decode_payload_errors():
             with pytest.raises(ProtocolError) as e:
                 P.decode_payload(t, payload)
             assert isinstance(e.value, ValueError) and "\n" not in str(e.value)
-    for t in (0x00, 0x06, 0x80, 0x88, 0xFF):
+    for t in (0x00, 0x07, 0x80, 0x88, 0xFF):
         with pytest.raises(ProtocolError, match="unknown message type"):
             P.decode_payload(t, b"")
     bad_reason = bytearray(P.encode_payload(EXAMPLES[8])[1])
@@ -222,6 +229,7 @@ def test_decode_payload_errors():
     Done(0, 0, "eos", 0, (0,) * 5),
     Generate([-1], 1),
     Generate([1], 2**32),
+    GenerateText("x" * 65536, 1),
     Error(70000, "x"),
     Resend(1, tuple(range(P.RESEND_MAX + 1))),
     Resent("asleep", 0, 0, 0, ()),
@@ -229,6 +237,26 @@ def test_decode_payload_errors():
 def test_encode_errors(msg):
     with pytest.raises(ProtocolError):
         P.encode_payload(msg)
+
+
+HOST_MESSAGES = st.one_of(
+    st.just(Ping()), st.just(Stop()),
+    st.builds(Layout, u32, st.integers(0, 0xFFF), st.binary(max_size=300)),
+    st.builds(Generate, st.lists(u32, max_size=80), u32, f32, f32, u64, st.booleans()),
+    st.builds(GenerateText, st.text(max_size=200), u32, f32, f32, u64, st.booleans()),
+    st.builds(Resend, u32, st.lists(u32, max_size=P.RESEND_MAX).map(tuple)),
+)
+
+
+@FAST
+@given(HOST_MESSAGES, u16)
+def test_host_frames_cannot_start_a_console_line(msg, seq):
+    """docs/formats.md 2.3: every frame the host sends starts with a COBS code byte below 0x20 (a
+    0x00 within its first 25 bytes) followed by its type, a control byte other than tab, backspace,
+    CR or LF, so the device's console never takes one for a line of text."""
+    frame = P.encode_frame(msg, seq)
+    assert frame[0] < 0x20 and frame[0] <= 25
+    assert frame[1] == P.encode_payload(msg)[0] and frame[1] < 0x20 and frame[1] not in (8, 9, 10, 13)
 
 
 def test_text_is_cut_at_character_boundary():

@@ -4,6 +4,7 @@
 #include "hal.h"
 #include "protocol.h"
 #include "sampler.h"
+#include "tokenize.h"
 #include <string.h>
 
 #ifndef FLM_FW_VERSION
@@ -49,6 +50,9 @@ typedef struct {
 static flm_app A;
 /* at least room for a full RESEND (8 + 4 * FLM_RESEND_MAX bytes of payload, framed) */
 static uint8_t rxbuf[FLM_RX_CAP > 192 ? FLM_RX_CAP : 192];
+
+static int feed(uint8_t b);                        /* text prompts and the console: below generate() */
+static const flm_tokenizer *text_encoder(void);
 
 /* ---- kept frames for RESEND (docs/formats.md section 2.1) ---- */
 #ifndef FLM_TOKEN_RING
@@ -122,7 +126,8 @@ static void send_hello(void) {
     const char *board = hal_board_name();
     flm_tx_begin(&A.tx, FLM_HELLO);
     flm_tx_u16(&A.tx, FLM_PROTO_VERSION);
-    flm_tx_u16(&A.tx, (uint16_t)((A.image_ok ? 1u : 0u) | 2u));   /* bit1: answers RESEND */
+    flm_tx_u16(&A.tx, (uint16_t)((A.image_ok ? 1u : 0u) | 2u        /* bit1: answers RESEND */
+                                 | (text_encoder() ? 4u : 0u)));     /* bit2: encodes text */
     flm_tx_put(&A.tx, A.image_ok ? A.model.model_hash : zero, 16);
     flm_tx_u32(&A.tx, A.image_ok ? A.model.layout_id : 0u);
     flm_tx_u32(&A.tx, A.image_ok ? A.model.vocab : 0u);
@@ -135,8 +140,8 @@ static void send_hello(void) {
     if (!A.image_ok) send_error(FLM_E_BAD_IMAGE, A.image_err);
 }
 
-/* Feed received bytes into the receiver; returns 1 with a frame ready in A.rx. Bytes read
- * past the end of that frame wait in pend for the next call. */
+/* Feed received bytes into the receiver; returns 1 with a frame ready in A.rx, 2 with a console
+ * text line (feed()). Bytes read past the end of that frame or line wait in pend for the next call. */
 static uint8_t pend[64];
 static size_t pend_i, pend_n;
 
@@ -148,7 +153,8 @@ static int poll_frame(void) {
             if (!pend_n) return 0;
         }
         while (pend_i < pend_n) {
-            if (flm_rx_feed(&A.rx, pend[pend_i++])) return 1;
+            int got = feed(pend[pend_i++]);
+            if (got) return got;
         }
     }
 }
@@ -234,9 +240,10 @@ static void send_logits(uint32_t step, const float *logits) {
 
 /* Between steps: answer PING and RESEND, refuse a second GENERATE, honour STOP. Returns 1 on STOP. */
 static int stop_requested(void) {
-    int stop = 0;
-    while (poll_frame()) {
-        if (A.rx.type == FLM_STOP) stop = 1;
+    int stop = 0, got;
+    while ((got = poll_frame())) {
+        if (got == 2) A.rx.bad_frames++;    /* a text line while a host generates: line noise */
+        else if (A.rx.type == FLM_STOP) stop = 1;
         else if (A.rx.type == FLM_PING) send_hello();
         else if (A.rx.type == FLM_RESEND) resend(A.rx.payload, A.rx.len);
         else send_error(FLM_E_BUSY, "busy generating; send STOP first");
@@ -330,6 +337,267 @@ static void generate(const uint8_t *p, size_t len) {
     for (int i = 0; i < FLM_N_PHASES; i++) K.done_phase[i] = tot[i];
     K.state = GEN_ENDED;
     send_done();
+}
+
+/* ---- text prompts: GENERATE_TEXT and the plain-text console (docs/formats.md 1.1, 2.3) ---- */
+
+/* The image's text encoder (its tokenizer.enc section), or why there is none. */
+static struct {
+    const uint8_t *blob;   /* the image this describes */
+    uint32_t kv_fmt;       /* ... with its KV cache in this format (the scratch it borrows: LAYOUT) */
+    int ok;
+    flm_tokenizer t;
+    char why[120];
+} T;
+
+static const flm_tokenizer *text_encoder(void) {
+    const flm_model *m = &A.model;
+    if (!A.image_ok) return 0;
+    if (T.blob != m->blob || T.kv_fmt != m->kv_fmt) {
+        T.blob = m->blob;
+        T.kv_fmt = m->kv_fmt;
+        T.ok = flm_tok_open(&T.t, m, T.why, sizeof T.why) == 0;
+        size_t need = T.ok ? flm_tok_scratch_bytes(&T.t, m->seq_len) : 0u, kv = flm_state_region_bytes(m, FLM_REG_KV);
+        size_t frame = 33u + (size_t)m->seq_len * T.t.span;   /* GENERATE_TEXT of the longest text that can fit */
+        if (T.ok && need > kv) {
+            T.ok = 0;
+            fmt2(T.why, sizeof T.why, "the text encoder needs ", (uint32_t)need,
+                 " bytes of scratch but the KV cache it borrows has ", (uint32_t)kv, "");
+        } else if (T.ok && frame + frame / 254u + 1u > sizeof rxbuf) {
+            T.ok = 0;
+            fmt2(T.why, sizeof T.why, "text prompts need a receive buffer of ", (uint32_t)(frame + frame / 254u + 1u),
+                 " bytes; this build has ", (uint32_t)sizeof rxbuf, "");
+        }
+    }
+    return T.ok ? &T.t : 0;
+}
+
+/* Encode text into A.prompt, BOS first (as the host's encode_prompt), in the KV cache's memory: it
+ * is idle between generations and every generation starts it afresh. Returns 0 with the ids'
+ * count in *n and the time taken in *us, or an error code with its one-line reason in err. */
+static uint16_t encode_text(const uint8_t *text, size_t len, uint32_t *n, uint32_t *us, char *err, size_t en) {
+    const flm_model *m = &A.model;
+    const flm_tokenizer *t = text_encoder();
+    if (!A.image_ok) { scopy(err, en, A.image_err); return FLM_E_NO_MODEL; }
+    if (!t) { scopy(err, en, T.why); return FLM_E_CANNOT_ENCODE; }
+    if (m->bos != FLM_NONE && m->bos >= m->vocab) {     /* the header's BOS is not checked at boot */
+        fmt2(err, en, "the image's BOS id ", m->bos, " is outside the vocabulary of ", m->vocab, "");
+        return FLM_E_BAD_TOKEN;
+    }
+    flm_tok_result r;
+    uint64_t t0 = hal_time_us();
+    int rc = flm_tok_encode(t, text, len, m->bos, A.prompt, m->seq_len, A.state.kc, &r);
+    *us = (uint32_t)(hal_time_us() - t0);
+    *n = r.n;
+    if (rc == FLM_TOK_BAD_UTF8) {
+        fmt2(err, en, "the text prompt is not UTF-8: bad byte at offset ", r.at, " of ", (uint32_t)len, "");
+        return FLM_E_BAD_MESSAGE;
+    }
+    if (rc == FLM_TOK_NO_PIECE) {
+        fmt2(err, en, "cannot encode byte ", r.byte, " at offset ", r.at, ": no piece and no byte fallback for it");
+        return FLM_E_CANNOT_ENCODE;
+    }
+    if (rc == FLM_TOK_TOO_LONG || r.n > m->seq_len) {
+        fmt2(err, en, rc == FLM_TOK_TOO_LONG ? "prompt of at least " : "prompt of ", r.n,
+             " tokens exceeds the context of ", m->seq_len, " tokens");
+        return FLM_E_PROMPT_TOO_LONG;
+    }
+    return 0;
+}
+
+static void put_le32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* GENERATE_TEXT payload: the GENERATE fields up to flags (24 bytes), then s16 text. Encoded, it
+ * becomes the GENERATE of those ids (rewritten in place) and runs exactly as one. */
+static void generate_text(void) {
+    uint8_t *p = rxbuf + (A.rx.payload - rxbuf);    /* the payload, writable */
+    size_t len = A.rx.len, i = 0;
+    uint32_t n, us;
+    char t[120];
+    if (len < 26u || len != 26u + (size_t)flm_get_u16(p + 24)) {
+        send_error(FLM_E_BAD_MESSAGE, "GENERATE_TEXT payload has the wrong length");
+        return;
+    }
+    uint16_t code = encode_text(p + 26, len - 26u, &n, &us, t, sizeof t);
+    if (!code && 28u + 4u * (size_t)n > sizeof rxbuf - (size_t)(p - rxbuf)) {
+        scopy(t, sizeof t, "prompt does not fit this build's receive buffer as ids");
+        code = FLM_E_PROMPT_TOO_LONG;
+    }
+    if (code) { send_error(code, t); return; }
+    put_str(t, &i, sizeof t, "text prompt: ");
+    put_dec(t, &i, sizeof t, (uint32_t)(len - 26u));
+    put_str(t, &i, sizeof t, " bytes, ");
+    put_dec(t, &i, sizeof t, n);
+    put_str(t, &i, sizeof t, " tokens, encoded in ");
+    put_dec(t, &i, sizeof t, us);
+    put_str(t, &i, sizeof t, " us");
+    send_log(t);
+    put_le32(p + 24, n);
+    for (uint32_t k = 0; k < n; k++) put_le32(p + 28 + 4u * k, A.prompt[k]);
+    generate(p, 28u + 4u * (size_t)n);
+}
+
+/* The console. A host frame's first byte is its COBS code byte, below 0x20 (docs/formats.md 2.3),
+ * so a line that starts with a byte >= 0x20 and ends in CR or LF, with no other control byte
+ * (tab, backspace and DEL aside) and no 0x00 in it, is text typed at a serial monitor: a prompt.
+ * Its answer is plain text: the prompt, the greedy continuation, a summary line; no frames. */
+enum { IN_START, IN_EOL, IN_TEXT, IN_FRAME };
+static uint8_t in_state;      /* IN_START after a delimiter or a line */
+static uint8_t in_held;       /* IN_EOL: the CR or LF held back: a blank line or a frame's code byte */
+static uint8_t in_skip;       /* the frame being received began with the held byte */
+static size_t line_len;       /* the line feed() returned: rxbuf[0..line_len) */
+static int line_over;         /* ... longer than rxbuf */
+static uint32_t console_lines;   /* answered since the last frame */
+
+/* Does the COBS block chain of b[from..n) end exactly at n? */
+static int cobs_ends(const uint8_t *b, size_t from, size_t n) {
+    while (from < n && b[from]) from += b[from];
+    return from == n;
+}
+
+/* One received byte: into a console line or into the frame receiver. Returns 1 with a frame ready
+ * in A.rx, 2 with a line ready. A CR or LF outside a line is held back until the next byte shows
+ * whether it ended a line (the terminal's CR LF) or is the code byte of a frame whose first zero
+ * is 9 or 12 bytes in; at the frame's end the COBS block chain decides. */
+static int feed(uint8_t b) {
+    int eol = b == '\r' || b == '\n';
+    if (in_state == IN_START || in_state == IN_EOL) {
+        if (eol) { in_held = b; in_state = IN_EOL; return 0; }
+        if (b >= 0x20u) { in_state = IN_TEXT; return feed(b); }
+        in_skip = in_state == IN_EOL && b;
+        if (in_skip) flm_rx_feed(&A.rx, in_held);
+        in_state = IN_FRAME;
+    } else if (in_state == IN_TEXT) {
+        if (eol) {
+            line_len = A.rx.n;
+            line_over = A.rx.overflow;
+            A.rx.n = 0;
+            A.rx.overflow = 0;
+            in_held = b;
+            in_state = IN_EOL;
+            return 2;
+        }
+        if (b == 0x08u || b == 0x7Fu) {      /* backspace: drop the last character */
+            while (A.rx.n && (A.rx.buf[--A.rx.n] & 0xC0u) == 0x80u) {}
+            return 0;
+        }
+        if (b >= 0x20u || b == '\t') return flm_rx_feed(&A.rx, b);
+        in_state = IN_FRAME;                 /* not text: junk before a frame, as without the console */
+        in_skip = 0;
+    }
+    if (b == 0) {
+        if (in_skip && !cobs_ends(A.rx.buf, 0, A.rx.n) && cobs_ends(A.rx.buf, 1, A.rx.n))
+            memmove(A.rx.buf, A.rx.buf + 1, --A.rx.n);   /* the held byte was a blank line after all */
+        in_state = IN_START;
+        in_skip = 0;
+    }
+    return flm_rx_feed(&A.rx, b);
+}
+
+/* Console output: the bytes of pieces and prompts, with LF as CR LF and no other control bytes
+ * (a model's output must not drive the terminal, and must hold no frame delimiter). */
+static void console_put(const uint8_t *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        while (j < n && (s[j] >= 0x20u || s[j] == '\t') && s[j] != 0x7Fu) j++;
+        if (j > i) hal_serial_write(s + i, j - i);
+        if (j < n && s[j] == '\n') hal_serial_write((const uint8_t *)"\r\n", 2);
+        i = j + 1u;
+    }
+}
+
+static void console_str(const char *s) { console_put((const uint8_t *)s, slen(s)); }
+
+/* While a story is told: a CR or LF outside a line (the rest of the terminal's CR LF) is taken in;
+ * any other byte stops the story and waits in pend, for the console or the framed protocol. */
+static int console_interrupted(void) {
+    for (;;) {
+        if (pend_i == pend_n) {
+            pend_i = 0;
+            pend_n = hal_serial_read(pend, sizeof pend);
+            if (!pend_n) return 0;
+        }
+        uint8_t b = pend[pend_i];
+        if ((b != '\r' && b != '\n') || (in_state != IN_START && in_state != IN_EOL)) return 1;
+        feed(b);
+        pend_i++;
+    }
+}
+
+/* Answer the console line rxbuf[0..line_len): greedy continuation to the end of text or of the
+ * context, then "[prompt + generated tokens in ms, tok/s (clock); encode time; why it ended]". */
+static void text_session(void) {
+    static const char *const CLOCK[3] = {"host clock", "chip timer", "emulated timer"};
+    const flm_model *m = &A.model;
+    char t[160];
+    uint32_t n = 0, us = 0, generated = 0;
+    size_t i = 0;
+    console_lines++;
+    if (line_over) {
+        put_str(t, &i, sizeof t, "flashlm: error: a line holds at most ");
+        put_dec(t, &i, sizeof t, (uint32_t)sizeof rxbuf);
+        put_str(t, &i, sizeof t, " bytes here\n");
+        console_str(t);
+        return;
+    }
+    if (!line_len) return;
+    console_put(rxbuf, line_len);
+    uint16_t code = encode_text(rxbuf, line_len, &n, &us, t, sizeof t);
+    if (code) {
+        console_str("\nflashlm: error: ");
+        console_str(t);
+        console_str("\n");
+        return;
+    }
+    const char *end = "context full";
+    uint32_t tok = A.prompt[0], pos;
+    uint64_t t0 = hal_time_us();
+    for (pos = 0; pos < m->seq_len; pos++) {
+        if (console_interrupted()) { end = "stopped by a key"; break; }
+        flm_step_stats st;
+        memset(&st, 0, sizeof st);
+        flm_body(&A.state, tok, pos, &st);
+        if (pos + 1u < n) { tok = A.prompt[pos + 1u]; continue; }   /* prefill: no output layer */
+        tok = flm_head_argmax(&A.state, &st);                       /* greedy: the pruned scan */
+        generated++;
+        if (tok == m->eos) { end = "end of text"; break; }
+        uint32_t plen;
+        const uint8_t *piece = flm_piece(m, tok, &plen);
+        console_put(piece, plen);
+    }
+    uint64_t total = hal_time_us() - t0, rate = total ? (uint64_t)generated * 10000000u / total : 0u;
+    put_str(t, &i, sizeof t, "\n[");
+    put_dec(t, &i, sizeof t, n);
+    put_str(t, &i, sizeof t, " prompt + ");
+    put_dec(t, &i, sizeof t, generated);
+    put_str(t, &i, sizeof t, " generated tokens in ");
+    put_dec(t, &i, sizeof t, (uint32_t)(total / 1000u));
+    put_str(t, &i, sizeof t, " ms, ");
+    put_dec(t, &i, sizeof t, (uint32_t)(rate / 10u));
+    put_str(t, &i, sizeof t, ".");
+    put_dec(t, &i, sizeof t, (uint32_t)(rate % 10u));
+    put_str(t, &i, sizeof t, " tok/s (");
+    put_str(t, &i, sizeof t, CLOCK[hal_clock_kind() < 3u ? hal_clock_kind() : 0u]);
+    put_str(t, &i, sizeof t, "); text encoded in ");
+    put_dec(t, &i, sizeof t, us);
+    put_str(t, &i, sizeof t, " us; ");
+    put_str(t, &i, sizeof t, end);
+    put_str(t, &i, sizeof t, "]\n");
+    console_str(t);
+}
+
+/* A frame after console lines: say so once, in the protocol (a line no one typed was line noise). */
+static void report_console(void) {
+    char t[120];
+    size_t i = 0;
+    if (!console_lines) return;
+    put_str(t, &i, sizeof t, "text console: answered ");
+    put_dec(t, &i, sizeof t, console_lines);
+    put_str(t, &i, sizeof t, " line(s) sent outside any frame (if no one typed them: line noise)");
+    console_lines = 0;
+    send_log(t);
 }
 
 /* ---- placement: stage tensors out of flash into PSRAM/SRAM, carve the state regions ---- */
@@ -551,17 +819,21 @@ void flm_app_run(uint8_t *arena, size_t cap, uint32_t arena_tier) {
     flm_rx_init(&A.rx, rxbuf, sizeof rxbuf);
     boot(arena, cap, arena_tier);
     for (;;) {
-        if (!poll_frame()) {
+        int got = poll_frame();
+        if (!got) {
             report_bad_frames();
             hal_idle();
             continue;
         }
+        if (got == 2) { text_session(); continue; }
+        report_console();
         switch (A.rx.type) {
         case FLM_PING: send_hello(); break;
         case FLM_GENERATE: generate(A.rx.payload, A.rx.len); break;
         case FLM_LAYOUT: set_layout(A.rx.payload, A.rx.len); break;
         case FLM_STOP: break;   /* nothing running */
         case FLM_RESEND: resend(A.rx.payload, A.rx.len); break;
+        case FLM_GENERATE_TEXT: generate_text(); break;
         default: send_error(FLM_E_BAD_MESSAGE, "unknown message type"); break;
         }
     }

@@ -248,6 +248,18 @@ flm_tensor *flm_tensor_at(const flm_model *cm, uint32_t i) {
     return l < m->n_layers ? layer_slot(&m->layers[l], (int)((i - n) % k)) : 0;
 }
 
+const uint8_t *flm_blob_section(const flm_model *m, const char *name, uint32_t *len) {
+    for (uint32_t i = 0; i < m->n_entries; i++) {
+        const uint8_t *e = m->blob + m->table + i * ENTRY_SIZE;
+        if (strncmp((const char *)e, name, 32) == 0 && flm_rd32(e + 32) == FLM_BYTES) {
+            *len = flm_rd32(e + 56);
+            return m->blob + flm_rd32(e + 52);
+        }
+    }
+    *len = 0;
+    return 0;
+}
+
 const uint8_t *flm_piece(const flm_model *m, uint32_t id, uint32_t *len) {
     uint32_t a = flm_rd32(m->tok_off + 4u * id), z = flm_rd32(m->tok_off + 4u * id + 4u);
     *len = z - a;

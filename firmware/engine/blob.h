@@ -62,6 +62,9 @@ void flm_blob_tie_head(flm_model *m);
 /* The i-th tensor the engine reads (i = 0, 1, ... until NULL): each once, a tied head being
  * tok_emb's rows. The one list of them (staging, the emulator's region marks, the fuzz oracle). */
 flm_tensor *flm_tensor_at(const flm_model *m, uint32_t i);
+/* The bytes of the section (format bytes) named name, or NULL; *len receives its length. For an m
+ * that flm_blob_open accepted (it checked every table entry's bounds). */
+const uint8_t *flm_blob_section(const flm_model *m, const char *name, uint32_t *len);
 /* Piece bytes of token id; *len receives the length. */
 const uint8_t *flm_piece(const flm_model *m, uint32_t id, uint32_t *len);
 uint32_t flm_rd32(const uint8_t *p);

@@ -9,13 +9,14 @@
 
 enum flm_msg {
     FLM_PING = 0x01, FLM_GENERATE = 0x02, FLM_LAYOUT = 0x03, FLM_STOP = 0x04, FLM_RESEND = 0x05,
+    FLM_GENERATE_TEXT = 0x06,
     FLM_HELLO = 0x81, FLM_TOKEN = 0x82, FLM_DONE = 0x83, FLM_ERROR = 0x84,
     FLM_LOGITS = 0x85, FLM_LOG = 0x86, FLM_RESENT = 0x87
 };
 
 enum flm_err {
     FLM_E_BAD_FRAME = 1, FLM_E_BAD_MESSAGE = 2, FLM_E_BAD_IMAGE = 3, FLM_E_PROMPT_TOO_LONG = 4,
-    FLM_E_BAD_TOKEN = 5, FLM_E_BUSY = 6, FLM_E_NO_MODEL = 7, FLM_E_BAD_LAYOUT = 8
+    FLM_E_BAD_TOKEN = 5, FLM_E_BUSY = 6, FLM_E_NO_MODEL = 7, FLM_E_BAD_LAYOUT = 8, FLM_E_CANNOT_ENCODE = 9
 };
 
 typedef void (*flm_write_fn)(const uint8_t *buf, size_t len);

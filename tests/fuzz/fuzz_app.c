@@ -13,7 +13,9 @@
  *   bit1 = 1: boot with a corrupted image (the refusal paths: ERROR no_model etc.).
  *
  * Oracle, beyond the sanitizers: everything the device sends must decode as good frames with
- * consecutive seq numbers and device message types; a violation aborts.
+ * consecutive seq numbers and device message types, or be console text (docs/formats.md 2.3: only
+ * bytes >= 0x20 but DEL, tab, CR, LF; each answer ending in CR LF) ahead of a frame; a violation
+ * aborts.
  *
  * The model blob comes from $FLM_FUZZ_BLOB (tests/fuzz/make_blob.py writes it). */
 #include <setjmp.h>
@@ -42,43 +44,78 @@ static unsigned long idle_calls, empty_reads;
 static uint8_t arena[1u << 20] __attribute__((aligned(64)));
 static uint8_t psram[1u << 16] __attribute__((aligned(64)));
 
-/* ---- oracle: the device's output must be well-formed frames ---------------------------- */
-static uint8_t out_buf[70000];
-static flm_rx out_rx;
+/* ---- oracle: the device's output must be well-formed frames, or console text ------------- */
+static uint8_t cand[70000], dec_buf[70000];
+static size_t cand_n;
 static uint32_t out_frames;
 static int verbose;    /* $FLM_FUZZ_VERBOSE: print every frame the device sends */
 
+/* c[0..n) (no delimiter) as one frame: checked and counted; 0 when it is not a good frame. */
+static int out_frame(const uint8_t *c, size_t n) {
+    flm_rx rx;
+    flm_rx_init(&rx, dec_buf, sizeof dec_buf);
+    for (size_t i = 0; i < n; i++) flm_rx_feed(&rx, c[i]);
+    if (!flm_rx_feed(&rx, 0)) return 0;
+    if (rx.seq != (uint16_t)out_frames) {
+        fprintf(stderr, "oracle: frame seq %u, expected %u\n", rx.seq, (unsigned)(uint16_t)out_frames);
+        abort();
+    }
+    if (rx.type < FLM_HELLO || rx.type > FLM_RESENT) {
+        fprintf(stderr, "oracle: the device sent frame type 0x%02x\n", rx.type);
+        abort();
+    }
+    if (rx.type == FLM_TOKEN && rx.len < 61u) {
+        fprintf(stderr, "oracle: TOKEN payload of %u bytes\n", (unsigned)rx.len);
+        abort();
+    }
+    if (verbose) {
+        fprintf(stderr, "device: seq %u type 0x%02x len %u", rx.seq, rx.type, (unsigned)rx.len);
+        if (rx.type == FLM_ERROR || rx.type == FLM_LOG) {
+            size_t o = rx.type == FLM_ERROR ? 2u : 0u;
+            if (rx.len >= o + 2u)
+                fprintf(stderr, " %.*s", (int)(rx.len - o - 2u), (const char *)rx.payload + o + 2u);
+        }
+        fputc('\n', stderr);
+    }
+    out_frames++;
+    return 1;
+}
+
+static int console_byte(uint8_t b) { return (b >= 0x20u && b != 0x7Fu) || b == '\t' || b == '\r' || b == '\n'; }
+
+/* What came before a delimiter: a frame, or console answers (ending in CR LF) and then a frame. */
+static void out_candidate(const uint8_t *c, size_t n) {
+    if (n == 0 || out_frame(c, n)) return;
+    size_t text = 0;
+    while (text < n && console_byte(c[text])) text++;
+    for (size_t k = text; k >= 2; k--)
+        if (c[k - 2] == '\r' && c[k - 1] == '\n' && (k == n || out_frame(c + k, n - k))) {
+            if (verbose) fprintf(stderr, "device: %u bytes of console text\n", (unsigned)k);
+            return;
+        }
+    fprintf(stderr, "oracle: the device sent a bad frame\n");
+    abort();
+}
+
+/* What the device left without a delimiter when the input ran out: console answers only. */
+static void out_rest(void) {
+    for (size_t i = 0; i < cand_n; i++)
+        if (!console_byte(cand[i])) { fprintf(stderr, "oracle: the device left an unfinished frame\n"); abort(); }
+    if (cand_n && (cand_n < 2 || cand[cand_n - 2] != '\r' || cand[cand_n - 1] != '\n')) {
+        fprintf(stderr, "oracle: console text that does not end its line\n");
+        abort();
+    }
+}
+
 static void out_check(const uint8_t *buf, size_t len) {
     for (size_t i = 0; i < len; i++) {
-        if (!flm_rx_feed(&out_rx, buf[i])) {
-            if (out_rx.bad_frames) {
-                fprintf(stderr, "oracle: the device sent a bad frame\n");
-                abort();
-            }
+        if (buf[i]) {
+            if (cand_n == sizeof cand) { fprintf(stderr, "oracle: a frame longer than any frame\n"); abort(); }
+            cand[cand_n++] = buf[i];
             continue;
         }
-        if (out_rx.seq != (uint16_t)out_frames) {
-            fprintf(stderr, "oracle: frame seq %u, expected %u\n", out_rx.seq, (unsigned)(uint16_t)out_frames);
-            abort();
-        }
-        if (out_rx.type < FLM_HELLO || out_rx.type > FLM_RESENT) {
-            fprintf(stderr, "oracle: the device sent frame type 0x%02x\n", out_rx.type);
-            abort();
-        }
-        if (out_rx.type == FLM_TOKEN && out_rx.len < 61u) {
-            fprintf(stderr, "oracle: TOKEN payload of %u bytes\n", (unsigned)out_rx.len);
-            abort();
-        }
-        if (verbose) {
-            fprintf(stderr, "device: seq %u type 0x%02x len %u", out_rx.seq, out_rx.type, (unsigned)out_rx.len);
-            if (out_rx.type == FLM_ERROR || out_rx.type == FLM_LOG) {
-                size_t o = out_rx.type == FLM_ERROR ? 2u : 0u;
-                if (out_rx.len >= o + 2u)
-                    fprintf(stderr, " %.*s", (int)(out_rx.len - o - 2u), (const char *)out_rx.payload + o + 2u);
-            }
-            fputc('\n', stderr);
-        }
-        out_frames++;
+        out_candidate(cand, cand_n);
+        cand_n = 0;
     }
 }
 
@@ -202,9 +239,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     build_stream(data, size);
-    flm_rx_init(&out_rx, out_buf, sizeof out_buf);
+    cand_n = 0;
     out_frames = 0;
     idle_calls = empty_reads = 0;
     if (setjmp(done) == 0) flm_app_run(arena, sizeof arena, FLM_TIER_SRAM);
+    out_rest();
     return 0;
 }

@@ -8,7 +8,8 @@
  *   bit2: when the image is accepted, run a few forward steps and the sampler on it (bit3: sample
  *   the whole head, else the pruned greedy scan; bit4: top-p; bit5: slide the window at the end).
  * Oracle, beyond the sanitizers: a refusal is one NUL-terminated printable line; an accepted
- * image's pieces and tensors lie inside the image. */
+ * image's pieces and tensors lie inside the image. An image with a tokenizer.enc section the
+ * encoder accepts encodes a few texts (firmware/engine/tokenize.c) into ids inside the vocabulary. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "engine.h"
 #include "hal.h"
 #include "sampler.h"
+#include "tokenize.h"
 
 static uint64_t now_us;
 uint64_t hal_time_us(void) { return now_us += 3u; }
@@ -30,6 +32,36 @@ static size_t bounded_len(const char *s, size_t cap) {
 
 static void put32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void refusal_is_one_line(const char *err, size_t cap) {
+    size_t len = bounded_len(err, cap);
+    if (len == cap || len == 0) { fprintf(stderr, "oracle: refusal text not terminated\n"); abort(); }
+    for (size_t i = 0; i < len; i++)
+        if (err[i] < ' ' || err[i] > '~') { fprintf(stderr, "oracle: refusal text not printable\n"); abort(); }
+}
+
+/* The device tokenizer on the image's tokenizer.enc, when it has one the encoder accepts. */
+static void encode_texts(const flm_model *m) {
+    static const char *const texts[] = {"", "Once upon a time", "ab  c\n\n d'll 12 \xc3\xa9\xf0\x9f\x98\x80",
+                                        "<|bos|>x<|eos|>", "\xff bad", "                                        "};
+    flm_tokenizer t;
+    char err[120];
+    memset(err, 0x55, sizeof err);
+    if (flm_tok_open(&t, m, err, sizeof err) != 0) { refusal_is_one_line(err, sizeof err); return; }
+    size_t need = flm_tok_scratch_bytes(&t, m->seq_len);
+    uint32_t *ids = malloc(4u * m->seq_len);
+    void *scratch = need <= (64u << 20) ? malloc(need) : 0;
+    for (size_t k = 0; ids && scratch && k < sizeof texts / sizeof *texts; k++) {
+        flm_tok_result r;
+        size_t len = bounded_len(texts[k], 64);
+        int rc = flm_tok_encode(&t, (const uint8_t *)texts[k], len, m->bos, ids, m->seq_len, scratch, &r);
+        for (uint32_t i = 0; rc == FLM_TOK_OK && i < r.n && i < m->seq_len; i++)
+            if (ids[i] >= m->vocab && ids[i] != m->bos) { fprintf(stderr, "oracle: encoded id outside the vocabulary\n"); abort(); }
+        if ((rc == FLM_TOK_BAD_UTF8 || rc == FLM_TOK_NO_PIECE) && r.at >= len) { fprintf(stderr, "oracle: bad offset\n"); abort(); }
+    }
+    free(ids);
+    free(scratch);
 }
 
 static void inside(const flm_model *m, const flm_tensor *t, const uint8_t *b, size_t n) {
@@ -55,10 +87,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char err[120];
     memset(err, 0x55, sizeof err);
     if (flm_blob_open(&m, b, n, err, sizeof err) != 0) {
-        size_t len = bounded_len(err, sizeof err);
-        if (len == sizeof err || len == 0) { fprintf(stderr, "oracle: refusal text not terminated\n"); abort(); }
-        for (size_t i = 0; i < len; i++)
-            if (err[i] < ' ' || err[i] > '~') { fprintf(stderr, "oracle: refusal text not printable\n"); abort(); }
+        refusal_is_one_line(err, sizeof err);
         free(b);
         return 0;
     }
@@ -69,6 +98,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     inside(&m, &m.head, b, n);
     for (uint32_t i = 0; flm_tensor_at(&m, i); i++) inside(&m, flm_tensor_at(&m, i), b, n);
+    encode_texts(&m);
     flm_blob_retier(&m, NULL);
     size_t need = flm_state_bytes(&m);
     if ((mode & 4) && need <= (8u << 20)) {

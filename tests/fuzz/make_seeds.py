@@ -19,7 +19,7 @@ from make_blob import FUZZ_MODEL, models  # noqa: E402
 from host import protocol as P  # noqa: E402
 
 REC, RAW_KIND, LAYOUT_AUTO = 1, 0xFF, 0xFE
-N_ENTRIES = 15     # table entries of FUZZ_MODEL's blob (head.prune included)
+N_ENTRIES = 16     # table entries of FUZZ_MODEL's blob (checked in app_seeds)
 
 
 def rec(kind: int, payload: bytes = b"") -> bytes:
@@ -31,11 +31,26 @@ def gen(prompt, max_new, temp=0.0, top_p=0.0, seed=0, flags=0) -> bytes:
     return struct.pack(f"<IffQII{len(prompt)}I", max_new, temp, top_p, seed, flags, len(prompt), *prompt)
 
 
+def gen_text(text: bytes, max_new, temp=0.0, top_p=0.0, seed=0, flags=0) -> bytes:
+    return struct.pack("<IffQIH", max_new, temp, top_p, seed, flags, len(text)) + text
+
+
+def lf_frame() -> bytes:
+    """A GENERATE whose COBS code byte is LF (first 0x00 nine bytes in): what a console line end
+    held back must not swallow."""
+    payload = struct.pack("<IIfQII", 0x01010101, 0x3F000101, 0.0, 0, 0, 1) + struct.pack("<I", 5)
+    frame = P.encode_raw_frame(P.MsgType.GENERATE, 0x0101, payload)
+    assert frame[0] == 0x0A
+    return frame
+
+
 def resend(generation, steps) -> bytes:
     return struct.pack(f"<II{len(steps)}I", generation, len(steps), *steps)
 
 
 def app_seeds() -> dict[str, bytes]:
+    from converter.blob import parse_header
+    assert len(parse_header(models()["app_q8"]).entries) == N_ENTRIES, "update N_ENTRIES (LAYOUT seeds)"
     V, C = FUZZ_MODEL["vocab_size"], FUZZ_MODEL["max_seq_len"]
     s = {}
     s["ping"] = bytes([REC]) + rec(1)
@@ -51,7 +66,7 @@ def app_seeds() -> dict[str, bytes]:
     s["generate_resend"] = (bytes([REC]) + rec(2, gen([1, 2, 3], 9)) + rec(5, resend(1, [0, 2, 5, 0xFFFFFFFF]))
                             + rec(5, resend(1, list(range(32)))) + rec(5, resend(7, [1])) + rec(5, b"\x01\0\0\0\x40\0\0\0"))
     s["resend_during"] = bytes([REC]) + rec(2, gen([4], 10)) + rec(5, resend(1, [0, 0xFFFFFFFF])) + rec(4)
-    s["layout_ok"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0) + bytes([0, 0, 0, 1] + [2] * 10))
+    s["layout_ok"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0) + bytes([0, 0, 0, 0, 1] + [2] * 10))
     s["layout_state"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0x211) + bytes([1] * N_ENTRIES)) \
         + rec(2, gen([1, 2], 3))
     s["layout_bad"] = bytes([REC]) + b"".join(rec(3, p) for p in (
@@ -82,6 +97,19 @@ def app_seeds() -> dict[str, bytes]:
     s["raw_wire_bad_image"] = bytes([0x02]) + wire
     s["record_bad_image"] = bytes([REC | 2]) + rec(1) + rec(2, gen([1], 2)) + rec(5, resend(0, [0]))
     s["raw_overflow"] = bytes([0xFC]) + b"\x01" * 9000 + b"\x00" + P.encode_frame(P.Ping(), 0)
+    # text prompts: GENERATE_TEXT, good and refused (no piece for "q", too long, not UTF-8, bad lengths)
+    s["generate_text"] = bytes([REC]) + rec(6, gen_text(b"ab c", 3)) + rec(6, gen_text("\u00e9 x\n12!".encode(), 2, 0.9, 0.9, 5, 1)) \
+        + rec(6, gen_text(b"", 2))
+    s["generate_text_bad"] = bytes([REC]) + b"".join(rec(6, p) for p in (
+        b"", gen_text(b"ab", 2)[:-1], gen_text(b"a\xffb", 2), gen_text(b"q", 2), gen_text(b"ab" * 40, 2),
+        gen_text(b"abc " * 10, 2), gen_text(b"ab", 2, float("nan"))))
+    # the console: lines (CR, LF, CR LF, backspace, a cut character, no piece), frames after held line ends,
+    # line noise before a frame whose code byte is LF, an overlong line, a line while a GENERATE runs
+    ping = P.encode_frame(P.Ping(), 9)
+    s["console_lines"] = bytes([0x08]) + b"abc\r\nx\x7fy\r\xc3\r\nq!\n" + ping + b"hi\r\n" + ping + b"\n\r" + ping
+    s["console_noise"] = bytes([0x00]) + b"Z" + lf_frame() + b"hello\r\n" + lf_frame() + lf_frame()
+    s["console_overflow"] = bytes([0xFC]) + b"a" * 9000 + b"\r\n" + ping
+    s["console_during_generate"] = bytes([REC]) + rec(2, gen([1], 8)) + rec(RAW_KIND, b"abc\r\n") + rec(1)
     return s
 
 
