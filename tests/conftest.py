@@ -11,10 +11,11 @@ ENGINE = ROOT / "firmware" / "engine"
 @pytest.fixture(scope="session")
 def blob_checker(tmp_path_factory):
     """tests/c/blob_check.c with the firmware's blob reader and engine, under ASan + UBSan: prints
-    "ok KV LOGITS SCRATCH" (the engine's RAM region bytes) or the refusal reason for a blob file."""
+    "ok KV LOGITS SCRATCH" (the engine's RAM region bytes) or the refusal reason for a blob file;
+    with the argument "head", the engine's output layer on activations from stdin."""
     exe = tmp_path_factory.mktemp("c") / "blob_check"
     subprocess.run(["cc", "-std=c99", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                     "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", f"-I{ENGINE}", str(ROOT / "tests/c/blob_check.c"),
-                    *(str(ENGINE / f) for f in ("blob.c", "crc32.c", "engine.c", "kernels.c", "flm_math.c")),
+                    *(str(ENGINE / f) for f in ("blob.c", "crc32.c", "engine.c", "kernels.c", "flm_math.c", "sampler.c")),
                     "-o", str(exe)], check=True)
     return exe

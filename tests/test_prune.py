@@ -15,8 +15,6 @@ from converter.quantize import quantize, quantize_matrix
 from converter.reference import PackedMatrix, Reference, quantize_activation
 from modelzoo import random_model, random_ple_model, spread_head
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
-ENGINE = ROOT / "firmware" / "engine"
 F = np.float32
 
 
@@ -91,17 +89,6 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def prune_checker(tmp_path_factory):
-    exe = tmp_path_factory.mktemp("c") / "prune_check"
-    subprocess.run(["cc", "-std=c99", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror",
-                    "-fsanitize=address,undefined", "-fno-sanitize-recover=all", f"-I{ENGINE}",
-                    str(ROOT / "tests/c/prune_check.c"),
-                    *(str(ENGINE / f) for f in ("blob.c", "crc32.c", "engine.c", "kernels.c", "flm_math.c",
-                                                "sampler.c")), "-o", str(exe)], check=True)
-    return exe
-
-
 def head_of(ir):
     return "tok_embeddings" if ir.config.tied else "output"
 
@@ -148,9 +135,11 @@ def activations(qm, rng) -> dict[str, np.ndarray]:
     return {k: np.asarray(x, F) for k, x in xs.items()}
 
 
-def run_checker(exe, blob_path, xs, n_out):
+def run_heads(exe, blob_path, xs, n_out):
+    """tests/c/blob_check.c's "head" mode: the engine's pruned and full output layer on each x."""
     data = struct.pack("<I", len(xs)) + b"".join(x.tobytes() for x in xs)
-    out = subprocess.run([str(exe), str(blob_path)], input=data, capture_output=True, check=True, timeout=60).stdout
+    out = subprocess.run([str(exe), str(blob_path), "head"], input=data, capture_output=True, check=True,
+                         timeout=60).stdout
     rec = 12 + 4 * n_out
     assert len(out) == rec * len(xs)
     for k in range(len(xs)):
@@ -161,14 +150,14 @@ def run_checker(exe, blob_path, xs, n_out):
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")   # x / 1e-25 squared: inf, as in C
 @pytest.mark.parametrize("variant", ["spread", "ties", "common", "tiny", "scaled"])
 @pytest.mark.parametrize("case", CASES)
-def test_engine_pruned_head_equals_full_scan_and_reference(prune_checker, tmp_path, case, variant):
+def test_engine_pruned_head_equals_full_scan_and_reference(blob_checker, tmp_path, case, variant):
     qm = adversarial_model(case, variant)
     c = qm.config
     (tmp_path / "m.flmb").write_bytes(build_blob(qm))
     ref = Reference(qm)
     xs = activations(qm, np.random.default_rng(7))
     stopped = []
-    got = run_checker(prune_checker, tmp_path / "m.flmb", list(xs.values()), c.n_out)
+    got = run_heads(blob_checker, tmp_path / "m.flmb", list(xs.values()), c.n_out)
     for x, (tok, rows, full, logits) in zip(xs.values(), got):
         want = ref.logits(x)
         assert np.array_equal(logits.view(np.uint32), want.view(np.uint32))      # the full scan, bit for bit

@@ -282,7 +282,8 @@ def test_ple_phase_shown_for_a_ple_model(connect):
         for t in res.tokens:
             v.on_token(t)
     lines = [ln.split() for ln in buf.getvalue().splitlines() if ln.strip()[:1].isdigit()]
-    assert "PLE µs" in buf.getvalue() and [int(ln[-7]) for ln in lines] == [30 + t.step for t in res.tokens]
+    assert "PLE µs" in buf.getvalue() and [int(ln[-8]) for ln in lines] == [30 + t.step for t in res.tokens]
+    assert [int(ln[-1]) for ln in lines] == [t.head_rows for t in res.tokens]         # the head rows column
     R.print_summary(Console(file=(b2 := io.StringIO()), width=200), res)
     assert "PLE µs" in b2.getvalue()
     assert R.summarize(res)["decode"]["phases"]["ple"]["sum"] == sum(t.us[3] for t in res.generated_steps)
