@@ -286,7 +286,7 @@ def apply_plan(console, info: dict, plan) -> None:
     atomic_write_bytes(blob_path, new)
     nh = B.parse_header(new, str(blob_path))
     manifest.update(blob_size=len(new), blob_crc=nh.crc, model_hash=bytes(nh.model_hash).hex(),
-                    layout_id=nh.layout_id)
+                    layout_id=nh.layout_id, kv=plan.kv)
     manifest["config"]["max_seq_len"] = nh.config.max_seq_len
     manifest["layout"] = {"board": plan.board, "layout_id": nh.layout_id, "kv": plan.kv,
                           "regions": dict(plan.regions),

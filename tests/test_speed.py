@@ -266,4 +266,5 @@ def test_cli_convert_kv_run_slide_and_the_prefill_decode_report(tmp_path, capsys
     rc = main(["plan", str(out), "--board", "native", "--flash-only", "--kv", "int8", "--apply",
                "--png", str(tmp_path / "p.png")])
     assert rc == 0 and kv_format(read_header(out / "model.flmb").state_tiers) == "int8"
+    assert json.loads((out / "manifest.json").read_text())["kv"] == "int8"
     assert "upper bound" in capsys.readouterr().out
