@@ -4,7 +4,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench fuzz system-deps test-deps emu-deps clean
+.PHONY: demo test bench fuzz system-deps test-deps emu-deps bench-deps clean
 
 # Debian packages, installed when missing. system-deps: a C compiler for the native virtual board.
 system-deps:
@@ -46,7 +46,11 @@ demo: system-deps $(STAMP)
 test: system-deps test-deps $(STAMP) $(EMU_STAMP)
 	$(BIN)/python -m pytest -q
 
-bench: system-deps $(STAMP) $(EMU_STAMP)
+# bench-deps: valgrind, whose callgrind counts the native engine's instructions per token (bench/callgrind.py).
+bench-deps:
+	@command -v valgrind >/dev/null 2>&1 || { apt-get update && apt-get install -y valgrind; }
+
+bench: system-deps bench-deps $(STAMP) $(EMU_STAMP)
 	$(BIN)/python -m bench
 
 # The long fuzz runs (make test has short ones): libFuzzer on the firmware's command handling for

@@ -35,12 +35,7 @@ def seed_table(shape: str = "ple-28m", pos: int | None = None) -> dict:
                 flash_budget=pl.budget["flash"])
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.ple_seed", description=__doc__.splitlines()[0])
-    ap.add_argument("--pos", type=int, help="position to predict at (default: mid-context)")
-    ap.add_argument("--json", metavar="FILE", help="also write the table as JSON")
-    args = ap.parse_args(argv)
-    t = seed_table(pos=args.pos)
+def print_table(t: dict) -> None:
     print(f"{t['shape']} on {t['board']}: planner PREDICTION at position {t['position']} (board profile) "
           f"vs PUBLISHED MEASUREMENT (issue 5)")
     print(f"{'phase':<16}{'predicted ms':>14}{'published ms':>14}{'pred/pub':>10}")
@@ -52,6 +47,15 @@ def main(argv=None) -> int:
     print(f"placement: tok_embeddings in {t['tiers']['tok_embeddings']}, ple.table in {t['tiers']['ple.table']}; "
           f"predicted bytes per token: " + ", ".join(f"{k} {v:,}" for k, v in t["bytes_per_token"].items()))
     print(f"blob {t['blob_bytes']:,} bytes of a {t['flash_budget']:,}-byte flash budget")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.ple_seed", description=__doc__.splitlines()[0])
+    ap.add_argument("--pos", type=int, help="position to predict at (default: mid-context)")
+    ap.add_argument("--json", metavar="FILE", help="also write the table as JSON")
+    args = ap.parse_args(argv)
+    t = seed_table(pos=args.pos)
+    print_table(t)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(t, f, indent=1)

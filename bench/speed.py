@@ -150,6 +150,26 @@ def eval_loss(qm, ids: list[int], windows: int, kv: str) -> dict:
     return dict(loss=total / n, ppl=math.exp(total / n), tokens=n)
 
 
+def measure(work: Path, runs, echo: bool = True) -> dict:
+    """``board_figures`` for each (name, quantized model, board, decode tokens, rounds), printed as
+    each is measured when ``echo``."""
+    out = {}
+    for name, qm, board, n, rounds in runs:
+        (work / name).mkdir()
+        t0 = time.monotonic()
+        out[name] = board_figures(board, qm, work / name, n, rounds)
+        out[name]["wall_s"] = time.monotonic() - t0
+        if echo:
+            print_board(name, out[name])
+    return out
+
+
+def short(work: Path, qm, echo: bool = True) -> dict:
+    """The short mode (``make bench``): ``qm`` on the native board (48 decode tokens, 3 rounds) and
+    on the emulated RP2040 (4 decode tokens); no int4 head, no eval."""
+    return measure(work, [("native_q8", qm, "native", 48, 3), ("rp2040_emu_q8", qm, "rp2040-emu", 4, 1)], echo)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.speed", description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=96, help="decode tokens on the native board (default 96)")
@@ -157,26 +177,21 @@ def main(argv=None) -> int:
     ap.add_argument("--emu-tokens", type=int, default=10, help="decode tokens on the emulated RP2040 (default 10)")
     ap.add_argument("--eval-windows", type=int, default=16, help="128-token windows of eval.txt (default 16; 0: none)")
     ap.add_argument("--no-emu", action="store_true", help="skip the emulated RP2040")
+    ap.add_argument("--short", action="store_true", help="what make bench runs: q8 only, native 48 decode tokens x 3 "
+                    "rounds, emulated 4 decode tokens, no eval (a few minutes)")
     ap.add_argument("--json", metavar="FILE")
     a = ap.parse_args(argv)
     ir = load_model(MODEL / "model.pt")
     q8 = quantize(ir, "q8", 32)
     q4head = quantize(ir, "q8", 32, ["head=q4"])
     out: dict = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "model": str(MODEL.relative_to(ROOT))}
+    runs = [("native_q8", q8, "native", a.tokens, a.rounds), ("native_q8_head_q4", q4head, "native", a.tokens, a.rounds),
+            ("rp2040_emu_q8", q8, "rp2040-emu", a.emu_tokens, 1),
+            ("rp2040_emu_q8_head_q4", q4head, "rp2040-emu", a.emu_tokens, 1)]
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        for name, qm, board, n, rounds in (("native_q8", q8, "native", a.tokens, a.rounds),
-                                           ("native_q8_head_q4", q4head, "native", a.tokens, a.rounds),
-                                           ("rp2040_emu_q8", q8, "rp2040-emu", a.emu_tokens, 1),
-                                           ("rp2040_emu_q8_head_q4", q4head, "rp2040-emu", a.emu_tokens, 1)):
-            if board != "native" and a.no_emu:
-                continue
-            (work / name).mkdir()
-            t0 = time.monotonic()
-            out[name] = board_figures(board, qm, work / name, n, rounds)
-            out[name]["wall_s"] = time.monotonic() - t0
-            _print_board(name, out[name])
-    if a.eval_windows > 0:
+        out.update(short(Path(tmp), q8) if a.short else
+                   measure(Path(tmp), [r for r in runs if r[2] == "native" or not a.no_emu]))
+    if a.eval_windows > 0 and not a.short:
         ids = eval_ids()
         t0 = time.monotonic()
         out["eval"] = {"windows": a.eval_windows, "of_tokens": len(ids) - 1,
@@ -198,7 +213,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def _print_board(name: str, f: dict) -> None:
+def print_board(name: str, f: dict) -> None:
     pf, ps = f["prefill_with_head"], f["prefill_without_head"]
     print(f"\n{name}: board {f['board']}, {f['clock']}; {f['prompt_tokens']}-token prompt, {f['decode_steps']} decode "
           f"steps, {f['rounds']} round(s) (per step the fastest round, then the median over steps; prefill: the "

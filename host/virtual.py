@@ -101,8 +101,9 @@ def _exit_text(binary: Path, rc: int, tail: list[str]) -> str:
     return msg
 
 
-def start_native_board(binary, blob_path, timeout: float = 10) -> VirtualBoard:
-    """Start ``BINARY BLOB_PATH`` and wait (at most ``timeout`` s) for its ``pty PATH`` line."""
+def start_native_board(binary, blob_path, timeout: float = 10, wrapper=()) -> VirtualBoard:
+    """Start ``BINARY BLOB_PATH`` and wait (at most ``timeout`` s) for its ``pty PATH`` line.
+    ``wrapper``: a command line to run it under (bench/callgrind.py: valgrind)."""
     binary, blob_path = Path(binary), Path(blob_path)
     if not binary.exists():
         raise BoardError(f"native board binary {binary} does not exist (run 'flashlm build --board native')")
@@ -111,7 +112,7 @@ def start_native_board(binary, blob_path, timeout: float = 10) -> VirtualBoard:
     if not blob_path.is_file():
         raise BoardError(f"model image {blob_path} does not exist")
     try:
-        proc = subprocess.Popen([str(binary), str(blob_path)], stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen([*wrapper, str(binary), str(blob_path)], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True, close_fds=True)
     except OSError as e:
