@@ -17,10 +17,12 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run the emul
   vs f32 KV cache, on the native board and the emulated RP2040 (bench/speed.py);
 * convert — load + quantize + blob time of a ~15M-parameter random llama2.c checkpoint.
 
-A section is ``Section(name, run, emulated)``: ``run(work_dir)`` returns a dict of top-level result
-entries; its optional ``ratios`` entry (label -> value) joins the table of ratios measured in this
-run. A full run (no ``--only``/``--quick``) writes bench/results.json after printing every figure
-beside the previous file's with their ratio; a partial run only prints (``--json FILE`` writes it).
+A section is ``Section(name, run, emulated)``: ``run(work_dir)`` (an empty directory of its own)
+returns a dict of top-level result entries; its optional ``ratios`` entry (label -> value) joins
+the table of ratios measured in this run (e.g. ``Section("kernels", lambda work: {"kernels":
+kernels.measure(work)}, emulated=True)``). A full run (no ``--only``/``--quick``) writes
+bench/results.json after printing every figure beside the previous file's with their ratio; a
+partial run only prints (``--json FILE`` writes it).
 """
 from __future__ import annotations
 
@@ -83,6 +85,7 @@ def run(sections: list[Section], console: Console) -> dict:
         for s in sections:
             t0 = time.monotonic()
             console.print(f"[bold]bench: {s.name}[/] ...")
+            (Path(tmp) / s.name).mkdir()
             out = s.run(Path(tmp) / s.name)
             ratios.update(out.pop("ratios", {}))
             results.update(out)

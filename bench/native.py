@@ -1,8 +1,12 @@
-"""The native board (the engine compiled for this computer): µs per phase (median over decode steps,
-from the firmware's clock — the host's monotonic clock on this board), tok/s, and the bytes a
-decode token reads per tier (the engine's own counters), for the default model at q8 and q4."""
+"""The native board (the engine compiled for this computer): µs per phase and tok/s from the
+firmware's clock (the host's monotonic clock on this board) and the bytes a decode token reads per
+tier (the engine's own counters), for the default model at q8 and q4.
+
+Both boards run at once and generate the same prompt in turn, ``ROUNDS`` times, so a busy host
+slows both alike; per decode step the fastest round counts (bench/speed.py ``fastest``)."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 from pathlib import Path
 
@@ -10,23 +14,35 @@ from host.protocol import PHASES, TIERS
 from host.virtual import start_native_board
 
 from .model import FORMATS, blob_and_firmware, default_quant, prompt_ids, session
+from .speed import fastest
+
+ROUNDS = 3
+NEW_TOKENS = 96
 
 
-def native_run(qm, work: Path, new_tokens: int = 96) -> dict:
-    blob, fw = blob_and_firmware(qm, "native", work)
-    with start_native_board(fw.binary, blob) as board, session(board.port, 30) as s:
-        res = s.generate(prompt_ids(qm), new_tokens)
-    dec = res.generated_steps[1:]      # decode steps only (the first generated step ends the prompt)
-    per_phase = {p: statistics.median(t.us[i] for t in dec) for i, p in enumerate(PHASES)}
-    total_us = sum(sum(t.us) for t in dec)
-    return dict(clock=res.clock, board=res.board, decode_steps=len(dec),
-                us_median=per_phase, tok_per_s=len(dec) / (total_us / 1e6) if total_us else float("inf"),
-                bytes_per_token={tier: dec[-1].bytes_read[i] for i, tier in enumerate(TIERS)},
-                bytes_per_token_at_pos=dec[-1].pos)
+def figures(runs: list) -> dict:
+    """The figures of one model's rounds (decode steps only: the first generated step ends the prompt)."""
+    last = runs[0].generated_steps[-1]
+    per_step = fastest(runs, lambda t: sum(t.us), 1)
+    return dict(clock=runs[0].clock, board=runs[0].board, decode_steps=len(per_step), rounds=len(runs),
+                us_median={p: statistics.median(fastest(runs, lambda t: t.us[i], 1)) for i, p in enumerate(PHASES)},
+                tok_per_s=len(per_step) / (sum(per_step) / 1e6) if sum(per_step) else float("inf"),
+                bytes_per_token={tier: last.bytes_read[i] for i, tier in enumerate(TIERS)},
+                bytes_per_token_at_pos=last.pos)
 
 
 def section(work: Path) -> dict:
-    out = {f"native_{fmt}": native_run(default_quant(fmt), work / fmt) for fmt in FORMATS}
+    runs: dict = {fmt: [] for fmt in FORMATS}
+    with contextlib.ExitStack() as stack:
+        sessions = {}
+        for fmt in FORMATS:
+            blob, fw = blob_and_firmware(default_quant(fmt), "native", work / fmt)
+            board = stack.enter_context(start_native_board(fw.binary, blob))
+            sessions[fmt] = stack.enter_context(session(board.port, 30))
+        for _ in range(ROUNDS):
+            for fmt, s in sessions.items():
+                runs[fmt].append(s.generate(prompt_ids(default_quant(fmt)), NEW_TOKENS))
+    out = {f"native_{fmt}": figures(r) for fmt, r in runs.items()}
     q8, q4 = out["native_q8"], out["native_q4"]
     out["ratios"] = {"native q4/q8 tok/s": q4["tok_per_s"] / q8["tok_per_s"],
                      "q4/q8 flash bytes per token": q4["bytes_per_token"]["flash"] / q8["bytes_per_token"]["flash"]}

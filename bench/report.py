@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 from converter.costmodel import PHASES, TIERS
 
@@ -50,16 +51,17 @@ def rat(v) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-def _table(title: str, columns: list[str], rows: list[list], caption: str | None = None) -> Table:
-    t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+def _table(title: str, columns: list[str], rows: list[list], caption: str | None = None) -> Group:
+    """The title and caption as lines of the console's width above and below the table."""
+    t = Table()
     for i, c in enumerate(columns):
         t.add_column(c, justify="left" if i == 0 else "right")
     for r in rows:
         t.add_row(*[num(x) for x in r])
-    return t
+    return Group(Text("\n" + title, style="bold"), t, *([Text(caption)] if caption else []))
 
 
-def phase_table(r: dict) -> Table | None:
+def phase_table(r: dict) -> Group | None:
     """The default model per phase: native µs, emulated RP2040 cycles (decode and prefill), and the
     planner's prediction over the emulated time."""
     cols: list[tuple[str, dict, object]] = []     # header, {phase: value}, token total
@@ -84,7 +86,7 @@ def phase_table(r: dict) -> Table | None:
                   "native token = mean µs per decode token (1/tok/s); phases are medians, so they need not add up")
 
 
-def bytes_table(r: dict) -> Table | None:
+def bytes_table(r: dict) -> Group | None:
     cols = []
     for fmt in ("q8", "q4"):
         n = r.get(f"native_{fmt}")
@@ -103,7 +105,7 @@ def bytes_table(r: dict) -> Table | None:
                   "each the last decode step of its run: SRAM is the KV cache, which a step reads up to its position")
 
 
-def callgrind_table(r: dict) -> Table | None:
+def callgrind_table(r: dict) -> Group | None:
     runs = {fmt: r[f"callgrind_native_{fmt}"] for fmt in ("q8", "q4") if f"callgrind_native_{fmt}" in r}
     if not runs:
         return None
@@ -120,7 +122,7 @@ def callgrind_table(r: dict) -> Table | None:
                   ["figure"] + [f"{fmt} Ir" for fmt in runs], rows)
 
 
-def predicted_table(r: dict) -> Table | None:
+def predicted_table(r: dict) -> Group | None:
     p = r.get("predicted")
     if not p:
         return None
@@ -134,13 +136,13 @@ def predicted_table(r: dict) -> Table | None:
                   rows)
 
 
-def ratios_table(r: dict, before: dict) -> Table | None:
+def ratios_table(r: dict, before: dict) -> Group | None:
     prev = before.get("ratios", {})
     rows = [[k, rat(v), rat(prev.get(k)), rat(ratio(v, prev.get(k)))] for k, v in r.get("ratios", {}).items()]
     return _table("ratios measured in this run", ["ratio", "now", "previous run's", "now/previous"], rows) if rows else None
 
 
-def comparison_tables(now: dict, before: dict) -> list[Table]:
+def comparison_tables(now: dict, before: dict) -> list[Group]:
     """One table per top-level entry but the ratios: every figure, the previous run's, and now/previous."""
     out, groups = [], {}
     for key, v, p, q in compare(flatten({k: v for k, v in now.items() if k != "ratios"}), flatten(before)):

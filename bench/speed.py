@@ -15,6 +15,8 @@
   windows).
 
 ``--json FILE`` writes the figures. Timings come from the firmware's clock; each line names it.
+``--short`` is what ``make bench`` runs: the whole vs pruned head, the prefill and the KV cache
+figures of the q8 model only, with fewer tokens, and no eval.
 """
 from __future__ import annotations
 
@@ -48,6 +50,13 @@ OUT, ATTN, SAMPLE = 4, 1, 5      # phase indices (host.protocol.PHASES)
 
 def _median(xs) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
+
+
+def fastest(runs, f, first: int = 0) -> list:
+    """Per generated step (from the ``first``), ``f`` of that step in the fastest of the ``runs``
+    (the same generation repeated): a busy host only ever adds time, so the minimum over rounds is
+    the estimate least disturbed by other processes."""
+    return [min(col) for col in zip(*[[f(t) for t in r.generated_steps[first:]] for r in runs])]
 
 
 def board_figures(board: str, qm, work: Path, new_tokens: int, rounds: int) -> dict:
@@ -88,10 +97,7 @@ def board_figures(board: str, qm, work: Path, new_tokens: int, rounds: int) -> d
     dec_f, dec_p, dec_8 = ([t for r in runs[k] for t in r.generated_steps] for k in ("full", "pruned", "int8"))
 
     def steady(key, f) -> float:
-        """Median over decode steps of the fastest round at that step: a busy host only ever adds
-        time, so the minimum over rounds is the estimate least disturbed by other processes."""
-        per_round = [[f(t) for t in r.generated_steps] for r in runs[key]]
-        return _median([min(col) for col in zip(*per_round)])
+        return _median(fastest(runs[key], f))
     c = qm.config
     ids_f32 = [t.out_id for t in runs["pruned"][0].generated_steps]
     ids_i8 = [t.out_id for t in runs["int8"][0].generated_steps]

@@ -116,3 +116,18 @@ def test_unknown_section_is_a_one_line_error(capsys):
 def test_sections_have_unique_names():
     names = [s.name for s in bench_main.SECTIONS]
     assert len(names) == len(set(names)) and {"native", "emulated", "callgrind", "predicted", "speed"} <= set(names)
+
+
+def test_run_merges_sections_and_their_ratios():
+    seen = []
+
+    def fake(name):
+        def run(work):
+            seen.append((work.name, work.is_dir(), list(work.iterdir())))
+            return {name: {"x": 1}, "ratios": {f"{name} ratio": 0.5}}
+        return bench_main.Section(name, run)
+    r = bench_main.run([fake("a"), fake("b")], Console(file=io.StringIO()))
+    assert seen == [("a", True, []), ("b", True, [])]
+    assert r["a"] == {"x": 1} and r["b"] == {"x": 1}
+    assert r["ratios"] == {"a ratio": 0.5, "b ratio": 0.5} and set(r["bench_wall_s"]) == {"a", "b"}
+    assert r["default_model"]["params"] > 0
