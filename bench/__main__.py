@@ -38,8 +38,8 @@ from typing import Callable
 
 from rich.console import Console
 
-from . import callgrind, convert, emulated, native, predict, speed
-from .model import ROOT, default_ir, default_quant
+from . import callgrind, convert, emulated, native, ple_seed, predict, speed
+from .model import ROOT, default_ir
 from .report import print_report
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
@@ -52,24 +52,13 @@ class Section:
     emulated: bool = False       # runs the emulated RP2040 (minutes): left out by --quick
 
 
-def _speed(work: Path) -> dict:
-    out = speed.short(work, default_quant("q8"), echo=False)
-    ratios = {}
-    for board, f in out.items():
-        pf, ps = f["prefill_with_head"], f["prefill_without_head"]
-        ratios.update({f"{board}: pruned/whole head output µs": f["output_us_pruned"] / f["output_us_full"],
-                       f"{board}: prefill without/with head µs": ps["total_us"] / pf["total_us"],
-                       f"{board}: int8/f32 KV attention µs": f["attention_us_int8"] / f["attention_us_f32"]})
-    return {"speed": out, "ratios": ratios}
-
-
 SECTIONS = [
     Section("native", native.section),
     Section("emulated", emulated.section, emulated=True),
     Section("encode", emulated.encode_section, emulated=True),
     Section("callgrind", callgrind.section),
     Section("predicted", predict.section),
-    Section("speed", _speed, emulated=True),
+    Section("speed", speed.section, emulated=True),
     Section("convert", convert.section),
 ]
 
@@ -115,8 +104,7 @@ def main(argv=None) -> int:
                   f"{results['host']['load_1min']:.2f}; every figure names its board and clock; predictions are "
                   f"labelled as such")
     if "ple_seed" in results:
-        from .ple_seed import print_table
-        print_table(results["ple_seed"])
+        ple_seed.print_table(results["ple_seed"])
     for board, f in results.get("speed", {}).items():
         speed.print_board(board, f)
     print_report(console, results, previous)

@@ -49,6 +49,7 @@ def _median(xs) -> float:
 
 
 def emu_run(qm, work: Path, new_tokens: int = 12) -> dict:
+    """One generation of the prompt and ``new_tokens`` on the emulated RP2040 (deterministic: one run)."""
     blob, fw = blob_and_firmware(qm, BOARD, work)
     m = re.search(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s", fw.size_text, re.M)
     with start_emulated_board(fw.binary, blob) as board, session(board.port) as s:
@@ -86,7 +87,7 @@ def emu_run(qm, work: Path, new_tokens: int = 12) -> dict:
         bytes_per_token_at_pos=last.pos, head_rows_at_pos=last.head_rows,
         predicted_us_median=pred_us,
         predicted_over_emulated={p: pred_us[p] / emu_us[p] for p in PHASES if emu_us[p]},
-        predicted_over_emulated_token=sum(pred_us.values()) / sum(emu_us.values()),
+        predicted_over_emulated_token=_median(x.total_us for x in pred) / _median(sum(t.us) for t in dec),
         image_text_bytes=int(m.group(1)) if m else 0, image_bss_bytes=int(m.group(3)) if m else 0,
         blob_bytes=blob.stat().st_size)
 

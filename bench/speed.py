@@ -41,6 +41,8 @@ from host.cli import kv_layout
 from host.protocol import Link
 from host.session import Session, open_port
 
+from .model import default_quant
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "default"
 LONG_PROMPT = "ROMEO:\nWhat light through yonder window breaks?"
@@ -174,6 +176,18 @@ def short(work: Path, qm, echo: bool = True) -> dict:
     """The short mode (``make bench``): ``qm`` on the native board (48 decode tokens, 3 rounds) and
     on the emulated RP2040 (4 decode tokens); no int4 head, no eval."""
     return measure(work, [("native_q8", qm, "native", 48, 3), ("rp2040_emu_q8", qm, "rp2040-emu", 4, 1)], echo)
+
+
+def section(work: Path) -> dict:
+    """The short mode as a ``python -m bench`` section, with its ratios."""
+    out = short(work, default_quant("q8"), echo=False)
+    ratios = {}
+    for board, f in out.items():
+        pf, ps = f["prefill_with_head"], f["prefill_without_head"]
+        ratios.update({f"{board}: pruned/whole head output µs": f["output_us_pruned"] / f["output_us_full"],
+                       f"{board}: prefill without/with head µs": ps["total_us"] / pf["total_us"],
+                       f"{board}: int8/f32 KV attention µs": f["attention_us_int8"] / f["attention_us_f32"]})
+    return {"speed": out, "ratios": ratios}
 
 
 def main(argv=None) -> int:
