@@ -97,7 +97,7 @@ static void rmsnorm(float *o, const float *x, const flm_tensor *w, uint32_t n, f
 
 static void matvec(flm_state *s, const flm_tensor *w, const float *x, float *out, flm_step_stats *st) {
     flm_quantize_act(x, w->cols, w->group, s->xq, s->xs);
-    flm_matvec(w, s->xq, s->xs, out);
+    hal_matvec(w, s->xq, s->xs, out);
     st->bytes[w->tier] += w->length;
 }
 

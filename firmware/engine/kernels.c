@@ -71,17 +71,95 @@ void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float 
     }
 }
 
-static int32_t dot_q8(const int8_t *w, const int8_t *x, uint32_t n) {
+/* ---- group dot products -------------------------------------------------------------------
+ * The scalar kernels define the sums; the tuned ones must agree with them exactly (integer sums are
+ * exact in any order), which flm_kernels_self_check verifies at boot. */
+
+static int32_t dot_q8_scalar(const int8_t *w, const int8_t *x, uint32_t n) {
     int32_t s = 0;
-    uint32_t i = 0;
-    for (; i + 4 <= n; i += 4)   /* unrolled: integer sums are exact in any order */
-        s += (int32_t)w[i] * x[i] + (int32_t)w[i + 1] * x[i + 1] + (int32_t)w[i + 2] * x[i + 2] +
-             (int32_t)w[i + 3] * x[i + 3];
-    for (; i < n; i++) s += (int32_t)w[i] * (int32_t)x[i];
+    for (uint32_t i = 0; i < n; i++) s += (int32_t)w[i] * (int32_t)x[i];
     return s;
 }
 
-static int32_t dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) {
+static int32_t dot_q4_scalar(const uint8_t *w, const int8_t *x, uint32_t n) {
+    int32_t s = 0;
+    for (uint32_t i = 0; i < n; i++) s += nib((uint32_t)w[i >> 1] >> (4u * (i & 1u))) * (int32_t)x[i];
+    return s;
+}
+
+#if defined(__ARM_ARCH_6M__)
+/* Cortex-M0+ (ARMv6-M: no DSP or SIMD instructions, 1-cycle MULS on the RP2040): word loads of codes
+ * and activations (LDM with writeback, 2 cycles for 4 bytes against 2 for each LDRSB), each byte
+ * sign-extended in registers by SXTB or a shift, one MULS and ADDS per product. 8 weights a turn. */
+int32_t flm_dot_q8(const int8_t *w, const int8_t *x, uint32_t n) {
+    int32_t s = 0;
+    uint32_t n8 = n & ~7u;
+    if (n8 && !(((uintptr_t)w | (uintptr_t)x) & 3u)) {   /* codes are; activations are in the engine */
+        const int8_t *end = w + n8;
+        uint32_t a, b, t, u;
+#define Q8_WORD                                                                                     \
+        "ldm %[w]!, {%[a]}\n ldm %[x]!, {%[b]}\n"                                                  \
+        "sxtb %[t], %[a]\n sxtb %[u], %[b]\n muls %[t], %[u]\n adds %[s], %[t]\n"                 \
+        "lsrs %[t], %[a], #8\n sxtb %[t], %[t]\n lsrs %[u], %[b], #8\n sxtb %[u], %[u]\n"         \
+        "muls %[t], %[u]\n adds %[s], %[t]\n"                                                       \
+        "lsrs %[t], %[a], #16\n sxtb %[t], %[t]\n lsrs %[u], %[b], #16\n sxtb %[u], %[u]\n"       \
+        "muls %[t], %[u]\n adds %[s], %[t]\n"                                                       \
+        "asrs %[a], %[a], #24\n asrs %[b], %[b], #24\n muls %[a], %[b]\n adds %[s], %[a]\n"
+        __asm volatile(".syntax unified\n"
+                       "1:\n" Q8_WORD Q8_WORD
+                       "cmp %[w], %[end]\n bne 1b\n"
+                       ".syntax divided\n"
+                       : [w] "+l"(w), [x] "+l"(x), [s] "+l"(s), [a] "=&l"(a), [b] "=&l"(b), [t] "=&l"(t), [u] "=&l"(u)
+                       : [end] "r"(end)
+                       : "cc", "memory");
+#undef Q8_WORD
+        n -= n8;
+    }
+    return s + dot_q8_scalar(w, x, n);
+}
+
+/* 8 nibbles per code word, each sign-extended by a shift pair (LSLS to the top, ASRS down). */
+int32_t flm_dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) {
+    int32_t s = 0;
+    uint32_t n8 = n & ~7u;
+    if (n8 && !(((uintptr_t)w | (uintptr_t)x) & 3u)) {
+        const uint8_t *end = w + n8 / 2u;
+        uint32_t a, b, t, u;
+#define Q4_PAIR(lo, hi, xlo, xhi)                                                                   \
+        "lsls %[t], %[a], #" #lo "\n asrs %[t], %[t], #28\n " xlo "\n muls %[t], %[u]\n adds %[s], %[t]\n" \
+        "lsls %[t], %[a], #" #hi "\n asrs %[t], %[t], #28\n " xhi "\n muls %[t], %[u]\n adds %[s], %[t]\n"
+        __asm volatile(".syntax unified\n"
+                       "1:\n"
+                       "ldm %[w]!, {%[a]}\n ldm %[x]!, {%[b]}\n"
+                       Q4_PAIR(28, 24, "sxtb %[u], %[b]", "lsrs %[u], %[b], #8\n sxtb %[u], %[u]")
+                       Q4_PAIR(20, 16, "lsrs %[u], %[b], #16\n sxtb %[u], %[u]", "asrs %[u], %[b], #24")
+                       "ldm %[x]!, {%[b]}\n"
+                       Q4_PAIR(12, 8, "sxtb %[u], %[b]", "lsrs %[u], %[b], #8\n sxtb %[u], %[u]")
+                       "lsls %[t], %[a], #4\n asrs %[t], %[t], #28\n lsrs %[u], %[b], #16\n sxtb %[u], %[u]\n"
+                       "muls %[t], %[u]\n adds %[s], %[t]\n"
+                       "asrs %[a], %[a], #28\n asrs %[b], %[b], #24\n muls %[a], %[b]\n adds %[s], %[a]\n"
+                       "cmp %[w], %[end]\n bne 1b\n"
+                       ".syntax divided\n"
+                       : [w] "+l"(w), [x] "+l"(x), [s] "+l"(s), [a] "=&l"(a), [b] "=&l"(b), [t] "=&l"(t), [u] "=&l"(u)
+                       : [end] "r"(end)
+                       : "cc", "memory");
+#undef Q4_PAIR
+        n -= n8;
+    }
+    return s + dot_q4_scalar(w, x, n);
+}
+#else
+/* Portable C: unrolled by four (a compiler for a core with SIMD may vectorize it). */
+int32_t flm_dot_q8(const int8_t *w, const int8_t *x, uint32_t n) {
+    int32_t s = 0;
+    uint32_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        s += (int32_t)w[i] * x[i] + (int32_t)w[i + 1] * x[i + 1] + (int32_t)w[i + 2] * x[i + 2] +
+             (int32_t)w[i + 3] * x[i + 3];
+    return s + dot_q8_scalar(w + i, x + i, n - i);
+}
+
+int32_t flm_dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) {
     int32_t s = 0;
     uint32_t i = 0;
     for (; i + 1 < n; i += 2) {
@@ -91,12 +169,13 @@ static int32_t dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) {
     if (i < n) s += nib(w[i >> 1]) * (int32_t)x[i];
     return s;
 }
+#endif
 
-void flm_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out) {
-    for (uint32_t r = 0; r < w->rows; r++) out[r] = flm_matvec_row(w, r, xq, xs);
-}
+typedef int32_t (*dot8_fn)(const int8_t *, const int8_t *, uint32_t);
+typedef int32_t (*dot4_fn)(const uint8_t *, const int8_t *, uint32_t);
 
-float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs) {
+/* One output row: per group float(isum) * (wscale * xscale), folded left to right. */
+static inline float row_with(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs, dot8_fn d8, dot4_fn d4) {
     const uint32_t g = w->group, cols = w->cols;
     row_reader rr = row_at(w, r);
     float acc = 0.0f;
@@ -105,12 +184,72 @@ float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const fl
         uint32_t nbytes = w->fmt == FLM_Q8 ? len : (len + 1u) / 2u;
         float sc = next_scale(&rr);
         const uint8_t *p = rr.codes;
-        int32_t isum = w->fmt == FLM_Q8 ? dot_q8((const int8_t *)p, xq + s, len) : dot_q4(p, xq + s, len);
+        int32_t isum = w->fmt == FLM_Q8 ? d8((const int8_t *)p, xq + s, len) : d4(p, xq + s, len);
         float term = (float)isum * (sc * xs[gi]);
         acc = gi == 0 ? term : acc + term;
         rr.codes += (nbytes + 3u) & ~3u;
     }
     return acc;
+}
+
+float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs) {
+    return row_with(w, r, xq, xs, flm_dot_q8, flm_dot_q4);
+}
+
+void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq, const float *xs, float *out) {
+    for (uint32_t r = r0; r < r1; r++) out[r] = row_with(w, r, xq, xs, flm_dot_q8, flm_dot_q4);
+}
+
+void flm_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out) {
+    flm_matvec_rows(w, 0, w->rows, xq, xs, out);
+}
+
+/* The default: every row on the calling core. */
+__attribute__((weak)) void hal_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out) {
+    flm_matvec(w, xq, xs, out);
+}
+
+/* ---- boot self-check ---------------------------------------------------------------------- */
+
+/* A built-in tensor of 3 rows x 45 columns in groups of 16 (a short last group, odd for q4: the
+ * tuned loops' scalar tails run too), as q8 and q4 with f32 and fp16 scales; pseudo-random codes,
+ * activations with -127 and 127 among them. */
+#define SC_ROWS 3u
+#define SC_COLS 45u
+#define SC_G 16u
+
+static uint32_t sc_mix(uint32_t h) {
+    h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
+    return h;
+}
+
+int flm_kernels_self_check(void) {
+    static uint8_t buf[SC_ROWS * 3u * (4u + SC_G)] __attribute__((aligned(4)));
+    static int8_t xq[SC_COLS + 3u] __attribute__((aligned(4)));
+    static const float xs[3] = {0.25f, -0.0078125f, 3.0f};
+    const uint32_t ng = (SC_COLS + SC_G - 1u) / SC_G;
+    for (uint32_t i = 0; i < SC_COLS; i++) xq[i] = (int8_t)(i < 4u ? (i & 1u ? 127 : -127) : (int32_t)(sc_mix(i) % 255u) - 127);
+    for (uint32_t fmt = FLM_Q8; fmt <= FLM_Q4; fmt++) {
+        for (uint32_t s16 = 0; s16 < 2u; s16++) {
+            uint32_t code = fmt == FLM_Q8 ? SC_G : SC_G / 2u;
+            uint32_t stride = s16 ? ((2u * ng + 3u) & ~3u) + ng * code : ng * (4u + code);
+            for (uint32_t i = 0; i < SC_ROWS * stride; i++)
+                buf[i] = (uint8_t)sc_mix(i + 977u * fmt);
+            for (uint32_t r = 0; r < SC_ROWS; r++) {   /* scales: 1.5 * 2^-k, f32 or fp16 */
+                uint8_t *p = buf + r * stride;
+                for (uint32_t k = 0; k < ng; k++) {
+                    if (s16) { p[2u * k] = 0; p[2u * k + 1u] = (uint8_t)(0x3eu - 4u * k); }
+                    else { uint8_t *q = p + k * (4u + code); q[0] = q[1] = 0; q[2] = 0xc0u; q[3] = (uint8_t)(0x3fu - k); }
+                }
+            }
+            flm_tensor w = {buf, fmt, SC_ROWS, SC_COLS, SC_G, stride, FLM_TIER_SRAM, SC_ROWS * stride, s16};
+            for (uint32_t r = 0; r < SC_ROWS; r++) {
+                float fast = flm_matvec_row(&w, r, xq, xs), ref = row_with(&w, r, xq, xs, dot_q8_scalar, dot_q4_scalar);
+                if (memcmp(&fast, &ref, 4) != 0) return -1;
+            }
+        }
+    }
+    return 0;
 }
 
 void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out) {
