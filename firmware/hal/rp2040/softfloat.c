@@ -1,6 +1,9 @@
 /* IEEE-754 binary32 arithmetic for the Cortex-M0+ (no FPU): the run-time ABI entry points
  * (__aeabi_*) the engine's float code compiles to, replacing libgcc's versions, which were the
  * largest cost of a token (each group of a matvec does an int-to-float, two multiplies and an add).
+ * Add, multiply and the int-to-float conversions are assembly (softfloat_m0.s) for the common
+ * case; flm_sf_add and flm_sf_mul here are their complete versions, which the assembly hands every
+ * other case.
  *
  * Exact IEEE semantics, as the NumPy reference computes on the host: round to nearest, ties to
  * even; subnormals kept (no flush to zero); infinities and NaN (a NaN operand comes back quieted,
@@ -16,12 +19,9 @@
 #define HID 0x00800000u        /* the hidden bit of a normal significand */
 #define MANT 0x007fffffu
 
-uint32_t __aeabi_fadd(uint32_t a, uint32_t b);
-uint32_t __aeabi_fsub(uint32_t a, uint32_t b);
-uint32_t __aeabi_fmul(uint32_t a, uint32_t b);
+uint32_t flm_sf_add(uint32_t a, uint32_t b);
+uint32_t flm_sf_mul(uint32_t a, uint32_t b);
 uint32_t __aeabi_fdiv(uint32_t a, uint32_t b);
-uint32_t __aeabi_i2f(int32_t v);
-uint32_t __aeabi_ui2f(uint32_t v);
 int32_t __aeabi_f2iz(uint32_t a);
 int __aeabi_fcmpeq(uint32_t a, uint32_t b);
 int __aeabi_fcmplt(uint32_t a, uint32_t b);
@@ -67,7 +67,7 @@ static uint32_t nan_of(uint32_t a, uint32_t b) {
     return ((a << 1) > 0xff000000u ? a : b) | 0x00400000u;
 }
 
-uint32_t __aeabi_fadd(uint32_t a, uint32_t b) {
+uint32_t flm_sf_add(uint32_t a, uint32_t b) {
     if ((a << 1) < (b << 1)) { uint32_t t = a; a = b; b = t; }   /* |a| >= |b| */
     uint32_t ea = (a >> 23) & 255u, eb = (b >> 23) & 255u;
     if (ea == 255u) {
@@ -96,8 +96,6 @@ uint32_t __aeabi_fadd(uint32_t a, uint32_t b) {
     return pack(sign, (int32_t)ea, m);
 }
 
-uint32_t __aeabi_fsub(uint32_t a, uint32_t b) { return __aeabi_fadd(a, b ^ SIGN); }
-
 /* A nonzero subnormal's significand brought to a leading one at bit 23, its exponent adjusted. */
 static uint32_t normalize(uint32_t m, int32_t *e) {
     uint32_t s = lead_zeros(m) - 8u;
@@ -105,7 +103,7 @@ static uint32_t normalize(uint32_t m, int32_t *e) {
     return m << s;
 }
 
-uint32_t __aeabi_fmul(uint32_t a, uint32_t b) {
+uint32_t flm_sf_mul(uint32_t a, uint32_t b) {
     uint32_t sign = (a ^ b) & SIGN;
     uint32_t ea = (a >> 23) & 255u, eb = (b >> 23) & 255u;
     if (ea == 255u || eb == 255u) {
@@ -159,19 +157,6 @@ uint32_t __aeabi_fdiv(uint32_t a, uint32_t b) {
         r <<= 1;
     }
     return pack(sign, e, q | (r != 0u));
-}
-
-uint32_t __aeabi_ui2f(uint32_t v) {
-    if (v == 0u) return 0u;
-    uint32_t s = lead_zeros(v);
-    /* leading one to bit 29; for v >= 2^30 the low bits go to the sticky bit */
-    uint32_t m = s >= 2u ? v << (s - 2u) : shr_sticky(v, 2u - s);
-    return pack(0u, (int32_t)(127u + 31u - s), m);
-}
-
-uint32_t __aeabi_i2f(int32_t v) {
-    uint32_t u = (uint32_t)v;
-    return v < 0 ? __aeabi_ui2f(0u - u) | SIGN : __aeabi_ui2f(u);
 }
 
 /* Truncation toward zero; out of range saturates, NaN gives 0 (the engine converts only values

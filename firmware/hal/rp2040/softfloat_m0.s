@@ -1,0 +1,254 @@
+@ Fast paths of the hottest soft-float entry points for the Cortex-M0+ (ARMv6-M Thumb): the
+@ matvec's per-group int-to-float, multiplies and add. They handle normal operands with a normal
+@ result (nearly every call the engine makes) and hand everything else (zeros, subnormals, inf,
+@ NaN, overflow, underflow) to the complete C versions in softfloat.c, which they agree with bit
+@ for bit: both round to nearest, ties to even (tests/test_softfloat.py checks them against the
+@ host's IEEE arithmetic on the emulator). Plain assembly (.s): no C preprocessor, so the C
+@ headers the build force-includes do not reach it.
+@
+@ Significands are kept top-aligned in a register with the rounding bits below them; a result is
+@ packed as sign | ((E - 1) << 23) + significand-with-hidden-bit, so that a rounding carry steps
+@ into the next exponent (or to infinity) by itself.
+
+    .syntax unified
+    .cpu cortex-m0plus
+    .thumb
+
+@ ---- float __aeabi_fmul(float a, float b) -------------------------------------------------
+    .section .text.__aeabi_fmul,"ax",%progbits
+    .global __aeabi_fmul
+    .type __aeabi_fmul, %function
+    .thumb_func
+__aeabi_fmul:
+    lsls r2, r0, #1
+    lsrs r2, r2, #24            @ ea
+    subs r2, #1
+    cmp r2, #253
+    bhi .Lmul_slow              @ ea is 0 or 255
+    lsls r3, r1, #1
+    lsrs r3, r3, #24            @ eb
+    subs r3, #1
+    cmp r3, #253
+    bhi .Lmul_slow
+    push {r0, r1, r4, r5, r6, lr}
+    adds r2, r2, r3             @ ea + eb - 2
+    @ significands 1.m as ah = hidden + top 7 bits, al = low 16 bits
+    lsls r4, r0, #9
+    lsrs r4, r4, #25
+    adds r4, #128               @ ah
+    uxth r0, r0                 @ al
+    lsls r5, r1, #9
+    lsrs r5, r5, #25
+    adds r5, #128               @ bh
+    uxth r1, r1                 @ bl
+    @ 48-bit product = ah*bh << 32 + (ah*bl + al*bh) << 16 + al*bl
+    movs r6, r4
+    muls r6, r1                 @ ah*bl
+    movs r3, r0
+    muls r3, r5                 @ al*bh
+    adds r6, r6, r3             @ mid < 2^25
+    muls r0, r1                 @ al*bl
+    muls r4, r5                 @ ah*bh
+    lsls r3, r6, #16
+    lsrs r6, r6, #16
+    adds r0, r0, r3             @ low word of the product, carry out
+    adcs r4, r6                 @ high word (16 bits)
+    @ R = product >> 16 (leading one at bit 31 or 30), sticky = the 16 bits below it
+    lsls r4, r4, #16
+    lsrs r1, r0, #16
+    lsls r0, r0, #16
+    orrs r4, r1
+    bmi 1f
+    lsls r4, r4, #1             @ product in [1, 2): one bit more
+    subs r2, #1
+1:  subs r2, #125               @ E - 1 = ea + eb - 127 (one less after the shift)
+    cmp r2, #253
+    bhi .Lmul_range             @ E outside 1..254: overflow or subnormal result
+    lsls r1, r4, #24            @ rounding bits: guard at bit 31
+    lsrs r4, r4, #8             @ 24-bit significand, hidden bit 23
+    lsls r2, r2, #23
+    adds r4, r4, r2
+    ldr r3, [sp, #0]
+    ldr r2, [sp, #4]
+    eors r3, r2
+    lsrs r3, r3, #31
+    lsls r3, r3, #31            @ sign
+    adds r0, r0, #0             @ sticky nonzero: fold it into the rest bits
+    beq 2f
+    movs r2, #1
+    orrs r1, r2
+2:  lsls r1, r1, #1             @ C = guard, r1 = the rest
+    bcc 4f
+    bne 3f
+    lsls r2, r4, #31            @ tie: round to even
+    beq 4f
+3:  adds r4, #1
+4:  orrs r4, r3
+    movs r0, r4
+    add sp, #8
+    pop {r4, r5, r6, pc}
+.Lmul_range:
+    pop {r0, r1, r4, r5, r6}
+    pop {r3}
+    mov lr, r3
+.Lmul_slow:
+    ldr r3, =flm_sf_mul
+    bx r3
+    .size __aeabi_fmul, . - __aeabi_fmul
+
+@ ---- float __aeabi_fadd(float a, float b), __aeabi_fsub(a, b) = a + (-b) -----------------
+    .section .text.__aeabi_fadd,"ax",%progbits
+    .global __aeabi_fsub
+    .type __aeabi_fsub, %function
+    .thumb_func
+__aeabi_fsub:
+    movs r2, #1
+    lsls r2, r2, #31
+    eors r1, r2
+    .global __aeabi_fadd
+    .type __aeabi_fadd, %function
+    .thumb_func
+__aeabi_fadd:
+    lsls r2, r0, #1
+    lsls r3, r1, #1
+    cmp r2, r3
+    bhs 1f
+    movs r2, r0                 @ |a| < |b|: swap
+    movs r0, r1
+    movs r1, r2
+    lsls r2, r0, #1
+    lsls r3, r1, #1
+1:  lsrs r2, r2, #24            @ ea >= eb
+    lsrs r3, r3, #24
+    beq .Ladd_slow              @ b zero or subnormal
+    cmp r2, #255
+    beq .Ladd_slow              @ inf or NaN
+    push {r0, r1, r4, r5, lr}
+    subs r5, r2, r3             @ d = ea - eb
+    cmp r5, #26
+    bhs .Ladd_a                 @ |b| under a quarter ulp of |a|: the sum rounds to a
+    movs r3, r0
+    eors r3, r1                 @ bit 31: the signs differ
+    @ significands: hidden bit at 30, 7 rounding bits below
+    movs r4, #1
+    lsls r4, r4, #30
+    lsls r0, r0, #9
+    lsrs r0, r0, #2
+    orrs r0, r4                 @ ma
+    lsls r1, r1, #9
+    lsrs r1, r1, #2
+    orrs r1, r4                 @ mb
+    movs r4, r1
+    lsrs r1, r5                 @ mb >> d ...
+    negs r5, r5
+    adds r5, #32
+    lsls r4, r5                 @ ... and the bits shifted out (none for d = 0: a shift by 32 gives 0)
+    beq 2f
+    movs r5, #1
+    orrs r1, r5                 @ sticky
+2:  cmp r3, #0
+    blt .Ladd_diff
+    adds r0, r0, r1             @ leading one at bit 30 or 31
+    bpl .Ladd_round
+    movs r4, #1
+    ands r4, r0
+    lsrs r0, r0, #1
+    orrs r0, r4                 @ keep the sticky bit
+    adds r2, #1
+    cmp r2, #255
+    beq .Ladd_range             @ overflow
+    b .Ladd_round
+.Ladd_diff:
+    subs r0, r0, r1
+    beq .Ladd_zero
+3:  lsrs r4, r0, #30            @ bring the leading one back to bit 30
+    bne 4f
+    lsls r0, r0, #1
+    subs r2, #1
+    b 3b
+4:  cmp r2, #0
+    ble .Ladd_range             @ subnormal result
+.Ladd_round:
+    lsls r1, r0, #25            @ rounding bits: guard at bit 31
+    lsrs r0, r0, #7             @ 24-bit significand, hidden bit 23
+    subs r2, #1
+    lsls r2, r2, #23
+    adds r0, r0, r2
+    lsls r1, r1, #1             @ C = guard, r1 = the rest
+    bcc 6f
+    bne 5f
+    lsls r4, r0, #31            @ tie: round to even
+    beq 6f
+5:  adds r0, #1
+6:  ldr r4, [sp, #0]
+    lsrs r4, r4, #31
+    lsls r4, r4, #31
+    orrs r0, r4                 @ the sign of the larger operand
+    add sp, #8
+    pop {r4, r5, pc}
+.Ladd_zero:                     @ x - x = +0
+    add sp, #8
+    pop {r4, r5, pc}
+.Ladd_a:
+    pop {r0, r1, r4, r5, pc}
+.Ladd_range:
+    pop {r0, r1, r4, r5}
+    pop {r3}
+    mov lr, r3
+.Ladd_slow:
+    ldr r3, =flm_sf_add
+    bx r3
+    .size __aeabi_fadd, . - __aeabi_fadd
+
+@ ---- float __aeabi_ui2f(unsigned v), __aeabi_i2f(int v) ----------------------------------
+    .section .text.__aeabi_i2f,"ax",%progbits
+    .global __aeabi_ui2f
+    .type __aeabi_ui2f, %function
+    .thumb_func
+__aeabi_ui2f:
+    movs r1, #0                 @ sign mask
+    b 1f
+    .global __aeabi_i2f
+    .type __aeabi_i2f, %function
+    .thumb_func
+__aeabi_i2f:
+    asrs r1, r0, #31            @ sign mask
+    eors r0, r1
+    subs r0, r0, r1             @ |v| (2^31 for INT32_MIN, as unsigned)
+1:  cmp r0, #0
+    beq 9f
+    movs r2, #157               @ E - 1 for a leading one at bit 31
+    lsrs r3, r0, #16            @ shift the leading one to bit 31 in 16, 8, 4, 2, 1 steps
+    bne 2f
+    lsls r0, r0, #16
+    subs r2, #16
+2:  lsrs r3, r0, #24
+    bne 3f
+    lsls r0, r0, #8
+    subs r2, #8
+3:  lsrs r3, r0, #28
+    bne 4f
+    lsls r0, r0, #4
+    subs r2, #4
+4:  lsrs r3, r0, #30
+    bne 5f
+    lsls r0, r0, #2
+    subs r2, #2
+5:  cmp r0, #0
+    blt 6f
+    lsls r0, r0, #1
+    subs r2, #1
+6:  lsls r3, r0, #24            @ rounding bits: guard at bit 31
+    lsrs r0, r0, #8
+    lsls r2, r2, #23
+    adds r0, r0, r2
+    lsls r3, r3, #1             @ C = guard, r3 = the rest
+    bcc 8f
+    bne 7f
+    lsls r2, r0, #31            @ tie: round to even
+    beq 8f
+7:  adds r0, #1
+8:  lsls r1, r1, #31
+    orrs r0, r1
+9:  bx lr
+    .size __aeabi_i2f, . - __aeabi_i2f
