@@ -2,8 +2,8 @@
  * (__aeabi_*) the engine's float code compiles to, replacing libgcc's versions, which were the
  * largest cost of a token (each group of a matvec does an int-to-float, two multiplies and an add).
  * Add, multiply and the int-to-float conversions are assembly (softfloat_m0.s) for the common
- * case; flm_sf_add and flm_sf_mul here are their complete versions, which the assembly hands every
- * other case.
+ * case, the comparisons assembly throughout; flm_sf_add and flm_sf_mul here are the complete add
+ * and multiply, to which the assembly hands every other case.
  *
  * Exact IEEE semantics, as the NumPy reference computes on the host: round to nearest, ties to
  * even; subnormals kept (no flush to zero); infinities and NaN (a NaN operand comes back quieted,
@@ -23,11 +23,6 @@ uint32_t flm_sf_add(uint32_t a, uint32_t b);
 uint32_t flm_sf_mul(uint32_t a, uint32_t b);
 uint32_t __aeabi_fdiv(uint32_t a, uint32_t b);
 int32_t __aeabi_f2iz(uint32_t a);
-int __aeabi_fcmpeq(uint32_t a, uint32_t b);
-int __aeabi_fcmplt(uint32_t a, uint32_t b);
-int __aeabi_fcmple(uint32_t a, uint32_t b);
-int __aeabi_fcmpgt(uint32_t a, uint32_t b);
-int __aeabi_fcmpge(uint32_t a, uint32_t b);
 
 /* The number of left shifts that bring the highest set bit of m (m != 0) to bit 31 (the M0+ has
  * no CLZ instruction; a binary search costs a handful of cycles). */
@@ -172,20 +167,3 @@ int32_t __aeabi_f2iz(uint32_t a) {
     uint32_t v = m >> (31u - (e - 127u));
     return (a & SIGN) ? -(int32_t)v : (int32_t)v;
 }
-
-/* Ordering of two non-NaN values as integers: -1, 0, 1 (+0 == -0). */
-static int order(uint32_t a, uint32_t b) {
-    if (((a | b) << 1) == 0u) return 0;
-    int32_t x = (int32_t)a, y = (int32_t)b;
-    if (x < 0) x = (int32_t)(SIGN - a);                            /* sign-magnitude to two's complement */
-    if (y < 0) y = (int32_t)(SIGN - b);
-    return (x > y) - (x < y);
-}
-
-static int unordered(uint32_t a, uint32_t b) { return (a << 1) > 0xff000000u || (b << 1) > 0xff000000u; }
-
-int __aeabi_fcmpeq(uint32_t a, uint32_t b) { return !unordered(a, b) && order(a, b) == 0; }
-int __aeabi_fcmplt(uint32_t a, uint32_t b) { return !unordered(a, b) && order(a, b) < 0; }
-int __aeabi_fcmple(uint32_t a, uint32_t b) { return !unordered(a, b) && order(a, b) <= 0; }
-int __aeabi_fcmpgt(uint32_t a, uint32_t b) { return !unordered(a, b) && order(a, b) > 0; }
-int __aeabi_fcmpge(uint32_t a, uint32_t b) { return !unordered(a, b) && order(a, b) >= 0; }

@@ -252,3 +252,45 @@ __aeabi_i2f:
     orrs r0, r1
 9:  bx lr
     .size __aeabi_i2f, . - __aeabi_i2f
+
+@ ---- int __aeabi_fcmp{eq,lt,le,gt,ge}(float a, float b): 1 or 0, 0 when unordered (NaN) -----
+@ Both operands become integer keys with the float order: x itself when its sign is clear,
+@ -(x & 0x7fffffff) when set (so -0 and +0 both give 0), then one signed compare.
+    .macro FCMP name, cond
+    .section .text.\name,"ax",%progbits
+    .global \name
+    .type \name, %function
+    .thumb_func
+\name:
+    movs r2, #255
+    lsls r2, r2, #24
+    lsls r3, r0, #1
+    cmp r3, r2
+    bhi 8f                      @ a is NaN
+    lsls r3, r1, #1
+    cmp r3, r2
+    bhi 8f                      @ b is NaN
+    asrs r2, r0, #31
+    lsls r0, r0, #1
+    lsrs r0, r0, #1
+    eors r0, r2
+    subs r0, r0, r2             @ key(a)
+    asrs r2, r1, #31
+    lsls r1, r1, #1
+    lsrs r1, r1, #1
+    eors r1, r2
+    subs r1, r1, r2             @ key(b)
+    cmp r0, r1
+    b\cond 9f
+8:  movs r0, #0
+    bx lr
+9:  movs r0, #1
+    bx lr
+    .size \name, . - \name
+    .endm
+
+    FCMP __aeabi_fcmpeq, eq
+    FCMP __aeabi_fcmplt, lt
+    FCMP __aeabi_fcmple, le
+    FCMP __aeabi_fcmpgt, gt
+    FCMP __aeabi_fcmpge, ge
