@@ -1,12 +1,11 @@
 #include "kernels.h"
 #include <string.h>
 
-/* A block's little-endian f32 scale, assembled from bytes (no memcpy call on cores without
- * unaligned loads, e.g. the Cortex-M0+). */
+/* A block's little-endian f32 scale; blocks start 4-byte aligned (docs/formats.md), so this is
+ * one word load even on cores without unaligned loads (the Cortex-M0+). */
 static float rdf(const uint8_t *p) {
-    uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
     float f;
-    memcpy(&f, &u, 4);
+    memcpy(&f, __builtin_assume_aligned(p, 4), 4);
     return f;
 }
 static int32_t nib(uint32_t v) { return (int32_t)(v & 15u) - (int32_t)((v & 8u) << 1); }
@@ -87,11 +86,32 @@ static int32_t dot_q4_scalar(const uint8_t *w, const int8_t *x, uint32_t n) {
     return s;
 }
 
+/* FLM_FAULT_TUNED_KERNEL (tests/test_kernels.py only): a build whose tuned q8 kernel is off by one,
+ * which the boot self-check must catch. */
+#ifdef FLM_FAULT_TUNED_KERNEL
+#define TUNED(s) ((s) ^ 1)
+#else
+#define TUNED(s) (s)
+#endif
+
+/* Each code byte read once (the tuned kernels' tails: the emulator's read counts must equal the
+ * engine's, tests/test_rp2040_emu.py). */
+static int32_t dot_q4_bytes(const uint8_t *w, const int8_t *x, uint32_t n) {
+    int32_t s = 0;
+    uint32_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        uint32_t b = w[i >> 1];
+        s += nib(b) * (int32_t)x[i] + nib(b >> 4) * (int32_t)x[i + 1];
+    }
+    if (i < n) s += nib(w[i >> 1]) * (int32_t)x[i];
+    return s;
+}
+
 #if defined(__ARM_ARCH_6M__)
 /* Cortex-M0+ (ARMv6-M: no DSP or SIMD instructions, 1-cycle MULS on the RP2040): word loads of codes
  * and activations (LDM with writeback, 2 cycles for 4 bytes against 2 for each LDRSB), each byte
  * sign-extended in registers by SXTB or a shift, one MULS and ADDS per product. 8 weights a turn. */
-int32_t flm_dot_q8(const int8_t *w, const int8_t *x, uint32_t n) {
+static inline __attribute__((always_inline)) int32_t dot_q8(const int8_t *w, const int8_t *x, uint32_t n) {
     int32_t s = 0;
     uint32_t n8 = n & ~7u;
     if (n8 && !(((uintptr_t)w | (uintptr_t)x) & 3u)) {   /* codes are; activations are in the engine */
@@ -115,11 +135,11 @@ int32_t flm_dot_q8(const int8_t *w, const int8_t *x, uint32_t n) {
 #undef Q8_WORD
         n -= n8;
     }
-    return s + dot_q8_scalar(w, x, n);
+    return TUNED(s + dot_q8_scalar(w, x, n));
 }
 
 /* 8 nibbles per code word, each sign-extended by a shift pair (LSLS to the top, ASRS down). */
-int32_t flm_dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) {
+static inline __attribute__((always_inline)) int32_t dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) {
     int32_t s = 0;
     uint32_t n8 = n & ~7u;
     if (n8 && !(((uintptr_t)w | (uintptr_t)x) & 3u)) {
@@ -146,36 +166,30 @@ int32_t flm_dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) {
 #undef Q4_PAIR
         n -= n8;
     }
-    return s + dot_q4_scalar(w, x, n);
+    return s + dot_q4_bytes(w, x, n);
 }
 #else
-/* Portable C: unrolled by four (a compiler for a core with SIMD may vectorize it). */
-int32_t flm_dot_q8(const int8_t *w, const int8_t *x, uint32_t n) {
+/* Portable C: q8 unrolled by four (a compiler for a core with SIMD may vectorize it). */
+static inline int32_t dot_q8(const int8_t *w, const int8_t *x, uint32_t n) {
     int32_t s = 0;
     uint32_t i = 0;
     for (; i + 4 <= n; i += 4)
         s += (int32_t)w[i] * x[i] + (int32_t)w[i + 1] * x[i + 1] + (int32_t)w[i + 2] * x[i + 2] +
              (int32_t)w[i + 3] * x[i + 3];
-    return s + dot_q8_scalar(w + i, x + i, n - i);
+    return TUNED(s + dot_q8_scalar(w + i, x + i, n - i));
 }
 
-int32_t flm_dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) {
-    int32_t s = 0;
-    uint32_t i = 0;
-    for (; i + 1 < n; i += 2) {
-        uint32_t b = w[i >> 1];
-        s += nib(b) * (int32_t)x[i] + nib(b >> 4) * (int32_t)x[i + 1];
-    }
-    if (i < n) s += nib(w[i >> 1]) * (int32_t)x[i];
-    return s;
-}
+static inline int32_t dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) { return dot_q4_bytes(w, x, n); }
 #endif
+
+int32_t flm_dot_q8(const int8_t *w, const int8_t *x, uint32_t n) { return dot_q8(w, x, n); }
+int32_t flm_dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) { return dot_q4(w, x, n); }
 
 typedef int32_t (*dot8_fn)(const int8_t *, const int8_t *, uint32_t);
 typedef int32_t (*dot4_fn)(const uint8_t *, const int8_t *, uint32_t);
 
 /* One output row: per group float(isum) * (wscale * xscale), folded left to right. */
-static inline float row_with(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs, dot8_fn d8, dot4_fn d4) {
+static inline __attribute__((always_inline)) float row_with(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs, dot8_fn d8, dot4_fn d4) {
     const uint32_t g = w->group, cols = w->cols;
     row_reader rr = row_at(w, r);
     float acc = 0.0f;
@@ -193,11 +207,11 @@ static inline float row_with(const flm_tensor *w, uint32_t r, const int8_t *xq, 
 }
 
 float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs) {
-    return row_with(w, r, xq, xs, flm_dot_q8, flm_dot_q4);
+    return row_with(w, r, xq, xs, dot_q8, dot_q4);
 }
 
 void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq, const float *xs, float *out) {
-    for (uint32_t r = r0; r < r1; r++) out[r] = row_with(w, r, xq, xs, flm_dot_q8, flm_dot_q4);
+    for (uint32_t r = r0; r < r1; r++) out[r] = row_with(w, r, xq, xs, dot_q8, dot_q4);
 }
 
 void flm_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out) {
