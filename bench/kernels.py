@@ -27,7 +27,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE_SRC = Path(__file__).resolve().parent / "rp2040_probe.c"
-OPS = ("fadd", "fsub", "fmul", "fdiv", "fcmpeq", "fcmplt", "fcmple", "fcmpgt", "fcmpge", "i2f", "ui2f", "f2iz")
+OPS = ("fadd", "fsub", "fmul", "fdiv", "fcmpeq", "fcmplt", "fcmple", "fcmpgt", "fcmpge", "i2f", "ui2f", "f2iz",
+       "group_term")
 NOP = len(OPS)
 MODES = 5          # operand kinds of the probe's op_pair (rp2040_probe.c)
 Q8, Q4 = 1, 2      # blob.h FLM_Q8 / FLM_Q4
@@ -144,8 +145,11 @@ def expected(op: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     fa, fb = a.view(np.float32), b.view(np.float32)
     name = OPS[op]
     with np.errstate(all="ignore"):
-        if name in ("fadd", "fsub", "fmul", "fdiv", "i2f", "ui2f"):
-            if name == "i2f":
+        if name in ("fadd", "fsub", "fmul", "fdiv", "i2f", "ui2f", "group_term"):
+            if name == "group_term":   # (float)isum * (sc * xs), isum from both operands' bits
+                isum = (a ^ b).view(np.int32) >> ((b >> np.uint32(3)) & np.uint32(7)).astype(np.int32)
+                r = isum.astype(np.float32) * (fa * fb)
+            elif name == "i2f":
                 r = (a.view(np.int32) >> (b & np.uint32(31)).astype(np.int32)).astype(np.float32)
             elif name == "ui2f":
                 r = (a >> (b & np.uint32(31))).astype(np.float32)

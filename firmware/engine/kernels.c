@@ -185,11 +185,19 @@ static inline int32_t dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) { re
 int32_t flm_dot_q8(const int8_t *w, const int8_t *x, uint32_t n) { return dot_q8(w, x, n); }
 int32_t flm_dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) { return dot_q4(w, x, n); }
 
+/* A group's term as the reference forms it: float(isum) * (wscale * xscale). */
+static inline float group_term(int32_t isum, float sc, float xs) { return (float)isum * (sc * xs); }
+#ifndef FLM_GROUP_TERM   /* a HAL may supply a faster one, bit for bit the same (hal_rp2040.h) */
+#define FLM_GROUP_TERM group_term
+#endif
+
 typedef int32_t (*dot8_fn)(const int8_t *, const int8_t *, uint32_t);
 typedef int32_t (*dot4_fn)(const uint8_t *, const int8_t *, uint32_t);
+typedef float (*term_fn)(int32_t, float, float);
 
 /* One output row: per group float(isum) * (wscale * xscale), folded left to right. */
-static inline __attribute__((always_inline)) float row_with(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs, dot8_fn d8, dot4_fn d4) {
+static inline __attribute__((always_inline)) float row_with(const flm_tensor *w, uint32_t r, const int8_t *xq,
+                                                            const float *xs, dot8_fn d8, dot4_fn d4, term_fn tf) {
     const uint32_t g = w->group, cols = w->cols;
     row_reader rr = row_at(w, r);
     float acc = 0.0f;
@@ -199,7 +207,7 @@ static inline __attribute__((always_inline)) float row_with(const flm_tensor *w,
         float sc = next_scale(&rr);
         const uint8_t *p = rr.codes;
         int32_t isum = w->fmt == FLM_Q8 ? d8((const int8_t *)p, xq + s, len) : d4(p, xq + s, len);
-        float term = (float)isum * (sc * xs[gi]);
+        float term = tf(isum, sc, xs[gi]);
         acc = gi == 0 ? term : acc + term;
         rr.codes += (nbytes + 3u) & ~3u;
     }
@@ -207,11 +215,11 @@ static inline __attribute__((always_inline)) float row_with(const flm_tensor *w,
 }
 
 float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs) {
-    return row_with(w, r, xq, xs, dot_q8, dot_q4);
+    return row_with(w, r, xq, xs, dot_q8, dot_q4, FLM_GROUP_TERM);
 }
 
 void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq, const float *xs, float *out) {
-    for (uint32_t r = r0; r < r1; r++) out[r] = row_with(w, r, xq, xs, dot_q8, dot_q4);
+    for (uint32_t r = r0; r < r1; r++) out[r] = row_with(w, r, xq, xs, dot_q8, dot_q4, FLM_GROUP_TERM);
 }
 
 void flm_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out) {
@@ -258,7 +266,7 @@ int flm_kernels_self_check(void) {
             }
             flm_tensor w = {buf, fmt, SC_ROWS, SC_COLS, SC_G, stride, FLM_TIER_SRAM, SC_ROWS * stride, s16};
             for (uint32_t r = 0; r < SC_ROWS; r++) {
-                float fast = flm_matvec_row(&w, r, xq, xs), ref = row_with(&w, r, xq, xs, dot_q8_scalar, dot_q4_scalar);
+                float fast = flm_matvec_row(&w, r, xq, xs), ref = row_with(&w, r, xq, xs, dot_q8_scalar, dot_q4_scalar, group_term);
                 if (memcmp(&fast, &ref, 4) != 0) return -1;
             }
         }

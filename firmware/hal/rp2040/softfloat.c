@@ -9,7 +9,8 @@
  * even; subnormals kept (no flush to zero); infinities and NaN (a NaN operand comes back quieted,
  * an invalid operation gives the default NaN 0x7fc00000). tests/test_softfloat.py checks every
  * function bit for bit against the host's float over random and edge-case operands on the
- * emulator. Only integer operations here: a float expression in this file would call itself.
+ * emulator. Only integer operations here (but in flm_group_term_slow): a float expression in this
+ * file would call the entry points it defines.
  *
  * Values travel as their bit patterns (the soft-float ABI passes floats in core registers). */
 #include <stdint.h>
@@ -167,3 +168,8 @@ int32_t __aeabi_f2iz(uint32_t a) {
     uint32_t v = m >> (31u - (e - 127u));
     return (a & SIGN) ? -(int32_t)v : (int32_t)v;
 }
+
+/* flm_group_term's every case off its fast path (softfloat_m0.s): the two products as the plain
+ * expression computes them. Floats here are compiled calls to the entry points above. */
+float flm_group_term_slow(int32_t isum, float sc, float xs);
+float flm_group_term_slow(int32_t isum, float sc, float xs) { return (float)isum * (sc * xs); }

@@ -294,3 +294,146 @@ __aeabi_i2f:
     FCMP __aeabi_fcmple, le
     FCMP __aeabi_fcmpgt, gt
     FCMP __aeabi_fcmpge, ge
+
+@ ---- float flm_group_term(int32_t isum, float sc, float xs) = (float)isum * (sc * xs) ---------
+@ A matvec group's term (kernels.c), both products in one call: isum is exact as a float when
+@ |isum| < 2^24, so the second product rounds once from the integer itself. Both roundings are
+@ those of two __aeabi_fmul calls; any case off the fast path (isum 0 or >= 2^24, scale or
+@ result not normal) goes to flm_group_term_slow, which makes exactly those calls.
+
+@ r0, r1: 24-bit significands -> r4 = their product >> 16 (N: bit 31 set), r1 = the 16 bits
+@ below it << 16 (sticky); clobbers r0, r2, r5
+    .macro MULCORE
+    lsrs r4, r0, #16            @ ah
+    uxth r0, r0                 @ al
+    lsrs r5, r1, #16            @ bh
+    uxth r1, r1                 @ bl
+    movs r2, r4
+    muls r2, r1                 @ ah*bl
+    muls r1, r0                 @ al*bl
+    muls r0, r5                 @ al*bh
+    muls r4, r5                 @ ah*bh
+    adds r2, r2, r0             @ mid < 2^25
+    lsls r0, r2, #16
+    lsrs r2, r2, #16
+    adds r1, r1, r0             @ low word, carry out
+    adcs r4, r2                 @ high word
+    lsls r4, r4, #16
+    lsrs r0, r1, #16
+    lsls r1, r1, #16
+    orrs r4, r0
+    .endm
+
+@ r4 = R (leading one at 31), r1 = sticky -> r4 = R >> 8 rounded to nearest even (may reach 2^24)
+    .macro ROUND
+    lsls r0, r4, #24            @ rounding bits: guard at bit 31
+    lsrs r4, r4, #8
+    cmp r1, #0
+    beq 1f
+    adds r0, #1                 @ sticky below them
+1:  lsls r0, r0, #1             @ C = guard, r0 = the rest
+    bcc 3f
+    bne 2f
+    lsls r2, r4, #31            @ tie: to even
+    beq 3f
+2:  adds r4, #1
+3:
+    .endm
+
+    .section .text.flm_group_term,"ax",%progbits
+    .global flm_group_term
+    .type flm_group_term, %function
+.Lterm_far:                     @ within reach of the first half's conditional branches
+    b .Lterm_slow
+    .thumb_func
+flm_group_term:
+    push {r0, r1, r2, r4, r5, r6, r7, lr}
+    lsls r3, r1, #1
+    lsrs r3, r3, #24
+    subs r3, #1
+    cmp r3, #253
+    bhi .Lterm_far             @ sc not normal
+    lsls r4, r2, #1
+    lsrs r4, r4, #24
+    subs r4, #1
+    cmp r4, #253
+    bhi .Lterm_far             @ xs not normal
+    adds r7, r3, r4             @ e_sc + e_xs - 2
+    movs r6, r1
+    eors r6, r2
+    eors r6, r0                 @ bit 31: the sign of the result
+    movs r3, #1
+    lsls r3, r3, #23
+    lsls r0, r1, #9
+    lsrs r0, r0, #9
+    orrs r0, r3                 @ sc's significand
+    lsls r1, r2, #9
+    lsrs r1, r1, #9
+    orrs r1, r3                 @ xs's significand
+    MULCORE
+    bmi 1f
+    lsls r4, r4, #1
+    subs r7, #1
+1:  subs r7, #125               @ Ec - 1 of c = sc * xs
+    cmp r7, #253
+    bhi .Lterm_far
+    ROUND
+    lsrs r2, r4, #24
+    beq 2f
+    lsrs r4, r4, #1             @ rounded up to 2^24: 2^23, one binade up
+    adds r7, #1
+    cmp r7, #253
+    bhi .Lterm_far
+2:  ldr r0, [sp, #0]            @ isum
+    asrs r2, r0, #31
+    eors r0, r2
+    subs r0, r0, r2             @ n = |isum|
+    beq .Lterm_slow
+    lsrs r2, r0, #24
+    bne .Lterm_slow             @ n >= 2^24: float(isum) would round
+    movs r3, #23                @ n's leading one to bit 23; r3 = its position
+    lsrs r2, r0, #8
+    bne 3f
+    lsls r0, r0, #16
+    subs r3, #16
+3:  lsrs r2, r0, #16
+    bne 4f
+    lsls r0, r0, #8
+    subs r3, #8
+4:  lsrs r2, r0, #20
+    bne 5f
+    lsls r0, r0, #4
+    subs r3, #4
+5:  lsrs r2, r0, #22
+    bne 6f
+    lsls r0, r0, #2
+    subs r3, #2
+6:  lsrs r2, r0, #23
+    bne 7f
+    lsls r0, r0, #1
+    subs r3, #1
+7:  movs r1, r4                 @ c's significand
+    MULCORE
+    bmi 8f
+    lsls r4, r4, #1
+    subs r3, #1
+8:  adds r7, r7, r3
+    adds r7, #1                 @ E - 1 of the term
+    cmp r7, #253
+    bhi .Lterm_slow
+    ROUND
+    lsls r7, r7, #23
+    adds r4, r4, r7             @ a carry to 2^24 steps the exponent (to inf from the top binade)
+    lsrs r6, r6, #31
+    lsls r6, r6, #31
+    orrs r4, r6
+    movs r0, r4
+    add sp, #12
+    pop {r4, r5, r6, r7, pc}
+.Lterm_slow:
+    pop {r0, r1, r2, r4, r5, r6, r7}
+    pop {r3}
+    mov lr, r3
+    ldr r3, =flm_group_term_slow
+    bx r3
+    .size flm_group_term, . - flm_group_term
