@@ -97,6 +97,32 @@ __aeabi_fmul:
     .size __aeabi_fmul, . - __aeabi_fmul
 
 @ ---- float __aeabi_fadd(float a, float b), __aeabi_fsub(a, b) = a + (-b) -----------------
+@ No registers to save: r0-r3 and r12 hold everything. Normal operands never need the C version
+@ for their result: an overflow gives infinity here, and a difference in the subnormal range is
+@ exact (it only arises from operands within a binade of each other: no bits were shifted out).
+
+@ r0 = a, r1 = b, r3 = d = ea - eb -> r0 = a's significand, hidden bit at 30 and 7 rounding bits
+@ below; r1 = b's, shifted right by d with the bits shifted out ORed into bit 0; clobbers r2, r3
+    .macro ALIGN_SIGS
+    movs r2, #1
+    lsls r2, r2, #30
+    lsls r0, r0, #9
+    lsrs r0, r0, #2
+    orrs r0, r2
+    lsls r1, r1, #9
+    lsrs r1, r1, #2
+    orrs r1, r2
+    movs r2, r1
+    lsrs r1, r3
+    negs r3, r3
+    adds r3, #32
+    lsls r2, r3                 @ the bits shifted out (d = 0: a shift by 32 gives 0)
+    beq 9f
+    movs r2, #1
+    orrs r1, r2
+9:
+    .endm
+
     .section .text.__aeabi_fadd,"ax",%progbits
     .global __aeabi_fsub
     .type __aeabi_fsub, %function
@@ -123,78 +149,66 @@ __aeabi_fadd:
     beq .Ladd_slow              @ b zero or subnormal
     cmp r2, #255
     beq .Ladd_slow              @ inf or NaN
-    push {r0, r1, r4, r5, lr}
-    subs r5, r2, r3             @ d = ea - eb
-    cmp r5, #26
+    subs r3, r2, r3             @ d = ea - eb
+    cmp r3, #26
     bhs .Ladd_a                 @ |b| under a quarter ulp of |a|: the sum rounds to a
-    movs r3, r0
-    eors r3, r1                 @ bit 31: the signs differ
-    @ significands: hidden bit at 30, 7 rounding bits below
-    movs r4, #1
-    lsls r4, r4, #30
-    lsls r0, r0, #9
-    lsrs r0, r0, #2
-    orrs r0, r4                 @ ma
-    lsls r1, r1, #9
-    lsrs r1, r1, #2
-    orrs r1, r4                 @ mb
-    movs r4, r1
-    lsrs r1, r5                 @ mb >> d ...
-    negs r5, r5
-    adds r5, #32
-    lsls r4, r5                 @ ... and the bits shifted out (none for d = 0: a shift by 32 gives 0)
-    beq 2f
-    movs r5, #1
-    orrs r1, r5                 @ sticky
-2:  cmp r3, #0
-    blt .Ladd_diff
+    lsrs r2, r0, #23
+    mov r12, r2                 @ sign and exponent of a, the result's (up to the steps below)
+    movs r2, r0
+    eors r2, r1
+    bmi .Ladd_diff
+    ALIGN_SIGS
     adds r0, r0, r1             @ leading one at bit 30 or 31
+    mov r2, r12
     bpl .Ladd_round
-    movs r4, #1
-    ands r4, r0
+    movs r1, #1
+    ands r1, r0
     lsrs r0, r0, #1
-    orrs r0, r4                 @ keep the sticky bit
+    orrs r0, r1                 @ keep the sticky bit
     adds r2, #1
-    cmp r2, #255
-    beq .Ladd_range             @ overflow
-    b .Ladd_round
+    lsls r1, r2, #24
+    lsrs r1, r1, #24
+    cmp r1, #255
+    bne .Ladd_round
+    lsrs r2, r2, #8             @ overflow: infinity of a's sign
+    lsls r2, r2, #31
+    movs r0, #255
+    lsls r0, r0, #23
+    orrs r0, r2
+    bx lr
 .Ladd_diff:
+    ALIGN_SIGS
     subs r0, r0, r1
-    beq .Ladd_zero
-3:  lsrs r4, r0, #30            @ bring the leading one back to bit 30
-    bne 4f
+    beq .Ladd_zero              @ x - x = +0
+    mov r2, r12
+    lsls r3, r2, #24
+    lsrs r3, r3, #24
+    subs r3, #1                 @ left shifts allowed before the subnormal range
+2:  lsrs r1, r0, #30            @ bring the leading one back to bit 30
+    bne .Ladd_round
+    cmp r3, #0
+    beq .Ladd_round             @ subnormal: exponent field 0, no hidden bit
     lsls r0, r0, #1
     subs r2, #1
-    b 3b
-4:  cmp r2, #0
-    ble .Ladd_range             @ subnormal result
-.Ladd_round:
+    subs r3, #1
+    b 2b
+.Ladd_round:                    @ r0 = significand and rounding bits, r2 = sign and exponent E
     lsls r1, r0, #25            @ rounding bits: guard at bit 31
-    lsrs r0, r0, #7             @ 24-bit significand, hidden bit 23
+    lsrs r0, r0, #7
     subs r2, #1
     lsls r2, r2, #23
-    adds r0, r0, r2
+    adds r0, r0, r2             @ a carry of the significand steps the exponent
     lsls r1, r1, #1             @ C = guard, r1 = the rest
-    bcc 6f
-    bne 5f
-    lsls r4, r0, #31            @ tie: round to even
-    beq 6f
-5:  adds r0, #1
-6:  ldr r4, [sp, #0]
-    lsrs r4, r4, #31
-    lsls r4, r4, #31
-    orrs r0, r4                 @ the sign of the larger operand
-    add sp, #8
-    pop {r4, r5, pc}
-.Ladd_zero:                     @ x - x = +0
-    add sp, #8
-    pop {r4, r5, pc}
+    bcc .Ladd_a
+    bne 3f
+    lsls r2, r0, #31            @ tie: round to even
+    beq .Ladd_a
+3:  adds r0, #1
 .Ladd_a:
-    pop {r0, r1, r4, r5, pc}
-.Ladd_range:
-    pop {r0, r1, r4, r5}
-    pop {r3}
-    mov lr, r3
+    bx lr
+.Ladd_zero:
+    movs r0, #0
+    bx lr
 .Ladd_slow:
     ldr r3, =flm_sf_add
     bx r3
