@@ -44,27 +44,38 @@ static float next_scale(row_reader *rr) {
     return s;
 }
 
+static uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* The comparisons are on the floats' bits (the same outcomes as the float comparisons, without a
+ * soft-float call each on cores without an FPU): |x| as x without its sign bit orders as an
+ * unsigned integer, and NaN (above 0x7f800000 so) never becomes the maximum. */
+#define BITS_127 0x42fe0000u   /* 127.0f */
 void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float *xs) {
     for (uint32_t s = 0, gi = 0; s < n; s += g, gi++) {
         uint32_t len = n - s < g ? n - s : g;
-        float amax = 0.0f;
+        uint32_t amax_bits = 0;
         for (uint32_t i = 0; i < len; i++) {
-            float a = x[s + i] < 0.0f ? -x[s + i] : x[s + i];
-            if (a > amax) amax = a;
+            uint32_t a = bits_of(x[s + i]) & 0x7fffffffu;
+            if (a > amax_bits && a <= 0x7f800000u) amax_bits = a;
         }
-        if (amax == 0.0f) {
+        if (amax_bits == 0u) {
             xs[gi] = 0.0f;
             memset(xq + s, 0, len);
             continue;
         }
+        float amax;
+        memcpy(&amax, &amax_bits, 4);
         xs[gi] = amax / 127.0f;
         float inv = 127.0f / amax;
         for (uint32_t i = 0; i < len; i++) {
             float v = x[s + i] * inv;
-            /* clamp before rounding (same codes for every finite v); NaN/inf from a broken
-             * model become 0 / +-127 instead of an undefined float-to-int conversion */
-            v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v == v ? v : 0.0f;
-            int32_t q = (int32_t)(v + (v >= 0.0f ? 0.5f : -0.5f));
+            uint32_t b = bits_of(v), mag = b & 0x7fffffffu;
+            /* clamp to +-127 before rounding (same codes for every finite v); NaN from a broken
+             * model becomes 0, inf +-127, instead of an undefined float-to-int conversion */
+            int32_t q;
+            if (mag > 0x7f800000u) q = 0;
+            else if (mag > BITS_127) q = (b >> 31) ? -127 : 127;
+            else q = (int32_t)(v + ((b >> 31) ? -0.5f : 0.5f));   /* -0 rounds to 0 either way */
             xq[s + i] = (int8_t)q;
         }
     }

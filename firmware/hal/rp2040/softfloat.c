@@ -1,9 +1,9 @@
 /* IEEE-754 binary32 arithmetic for the Cortex-M0+ (no FPU): the run-time ABI entry points
  * (__aeabi_*) the engine's float code compiles to, replacing libgcc's versions, which were the
  * largest cost of a token (each group of a matvec does an int-to-float, two multiplies and an add).
- * Add, multiply and the int-to-float conversions are assembly (softfloat_m0.s) for the common
- * case, the comparisons assembly throughout; flm_sf_add and flm_sf_mul here are the complete add
- * and multiply, to which the assembly hands every other case.
+ * Add, multiply, divide and the int-to-float conversions are assembly (softfloat_m0.s) for the
+ * common case, the comparisons assembly throughout; flm_sf_add, flm_sf_mul and flm_sf_div here are
+ * the complete versions, to which the assembly hands every other case.
  *
  * Exact IEEE semantics, as the NumPy reference computes on the host: round to nearest, ties to
  * even; subnormals kept (no flush to zero); infinities and NaN (a NaN operand comes back quieted,
@@ -22,7 +22,7 @@
 
 uint32_t flm_sf_add(uint32_t a, uint32_t b);
 uint32_t flm_sf_mul(uint32_t a, uint32_t b);
-uint32_t __aeabi_fdiv(uint32_t a, uint32_t b);
+uint32_t flm_sf_div(uint32_t a, uint32_t b);
 int32_t __aeabi_f2iz(uint32_t a);
 
 /* The number of left shifts that bring the highest set bit of m (m != 0) to bit 31 (the M0+ has
@@ -129,7 +129,7 @@ uint32_t flm_sf_mul(uint32_t a, uint32_t b) {
     return pack(sign, e, (hi << 6) | (lo >> 18) | ((lo & 0x3ffffu) != 0u));
 }
 
-uint32_t __aeabi_fdiv(uint32_t a, uint32_t b) {
+uint32_t flm_sf_div(uint32_t a, uint32_t b) {
     uint32_t sign = (a ^ b) & SIGN;
     uint32_t ea = (a >> 23) & 255u, eb = (b >> 23) & 255u;
     if (ea == 255u || eb == 255u) {

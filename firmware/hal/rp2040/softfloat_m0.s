@@ -451,3 +451,73 @@ flm_group_term:
     ldr r3, =flm_group_term_slow
     bx r3
     .size flm_group_term, . - flm_group_term
+
+@ ---- float __aeabi_fdiv(float a, float b) -----------------------------------------------
+@ Normal operands and a normal quotient: 25 quotient bits by restoring division (the carry of
+@ each compare-and-subtract is the next bit), the remainder as the sticky bit; the rest goes to
+@ flm_sf_div (softfloat.c).
+    .section .text.__aeabi_fdiv,"ax",%progbits
+    .global __aeabi_fdiv
+    .type __aeabi_fdiv, %function
+.Ldiv_range:                    @ before the entry: the conditional branches reach it
+    pop {r0, r1, r4}
+    pop {r3}
+    mov lr, r3
+.Ldiv_slow:
+    ldr r3, =flm_sf_div
+    bx r3
+    .thumb_func
+__aeabi_fdiv:
+    lsls r2, r0, #1
+    lsrs r2, r2, #24
+    subs r2, #1
+    cmp r2, #253
+    bhi .Ldiv_slow              @ a not normal
+    lsls r3, r1, #1
+    lsrs r3, r3, #24
+    subs r3, #1
+    cmp r3, #253
+    bhi .Ldiv_slow              @ b not normal
+    push {r0, r1, r4, lr}
+    subs r2, r2, r3
+    adds r2, #126               @ E - 1 for a quotient in [1, 2)
+    movs r4, #1
+    lsls r4, r4, #23
+    lsls r0, r0, #9
+    lsrs r0, r0, #9
+    orrs r0, r4                 @ ma
+    lsls r1, r1, #9
+    lsrs r1, r1, #9
+    orrs r1, r4                 @ mb
+    cmp r0, r1
+    bhs 1f
+    lsls r0, r0, #1             @ ma < mb: the quotient's leading one comes a bit later
+    subs r2, #1
+1:  cmp r2, #253
+    bhi .Ldiv_range             @ overflow or a subnormal quotient
+    movs r4, #0
+    .rept 25
+    cmp r0, r1
+    bcc 2f
+    subs r0, r0, r1             @ C = 1: no borrow
+2:  adcs r4, r4                 @ q = 2q + C
+    lsls r0, r0, #1
+    .endr
+    lsrs r3, r4, #1             @ 24-bit significand; C = guard
+    bcc 4f
+    cmp r0, #0
+    bne 3f                      @ remainder: above the halfway point
+    lsls r4, r3, #31            @ tie: round to even
+    beq 4f
+3:  adds r3, #1
+4:  lsls r2, r2, #23
+    adds r3, r3, r2             @ a carry of the significand steps the exponent
+    ldr r0, [sp, #0]
+    ldr r1, [sp, #4]
+    eors r0, r1
+    lsrs r0, r0, #31
+    lsls r0, r0, #31
+    orrs r0, r3
+    add sp, #8
+    pop {r4, pc}
+    .size __aeabi_fdiv, . - __aeabi_fdiv
