@@ -14,83 +14,115 @@
     .cpu cortex-m0plus
     .thumb
 
-@ ---- float __aeabi_fmul(float a, float b) -------------------------------------------------
+@ r0, r1: 24-bit significands -> r4 = their product >> 16 (N: bit 31 set), r1 = the 16 bits
+@ below it << 16 (sticky); clobbers r0, r2, r5
+    .macro MULCORE
+    lsrs r4, r0, #16            @ ah
+    uxth r0, r0                 @ al
+    lsrs r5, r1, #16            @ bh
+    uxth r1, r1                 @ bl
+    movs r2, r4
+    muls r2, r1                 @ ah*bl
+    muls r1, r0                 @ al*bl
+    muls r0, r5                 @ al*bh
+    muls r4, r5                 @ ah*bh
+    adds r2, r2, r0             @ mid < 2^25
+    lsls r0, r2, #16
+    lsrs r2, r2, #16
+    adds r1, r1, r0             @ low word, carry out
+    adcs r4, r2                 @ high word
+    lsls r4, r4, #16
+    lsrs r0, r1, #16
+    lsls r1, r1, #16
+    orrs r4, r0
+    .endm
+
+@ r4 = R (leading one at 31), r1 = sticky -> r4 = R >> 8 rounded to nearest even (may reach 2^24)
+    .macro ROUND
+    lsls r0, r4, #24            @ rounding bits: guard at bit 31
+    lsrs r4, r4, #8
+    cmp r1, #0
+    beq 1f
+    adds r0, #1                 @ sticky below them
+1:  lsls r0, r0, #1             @ C = guard, r0 = the rest
+    bcc 3f
+    bne 2f
+    lsls r2, r4, #31            @ tie: to even
+    beq 3f
+2:  adds r4, #1
+3:
+    .endm
+
+@ ---- float __aeabi_fmul(float a, float b) -----------------------------------------------
+@ Normal operands: the product rounds here, also to infinity or to a subnormal; zeros,
+@ subnormal operands, infinities and NaN go to flm_sf_mul (softfloat.c).
     .section .text.__aeabi_fmul,"ax",%progbits
     .global __aeabi_fmul
     .type __aeabi_fmul, %function
     .thumb_func
 __aeabi_fmul:
     lsls r2, r0, #1
-    lsrs r2, r2, #24            @ ea
+    lsrs r2, r2, #24
     subs r2, #1
     cmp r2, #253
-    bhi .Lmul_slow              @ ea is 0 or 255
+    bhi .Lmul_slow              @ a not normal
     lsls r3, r1, #1
-    lsrs r3, r3, #24            @ eb
+    lsrs r3, r3, #24
     subs r3, #1
     cmp r3, #253
-    bhi .Lmul_slow
-    push {r0, r1, r4, r5, r6, lr}
-    adds r2, r2, r3             @ ea + eb - 2
-    @ significands 1.m as ah = hidden + top 7 bits, al = low 16 bits
-    lsls r4, r0, #9
-    lsrs r4, r4, #25
-    adds r4, #128               @ ah
-    uxth r0, r0                 @ al
-    lsls r5, r1, #9
-    lsrs r5, r5, #25
-    adds r5, #128               @ bh
-    uxth r1, r1                 @ bl
-    @ 48-bit product = ah*bh << 32 + (ah*bl + al*bh) << 16 + al*bl
-    movs r6, r4
-    muls r6, r1                 @ ah*bl
-    movs r3, r0
-    muls r3, r5                 @ al*bh
-    adds r6, r6, r3             @ mid < 2^25
-    muls r0, r1                 @ al*bl
-    muls r4, r5                 @ ah*bh
-    lsls r3, r6, #16
-    lsrs r6, r6, #16
-    adds r0, r0, r3             @ low word of the product, carry out
-    adcs r4, r6                 @ high word (16 bits)
-    @ R = product >> 16 (leading one at bit 31 or 30), sticky = the 16 bits below it
-    lsls r4, r4, #16
-    lsrs r1, r0, #16
-    lsls r0, r0, #16
-    orrs r4, r1
+    bhi .Lmul_slow              @ b not normal
+    push {r4, r5, lr}
+    adds r3, r2, r3             @ ea + eb - 2
+    movs r2, r0
+    eors r2, r1
+    mov r12, r2                 @ bit 31: the sign
+    movs r2, #1
+    lsls r2, r2, #23
+    lsls r0, r0, #9
+    lsrs r0, r0, #9
+    orrs r0, r2                 @ a's significand
+    lsls r1, r1, #9
+    lsrs r1, r1, #9
+    orrs r1, r2                 @ b's significand
+    MULCORE
     bmi 1f
     lsls r4, r4, #1             @ product in [1, 2): one bit more
-    subs r2, #1
-1:  subs r2, #125               @ E - 1 = ea + eb - 127 (one less after the shift)
-    cmp r2, #253
-    bhi .Lmul_range             @ E outside 1..254: overflow or subnormal result
-    lsls r1, r4, #24            @ rounding bits: guard at bit 31
-    lsrs r4, r4, #8             @ 24-bit significand, hidden bit 23
-    lsls r2, r2, #23
-    adds r4, r4, r2
-    ldr r3, [sp, #0]
-    ldr r2, [sp, #4]
-    eors r3, r2
-    lsrs r3, r3, #31
-    lsls r3, r3, #31            @ sign
-    adds r0, r0, #0             @ sticky nonzero: fold it into the rest bits
-    beq 2f
-    movs r2, #1
-    orrs r1, r2
-2:  lsls r1, r1, #1             @ C = guard, r1 = the rest
-    bcc 4f
-    bne 3f
-    lsls r2, r4, #31            @ tie: round to even
-    beq 4f
-3:  adds r4, #1
-4:  orrs r4, r3
+    subs r3, #1
+1:  subs r3, #125               @ E - 1 = ea + eb - 127 (one less after the shift)
+    cmp r3, #253
+    bhi .Lmul_range
+.Lmul_round:
+    ROUND
+    lsls r3, r3, #23
+    adds r4, r4, r3             @ a carry of the significand steps the exponent
+.Lmul_sign:
+    mov r2, r12
+    lsrs r2, r2, #31
+    lsls r2, r2, #31
+    orrs r4, r2
     movs r0, r4
-    add sp, #8
-    pop {r4, r5, r6, pc}
+    pop {r4, r5, pc}
 .Lmul_range:
-    pop {r0, r1, r4, r5, r6}
-    pop {r3}
-    mov lr, r3
+    cmp r3, #0
+    bge .Lmul_inf               @ E > 254
+    negs r3, r3                 @ E <= 0: the significand shifts right by 1 - E into the subnormals
+    cmp r3, #25
+    bhs .Lmul_zero              @ under half the smallest subnormal
+    movs r2, r4
+    lsrs r4, r3
+    negs r3, r3
+    adds r3, #32
+    lsls r2, r3
+    orrs r1, r2                 @ the bits shifted out join the sticky bits
+    movs r3, #0                 @ exponent field 0 (a rounding carry makes it the smallest normal)
+    b .Lmul_round
+.Lmul_inf:
+    movs r4, #255
+    lsls r4, r4, #23
+    b .Lmul_sign
+.Lmul_zero:
+    movs r4, #0
+    b .Lmul_sign
 .Lmul_slow:
     ldr r3, =flm_sf_mul
     bx r3
@@ -314,45 +346,6 @@ __aeabi_i2f:
 @ |isum| < 2^24, so the second product rounds once from the integer itself. Both roundings are
 @ those of two __aeabi_fmul calls; any case off the fast path (isum 0 or >= 2^24, scale or
 @ result not normal) goes to flm_group_term_slow, which makes exactly those calls.
-
-@ r0, r1: 24-bit significands -> r4 = their product >> 16 (N: bit 31 set), r1 = the 16 bits
-@ below it << 16 (sticky); clobbers r0, r2, r5
-    .macro MULCORE
-    lsrs r4, r0, #16            @ ah
-    uxth r0, r0                 @ al
-    lsrs r5, r1, #16            @ bh
-    uxth r1, r1                 @ bl
-    movs r2, r4
-    muls r2, r1                 @ ah*bl
-    muls r1, r0                 @ al*bl
-    muls r0, r5                 @ al*bh
-    muls r4, r5                 @ ah*bh
-    adds r2, r2, r0             @ mid < 2^25
-    lsls r0, r2, #16
-    lsrs r2, r2, #16
-    adds r1, r1, r0             @ low word, carry out
-    adcs r4, r2                 @ high word
-    lsls r4, r4, #16
-    lsrs r0, r1, #16
-    lsls r1, r1, #16
-    orrs r4, r0
-    .endm
-
-@ r4 = R (leading one at 31), r1 = sticky -> r4 = R >> 8 rounded to nearest even (may reach 2^24)
-    .macro ROUND
-    lsls r0, r4, #24            @ rounding bits: guard at bit 31
-    lsrs r4, r4, #8
-    cmp r1, #0
-    beq 1f
-    adds r0, #1                 @ sticky below them
-1:  lsls r0, r0, #1             @ C = guard, r0 = the rest
-    bcc 3f
-    bne 2f
-    lsls r2, r4, #31            @ tie: to even
-    beq 3f
-2:  adds r4, #1
-3:
-    .endm
 
     .section .text.flm_group_term,"ax",%progbits
     .global flm_group_term
