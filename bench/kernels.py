@@ -6,8 +6,9 @@ soft-float and compiler flags as the real firmware) times, with the Cortex-M0+'s
 processor clock cycles (rp2040js's per-instruction cycle counts):
 
 * the matvec (flm_matvec: group dots, scales, float fold) in cycles per weight, q8 and q4, groups
-  of 32 and 128, f32 scales; the integer group dots alone (flm_dot_q8 / flm_dot_q4 over the same
-  bytes); the activation quantization (flm_quantize_act) per input element;
+  of 32 and 128, f32 scales; the integer group dots alone over the same bytes (one call of
+  flm_dot_q8 / flm_dot_q4 per group, so a call's cost per group included; the matvec inlines
+  them); the activation quantization (flm_quantize_act) per input element;
 * each soft-float entry point (__aeabi_fadd ...) in cycles per call, the cost of a call to an
   empty function subtracted.
 
