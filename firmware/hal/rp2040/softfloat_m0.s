@@ -53,6 +53,51 @@
 3:
     .endm
 
+@ r0, r1: normal floats, \e = ea + eb - 2 -> r4 = the product of their significands >> 16 with
+@ its leading one at bit 31, r1 = the 16 bits below (sticky), \e = E - 1 of the product;
+@ clobbers r0, r2, r5
+    .macro MUL_SIGS e
+    movs r2, #1
+    lsls r2, r2, #23
+    lsls r0, r0, #9
+    lsrs r0, r0, #9
+    orrs r0, r2
+    lsls r1, r1, #9
+    lsrs r1, r1, #9
+    orrs r1, r2
+    MULCORE
+    bmi 1f
+    lsls r4, r4, #1             @ product in [1, 2): one bit more
+    subs \e, #1
+1:  subs \e, #125
+    .endm
+
+@ r0 (nonzero) shifted left until its leading one is at bit 31, \e decreased by the shift, in
+@ 16, 8, 4, 2, 1 steps (the M0+ has no CLZ); \t is clobbered
+    .macro LEAD31 e, t
+    lsrs \t, r0, #16
+    bne 1f
+    lsls r0, r0, #16
+    subs \e, #16
+1:  lsrs \t, r0, #24
+    bne 2f
+    lsls r0, r0, #8
+    subs \e, #8
+2:  lsrs \t, r0, #28
+    bne 3f
+    lsls r0, r0, #4
+    subs \e, #4
+3:  lsrs \t, r0, #30
+    bne 4f
+    lsls r0, r0, #2
+    subs \e, #2
+4:  cmp r0, #0
+    blt 5f
+    lsls r0, r0, #1
+    subs \e, #1
+5:
+    .endm
+
 @ ---- float __aeabi_fmul(float a, float b) -----------------------------------------------
 @ Normal operands: the product rounds here, also to infinity or to a subnormal; zeros,
 @ subnormal operands, infinities and NaN go to flm_sf_mul (softfloat.c).
@@ -76,19 +121,7 @@ __aeabi_fmul:
     movs r2, r0
     eors r2, r1
     mov r12, r2                 @ bit 31: the sign
-    movs r2, #1
-    lsls r2, r2, #23
-    lsls r0, r0, #9
-    lsrs r0, r0, #9
-    orrs r0, r2                 @ a's significand
-    lsls r1, r1, #9
-    lsrs r1, r1, #9
-    orrs r1, r2                 @ b's significand
-    MULCORE
-    bmi 1f
-    lsls r4, r4, #1             @ product in [1, 2): one bit more
-    subs r3, #1
-1:  subs r3, #125               @ E - 1 = ea + eb - 127 (one less after the shift)
+    MUL_SIGS r3                 @ r3 = E - 1
     cmp r3, #253
     bhi .Lmul_range
 .Lmul_round:
@@ -264,27 +297,8 @@ __aeabi_i2f:
 1:  cmp r0, #0
     beq 9f
     movs r2, #157               @ E - 1 for a leading one at bit 31
-    lsrs r3, r0, #16            @ shift the leading one to bit 31 in 16, 8, 4, 2, 1 steps
-    bne 2f
-    lsls r0, r0, #16
-    subs r2, #16
-2:  lsrs r3, r0, #24
-    bne 3f
-    lsls r0, r0, #8
-    subs r2, #8
-3:  lsrs r3, r0, #28
-    bne 4f
-    lsls r0, r0, #4
-    subs r2, #4
-4:  lsrs r3, r0, #30
-    bne 5f
-    lsls r0, r0, #2
-    subs r2, #2
-5:  cmp r0, #0
-    blt 6f
-    lsls r0, r0, #1
-    subs r2, #1
-6:  lsls r3, r0, #24            @ rounding bits: guard at bit 31
+    LEAD31 r2, r3
+    lsls r3, r0, #24            @ rounding bits: guard at bit 31
     lsrs r0, r0, #8
     lsls r2, r2, #23
     adds r0, r0, r2
@@ -369,19 +383,9 @@ flm_group_term:
     movs r6, r1
     eors r6, r2
     eors r6, r0                 @ bit 31: the sign of the result
-    movs r3, #1
-    lsls r3, r3, #23
-    lsls r0, r1, #9
-    lsrs r0, r0, #9
-    orrs r0, r3                 @ sc's significand
-    lsls r1, r2, #9
-    lsrs r1, r1, #9
-    orrs r1, r3                 @ xs's significand
-    MULCORE
-    bmi 1f
-    lsls r4, r4, #1
-    subs r7, #1
-1:  subs r7, #125               @ Ec - 1 of c = sc * xs
+    movs r0, r1
+    movs r1, r2
+    MUL_SIGS r7                 @ r7 = Ec - 1 of c = sc * xs
     cmp r7, #253
     bhi .Lterm_far
     ROUND
@@ -398,28 +402,10 @@ flm_group_term:
     beq .Lterm_slow
     lsrs r2, r0, #24
     bne .Lterm_slow             @ n >= 2^24: float(isum) would round
-    movs r3, #23                @ n's leading one to bit 23; r3 = its position
-    lsrs r2, r0, #8
-    bne 3f
-    lsls r0, r0, #16
-    subs r3, #16
-3:  lsrs r2, r0, #16
-    bne 4f
-    lsls r0, r0, #8
-    subs r3, #8
-4:  lsrs r2, r0, #20
-    bne 5f
-    lsls r0, r0, #4
-    subs r3, #4
-5:  lsrs r2, r0, #22
-    bne 6f
-    lsls r0, r0, #2
-    subs r3, #2
-6:  lsrs r2, r0, #23
-    bne 7f
-    lsls r0, r0, #1
-    subs r3, #1
-7:  movs r1, r4                 @ c's significand
+    movs r3, #31                @ n's leading one to bit 23; r3 = its position
+    LEAD31 r3, r2
+    lsrs r0, r0, #8
+    movs r1, r4                 @ c's significand
     MULCORE
     bmi 8f
     lsls r4, r4, #1
