@@ -8,6 +8,8 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run the emul
   and per prefill step (the harness's count), cycles per phase (firmware µs × 125 MHz), bytes per
   token counted three ways, the planner's prediction beside it (bench/emulated.py);
 * encode — the device tokenizer's time to encode text prompts on the emulated RP2040;
+* kernels — cycles per weight of the q8/q4 matvec (g32, g128) and per soft-float call on the
+  emulated Cortex-M0+ (bench/kernels.py: SysTick in a probe image);
 * callgrind — instructions per decode token and per prefill step of the native engine under
   valgrind's callgrind, per function (bench/callgrind.py; deterministic);
 * predicted — the planner's predicted ms per phase on the ESP32-S3 N16R8 and Pico profiles for the
@@ -19,8 +21,7 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run the emul
 
 A section is ``Section(name, run, emulated)``: ``run(work_dir)`` (an empty directory of its own)
 returns a dict of top-level result entries; its optional ``ratios`` entry (label -> value) joins
-the table of ratios measured in this run (e.g. ``Section("kernels", lambda work: {"kernels":
-kernels.measure(work)}, emulated=True)``). A full run (no ``--only``/``--quick``) writes
+the table of ratios measured in this run (bench/kernels.py ``section`` is a short example). A full run (no ``--only``/``--quick``) writes
 bench/results.json after printing every figure beside the previous file's with their ratio; a
 partial run only prints (``--json FILE`` writes it).
 """
@@ -38,7 +39,7 @@ from typing import Callable
 
 from rich.console import Console
 
-from . import callgrind, convert, emulated, native, ple_seed, predict, speed
+from . import callgrind, convert, emulated, kernels, native, ple_seed, predict, speed
 from .model import ROOT, default_ir
 from .report import print_report
 
@@ -56,6 +57,7 @@ SECTIONS = [
     Section("native", native.section),
     Section("emulated", emulated.section, emulated=True),
     Section("encode", emulated.encode_section, emulated=True),
+    Section("kernels", kernels.section, emulated=True),
     Section("callgrind", callgrind.section),
     Section("predicted", predict.section),
     Section("speed", speed.section, emulated=True),

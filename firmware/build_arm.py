@@ -35,7 +35,7 @@ def render_makefile(prof: dict, out: Path) -> None:
     ctx = dict(board=prof, cpu=prof.get("cpu", "cortex-m0plus"), linker_script=scripts[0],
                blob_offset=hex(blob_window(prof)[0]), baud=int(prof.get("uart_baud", 115200)),
                clock_kind=CLOCK_KINDS.get(prof.get("timer", "chip timer"), 1),
-               engine_sources=engine_sources(), hal_sources=sorted(p.name for p in hal_dir.glob("*.c")))
+               engine_sources=engine_sources(), hal_sources=sorted(p.name for p in hal_dir.iterdir() if p.suffix in (".c", ".s")))
     (out / "Makefile").write_text(env.get_template("Makefile-arm.j2").render(ctx))
 
 

@@ -58,6 +58,7 @@ ERROR_CODES = {
     7: "no_model",
     8: "bad_layout",
     9: "cannot_encode",
+    10: "self_check",
 }
 CLOCKS = ("host clock", "chip timer", "emulated timer")
 

@@ -2,6 +2,7 @@
 #include "crc32.h"
 #include "engine.h"
 #include "hal.h"
+#include "kernels.h"
 #include "protocol.h"
 #include "sampler.h"
 #include "tokenize.h"
@@ -43,6 +44,7 @@ typedef struct {
     uint32_t state_tiers;
     uint32_t staged[FLM_N_TIERS];  /* bytes of tensors copied into each tier */
     int image_ok;
+    int kernels_ok;                /* the boot self-check passed (flm_kernels_self_check) */
     char image_err[120];
     flm_tx tx;
     flm_rx rx;
@@ -139,8 +141,11 @@ static void send_hello(void) {
     flm_tx_s8(&A.tx, FLM_FW_VERSION, slen(FLM_FW_VERSION));
     flm_tx_s8(&A.tx, board, slen(board));
     flm_tx_end(&A.tx);
-    if (!A.image_ok) send_error(FLM_E_BAD_IMAGE, A.image_err);
+    if (!A.image_ok) send_error(A.kernels_ok ? FLM_E_BAD_IMAGE : FLM_E_SELF_CHECK, A.image_err);
 }
+
+/* Why a request needing the model is refused while !A.image_ok. */
+static uint16_t no_model_code(void) { return A.kernels_ok ? FLM_E_NO_MODEL : FLM_E_SELF_CHECK; }
 
 /* Feed received bytes into the receiver; returns 1 with a frame ready in A.rx, 2 with a console
  * text line (feed()). Bytes read past the end of that frame or line wait in pend for the next call. */
@@ -257,7 +262,7 @@ static int stop_requested(void) {
 static void generate(const uint8_t *p, size_t len) {
     const flm_model *m = &A.model;
     char t[96];
-    if (!A.image_ok) { send_error(FLM_E_NO_MODEL, A.image_err); return; }
+    if (!A.image_ok) { send_error(no_model_code(), A.image_err); return; }
     if (len < 28u || len != 28u + 4u * (size_t)flm_get_u32(p + 24)) {
         send_error(FLM_E_BAD_MESSAGE, "GENERATE payload has the wrong length");
         return;
@@ -380,7 +385,7 @@ static const flm_tokenizer *text_encoder(void) {
 static uint16_t encode_text(const uint8_t *text, size_t len, uint32_t *n, uint32_t *us, char *err, size_t en) {
     const flm_model *m = &A.model;
     const flm_tokenizer *t = text_encoder();
-    if (!A.image_ok) { scopy(err, en, A.image_err); return FLM_E_NO_MODEL; }
+    if (!A.image_ok) { scopy(err, en, A.image_err); return no_model_code(); }
     if (!t) { scopy(err, en, T.why); return FLM_E_CANNOT_ENCODE; }
     if (m->bos != FLM_NONE && m->bos >= m->vocab) {     /* the header's BOS is not checked at boot */
         fmt2(err, en, "the image's BOS id ", m->bos, " is outside the vocabulary of ", m->vocab, "");
@@ -721,7 +726,7 @@ static void log_layout(const char *what) {
 static void set_layout(const uint8_t *p, size_t len) {
     char err[120];
     const flm_model *m = &A.model;
-    if (!A.image_ok) { send_error(FLM_E_NO_MODEL, A.image_err); return; }
+    if (!A.image_ok) { send_error(no_model_code(), A.image_err); return; }
     if (len < 12u || len != 12u + (size_t)flm_get_u32(p + 8)) {
         send_error(FLM_E_BAD_MESSAGE, "LAYOUT payload has the wrong length");
         return;
@@ -783,7 +788,11 @@ static void boot(uint8_t *arena, size_t cap, uint32_t arena_tier) {
         A.pool[t] = (flm_pool){b, b ? c : 0, 0};
     }
     char t[120];
-    if (!blob) {
+    A.kernels_ok = flm_kernels_self_check() == 0;
+    if (!A.kernels_ok) {
+        scopy(A.image_err, sizeof A.image_err,
+              "kernel self-check failed: the tuned q8/q4 group dots disagree with the scalar ones; not generating");
+    } else if (!blob) {
         scopy(A.image_err, sizeof A.image_err, "no image in flash");
     } else if (flm_blob_open(&A.model, blob, len, A.image_err, sizeof A.image_err) == 0) {
         size_t need = flm_state_bytes(&A.model) + (size_t)A.model.seq_len * 4u;

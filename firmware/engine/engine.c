@@ -97,7 +97,16 @@ static void rmsnorm(float *o, const float *x, const flm_tensor *w, uint32_t n, f
 
 static void matvec(flm_state *s, const flm_tensor *w, const float *x, float *out, flm_step_stats *st) {
     flm_quantize_act(x, w->cols, w->group, s->xq, s->xs);
-    flm_matvec(w, s->xq, s->xs, out);
+    hal_matvec(w, s->xq, s->xs, out);
+    st->bytes[w->tier] += w->length;
+}
+
+/* matvec of the same input x as the matvec of prev just before: its codes are reused when the
+ * group size is the same (the same codes and scales: quantization depends on x and g only). */
+static void matvec_same_x(flm_state *s, const flm_tensor *w, const flm_tensor *prev, const float *x, float *out,
+                          flm_step_stats *st) {
+    if (w->group != prev->group) flm_quantize_act(x, w->cols, w->group, s->xq, s->xs);
+    hal_matvec(w, s->xq, s->xs, out);
     st->bytes[w->tier] += w->length;
 }
 
@@ -279,9 +288,9 @@ void flm_body(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st) {
         const flm_layer *L = &m->layers[l];
         rmsnorm(s->xb, s->x, &L->attn_norm, dim, m->eps, st);
         matvec(s, &L->wq, s->xb, s->q, st);
-        matvec(s, &L->wv, s->xb, s->xb2, st);     /* v, then k, pass through scratch into the cache */
-        kv_put(s, kv_at(s, s->vc, l, pos, 0), s->xb2);
-        matvec(s, &L->wk, s->xb, s->xb2, st);
+        matvec_same_x(s, &L->wv, &L->wq, s->xb, s->xb2, st);   /* v, then k, pass through scratch into the cache */
+        kv_put(s, kv_at(s, s->vc, l, pos, 0), s->xb2);          /* (int8 KV quantizes into its rows, not xq) */
+        matvec_same_x(s, &L->wk, &L->wv, s->xb, s->xb2, st);
         rope(s->q, m->n_heads, hd, s->cos, s->sin);
         rope(s->xb2, m->n_kv_heads, hd, s->cos, s->sin);
         kv_put(s, kv_at(s, s->kc, l, pos, 0), s->xb2);   /* the step reads the KV cache only in attention */
@@ -293,7 +302,7 @@ void flm_body(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st) {
 
         rmsnorm(s->xb, s->x, &L->ffn_norm, dim, m->eps, st);
         matvec(s, &L->w1, s->xb, s->hb, st);
-        matvec(s, &L->w3, s->xb, s->hb2, st);
+        matvec_same_x(s, &L->w3, &L->w1, s->xb, s->hb2, st);
         for (uint32_t i = 0; i < m->hidden; i++) s->hb[i] = flm_silu(s->hb[i]) * s->hb2[i];
         matvec(s, &L->w2, s->hb, s->xb, st);
         for (uint32_t i = 0; i < dim; i++) s->x[i] = s->x[i] + s->xb[i];

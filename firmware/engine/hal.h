@@ -3,6 +3,7 @@
 #define FLM_HAL_H
 #include <stddef.h>
 #include <stdint.h>
+#include "blob.h"
 
 /* Board start-up (clocks, UART, where the blob is); argc/argv only on the native board.
  * Returns 0, or non-zero when the board cannot run at all. */
@@ -29,4 +30,9 @@ const char *hal_board_name(void);
  * the app's from then on. A HAL without staging space need not define it (app.c has a weak
  * default returning NULL). */
 uint8_t *hal_tier_arena(uint32_t tier, size_t *cap);
+/* out = w's matvec (kernels.h flm_matvec), the engine's every matrix product goes through here: a
+ * board may split the rows across its cores (flm_matvec_rows; rows are independent, so any split
+ * is bit for bit the same) or use its SIMD unit for the group dots. A HAL need not define it
+ * (kernels.c has a weak default running flm_matvec on the calling core). */
+void hal_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out);
 #endif

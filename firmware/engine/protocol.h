@@ -16,7 +16,8 @@ enum flm_msg {
 
 enum flm_err {
     FLM_E_BAD_FRAME = 1, FLM_E_BAD_MESSAGE = 2, FLM_E_BAD_IMAGE = 3, FLM_E_PROMPT_TOO_LONG = 4,
-    FLM_E_BAD_TOKEN = 5, FLM_E_BUSY = 6, FLM_E_NO_MODEL = 7, FLM_E_BAD_LAYOUT = 8, FLM_E_CANNOT_ENCODE = 9
+    FLM_E_BAD_TOKEN = 5, FLM_E_BUSY = 6, FLM_E_NO_MODEL = 7, FLM_E_BAD_LAYOUT = 8, FLM_E_CANNOT_ENCODE = 9,
+    FLM_E_SELF_CHECK = 10
 };
 
 typedef void (*flm_write_fn)(const uint8_t *buf, size_t len);

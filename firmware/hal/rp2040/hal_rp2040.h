@@ -20,4 +20,9 @@ void hal_rp2040_step_end(uint32_t step);
 
 #define FLM_STEP_BEGIN(step, state) hal_rp2040_step_begin((step), (state))
 #define FLM_STEP_END(step) hal_rp2040_step_end(step)
+
+/* A matvec group's term (float)isum * (sc * xs), bit for bit, in one call (softfloat_m0.s): the
+ * kernels use it instead of the plain expression (kernels.c FLM_GROUP_TERM). */
+float flm_group_term(int32_t isum, float sc, float xs);
+#define FLM_GROUP_TERM flm_group_term
 #endif

@@ -1,0 +1,175 @@
+/* IEEE-754 binary32 arithmetic for the Cortex-M0+ (no FPU): the run-time ABI entry points
+ * (__aeabi_*) the engine's float code compiles to, replacing libgcc's versions, which were the
+ * largest cost of a token (each group of a matvec does an int-to-float, two multiplies and an add).
+ * Add, multiply, divide and the int-to-float conversions are assembly (softfloat_m0.s) for the
+ * common case, the comparisons assembly throughout; flm_sf_add, flm_sf_mul and flm_sf_div here are
+ * the complete versions, to which the assembly hands every other case.
+ *
+ * Exact IEEE semantics, as the NumPy reference computes on the host: round to nearest, ties to
+ * even; subnormals kept (no flush to zero); infinities and NaN (a NaN operand comes back quieted,
+ * an invalid operation gives the default NaN 0x7fc00000). tests/test_softfloat.py checks every
+ * function bit for bit against the host's float over random and edge-case operands on the
+ * emulator. Only integer operations here (but in flm_group_term_slow): a float expression in this
+ * file would call the entry points it defines.
+ *
+ * Values travel as their bit patterns (the soft-float ABI passes floats in core registers). */
+#include <stdint.h>
+
+#define SIGN 0x80000000u
+#define QNAN 0x7fc00000u
+#define HID 0x00800000u        /* the hidden bit of a normal significand */
+#define MANT 0x007fffffu
+
+uint32_t flm_sf_add(uint32_t a, uint32_t b);
+uint32_t flm_sf_mul(uint32_t a, uint32_t b);
+uint32_t flm_sf_div(uint32_t a, uint32_t b);
+int32_t __aeabi_f2iz(uint32_t a);
+
+/* The number of left shifts that bring the highest set bit of m (m != 0) to bit 31 (the M0+ has
+ * no CLZ instruction; a binary search costs a handful of cycles). */
+static uint32_t lead_zeros(uint32_t m) {
+    uint32_t n = 0;
+    if (m < 0x10000u) { m <<= 16; n += 16; }
+    if (m < 0x1000000u) { m <<= 8; n += 8; }
+    if (m < 0x10000000u) { m <<= 4; n += 4; }
+    if (m < 0x40000000u) { m <<= 2; n += 2; }
+    if (m < 0x80000000u) n += 1;
+    return n;
+}
+
+/* m >> s with every bit shifted out ORed into bit 0 (the sticky bit), for any s. */
+static uint32_t shr_sticky(uint32_t m, uint32_t s) {
+    if (s == 0u) return m;
+    if (s >= 32u) return m != 0u;
+    return (m >> s) | ((m << (32u - s)) != 0u);
+}
+
+/* Round and pack: the value is m * 2^(e - 127 - 29), m's leading one at bit 29 when e >= 1 is a
+ * normal exponent (m < 2^30); the 6 bits below the significand are guard and sticky bits. e <= 0
+ * makes the result subnormal (shifted, then rounded once). Adding the exponent field and the
+ * significand with its hidden bit lets a rounding carry step into the next binade or to infinity. */
+static uint32_t pack(uint32_t sign, int32_t e, uint32_t m) {
+    if (e >= 255) return sign | 0x7f800000u;
+    if (e <= 0) {
+        m = shr_sticky(m, (uint32_t)(1 - e));
+        e = 1;
+    }
+    uint32_t r = sign + ((uint32_t)(e - 1) << 23) + (m >> 6), rest = m & 63u;
+    if (rest > 32u || (rest == 32u && (r & 1u))) r++;
+    return r;
+}
+
+static uint32_t nan_of(uint32_t a, uint32_t b) {
+    return ((a << 1) > 0xff000000u ? a : b) | 0x00400000u;
+}
+
+uint32_t flm_sf_add(uint32_t a, uint32_t b) {
+    if ((a << 1) < (b << 1)) { uint32_t t = a; a = b; b = t; }   /* |a| >= |b| */
+    uint32_t ea = (a >> 23) & 255u, eb = (b >> 23) & 255u;
+    if (ea == 255u) {
+        if (a << 9) return a | 0x00400000u;                        /* NaN (b may be one too) */
+        if (eb == 255u && (a ^ b) >> 31) return QNAN;              /* inf - inf */
+        return a;
+    }
+    if ((b << 1) == 0u) return (a << 1) ? a : a & b;             /* x + 0; -0 + -0 = -0 */
+    uint32_t ma = a & MANT, mb = b & MANT;
+    if (ea) ma |= HID; else ea = 1u;
+    if (eb) mb |= HID; else eb = 1u;
+    ma <<= 6;
+    mb = shr_sticky(mb << 6, ea - eb);
+    uint32_t sign = a & SIGN, m;
+    if ((a ^ b) >> 31 == 0u) {
+        m = ma + mb;
+        if (m >= 0x40000000u) { m = (m >> 1) | (m & 1u); ea++; }
+    } else {
+        m = ma - mb;
+        if (m == 0u) return 0u;                                    /* x - x = +0 */
+        uint32_t s = lead_zeros(m) - 2u;                           /* to bring the top bit to 29 */
+        if (s >= ea) s = ea - 1u;                                  /* stop at the subnormal range */
+        m <<= s;
+        ea -= s;
+    }
+    return pack(sign, (int32_t)ea, m);
+}
+
+/* A nonzero subnormal's significand brought to a leading one at bit 23, its exponent adjusted. */
+static uint32_t normalize(uint32_t m, int32_t *e) {
+    uint32_t s = lead_zeros(m) - 8u;
+    *e = 1 - (int32_t)s;
+    return m << s;
+}
+
+uint32_t flm_sf_mul(uint32_t a, uint32_t b) {
+    uint32_t sign = (a ^ b) & SIGN;
+    uint32_t ea = (a >> 23) & 255u, eb = (b >> 23) & 255u;
+    if (ea == 255u || eb == 255u) {
+        if ((a << 1) > 0xff000000u || (b << 1) > 0xff000000u) return nan_of(a, b);
+        if ((a << 1) == 0u || (b << 1) == 0u) return QNAN;        /* inf * 0 */
+        return sign | 0x7f800000u;
+    }
+    if ((a << 1) == 0u || (b << 1) == 0u) return sign;
+    int32_t xa = (int32_t)ea, xb = (int32_t)eb;
+    uint32_t ma = a & MANT, mb = b & MANT;
+    if (ea) ma |= HID; else ma = normalize(ma, &xa);
+    if (eb) mb |= HID; else mb = normalize(mb, &xb);
+    /* 24 x 24 -> 48-bit product from 12-bit halves (the M0+ multiplies 32 x 32 -> 32 only) */
+    uint32_t ah = ma >> 12, al = ma & 0xfffu, bh = mb >> 12, bl = mb & 0xfffu;
+    uint32_t mid = ah * bl + al * bh;
+    uint32_t lo = al * bl + ((mid & 0xfffu) << 12);
+    uint32_t hi = ah * bh + (mid >> 12) + (lo >> 24);             /* product >> 24 */
+    lo &= 0xffffffu;
+    int32_t e = xa + xb - 127;
+    if (hi < HID) {                                                /* product in [1, 2): one more bit */
+        hi = (hi << 1) | (lo >> 23);
+        lo = (lo << 1) & 0xffffffu;
+    } else {
+        e++;
+    }
+    /* hi: 24-bit significand, lo: the 24 bits below it */
+    return pack(sign, e, (hi << 6) | (lo >> 18) | ((lo & 0x3ffffu) != 0u));
+}
+
+uint32_t flm_sf_div(uint32_t a, uint32_t b) {
+    uint32_t sign = (a ^ b) & SIGN;
+    uint32_t ea = (a >> 23) & 255u, eb = (b >> 23) & 255u;
+    if (ea == 255u || eb == 255u) {
+        if ((a << 1) > 0xff000000u || (b << 1) > 0xff000000u) return nan_of(a, b);
+        if (ea == eb) return QNAN;                                 /* inf / inf */
+        return ea == 255u ? sign | 0x7f800000u : sign;
+    }
+    if ((b << 1) == 0u) return (a << 1) ? sign | 0x7f800000u : QNAN;   /* x / 0, 0 / 0 */
+    if ((a << 1) == 0u) return sign;
+    int32_t xa = (int32_t)ea, xb = (int32_t)eb;
+    uint32_t ma = a & MANT, mb = b & MANT;
+    if (ea) ma |= HID; else ma = normalize(ma, &xa);
+    if (eb) mb |= HID; else mb = normalize(mb, &xb);
+    int32_t e = xa - xb + 127;
+    if (ma < mb) { ma <<= 1; e--; }                                /* quotient in [1, 2) */
+    /* restoring division, 30 quotient bits (leading one at bit 29), remainder as sticky */
+    uint32_t q = 0, r = ma;
+    for (int i = 0; i < 30; i++) {
+        q <<= 1;
+        if (r >= mb) { r -= mb; q |= 1u; }
+        r <<= 1;
+    }
+    return pack(sign, e, q | (r != 0u));
+}
+
+/* Truncation toward zero; out of range saturates, NaN gives 0 (the engine converts only values
+ * it has clamped). */
+int32_t __aeabi_f2iz(uint32_t a) {
+    uint32_t e = (a >> 23) & 255u;
+    if (e < 127u) return 0;
+    if (e >= 127u + 31u) {
+        if (e == 255u && (a << 9)) return 0;
+        return (a & SIGN) ? INT32_MIN : INT32_MAX;
+    }
+    uint32_t m = ((a & MANT) | HID) << 8;                          /* leading one at bit 31 */
+    uint32_t v = m >> (31u - (e - 127u));
+    return (a & SIGN) ? -(int32_t)v : (int32_t)v;
+}
+
+/* flm_group_term's every case off its fast path (softfloat_m0.s): the two products as the plain
+ * expression computes them. Floats here are compiled calls to the entry points above. */
+float flm_group_term_slow(int32_t isum, float sc, float xs);
+float flm_group_term_slow(int32_t isum, float sc, float xs) { return (float)isum * (sc * xs); }

@@ -1,0 +1,502 @@
+@ Fast paths of the hottest soft-float entry points for the Cortex-M0+ (ARMv6-M Thumb): the
+@ matvec's per-group int-to-float, multiplies and add. They handle normal operands with a normal
+@ result (nearly every call the engine makes) and hand everything else (zeros, subnormals, inf,
+@ NaN, overflow, underflow) to the complete C versions in softfloat.c, which they agree with bit
+@ for bit: both round to nearest, ties to even (tests/test_softfloat.py checks them against the
+@ host's IEEE arithmetic on the emulator). Plain assembly (.s): no C preprocessor, so the C
+@ headers the build force-includes do not reach it.
+@
+@ Significands are kept top-aligned in a register with the rounding bits below them; a result is
+@ packed as sign | ((E - 1) << 23) + significand-with-hidden-bit, so that a rounding carry steps
+@ into the next exponent (or to infinity) by itself.
+
+    .syntax unified
+    .cpu cortex-m0plus
+    .thumb
+
+@ r0, r1: 24-bit significands -> r4 = their product >> 16 (N: bit 31 set), r1 = the 16 bits
+@ below it << 16 (sticky); clobbers r0, r2, r5
+    .macro MULCORE
+    lsrs r4, r0, #16            @ ah
+    uxth r0, r0                 @ al
+    lsrs r5, r1, #16            @ bh
+    uxth r1, r1                 @ bl
+    movs r2, r4
+    muls r2, r1                 @ ah*bl
+    muls r1, r0                 @ al*bl
+    muls r0, r5                 @ al*bh
+    muls r4, r5                 @ ah*bh
+    adds r2, r2, r0             @ mid < 2^25
+    lsls r0, r2, #16
+    lsrs r2, r2, #16
+    adds r1, r1, r0             @ low word, carry out
+    adcs r4, r2                 @ high word
+    lsls r4, r4, #16
+    lsrs r0, r1, #16
+    lsls r1, r1, #16
+    orrs r4, r0
+    .endm
+
+@ r4 = R (leading one at 31), r1 = sticky -> r4 = R >> 8 rounded to nearest even (may reach 2^24)
+    .macro ROUND
+    lsls r0, r4, #24            @ rounding bits: guard at bit 31
+    lsrs r4, r4, #8
+    cmp r1, #0
+    beq 1f
+    adds r0, #1                 @ sticky below them
+1:  lsls r0, r0, #1             @ C = guard, r0 = the rest
+    bcc 3f
+    bne 2f
+    lsls r2, r4, #31            @ tie: to even
+    beq 3f
+2:  adds r4, #1
+3:
+    .endm
+
+@ r0, r1: normal floats, \e = ea + eb - 2 -> r4 = the product of their significands >> 16 with
+@ its leading one at bit 31, r1 = the 16 bits below (sticky), \e = E - 1 of the product;
+@ clobbers r0, r2, r5
+    .macro MUL_SIGS e
+    movs r2, #1
+    lsls r2, r2, #23
+    lsls r0, r0, #9
+    lsrs r0, r0, #9
+    orrs r0, r2
+    lsls r1, r1, #9
+    lsrs r1, r1, #9
+    orrs r1, r2
+    MULCORE
+    bmi 1f
+    lsls r4, r4, #1             @ product in [1, 2): one bit more
+    subs \e, #1
+1:  subs \e, #125
+    .endm
+
+@ r0 (nonzero) shifted left until its leading one is at bit 31, \e decreased by the shift, in
+@ 16, 8, 4, 2, 1 steps (the M0+ has no CLZ); \t is clobbered
+    .macro LEAD31 e, t
+    lsrs \t, r0, #16
+    bne 1f
+    lsls r0, r0, #16
+    subs \e, #16
+1:  lsrs \t, r0, #24
+    bne 2f
+    lsls r0, r0, #8
+    subs \e, #8
+2:  lsrs \t, r0, #28
+    bne 3f
+    lsls r0, r0, #4
+    subs \e, #4
+3:  lsrs \t, r0, #30
+    bne 4f
+    lsls r0, r0, #2
+    subs \e, #2
+4:  cmp r0, #0
+    blt 5f
+    lsls r0, r0, #1
+    subs \e, #1
+5:
+    .endm
+
+@ ---- float __aeabi_fmul(float a, float b) -----------------------------------------------
+@ Normal operands: the product rounds here, also to infinity or to a subnormal; zeros,
+@ subnormal operands, infinities and NaN go to flm_sf_mul (softfloat.c).
+    .section .text.__aeabi_fmul,"ax",%progbits
+    .global __aeabi_fmul
+    .type __aeabi_fmul, %function
+    .thumb_func
+__aeabi_fmul:
+    lsls r2, r0, #1
+    lsrs r2, r2, #24
+    subs r2, #1
+    cmp r2, #253
+    bhi .Lmul_slow              @ a not normal
+    lsls r3, r1, #1
+    lsrs r3, r3, #24
+    subs r3, #1
+    cmp r3, #253
+    bhi .Lmul_slow              @ b not normal
+    push {r4, r5, lr}
+    adds r3, r2, r3             @ ea + eb - 2
+    movs r2, r0
+    eors r2, r1
+    mov r12, r2                 @ bit 31: the sign
+    MUL_SIGS r3                 @ r3 = E - 1
+    cmp r3, #253
+    bhi .Lmul_range
+.Lmul_round:
+    ROUND
+    lsls r3, r3, #23
+    adds r4, r4, r3             @ a carry of the significand steps the exponent
+.Lmul_sign:
+    mov r2, r12
+    lsrs r2, r2, #31
+    lsls r2, r2, #31
+    orrs r4, r2
+    movs r0, r4
+    pop {r4, r5, pc}
+.Lmul_range:
+    cmp r3, #0
+    bge .Lmul_inf               @ E > 254
+    negs r3, r3                 @ E <= 0: the significand shifts right by 1 - E into the subnormals
+    cmp r3, #25
+    bhs .Lmul_zero              @ under half the smallest subnormal
+    movs r2, r4
+    lsrs r4, r3
+    negs r3, r3
+    adds r3, #32
+    lsls r2, r3
+    orrs r1, r2                 @ the bits shifted out join the sticky bits
+    movs r3, #0                 @ exponent field 0 (a rounding carry makes it the smallest normal)
+    b .Lmul_round
+.Lmul_inf:
+    movs r4, #255
+    lsls r4, r4, #23
+    b .Lmul_sign
+.Lmul_zero:
+    movs r4, #0
+    b .Lmul_sign
+.Lmul_slow:
+    ldr r3, =flm_sf_mul
+    bx r3
+    .size __aeabi_fmul, . - __aeabi_fmul
+
+@ ---- float __aeabi_fadd(float a, float b), __aeabi_fsub(a, b) = a + (-b) -----------------
+@ No registers to save: r0-r3 and r12 hold everything. Normal operands never need the C version
+@ for their result: an overflow gives infinity here, and a difference in the subnormal range is
+@ exact (it only arises from operands within a binade of each other: no bits were shifted out).
+
+@ r0 = a, r1 = b, r3 = d = ea - eb -> r0 = a's significand, hidden bit at 30 and 7 rounding bits
+@ below; r1 = b's, shifted right by d with the bits shifted out ORed into bit 0; clobbers r2, r3
+    .macro ALIGN_SIGS
+    movs r2, #1
+    lsls r2, r2, #30
+    lsls r0, r0, #9
+    lsrs r0, r0, #2
+    orrs r0, r2
+    lsls r1, r1, #9
+    lsrs r1, r1, #2
+    orrs r1, r2
+    movs r2, r1
+    lsrs r1, r3
+    negs r3, r3
+    adds r3, #32
+    lsls r2, r3                 @ the bits shifted out (d = 0: a shift by 32 gives 0)
+    beq 9f
+    movs r2, #1
+    orrs r1, r2
+9:
+    .endm
+
+    .section .text.__aeabi_fadd,"ax",%progbits
+    .global __aeabi_fsub
+    .type __aeabi_fsub, %function
+    .thumb_func
+__aeabi_fsub:
+    movs r2, #1
+    lsls r2, r2, #31
+    eors r1, r2
+    .global __aeabi_fadd
+    .type __aeabi_fadd, %function
+    .thumb_func
+__aeabi_fadd:
+    lsls r2, r0, #1
+    lsls r3, r1, #1
+    cmp r2, r3
+    bhs 1f
+    movs r2, r0                 @ |a| < |b|: swap
+    movs r0, r1
+    movs r1, r2
+    lsls r2, r0, #1
+    lsls r3, r1, #1
+1:  lsrs r2, r2, #24            @ ea >= eb
+    lsrs r3, r3, #24
+    beq .Ladd_slow              @ b zero or subnormal
+    cmp r2, #255
+    beq .Ladd_slow              @ inf or NaN
+    subs r3, r2, r3             @ d = ea - eb
+    cmp r3, #26
+    bhs .Ladd_a                 @ |b| under a quarter ulp of |a|: the sum rounds to a
+    lsrs r2, r0, #23
+    mov r12, r2                 @ sign and exponent of a, the result's (up to the steps below)
+    movs r2, r0
+    eors r2, r1
+    bmi .Ladd_diff
+    ALIGN_SIGS
+    adds r0, r0, r1             @ leading one at bit 30 or 31
+    mov r2, r12
+    bpl .Ladd_round
+    movs r1, #1
+    ands r1, r0
+    lsrs r0, r0, #1
+    orrs r0, r1                 @ keep the sticky bit
+    adds r2, #1
+    lsls r1, r2, #24
+    lsrs r1, r1, #24
+    cmp r1, #255
+    bne .Ladd_round
+    lsrs r2, r2, #8             @ overflow: infinity of a's sign
+    lsls r2, r2, #31
+    movs r0, #255
+    lsls r0, r0, #23
+    orrs r0, r2
+    bx lr
+.Ladd_diff:
+    ALIGN_SIGS
+    subs r0, r0, r1
+    beq .Ladd_zero              @ x - x = +0
+    mov r2, r12
+    lsls r3, r2, #24
+    lsrs r3, r3, #24
+    subs r3, #1                 @ left shifts allowed before the subnormal range
+2:  lsrs r1, r0, #30            @ bring the leading one back to bit 30
+    bne .Ladd_round
+    cmp r3, #0
+    beq .Ladd_round             @ subnormal: exponent field 0, no hidden bit
+    lsls r0, r0, #1
+    subs r2, #1
+    subs r3, #1
+    b 2b
+.Ladd_round:                    @ r0 = significand and rounding bits, r2 = sign and exponent E
+    lsls r1, r0, #25            @ rounding bits: guard at bit 31
+    lsrs r0, r0, #7
+    subs r2, #1
+    lsls r2, r2, #23
+    adds r0, r0, r2             @ a carry of the significand steps the exponent
+    lsls r1, r1, #1             @ C = guard, r1 = the rest
+    bcc .Ladd_a
+    bne 3f
+    lsls r2, r0, #31            @ tie: round to even
+    beq .Ladd_a
+3:  adds r0, #1
+.Ladd_a:
+    bx lr
+.Ladd_zero:
+    movs r0, #0
+    bx lr
+.Ladd_slow:
+    ldr r3, =flm_sf_add
+    bx r3
+    .size __aeabi_fadd, . - __aeabi_fadd
+
+@ ---- float __aeabi_ui2f(unsigned v), __aeabi_i2f(int v) ----------------------------------
+    .section .text.__aeabi_i2f,"ax",%progbits
+    .global __aeabi_ui2f
+    .type __aeabi_ui2f, %function
+    .thumb_func
+__aeabi_ui2f:
+    movs r1, #0                 @ sign mask
+    b 1f
+    .global __aeabi_i2f
+    .type __aeabi_i2f, %function
+    .thumb_func
+__aeabi_i2f:
+    asrs r1, r0, #31            @ sign mask
+    eors r0, r1
+    subs r0, r0, r1             @ |v| (2^31 for INT32_MIN, as unsigned)
+1:  cmp r0, #0
+    beq 9f
+    movs r2, #157               @ E - 1 for a leading one at bit 31
+    LEAD31 r2, r3
+    lsls r3, r0, #24            @ rounding bits: guard at bit 31
+    lsrs r0, r0, #8
+    lsls r2, r2, #23
+    adds r0, r0, r2
+    lsls r3, r3, #1             @ C = guard, r3 = the rest
+    bcc 8f
+    bne 7f
+    lsls r2, r0, #31            @ tie: round to even
+    beq 8f
+7:  adds r0, #1
+8:  lsls r1, r1, #31
+    orrs r0, r1
+9:  bx lr
+    .size __aeabi_i2f, . - __aeabi_i2f
+
+@ ---- int __aeabi_fcmp{eq,lt,le,gt,ge}(float a, float b): 1 or 0, 0 when unordered (NaN) -----
+@ Both operands become integer keys with the float order: x itself when its sign is clear,
+@ -(x & 0x7fffffff) when set (so -0 and +0 both give 0), then one signed compare.
+    .macro FCMP name, cond
+    .section .text.\name,"ax",%progbits
+    .global \name
+    .type \name, %function
+    .thumb_func
+\name:
+    movs r2, #255
+    lsls r2, r2, #24
+    lsls r3, r0, #1
+    cmp r3, r2
+    bhi 8f                      @ a is NaN
+    lsls r3, r1, #1
+    cmp r3, r2
+    bhi 8f                      @ b is NaN
+    asrs r2, r0, #31
+    lsls r0, r0, #1
+    lsrs r0, r0, #1
+    eors r0, r2
+    subs r0, r0, r2             @ key(a)
+    asrs r2, r1, #31
+    lsls r1, r1, #1
+    lsrs r1, r1, #1
+    eors r1, r2
+    subs r1, r1, r2             @ key(b)
+    cmp r0, r1
+    b\cond 9f
+8:  movs r0, #0
+    bx lr
+9:  movs r0, #1
+    bx lr
+    .size \name, . - \name
+    .endm
+
+    FCMP __aeabi_fcmpeq, eq
+    FCMP __aeabi_fcmplt, lt
+    FCMP __aeabi_fcmple, le
+    FCMP __aeabi_fcmpgt, gt
+    FCMP __aeabi_fcmpge, ge
+
+@ ---- float flm_group_term(int32_t isum, float sc, float xs) = (float)isum * (sc * xs) ---------
+@ A matvec group's term (kernels.c), both products in one call: isum is exact as a float when
+@ |isum| < 2^24, so the second product rounds once from the integer itself. Both roundings are
+@ those of two __aeabi_fmul calls; any case off the fast path (isum 0 or >= 2^24, scale or
+@ result not normal) goes to flm_group_term_slow, which makes exactly those calls.
+
+    .section .text.flm_group_term,"ax",%progbits
+    .global flm_group_term
+    .type flm_group_term, %function
+.Lterm_far:                     @ within reach of the first half's conditional branches
+    b .Lterm_slow
+    .thumb_func
+flm_group_term:
+    push {r0, r1, r2, r4, r5, r6, r7, lr}
+    lsls r3, r1, #1
+    lsrs r3, r3, #24
+    subs r3, #1
+    cmp r3, #253
+    bhi .Lterm_far             @ sc not normal
+    lsls r4, r2, #1
+    lsrs r4, r4, #24
+    subs r4, #1
+    cmp r4, #253
+    bhi .Lterm_far             @ xs not normal
+    adds r7, r3, r4             @ e_sc + e_xs - 2
+    movs r6, r1
+    eors r6, r2
+    eors r6, r0                 @ bit 31: the sign of the result
+    movs r0, r1
+    movs r1, r2
+    MUL_SIGS r7                 @ r7 = Ec - 1 of c = sc * xs
+    cmp r7, #253
+    bhi .Lterm_far
+    ROUND
+    lsrs r2, r4, #24
+    beq 2f
+    lsrs r4, r4, #1             @ rounded up to 2^24: 2^23, one binade up
+    adds r7, #1
+    cmp r7, #253
+    bhi .Lterm_far
+2:  ldr r0, [sp, #0]            @ isum
+    asrs r2, r0, #31
+    eors r0, r2
+    subs r0, r0, r2             @ n = |isum|
+    beq .Lterm_slow
+    lsrs r2, r0, #24
+    bne .Lterm_slow             @ n >= 2^24: float(isum) would round
+    movs r3, #31                @ n's leading one to bit 23; r3 = its position
+    LEAD31 r3, r2
+    lsrs r0, r0, #8
+    movs r1, r4                 @ c's significand
+    MULCORE
+    bmi 8f
+    lsls r4, r4, #1
+    subs r3, #1
+8:  adds r7, r7, r3
+    adds r7, #1                 @ E - 1 of the term
+    cmp r7, #253
+    bhi .Lterm_slow
+    ROUND
+    lsls r7, r7, #23
+    adds r4, r4, r7             @ a carry to 2^24 steps the exponent (to inf from the top binade)
+    lsrs r6, r6, #31
+    lsls r6, r6, #31
+    orrs r4, r6
+    movs r0, r4
+    add sp, #12
+    pop {r4, r5, r6, r7, pc}
+.Lterm_slow:
+    pop {r0, r1, r2, r4, r5, r6, r7}
+    pop {r3}
+    mov lr, r3
+    ldr r3, =flm_group_term_slow
+    bx r3
+    .size flm_group_term, . - flm_group_term
+
+@ ---- float __aeabi_fdiv(float a, float b) -----------------------------------------------
+@ Normal operands and a normal quotient: 25 quotient bits by restoring division (the carry of
+@ each compare-and-subtract is the next bit), the remainder as the sticky bit; the rest goes to
+@ flm_sf_div (softfloat.c).
+    .section .text.__aeabi_fdiv,"ax",%progbits
+    .global __aeabi_fdiv
+    .type __aeabi_fdiv, %function
+.Ldiv_range:                    @ before the entry: the conditional branches reach it
+    pop {r0, r1, r4}
+    pop {r3}
+    mov lr, r3
+.Ldiv_slow:
+    ldr r3, =flm_sf_div
+    bx r3
+    .thumb_func
+__aeabi_fdiv:
+    lsls r2, r0, #1
+    lsrs r2, r2, #24
+    subs r2, #1
+    cmp r2, #253
+    bhi .Ldiv_slow              @ a not normal
+    lsls r3, r1, #1
+    lsrs r3, r3, #24
+    subs r3, #1
+    cmp r3, #253
+    bhi .Ldiv_slow              @ b not normal
+    push {r0, r1, r4, lr}
+    subs r2, r2, r3
+    adds r2, #126               @ E - 1 for a quotient in [1, 2)
+    movs r4, #1
+    lsls r4, r4, #23
+    lsls r0, r0, #9
+    lsrs r0, r0, #9
+    orrs r0, r4                 @ ma
+    lsls r1, r1, #9
+    lsrs r1, r1, #9
+    orrs r1, r4                 @ mb
+    cmp r0, r1
+    bhs 1f
+    lsls r0, r0, #1             @ ma < mb: the quotient's leading one comes a bit later
+    subs r2, #1
+1:  cmp r2, #253
+    bhi .Ldiv_range             @ overflow or a subnormal quotient
+    movs r4, #0
+    .rept 25
+    cmp r0, r1
+    bcc 2f
+    subs r0, r0, r1             @ C = 1: no borrow
+2:  adcs r4, r4                 @ q = 2q + C
+    lsls r0, r0, #1
+    .endr
+    lsrs r3, r4, #1             @ 24-bit significand; C = guard
+    bcc 4f
+    cmp r0, #0
+    bne 3f                      @ remainder: above the halfway point
+    lsls r4, r3, #31            @ tie: round to even
+    beq 4f
+3:  adds r3, #1
+4:  lsls r2, r2, #23
+    adds r3, r3, r2             @ a carry of the significand steps the exponent
+    ldr r0, [sp, #0]
+    ldr r1, [sp, #4]
+    eors r0, r1
+    lsrs r0, r0, #31
+    lsls r0, r0, #31
+    orrs r0, r3
+    add sp, #8
+    pop {r4, pc}
+    .size __aeabi_fdiv, . - __aeabi_fdiv

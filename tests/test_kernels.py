@@ -1,0 +1,76 @@
+"""The kernels' exactness on the emulated RP2040: the build's own soft-float (firmware/hal/rp2040:
+softfloat.c, softfloat_m0.s) gives the host's IEEE binary32 results bit for bit (NumPy) over
+generated and edge-case operands; the boot self-check passes with the tuned Cortex-M0+ group dots,
+and a firmware whose tuned kernel is wrong refuses to generate with ERROR self_check (native and
+emulated boards)."""
+import subprocess
+
+import numpy as np
+import pytest
+import serial
+
+import bench.kernels as kernels
+from converter.blob import write_blob
+from converter.quantize import quantize
+from emuboard import require_emulator
+from firmware.build import build_firmware
+from host.protocol import Error, Hello, Link, Ping
+from host.virtual import start_emulated_board, start_native_board
+from modelzoo import random_model
+from nativeboard import recv_until, run
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    require_emulator()
+    work = tmp_path_factory.mktemp("probe")
+    with kernels.Probe(kernels.build_probe(work), work) as p:
+        yield p
+
+
+def test_soft_float_matches_host_ieee_bit_for_bit(probe):
+    # 12 entry points x 5 operand kinds x 20000 pairs, and all 37 x 37 edge-case pairs
+    assert kernels.check_float(probe, per_mode=20000) == []
+
+
+def test_float_check_sees_a_wrong_bit(probe, monkeypatch):
+    right = kernels.expected
+
+    def off_by_one_ulp(op, a, b):
+        r = right(op, a, b)
+        return r ^ np.uint32(kernels.OPS[op] == "fmul")
+    monkeypatch.setattr(kernels, "expected", off_by_one_ulp)
+    bad = kernels.check_float(probe, per_mode=64)
+    assert bad and all(line.startswith("fmul(") for line in bad)
+
+
+def test_tuned_kernels_pass_the_self_check(probe):
+    assert probe.self_check() == 0
+
+
+@pytest.mark.parametrize("board", ["native", "rp2040-emu"])
+def test_wrong_tuned_kernel_is_refused_at_boot(board, tmp_path):
+    if board == "rp2040-emu":
+        require_emulator()
+    _, ir = random_model(seed=3)
+    qm = quantize(ir, "q8", 32)
+    blob = tmp_path / "model.flmb"
+    write_blob(qm, blob)
+    fw = build_firmware(board, tmp_path / "fw", blob)
+    cfg = fw.project_dir / "flm_config.h"
+    cfg.write_text(cfg.read_text() + "#define FLM_FAULT_TUNED_KERNEL 1\n")
+    subprocess.run(["make", "-s", "-C", str(fw.project_dir)], check=True, capture_output=True)
+    start = start_native_board if board == "native" else start_emulated_board
+    with start(fw.binary, blob) as b:
+        port = serial.Serial(b.port, 115200, timeout=0.05)
+        try:
+            link = Link(port)
+            link.send(Ping())
+            boot = recv_until(link, lambda m: isinstance(m, Error))
+            hello = [m for m in boot if isinstance(m, Hello)][-1]
+            err = boot[-1]
+            assert not hello.image_ok and err.name == "self_check" and "self-check failed" in err.text
+            toks, _, done = run(link, [1, 2, 3], 2)
+        finally:
+            port.close()
+    assert toks == [] and isinstance(done, Error) and done.name == "self_check"
