@@ -197,6 +197,8 @@ def test_shipped_ple_models(name):
     """models/ple (most parameters in the PLE table) and its dense baseline: the preset's config,
     complete training, the recorded eval loss reproduced, and a conversion to an image."""
     from converter.blob import build_blob, read_blob
+    from converter.costmodel import ModelSpec
+    from converter.planner import fits
     from converter.quantize import quantize
     from converter.torch_import import load_checkpoint
     d = PLE_DIRS[name]
@@ -231,3 +233,5 @@ def test_shipped_ple_models(name):
     assert qm.recipe.get("ple.table", "q4:32") == "q4:32"
     back = read_blob(build_blob(qm))
     assert back.config.ple_dim == cfg.ple_dim and set(back.tensors) == set(qm.tensors)
+    spec = ModelSpec.from_quant(qm)
+    assert fits(spec, "pico") and fits(spec, "esp32s3-n16r8")          # as 'flashlm convert' makes it
