@@ -139,7 +139,9 @@ def evaluate(path: str | os.PathLike, targets: int | None = 4096, group_size: in
     top1 = row("fp32", "PyTorch fp32", fp32_logits(ir, stream, n_pred), None)
     for label, fmt in FORMATS.items():
         qm = quantize(ir, fmt, group_size)
-        recipe = f"{fmt} g{group_size}" + (f", ple.table {qm.recipe['ple.table']}" if c.ple_dim else "")
+        # the gathered tensors the recipe keeps in another format (q4: the embedding q8; the table q4)
+        other = [n for n in ("tok_embeddings", "output", "ple.table") if not qm.recipe.get(n, fmt).startswith(fmt)]
+        recipe = f"{fmt} g{group_size}" + "".join(f", {n} {qm.recipe[n]}" for n in other)
         if progress:
             progress(f"{label} ({recipe}, NumPy reference)")
         row(label, recipe, reference_logits(qm, stream, n_pred), top1)
