@@ -689,7 +689,7 @@ def cmd_eval(args, console) -> int:
     console.print(f"{rep['checkpoint']}: {rep['n_params']:,} parameters"
                   + (f" (PLE table {split['table']:,}, core {split['core']:,})" if split["table"] else ""),
                   soft_wrap=True)
-    t = Table(title=f"held-out {rep['eval_text']}: the first {rep['targets']:,} of {rep['targets_available']:,} "
+    t = Table(title=f"held-out {rep['eval_text']}: the first {rep['targets_window']:,} of {rep['targets_available']:,} "
                     f"targets ({rep['chars']:,} characters)"
                     + (f", {rep['skipped_unpredictable']:,} targets the head cannot predict skipped"
                        if rep["skipped_unpredictable"] else ""), title_justify="left")
