@@ -93,12 +93,12 @@ PRESETS: dict[str, Preset] = {
     # The shipped PLE model: most of its parameters sit in the flash-resident table (int4 by the
     # quantizer's recipe), the core is smaller than the default model's.
     "ple": Preset(
-        config=_PLE, steps=1000, batch_size=32, lr=3e-3, warmup=100, eval_every=250, ckpt_every=500,
+        config=_PLE, steps=2000, batch_size=32, lr=3e-3, warmup=100, eval_every=250, ckpt_every=500,
         description="PLE, Pico sized: dim 96, 4 layers, 3/1 heads, FFN 192, vocab 2048, PLE dim 128, "
                     f"context 128; {param_summary(_PLE)}"),
     # ple's baseline for bench.ple_vs_dense: no table, the same core parameter count
     "ple-dense": Preset(
-        config=_PLE_DENSE, steps=1000, batch_size=32, lr=3e-3, warmup=100, eval_every=250, ckpt_every=500,
+        config=_PLE_DENSE, steps=2000, batch_size=32, lr=3e-3, warmup=100, eval_every=250, ckpt_every=500,
         description="ple without PLE, FFN 320 so the core matches ple's: dim 96, 4 layers, 3/1 heads, "
                     f"vocab 2048, context 128; {param_summary(_PLE_DENSE)}"),
     # the 28.9M seed shape (converter/shapes.py); trainable on a CPU, not shipped
