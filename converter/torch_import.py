@@ -6,8 +6,9 @@ A flashlm checkpoint is a ``torch.save``'d dict (loadable with ``weights_only=Tr
      "config": dataclasses.asdict(ModelConfig), "state_dict": {...},
      "tokenizer_json": str | None, "train": dict}
 
-State-dict keys are the IR tensor names plus ``.weight`` (``layers.0.attn.wq.weight``); the head
-is tied when there is no ``output.weight``.
+State-dict keys are the IR tensor names plus ``.weight`` (``layers.0.attn.wq.weight``,
+``ple.table.weight``, ``layers.0.ple.gate.weight``); the head is tied when there is no
+``output.weight``.  ``ple_dim`` and ``out_vocab`` come from the config.
 """
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ def state_dict_to_ir(state_dict: Mapping, config: ModelConfig, source: str = "")
             hint = " (the config has a tied head, so there should be no output.weight)"
         elif not config.tied and "output.weight" in missing:
             hint = " (the config has an untied head, which needs output.weight)"
+        elif not config.ple_dim and "ple.table.weight" in extra:
+            hint = " (the state dict has Per-Layer Embeddings but the config's ple_dim is 0)"
         raise ModelError(f"state dict does not match the config: {'; '.join(parts)}{hint}")
     tensors = {}
     for key, shape in want.items():

@@ -1,6 +1,7 @@
 """Our PyTorch Llama-style model: RMSNorm, interleaved-pair RoPE, grouped/multi-query heads,
-SwiGLU FFN, tied or untied head.  Parameter names map one-to-one onto ``ir`` tensor names
-(see ``state_dict_to_ir`` in ``torch_import``)."""
+SwiGLU FFN, tied or untied head over the first ``n_out`` tokens, optional Per-Layer Embeddings
+(``ple_dim`` > 0, the forward pass of converter/reference.py).  Parameter names map one-to-one
+onto ``ir`` tensor names (see ``state_dict_to_ir`` in ``torch_import``)."""
 from __future__ import annotations
 
 import math
@@ -72,6 +73,41 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+class PLEInputs(nn.Module):
+    """The per-layer inputs u [B, T, L, P]: (rmsnorm(proj(x) / sqrt(dim)) + table[token] * sqrt(P)) / sqrt(2),
+    the projection cut into L slices of P that share one norm gain."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        L, P = cfg.n_layers, cfg.ple_dim
+        self.table = nn.Embedding(cfg.vocab_size, L * P)
+        self.proj = nn.Linear(cfg.dim, L * P, bias=False)
+        self.norm = RMSNorm(P, cfg.norm_eps)
+
+    def forward(self, tokens, x):
+        c = self.cfg
+        B, T = tokens.shape
+        z = self.proj(x) * c.dim ** -0.5
+        z = self.norm(z.view(B, T, c.n_layers, c.ple_dim))
+        t = self.table(tokens).view(B, T, c.n_layers, c.ple_dim)
+        return (z + t * math.sqrt(c.ple_dim)) * 2 ** -0.5
+
+
+class PLEBlock(nn.Module):
+    """A layer's PLE residual: norm(proj(gelu_tanh(gate(x)) * u_l)); the gain starts at zero, so a fresh
+    model computes what it would without PLE."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate = nn.Linear(cfg.dim, cfg.ple_dim, bias=False)
+        self.proj = nn.Linear(cfg.ple_dim, cfg.dim, bias=False)
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+
+    def forward(self, x, u):
+        return self.norm(self.proj(F.gelu(self.gate(x), approximate="tanh") * u))
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -79,10 +115,12 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = FeedForward(cfg)
+        self.ple = PLEBlock(cfg) if cfg.ple_dim else None
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, u=None):
         x = x + self.attn(self.attn_norm(x), cos, sin)
-        return x + self.ffn(self.ffn_norm(x))
+        x = x + self.ffn(self.ffn_norm(x))
+        return x if self.ple is None else x + self.ple(x, u)
 
 
 class Transformer(nn.Module):
@@ -91,9 +129,10 @@ class Transformer(nn.Module):
         cfg.validate()
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.ple = PLEInputs(cfg) if cfg.ple_dim else None
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.output = None if cfg.tied else nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.output = None if cfg.tied else nn.Linear(cfg.dim, cfg.n_out, bias=False)
         cos, sin = rope_tables(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -101,6 +140,9 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():   # GPT-2 style scaled init of residual projections
             if name.endswith("attn.wo.weight") or name.endswith("ffn.w2.weight"):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg.n_layers))
+        for layer in self.layers:
+            if layer.ple is not None:
+                nn.init.zeros_(layer.ple.norm.weight)
 
     @staticmethod
     def _init(m):
@@ -108,14 +150,15 @@ class Transformer(nn.Module):
             nn.init.normal_(m.weight, 0.0, 0.02)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [B, T] -> logits [B, T, vocab]"""
+        """tokens [B, T] -> logits [B, T, n_out]"""
         T = tokens.shape[1]
         if T > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {T} exceeds max_seq_len {self.cfg.max_seq_len}")
         x = self.tok_embeddings(tokens)
+        u = None if self.ple is None else self.ple(tokens, x)
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-        for layer in self.layers:
-            x = layer(x, cos, sin)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, None if u is None else u[:, :, i])
         x = self.norm(x)
-        head = self.tok_embeddings.weight if self.output is None else self.output.weight
+        head = self.tok_embeddings.weight[:self.cfg.n_out] if self.output is None else self.output.weight
         return x @ head.t()

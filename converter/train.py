@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from .corpus import CORPORA, DEFAULT_EVAL_FRACTION, Corpus, CorpusError, get_corpus, join_docs, split_docs
 from .ir import ModelConfig, ModelError
+from .shapes import SHAPES
 from .torch_model import Transformer
 
 CHECKPOINT_FORMAT = "flashlm-checkpoint"
@@ -56,20 +57,60 @@ class Preset:
     description: str = ""
 
 
+def param_summary(cfg: ModelConfig) -> str:
+    """Parameters in all, in the PLE table (read one row per token, from flash) and in the core."""
+    split = cfg.param_split()
+    n = cfg.n_params()
+    if not split["table"]:
+        return f"{n:,} parameters (no PLE table)"
+    return (f"{n:,} parameters: PLE table {split['table']:,} ({100 * split['table'] / n:.1f}%), "
+            f"core {split['core']:,}")
+
+
+_DEFAULT = ModelConfig(dim=128, n_layers=4, n_heads=4, n_kv_heads=1, vocab_size=1024, hidden_dim=352,
+                       max_seq_len=128, tied=True)
+_TINY = ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=320, hidden_dim=64, max_seq_len=32,
+                    tied=True)
+_PLE_FAMILY = dict(dim=96, n_layers=4, n_heads=3, n_kv_heads=1, vocab_size=2048, max_seq_len=128, tied=True)
+_PLE = ModelConfig(**_PLE_FAMILY, hidden_dim=192, ple_dim=128)
+# the same family without PLE, its FFN widened until the core matches _PLE's (664,416 vs 664,928)
+_PLE_DENSE = ModelConfig(**_PLE_FAMILY, hidden_dim=320)
+_PLE_28M = SHAPES["ple-28m"]["config"]
+_TINY_PLE = ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=320, hidden_dim=64,
+                        max_seq_len=32, tied=True, ple_dim=16, out_vocab=300)
+
 PRESETS: dict[str, Preset] = {
     # ~0.84 M parameters.  int8 weights ~0.85 MB of the Pico's 2 MB flash; fp32 KV cache
     # 4 layers x 128 positions x 32 (one kv head) x 2 x 4 B = 128 KiB of its 264 KB SRAM.
     "default": Preset(
-        config=ModelConfig(dim=128, n_layers=4, n_heads=4, n_kv_heads=1, vocab_size=1024,
-                           hidden_dim=352, max_seq_len=128, tied=True),
-        steps=4000, batch_size=32, lr=3e-3, warmup=100, eval_every=250, ckpt_every=500,
-        description="Raspberry Pi Pico sized: dim 128, 4 layers, MQA, vocab 1024, context 128"),
+        config=_DEFAULT, steps=4000, batch_size=32, lr=3e-3, warmup=100, eval_every=250, ckpt_every=500,
+        description="Raspberry Pi Pico sized: dim 128, 4 layers, MQA, vocab 1024, context 128; "
+                    f"{param_summary(_DEFAULT)}"),
     # seconds on a laptop CPU; for smoke tests
     "tiny": Preset(
-        config=ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=320,
-                           hidden_dim=64, max_seq_len=32, tied=True),
-        steps=60, batch_size=8, lr=3e-3, warmup=5, eval_every=30, eval_max_tokens=4096,
-        ckpt_every=30, description="smoke tests: dim 32, 2 layers, vocab 320, context 32"),
+        config=_TINY, steps=60, batch_size=8, lr=3e-3, warmup=5, eval_every=30, eval_max_tokens=4096,
+        ckpt_every=30, description=f"smoke tests: dim 32, 2 layers, vocab 320, context 32; {param_summary(_TINY)}"),
+    # The shipped PLE model: most of its parameters sit in the flash-resident table (int4 by the
+    # quantizer's recipe), the core is smaller than the default model's.
+    "ple": Preset(
+        config=_PLE, steps=2000, batch_size=32, lr=3e-3, warmup=100, eval_every=250, ckpt_every=500,
+        description="PLE, Pico sized: dim 96, 4 layers, 3/1 heads, FFN 192, vocab 2048, PLE dim 128, "
+                    f"context 128; {param_summary(_PLE)}"),
+    # ple's baseline for bench.ple_vs_dense: no table, the same core parameter count
+    "ple-dense": Preset(
+        config=_PLE_DENSE, steps=2000, batch_size=32, lr=3e-3, warmup=100, eval_every=250, ckpt_every=500,
+        description="ple without PLE, FFN 320 so the core matches ple's: dim 96, 4 layers, 3/1 heads, "
+                    f"vocab 2048, context 128; {param_summary(_PLE_DENSE)}"),
+    # the issue's 28.9M seed shape (converter/shapes.py); trainable on a CPU, not shipped
+    "ple-28m": Preset(
+        config=_PLE_28M, steps=4000, batch_size=16, lr=2e-3, warmup=200, eval_every=250, ckpt_every=500,
+        description="the 28.9M seed shape: vocab 32768 in / 25353 out, dim 96, 6 layers, 4 heads, FFN 66, "
+                    f"PLE dim 128, context 256; {param_summary(_PLE_28M)}"),
+    # seconds; PLE and an output layer smaller than the vocabulary, for smoke tests
+    "tiny-ple": Preset(
+        config=_TINY_PLE, steps=60, batch_size=8, lr=3e-3, warmup=5, eval_every=30, eval_max_tokens=4096,
+        ckpt_every=30, description="smoke tests: tiny with PLE dim 16 and 300 of 320 tokens predicted; "
+                                   f"{param_summary(_TINY_PLE)}"),
 }
 
 
@@ -124,6 +165,12 @@ def lr_at(step: int, total: int, peak: float, warmup: int, min_ratio: float) -> 
     return peak * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * t)))
 
 
+def predicted(y: torch.Tensor, n_out: int) -> torch.Tensor:
+    """Targets the output layer can predict; the rest (tokens >= n_out: inputs only) become
+    cross_entropy's ignore index and count in no loss."""
+    return y.masked_fill(y >= n_out, -100)
+
+
 def get_batch(stream: torch.Tensor, batch_size: int, seq_len: int, gen: torch.Generator):
     hi = stream.numel() - seq_len - 1
     if hi <= 0:
@@ -139,7 +186,8 @@ def get_batch(stream: torch.Tensor, batch_size: int, seq_len: int, gen: torch.Ge
 def evaluate(model: Transformer, stream: torch.Tensor, batch_size: int = 16,
              max_tokens: int | None = None) -> tuple[float, int]:
     """Mean next-token cross-entropy (nats) over ``stream`` cut into consecutive, non-overlapping
-    windows of ``max_seq_len`` predictions (the last one shorter).  Returns (loss, n_predicted)."""
+    windows of ``max_seq_len`` predictions (the last one shorter), over the targets the model can
+    predict (below ``n_out``).  Returns (loss, n_predicted)."""
     T = model.cfg.max_seq_len
     if max_tokens is not None:
         stream = stream[: max_tokens + 1]
@@ -150,24 +198,27 @@ def evaluate(model: Transformer, stream: torch.Tensor, batch_size: int = 16,
     model.eval()
     total = torch.zeros((), dtype=torch.float64)
     full = n // T
+    n_out = model.cfg.n_out
+
+    def add(x, y):
+        nonlocal total
+        logits = model(x)
+        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), predicted(y, n_out).reshape(-1),
+                                 reduction="sum").double()
     try:
         for b in range(0, full, batch_size):
             rows = range(b, min(full, b + batch_size))
-            x = torch.stack([stream[r * T: r * T + T] for r in rows])
-            y = torch.stack([stream[r * T + 1: r * T + T + 1] for r in rows])
-            logits = model(x)
-            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                     reduction="sum").double()
+            add(torch.stack([stream[r * T: r * T + T] for r in rows]),
+                torch.stack([stream[r * T + 1: r * T + T + 1] for r in rows]))
         rest = n - full * T
         if rest:
-            x = stream[full * T: full * T + rest][None]
-            y = stream[full * T + 1: full * T + rest + 1][None]
-            logits = model(x)
-            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                     reduction="sum").double()
+            add(stream[full * T: full * T + rest][None], stream[full * T + 1: full * T + rest + 1][None])
     finally:
         model.train(was_training)
-    return float(total / n), n
+    counted = int((stream[1:] < n_out).sum())
+    if counted == 0:
+        raise TrainError("evaluation text has no token the model can predict")
+    return float(total / counted), counted
 
 
 @torch.no_grad()
@@ -298,7 +349,9 @@ def train(preset: str = "default", out_dir: str | os.PathLike = "runs/default", 
     got_vocab = tok.get_vocab_size()
     if got_vocab != want_vocab:
         say(f"[yellow]note: the text only supports {got_vocab} BPE tokens; vocab size set to {got_vocab}")
-    cfg = dataclasses.replace(p.config, vocab_size=got_vocab)
+    # a smaller vocabulary keeps an output layer over a prefix of it, else predicts it all
+    cfg = dataclasses.replace(p.config, vocab_size=got_vocab,
+                              out_vocab=p.config.out_vocab if p.config.out_vocab < got_vocab else 0)
     tok_json = tok.to_str()
     (out / "tokenizer.json").write_text(tok_json, encoding="utf-8")
     eval_text = join_docs(corp.eval_docs)
@@ -314,7 +367,7 @@ def train(preset: str = "default", out_dir: str | os.PathLike = "runs/default", 
     model = Transformer(cfg)
     model.train()
     n_params = sum(t.numel() for t in model.parameters())
-    say(f"model: {n_params:,} parameters, {cfg}")
+    say(f"model: {param_summary(cfg)}; {cfg}")
     decay = [q for q in model.parameters() if q.dim() >= 2]
     no_decay = [q for q in model.parameters() if q.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": p.weight_decay},
@@ -331,6 +384,7 @@ def train(preset: str = "default", out_dir: str | os.PathLike = "runs/default", 
              "ckpt_every": ckpt_every}
     info: dict = {"preset": preset, "seed": seed, "steps": steps, "hyper": hyper,
                   "corpus": dict(corp.source), "n_params": n_params,
+                  "param_split": cfg.param_split(),
                   "train_tokens_available": int(train_ids.numel()),
                   "eval_tokens": int(eval_ids.numel()) - 1,
                   "eval_text_sha256": hashlib.sha256(eval_text.encode("utf-8")).hexdigest(),
@@ -363,7 +417,7 @@ def train(preset: str = "default", out_dir: str | os.PathLike = "runs/default", 
                 g["lr"] = cur_lr
             x, y = get_batch(train_ids, batch_size, T, gen)
             logits = model(x)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), predicted(y, cfg.n_out).reshape(-1))
             if not torch.isfinite(loss):
                 raise TrainError(f"loss became {loss.item()} at step {step + 1}; try a lower --lr")
             opt.zero_grad(set_to_none=True)
@@ -413,8 +467,11 @@ def train(preset: str = "default", out_dir: str | os.PathLike = "runs/default", 
 # ----------------------------------------------------------------------------- CLI
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter     # one preset a line
+    parser.epilog = "presets (the parameters in the PLE table, read one row a token, and in the core):\n" + \
+        "\n".join(f"  {name:<10} {p.description}" for name, p in PRESETS.items())
     parser.add_argument("--preset", default="default", choices=sorted(PRESETS),
-                        help="model size and training recipe (default: %(default)s)")
+                        help="model size and training recipe (default: %(default)s; see below)")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="output folder (default: runs/PRESET)")
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps (preset's by default)")

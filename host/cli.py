@@ -676,6 +676,38 @@ def cmd_demo(args, console) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# eval
+
+def cmd_eval(args, console) -> int:
+    from converter.evaluate import evaluate
+    from rich.table import Table
+
+    from .report import atomic_write_bytes
+    rep = evaluate(args.model, targets=args.targets or None, group_size=args.group_size, text=args.text,
+                   progress=lambda what: _step(console, f"scoring {what}"))
+    split = rep["param_split"]
+    console.print(f"{rep['checkpoint']}: {rep['n_params']:,} parameters"
+                  + (f" (PLE table {split['table']:,}, core {split['core']:,})" if split["table"] else ""),
+                  soft_wrap=True)
+    t = Table(title=f"held-out {rep['eval_text']}: the first {rep['targets_window']:,} of {rep['targets_available']:,} "
+                    f"targets ({rep['chars']:,} characters)"
+                    + (f", {rep['skipped_unpredictable']:,} targets the head cannot predict skipped"
+                       if rep["skipped_unpredictable"] else ""), title_justify="left")
+    for col, just in (("model", "left"), ("recipe", "left"), ("loss (nats)", "right"), ("perplexity", "right"),
+                      ("bits/char", "right"), ("top-1 = fp32", "right")):
+        t.add_column(col, justify=just)
+    for r in rep["rows"]:
+        agree = "-" if r["top1_agreement"] is None else f"{r['top1_agreement'] * 100:.2f}%"
+        t.add_row(r["model"], r["recipe"], f"{r['loss']:.4f}", f"{r['ppl']:.2f}", f"{r['bits_per_char']:.4f}",
+                  agree)
+    console.print(t)
+    console.print("fp32: the PyTorch model; int8/int4: the NumPy reference (what the device computes)")
+    if args.json:
+        atomic_write_bytes(Path(args.json), (json.dumps(rep, indent=1) + "\n").encode())
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # train (delegated)
 
 def cmd_train(args, console, extra) -> int:
@@ -779,6 +811,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--timeout", type=_seconds, default=10.0, metavar="S")
     d.set_defaults(func=cmd_demo)
 
+    e = sub.add_parser("eval", help="eval loss, perplexity and top-1 agreement of fp32, int8 and int4 on held-out text")
+    e.add_argument("model", metavar="MODEL", help="a 'flashlm train' folder (model.pt, eval.txt) or a checkpoint")
+    e.add_argument("--targets", type=_nonneg_int, default=4096, metavar="N",
+                   help="score the first N predictions (default %(default)s; 0: all; the reference runs "
+                        "~10-30 ms a token)")
+    e.add_argument("--text", metavar="FILE", help="held-out text (default: eval.txt beside the checkpoint)")
+    e.add_argument("--group-size", type=_positive_int, default=32, metavar="N",
+                   help="quantization group size (default %(default)s, as convert)")
+    e.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    e.set_defaults(func=cmd_eval)
+
     t = sub.add_parser("train", help="train a small model (options: flashlm train --help)", add_help=False)
     t.set_defaults(func=None, train=True)
     return p
@@ -829,7 +872,7 @@ def main(argv=None) -> int:
         elif extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         elif args.command is None:
-            parser.error("choose a command: convert, build, flash, run, serve, plan, compare, demo, train")
+            parser.error("choose a command: convert, build, flash, run, serve, plan, compare, demo, eval, train")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     debug = bool(os.environ.get("FLASHLM_DEBUG"))

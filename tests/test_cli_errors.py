@@ -238,6 +238,16 @@ def test_demo_without_default_model(capsys, monkeypatch, tmp_path):
     _fails(capsys, ["demo", "-o", str(tmp_path / "demo")], "default model", "model.pt")
 
 
+def test_eval_missing_and_damaged_inputs(capsys, tmp_path):
+    _fails(capsys, ["eval", str(tmp_path / "nope")], "nope: no such file or directory")
+    _fails(capsys, ["eval", str(tmp_path)], "no model.pt in this directory")
+    (tmp_path / "model.pt").write_bytes(b"not a checkpoint")
+    _fails(capsys, ["eval", str(tmp_path)], "eval.txt: no such file", "--text")
+    (tmp_path / "eval.txt").write_text("To be, or not to be\n")
+    _fails(capsys, ["eval", str(tmp_path)], "model.pt: cannot load as a flashlm checkpoint")
+    _fails(capsys, ["eval", str(tmp_path), "--targets", "x"], "not an integer")
+
+
 def test_train_bad_option(capsys):
     rc = main(["train", "--preset", "no-such-preset"])
     err = capsys.readouterr().err

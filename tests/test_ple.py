@@ -1,10 +1,12 @@
 """Per-Layer Embeddings (PLE) below training: the config and recipe, the NumPy reference against
-plain float math, blob v2 with fp16 scales, the C engine on the native board bit for bit, the
-bytes a token reads, and layouts that try to move the PLE table out of flash."""
+plain float math, blob v2 with fp16 scales, the C engine on the native board bit for bit (random
+models and the shipped models/ple), the bytes a token reads, and layouts that try to move the PLE
+table out of flash."""
 import dataclasses
 import struct
 import subprocess
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,10 +17,13 @@ from converter.boards import load_board
 from converter.ir import ModelConfig, ModelError
 from converter.quantize import quantize, quantize_matrix
 from converter.reference import FLAG_LOGITS, Fp32Model, Reference, generate
+from converter.tokenizer import encode
 from host.protocol import Error, Hello, Layout
 from modelzoo import random_ple_model
 from nativeboard import assert_matches_reference, drain, expected_bytes_read, native_link, recv_until, run
 
+
+SHIPPED_PLE = Path(__file__).resolve().parent.parent / "models" / "ple" / "model.pt"
 
 CASES = {
     # name: (model config, default format, group size, overrides, scales) — dims and PLE widths
@@ -259,6 +264,25 @@ def test_engine_matches_reference_bit_for_bit(case, tmp_path, build_root):
             p = C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), t.pos, head="full")
             assert tuple(p.bytes_read[k] for k in C.TIERS) == t.bytes_read
     assert done.phase_us[3] == sum(t.us[3] for t in toks)     # the ple phase is timed
+
+
+@pytest.mark.skipif(not SHIPPED_PLE.exists(), reason="models/ple not trained")
+def test_shipped_ple_model_on_the_native_board(tmp_path, build_root):
+    """The shipped PLE model as 'flashlm convert' makes it (q8 g32, the table int4): a text prompt,
+    greedy and sampled, bit for bit against the reference."""
+    from converter.load import load_model
+    qm = quantize(load_model(str(SHIPPED_PLE)), "q8", 32)
+    assert qm.recipe["ple.table"] == "q4:32"
+    prompt = encode(qm.tokenizer, "KING.\n")                # <|bos|> first
+    assert prompt[0] == qm.tokenizer.bos_id and len(prompt) >= 3
+    with native_link(qm, tmp_path, build_root) as (link, boot):
+        assert (boot[-1].vocab_size, boot[-1].out_vocab) == (qm.config.vocab_size, qm.config.n_out)
+        for temperature, top_p, seed in [(0.0, 0.0, 0), (0.8, 0.9, 7)]:
+            ref = generate(qm, prompt, 6, temperature, top_p, seed, flags=FLAG_LOGITS)
+            toks, logits, done = run(link, prompt, 6, temperature, top_p, seed)
+            assert done.generated == 6 and len(toks) == len(ref) == len(prompt) + 5
+            assert_matches_reference(toks, logits, ref)
+            assert all(t.bytes_read == expected_bytes_read(qm, t.pos) for t in toks)
 
 
 def _stage_all_but(qm, keep: tuple[str, ...]) -> dict[str, str]:

