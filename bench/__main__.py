@@ -17,6 +17,8 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run the emul
   (bench/predict.py, bench/ple_seed.py);
 * speed — bench.speed's short mode: whole vs pruned head, prefill with and without the head, int8
   vs f32 KV cache, on the native board and the emulated RP2040 (bench/speed.py);
+* ple_vs_dense — the shipped PLE model beside its equal-core dense twin: fp32 eval loss over
+  all of eval.txt and the Pico plan's predicted bytes per token (bench/ple_vs_dense.py);
 * convert — load + quantize + blob time of a ~15M-parameter random llama2.c checkpoint.
 
 A section is ``Section(name, run, emulated)``: ``run(work_dir)`` (an empty directory of its own)
@@ -39,7 +41,7 @@ from typing import Callable
 
 from rich.console import Console
 
-from . import callgrind, convert, emulated, kernels, native, ple_seed, predict, speed
+from . import callgrind, convert, emulated, kernels, native, ple_seed, ple_vs_dense, predict, speed
 from .model import ROOT, default_ir
 from .report import print_report
 
@@ -61,6 +63,7 @@ SECTIONS = [
     Section("callgrind", callgrind.section),
     Section("predicted", predict.section),
     Section("speed", speed.section, emulated=True),
+    Section("ple_vs_dense", ple_vs_dense.section),
     Section("convert", convert.section),
 ]
 

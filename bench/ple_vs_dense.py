@@ -62,6 +62,15 @@ def measure(targets: int = 0) -> dict:
     return out
 
 
+def section(work: Path) -> dict:
+    """make bench's ple_vs_dense section (fp32 eval only: the quantized rows take minutes)."""
+    r = measure()
+    p, q = r["models"]["ple"], r["models"]["ple-dense"]
+    return {"ple_vs_dense": r, "ratios": {"PLE/dense eval perplexity at an equal core": p["eval_ppl"] / q["eval_ppl"],
+                                          "PLE/dense predicted Pico flash bytes per token":
+                                              p["bytes_per_token_predicted"]["flash"] / q["bytes_per_token_predicted"]["flash"]}}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.ple_vs_dense", description=__doc__.splitlines()[0])
     ap.add_argument("--targets", type=int, default=0, metavar="N",
