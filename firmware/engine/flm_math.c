@@ -69,3 +69,13 @@ float flm_gelu(float x) {
     float u = x * (GELU_K0 + GELU_K1 * (x * x));
     return x / (1.0f + flm_expf(-(u + u)));
 }
+
+__attribute__((weak)) float flm_dot_f32(const float *a, const float *b, uint32_t n) {
+    float s = a[0] * b[0];
+    for (uint32_t i = 1; i < n; i++) s = s + a[i] * b[i];
+    return s;
+}
+
+__attribute__((weak)) void flm_axpy_f32(float *o, float a, const float *v, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) o[i] = o[i] + a * v[i];
+}

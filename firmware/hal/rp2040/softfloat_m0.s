@@ -500,3 +500,117 @@ __aeabi_fdiv:
     add sp, #8
     pop {r4, pc}
     .size __aeabi_fdiv, . - __aeabi_fdiv
+
+@ ---- the engine's float loops (flm_math.h): each element's product and sum as __aeabi_fmul and
+@ __aeabi_fadd form them, in the same order, with fmul's fast path inline: the compiled loops spent
+@ a quarter of a pair's cycles on the calls and their register saves.
+@ r0 * r1 -> r0 as __aeabi_fmul; r10, r11 keep the operands for flm_sf_mul, which takes every case
+@ off the fast path (here also the out-of-range products); clobbers r1-r5, r12, lr
+    .macro MULF
+    mov r10, r0
+    mov r11, r1
+    lsls r2, r0, #1
+    lsrs r2, r2, #24
+    subs r2, #1
+    cmp r2, #253
+    bhi 7f                      @ a not normal
+    lsls r3, r1, #1
+    lsrs r3, r3, #24
+    subs r3, #1
+    cmp r3, #253
+    bhi 7f                      @ b not normal
+    adds r3, r2, r3
+    movs r2, r0
+    eors r2, r1
+    mov r12, r2
+    MUL_SIGS r3
+    cmp r3, #253
+    bhi 7f                      @ overflow or a subnormal product
+    ROUND
+    lsls r3, r3, #23
+    adds r4, r4, r3
+    mov r2, r12
+    lsrs r2, r2, #31
+    lsls r2, r2, #31
+    orrs r4, r2
+    movs r0, r4
+    b 8f
+7:  mov r0, r10
+    mov r1, r11
+    bl flm_sf_mul
+8:
+    .endm
+
+@ saves r4-r11 (and r3: the stack stays 8-byte aligned for the calls)
+    .macro SAVE8
+    push {r4, r5, r6, r7, lr}
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    push {r3, r4, r5, r6, r7}
+    .endm
+
+    .macro RESTORE8
+    pop {r3, r4, r5, r6, r7}
+    mov r8, r4
+    mov r9, r5
+    mov r10, r6
+    mov r11, r7
+    pop {r4, r5, r6, r7, pc}
+    .endm
+
+@ float flm_dot_f32(const float *a, const float *b, uint32_t n), n >= 1:
+@ a[0] * b[0], then s = s + a[i] * b[i] for i = 1..n-1
+    .section .text.flm_dot_f32,"ax",%progbits
+    .global flm_dot_f32
+    .type flm_dot_f32, %function
+    .thumb_func
+flm_dot_f32:
+    SAVE8
+    movs r6, r0
+    movs r7, r1
+    lsls r2, r2, #2
+    adds r2, r0, r2
+    mov r8, r2                  @ the end of a
+    ldm r6!, {r0}
+    ldm r7!, {r1}
+    MULF
+    b 5f
+6:  ldm r6!, {r0}
+    ldm r7!, {r1}
+    MULF
+    movs r1, r0
+    mov r0, r9
+    bl __aeabi_fadd
+5:  mov r9, r0                  @ s
+    cmp r6, r8
+    bne 6b
+    mov r0, r9
+    RESTORE8
+    .size flm_dot_f32, . - flm_dot_f32
+
+@ void flm_axpy_f32(float *o, float a, const float *v, uint32_t n), n >= 1: o[i] = o[i] + a * v[i]
+    .section .text.flm_axpy_f32,"ax",%progbits
+    .global flm_axpy_f32
+    .type flm_axpy_f32, %function
+    .thumb_func
+flm_axpy_f32:
+    SAVE8
+    movs r6, r0
+    movs r7, r2
+    mov r9, r1                  @ a
+    lsls r3, r3, #2
+    adds r3, r0, r3
+    mov r8, r3                  @ the end of o
+6:  mov r0, r9
+    ldm r7!, {r1}
+    MULF
+    movs r1, r0
+    ldr r0, [r6]
+    bl __aeabi_fadd
+    stm r6!, {r0}
+    cmp r6, r8
+    bne 6b
+    RESTORE8
+    .size flm_axpy_f32, . - flm_axpy_f32
