@@ -1,5 +1,6 @@
 @ Fast paths of the hottest soft-float entry points for the Cortex-M0+ (ARMv6-M Thumb): the
-@ matvec's per-group int-to-float, multiplies and add. They handle normal operands with a normal
+@ matvec's per-group int-to-float, multiplies and add; and the loops that use them most, with those
+@ fast paths inline (the whole matvec rows, the f32 dot and axpy of attention). They handle normal operands with a normal
 @ result (nearly every call the engine makes) and hand everything else (zeros, subnormals, inf,
 @ NaN, overflow, underflow) to the complete C versions in softfloat.c, which they agree with bit
 @ for bit: both round to nearest, ties to even (tests/test_softfloat.py checks them against the
