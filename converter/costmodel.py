@@ -40,8 +40,9 @@ FLOPS_DIV = 10
 FLOPS_GELU = 6 + FLOPS_EXP + FLOPS_DIV
 Q4_MAC_FACTOR = 1.5      # [EST] nibble unpacking per multiply-accumulate
 # compute defaults for a profile without [compute], by chip: RP2040 from our calibration on the
-# rp2040-emu board (boards/pico.toml [EMU]: rp2040js cycle counts, libgcc soft-float)
-CHIP_COMPUTE = {"RP2040": (13.0, 109.0)}
+# rp2040-emu board (boards/pico.toml [EMU]: rp2040js cycle counts of the engine with its assembly
+# kernels and own soft-float, fitted to the emulated per-phase cycles of models/default q8 and q4)
+CHIP_COMPUTE = {"RP2040": (2.7, 68.0)}
 
 
 def _up64(n: int) -> int:

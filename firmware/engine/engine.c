@@ -87,8 +87,7 @@ int flm_state_init(flm_state *s, const flm_model *m, uint8_t *arena, size_t cap,
 
 static void rmsnorm(float *o, const float *x, const flm_tensor *w, uint32_t n, float eps, flm_step_stats *st) {
     const float *g = (const float *)(const void *)w->data;
-    float ss = x[0] * x[0];
-    for (uint32_t i = 1; i < n; i++) ss = ss + x[i] * x[i];
+    float ss = flm_dot_f32(x, x, n);
     ss = ss / (float)n + eps;
     float inv = 1.0f / flm_sqrtf(ss);
     for (uint32_t i = 0; i < n; i++) o[i] = (x[i] * inv) * g[i];
@@ -163,9 +162,7 @@ static void attention(flm_state *s, uint32_t l, uint32_t pos, flm_step_stats *st
             if (i8) {
                 d = score_int8(s->xq, qs, row, hd);
             } else {
-                const float *k = (const float *)(const void *)row;
-                d = q[0] * k[0];
-                for (uint32_t i = 1; i < hd; i++) d = d + q[i] * k[i];
+                d = flm_dot_f32(q, (const float *)(const void *)row, hd);
             }
             d = d * scale;
             s->att[t] = d;
@@ -191,7 +188,7 @@ static void attention(flm_state *s, uint32_t l, uint32_t pos, flm_step_stats *st
                 const float *v = (const float *)(const void *)row;
                 const float a = s->att[t];
                 if (t == 0) for (uint32_t i = 0; i < hd; i++) o[i] = a * v[i];
-                else for (uint32_t i = 0; i < hd; i++) o[i] = o[i] + a * v[i];
+                else flm_axpy_f32(o, a, v, hd);
             }
         }
         /* per row the engine reads: f32 the values; int8 the scale and the codes (not the padding) */

@@ -11,12 +11,18 @@
 
 static float from_bits(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
 
+static uint32_t bits(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
+
+/* The range tests compare the floats' bits (the same outcomes as the float comparisons, without a
+ * soft-float call each on cores without an FPU): a magnitude orders as an unsigned integer. */
 float flm_expf(float x) {
-    if (x < EXP_LO) return 0.0f;
-    if (x > EXP_HI) return from_bits(0x7f800000u);
-    if (x != x) return x;            /* NaN: never converted to an integer (undefined in C) */
+    const uint32_t b = bits(x), mag = b & 0x7fffffffu;
+    if (mag > 0x7f800000u) return x;                  /* NaN: never converted to an integer (undefined in C) */
+    if (b >> 31 && mag > bits(-EXP_LO)) return 0.0f;  /* x < EXP_LO */
+    if (!(b >> 31) && mag > bits(EXP_HI)) return from_bits(0x7f800000u);
     float t = x * LOG2E;
-    int32_t k = (int32_t)(t + (t >= 0.0f ? 0.5f : -0.5f));
+    const uint32_t tb = bits(t);   /* t >= 0 (also -0): the sign bit clear or t zero */
+    int32_t k = (int32_t)(t + (!(tb >> 31) || !(tb & 0x7fffffffu) ? 0.5f : -0.5f));
     float kf = (float)k;
     float r = (x - kf * LN2_HI) - kf * LN2_LO;
     float p = 0x1.6c16c2p-10f;       /* 1/720 */
@@ -68,4 +74,14 @@ float flm_silu(float x) { return x / (1.0f + flm_expf(-x)); }
 float flm_gelu(float x) {
     float u = x * (GELU_K0 + GELU_K1 * (x * x));
     return x / (1.0f + flm_expf(-(u + u)));
+}
+
+__attribute__((weak)) float flm_dot_f32(const float *a, const float *b, uint32_t n) {
+    float s = a[0] * b[0];
+    for (uint32_t i = 1; i < n; i++) s = s + a[i] * b[i];
+    return s;
+}
+
+__attribute__((weak)) void flm_axpy_f32(float *o, float a, const float *v, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) o[i] = o[i] + a * v[i];
 }

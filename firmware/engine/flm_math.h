@@ -1,8 +1,13 @@
 /* Deterministic float functions mirrored exactly by converter/reference.py (no libm). */
 #ifndef FLM_MATH_H
 #define FLM_MATH_H
+#include <stdint.h>
 float flm_expf(float x);   /* range reduction to [-ln2/2, ln2/2] + degree-6 polynomial */
 float flm_sqrtf(float x);  /* correctly rounded, like IEEE sqrt, for x >= 0 */
 float flm_silu(float x);   /* x / (1 + exp(-x)) */
 float flm_gelu(float x);   /* tanh-approximation GELU: x / (1 + exp(-2u)), u = K0 x + K1 x^3 */
+/* The engine's float loops, rounded element by element in this order (a HAL may supply faster ones,
+ * bit for bit the same: the defaults are weak). n >= 1. */
+float flm_dot_f32(const float *a, const float *b, uint32_t n);        /* ((a0 b0 + a1 b1) + a2 b2) ... */
+void flm_axpy_f32(float *o, float a, const float *v, uint32_t n);    /* o[i] = o[i] + a * v[i] */
 #endif

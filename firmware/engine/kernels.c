@@ -240,21 +240,40 @@ static inline __attribute__((always_inline)) float row_whole(const uint8_t *p, c
     return acc;
 }
 
-static float row_tuned(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs) {
+#ifdef FLM_ROW_WHOLE   /* a HAL's whole-row loop, bit for bit row_whole (hal_rp2040.h) */
+#ifdef FLM_FAULT_TUNED_KERNEL   /* it calls no dot_q8 to be off by one: its q8 rows are off by one ulp */
+static float row_fault(float v, int q8) {
+    uint32_t u = bits_of(v) ^ (uint32_t)q8;
+    memcpy(&v, &u, 4);
+    return v;
+}
+#define ROW_WHOLE(p, x, xs, ng, g, q8) row_fault(FLM_ROW_WHOLE(p, x, xs, ng, g, q8), q8)
+#else
+#define ROW_WHOLE FLM_ROW_WHOLE
+#endif
+#else
+#define ROW_WHOLE row_whole
+#endif
+
+/* The number of groups when the rows of w take the whole-row path, else 0: the shape tests (a
+ * division each) once per matvec, not per row. */
+static uint32_t whole_groups(const flm_tensor *w, const int8_t *xq) {
     const uint32_t g = w->group;
-    if (!w->scale16 && w->cols % g == 0u && g % 8u == 0u && !((uintptr_t)xq & 3u)) {
-        const uint8_t *p = w->data + (size_t)r * w->stride;
-        return w->fmt == FLM_Q8 ? row_whole(p, xq, xs, w->cols / g, g, 1) : row_whole(p, xq, xs, w->cols / g, g, 0);
-    }
+    return !w->scale16 && w->cols % g == 0u && g % 8u == 0u && !((uintptr_t)xq & 3u) ? w->cols / g : 0u;
+}
+
+static float row_tuned(const flm_tensor *w, uint32_t r, uint32_t ng, const int8_t *xq, const float *xs) {
+    if (ng) return ROW_WHOLE(w->data + (size_t)r * w->stride, xq, xs, ng, w->group, w->fmt == FLM_Q8);
     return row_with(w, r, xq, xs, dot_q8, dot_q4, FLM_GROUP_TERM);
 }
 
 float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs) {
-    return row_tuned(w, r, xq, xs);
+    return row_tuned(w, r, whole_groups(w, xq), xq, xs);
 }
 
 void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq, const float *xs, float *out) {
-    for (uint32_t r = r0; r < r1; r++) out[r] = row_tuned(w, r, xq, xs);
+    const uint32_t ng = whole_groups(w, xq);
+    for (uint32_t r = r0; r < r1; r++) out[r] = row_tuned(w, r, ng, xq, xs);
 }
 
 void flm_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out) {

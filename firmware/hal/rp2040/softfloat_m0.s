@@ -1,5 +1,6 @@
 @ Fast paths of the hottest soft-float entry points for the Cortex-M0+ (ARMv6-M Thumb): the
-@ matvec's per-group int-to-float, multiplies and add. They handle normal operands with a normal
+@ matvec's per-group int-to-float, multiplies and add; and the loops that use them most, with those
+@ fast paths inline (the whole matvec rows, the f32 dot and axpy of attention). They handle normal operands with a normal
 @ result (nearly every call the engine makes) and hand everything else (zeros, subnormals, inf,
 @ NaN, overflow, underflow) to the complete C versions in softfloat.c, which they agree with bit
 @ for bit: both round to nearest, ties to even (tests/test_softfloat.py checks them against the
@@ -361,24 +362,19 @@ __aeabi_i2f:
 @ those of two __aeabi_fmul calls; any case off the fast path (isum 0 or >= 2^24, scale or
 @ result not normal) goes to flm_group_term_slow, which makes exactly those calls.
 
-    .section .text.flm_group_term,"ax",%progbits
-    .global flm_group_term
-    .type flm_group_term, %function
-.Lterm_far:                     @ within reach of the first half's conditional branches
-    b .Lterm_slow
-    .thumb_func
-flm_group_term:
-    push {r0, r1, r2, r4, r5, r6, r7, lr}
+@ r0 = isum, r1 = sc, r2 = xs -> r0 = the term on the fast path; \isum is an instruction that
+@ loads isum into r0 again (after the first product); the rest branches to \slow; clobbers r1-r7
+    .macro TERM isum, slow
     lsls r3, r1, #1
     lsrs r3, r3, #24
     subs r3, #1
     cmp r3, #253
-    bhi .Lterm_far             @ sc not normal
+    bhi 6f                      @ sc not normal
     lsls r4, r2, #1
     lsrs r4, r4, #24
     subs r4, #1
     cmp r4, #253
-    bhi .Lterm_far             @ xs not normal
+    bhi 6f                      @ xs not normal
     adds r7, r3, r4             @ e_sc + e_xs - 2
     movs r6, r1
     eors r6, r2
@@ -387,21 +383,22 @@ flm_group_term:
     movs r1, r2
     MUL_SIGS r7                 @ r7 = Ec - 1 of c = sc * xs
     cmp r7, #253
-    bhi .Lterm_far
+    bhi 6f
     ROUND
     lsrs r2, r4, #24
     beq 2f
     lsrs r4, r4, #1             @ rounded up to 2^24: 2^23, one binade up
     adds r7, #1
     cmp r7, #253
-    bhi .Lterm_far
-2:  ldr r0, [sp, #0]            @ isum
+    bls 2f
+6:  b \slow                     @ within reach of the first half's conditional branches
+2:  \isum
     asrs r2, r0, #31
     eors r0, r2
     subs r0, r0, r2             @ n = |isum|
-    beq .Lterm_slow
+    beq \slow
     lsrs r2, r0, #24
-    bne .Lterm_slow             @ n >= 2^24: float(isum) would round
+    bne \slow                   @ n >= 2^24: float(isum) would round
     movs r3, #31                @ n's leading one to bit 23; r3 = its position
     LEAD31 r3, r2
     lsrs r0, r0, #8
@@ -413,7 +410,7 @@ flm_group_term:
 8:  adds r7, r7, r3
     adds r7, #1                 @ E - 1 of the term
     cmp r7, #253
-    bhi .Lterm_slow
+    bhi \slow
     ROUND
     lsls r7, r7, #23
     adds r4, r4, r7             @ a carry to 2^24 steps the exponent (to inf from the top binade)
@@ -421,6 +418,15 @@ flm_group_term:
     lsls r6, r6, #31
     orrs r4, r6
     movs r0, r4
+    .endm
+
+    .section .text.flm_group_term,"ax",%progbits
+    .global flm_group_term
+    .type flm_group_term, %function
+    .thumb_func
+flm_group_term:
+    push {r0, r1, r2, r4, r5, r6, r7, lr}
+    TERM "ldr r0, [sp, #0]", .Lterm_slow
     add sp, #12
     pop {r4, r5, r6, r7, pc}
 .Lterm_slow:
@@ -430,6 +436,166 @@ flm_group_term:
     ldr r3, =flm_group_term_slow
     bx r3
     .size flm_group_term, . - flm_group_term
+
+@ ---- whole matvec rows: kernels.c row_whole (f32 scales, groups of a multiple of 8 codes,
+@ word-aligned activations) with the group dots and terms inline and the group loop in registers
+@ (compiled C spilled that loop's state around the inline dot, and a call per term saved and
+@ restored registers). The sums, terms and adds are kernels.c's, in its order: each group's
+@ integer dot, its term as flm_group_term forms it (TERM; flm_group_term_slow off the fast path),
+@ the first term as the row's value and every later one added by __aeabi_fadd(acc, term); the
+@ boot self-check (kernels.c flm_kernels_self_check) compares these rows with the scalar kernels'.
+@
+@ float flm_row_q8_m0(const uint8_t *p, const int8_t *x, const float *xs, uint32_t ng, uint32_t code_bytes)
+@ float flm_row_q4_m0(...): the same for 4-bit codes (code_bytes = g / 2)
+@ Registers: r4 = p (scale, then codes), r5 = x, r6 = the group's integer sum, r7 = the end of its
+@ codes; r8, r11 = p, x while TERM uses r4-r7; r9 = the row's value so far, r10 = &xs[gi],
+@ r12 = the group's scale, lr = its sum during TERM; [sp] = code_bytes, [sp, #4] = &xs[ng].
+
+@ 4 q8 codes (word r0) times 4 activations (word r1) into r6; clobbers r0-r3; Q8_PAIR: 8 of them
+    .macro Q8_WORD
+    ldm r4!, {r0}
+    ldm r5!, {r1}
+    sxtb r2, r0
+    sxtb r3, r1
+    muls r2, r3
+    adds r6, r2
+    lsrs r2, r0, #8
+    sxtb r2, r2
+    lsrs r3, r1, #8
+    sxtb r3, r3
+    muls r2, r3
+    adds r6, r2
+    lsrs r2, r0, #16
+    sxtb r2, r2
+    lsrs r3, r1, #16
+    sxtb r3, r3
+    muls r2, r3
+    adds r6, r2
+    asrs r0, r0, #24
+    asrs r1, r1, #24
+    muls r0, r1
+    adds r6, r0
+    .endm
+
+    .macro Q8_PAIR
+    Q8_WORD
+    Q8_WORD
+    .endm
+
+@ q4: a nibble (word r0, bits \sh..\sh+3 after LSLS #\sh) times r3 into r6; clobbers r2
+    .macro Q4_NIB sh
+    lsls r2, r0, #\sh
+    asrs r2, r2, #28
+    muls r2, r3
+    adds r6, r2
+    .endm
+
+@ 8 q4 codes (word r0, low nibble first) times 8 activations (two words) into r6; clobbers r0-r3
+    .macro Q4_WORD
+    ldm r4!, {r0}
+    ldm r5!, {r1}
+    sxtb r3, r1
+    Q4_NIB 28
+    lsrs r3, r1, #8
+    sxtb r3, r3
+    Q4_NIB 24
+    lsrs r3, r1, #16
+    sxtb r3, r3
+    Q4_NIB 20
+    asrs r3, r1, #24
+    Q4_NIB 16
+    ldm r5!, {r1}
+    sxtb r3, r1
+    Q4_NIB 12
+    lsrs r3, r1, #8
+    sxtb r3, r3
+    Q4_NIB 8
+    lsrs r3, r1, #16
+    sxtb r3, r3
+    Q4_NIB 4
+    asrs r0, r0, #28
+    asrs r1, r1, #24
+    muls r0, r1
+    adds r6, r0
+    .endm
+
+@ One group: its scale, its dot (8 codes a turn), its term in r0 (labels 20-29: the macros inside
+@ use 1-8)
+    .macro GROUP step
+    ldm r4!, {r0}
+    mov r12, r0
+    ldr r7, [sp, #0]
+    adds r7, r4, r7
+    movs r6, #0
+24: \step
+    cmp r4, r7
+    bne 24b
+    mov r8, r4
+    mov r11, r5
+    movs r0, r6
+    mov lr, r0
+    mov r1, r12
+    mov r3, r10
+    ldm r3!, {r2}
+    mov r10, r3
+    TERM "mov r0, lr", 22f
+    b 23f
+22: mov r0, lr
+    mov r1, r12
+    mov r2, r10
+    subs r2, #4
+    ldr r2, [r2]
+    bl flm_group_term_slow
+23: mov r4, r8
+    mov r5, r11
+    .endm
+
+    .macro ROW name, step
+    .section .text.\name,"ax",%progbits
+    .global \name
+    .type \name, %function
+    .thumb_func
+\name:
+    push {r4, r5, r6, r7, lr}
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    push {r4, r5, r6, r7}
+    sub sp, #12                 @ code_bytes, &xs[ng] and a pad: the stack stays 8-byte aligned
+    ldr r4, [sp, #48]           @ code_bytes, above the 12 words
+    str r4, [sp, #0]
+    lsls r3, r3, #2
+    adds r3, r2, r3
+    str r3, [sp, #4]
+    mov r10, r2
+    movs r4, r0
+    movs r5, r1
+    GROUP \step
+    mov r9, r0                  @ the first term is the row's value (0 + term would turn -0 into +0)
+    b 21f
+20: GROUP \step
+    movs r1, r0
+    mov r0, r9
+    bl __aeabi_fadd
+    mov r9, r0
+21: ldr r0, [sp, #4]
+    cmp r0, r10
+    beq 25f
+    b 20b                       @ (a group is beyond a conditional branch's reach)
+25: mov r0, r9
+    add sp, #12
+    pop {r4, r5, r6, r7}
+    mov r8, r4
+    mov r9, r5
+    mov r10, r6
+    mov r11, r7
+    pop {r4, r5, r6, r7, pc}
+    .size \name, . - \name
+    .endm
+
+    ROW flm_row_q8_m0, Q8_PAIR
+    ROW flm_row_q4_m0, Q4_WORD
 
 @ ---- float __aeabi_fdiv(float a, float b) -----------------------------------------------
 @ Normal operands and a normal quotient: 25 quotient bits by restoring division (the carry of
@@ -500,3 +666,117 @@ __aeabi_fdiv:
     add sp, #8
     pop {r4, pc}
     .size __aeabi_fdiv, . - __aeabi_fdiv
+
+@ ---- the engine's float loops (flm_math.h): each element's product and sum as __aeabi_fmul and
+@ __aeabi_fadd form them, in the same order, with fmul's fast path inline: the compiled loops spent
+@ a quarter of a pair's cycles on the calls and their register saves.
+@ r0 * r1 -> r0 as __aeabi_fmul; r10, r11 keep the operands for flm_sf_mul, which takes every case
+@ off the fast path (here also the out-of-range products); clobbers r1-r5, r12, lr
+    .macro MULF
+    mov r10, r0
+    mov r11, r1
+    lsls r2, r0, #1
+    lsrs r2, r2, #24
+    subs r2, #1
+    cmp r2, #253
+    bhi 7f                      @ a not normal
+    lsls r3, r1, #1
+    lsrs r3, r3, #24
+    subs r3, #1
+    cmp r3, #253
+    bhi 7f                      @ b not normal
+    adds r3, r2, r3
+    movs r2, r0
+    eors r2, r1
+    mov r12, r2
+    MUL_SIGS r3
+    cmp r3, #253
+    bhi 7f                      @ overflow or a subnormal product
+    ROUND
+    lsls r3, r3, #23
+    adds r4, r4, r3
+    mov r2, r12
+    lsrs r2, r2, #31
+    lsls r2, r2, #31
+    orrs r4, r2
+    movs r0, r4
+    b 8f
+7:  mov r0, r10
+    mov r1, r11
+    bl flm_sf_mul
+8:
+    .endm
+
+@ saves r4-r11 (and r3: the stack stays 8-byte aligned for the calls)
+    .macro SAVE8
+    push {r4, r5, r6, r7, lr}
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    push {r3, r4, r5, r6, r7}
+    .endm
+
+    .macro RESTORE8
+    pop {r3, r4, r5, r6, r7}
+    mov r8, r4
+    mov r9, r5
+    mov r10, r6
+    mov r11, r7
+    pop {r4, r5, r6, r7, pc}
+    .endm
+
+@ float flm_dot_f32(const float *a, const float *b, uint32_t n), n >= 1:
+@ a[0] * b[0], then s = s + a[i] * b[i] for i = 1..n-1
+    .section .text.flm_dot_f32,"ax",%progbits
+    .global flm_dot_f32
+    .type flm_dot_f32, %function
+    .thumb_func
+flm_dot_f32:
+    SAVE8
+    movs r6, r0
+    movs r7, r1
+    lsls r2, r2, #2
+    adds r2, r0, r2
+    mov r8, r2                  @ the end of a
+    ldm r6!, {r0}
+    ldm r7!, {r1}
+    MULF
+    b 5f
+6:  ldm r6!, {r0}
+    ldm r7!, {r1}
+    MULF
+    movs r1, r0
+    mov r0, r9
+    bl __aeabi_fadd
+5:  mov r9, r0                  @ s
+    cmp r6, r8
+    bne 6b
+    mov r0, r9
+    RESTORE8
+    .size flm_dot_f32, . - flm_dot_f32
+
+@ void flm_axpy_f32(float *o, float a, const float *v, uint32_t n), n >= 1: o[i] = o[i] + a * v[i]
+    .section .text.flm_axpy_f32,"ax",%progbits
+    .global flm_axpy_f32
+    .type flm_axpy_f32, %function
+    .thumb_func
+flm_axpy_f32:
+    SAVE8
+    movs r6, r0
+    movs r7, r2
+    mov r9, r1                  @ a
+    lsls r3, r3, #2
+    adds r3, r0, r3
+    mov r8, r3                  @ the end of o
+6:  mov r0, r9
+    ldm r7!, {r1}
+    MULF
+    movs r1, r0
+    ldr r0, [r6]
+    bl __aeabi_fadd
+    stm r6!, {r0}
+    cmp r6, r8
+    bne 6b
+    RESTORE8
+    .size flm_axpy_f32, . - flm_axpy_f32
