@@ -519,15 +519,19 @@ flm_group_term:
     adds r6, r0
     .endm
 
-@ One group: its scale, its dot (8 codes a turn), its term in r0 (labels 20-29: the macros inside
-@ use 1-8)
-    .macro GROUP step
+@ One group: its scale, its dot (two steps of 8 codes a turn: one loop test per 16 codes; a group
+@ of an odd number of steps enters at the second, bit \half of code_bytes being the odd step's), its
+@ term in r0 (labels 20-29: the macros inside use 1-8)
+    .macro GROUP step, half
     ldm r4!, {r0}
     mov r12, r0
-    ldr r7, [sp, #0]
-    adds r7, r4, r7
     movs r6, #0
+    ldr r7, [sp, #0]
+    lsls r0, r7, #(31 - \half)  @ N = the odd step
+    add r7, r4                  @ (the flag-keeping form: N is still the odd step's)
+    bmi 26f
 24: \step
+26: \step
     cmp r4, r7
     bne 24b
     mov r8, r4
@@ -550,7 +554,7 @@ flm_group_term:
     mov r5, r11
     .endm
 
-    .macro ROW name, step
+    .macro ROW name, step, half
     .section .text.\name,"ax",%progbits
     .global \name
     .type \name, %function
@@ -571,10 +575,10 @@ flm_group_term:
     mov r10, r2
     movs r4, r0
     movs r5, r1
-    GROUP \step
+    GROUP \step, \half
     mov r9, r0                  @ the first term is the row's value (0 + term would turn -0 into +0)
     b 21f
-20: GROUP \step
+20: GROUP \step, \half
     movs r1, r0
     mov r0, r9
     bl __aeabi_fadd
@@ -594,8 +598,8 @@ flm_group_term:
     .size \name, . - \name
     .endm
 
-    ROW flm_row_q8_m0, Q8_PAIR
-    ROW flm_row_q4_m0, Q4_WORD
+    ROW flm_row_q8_m0, Q8_PAIR, 3   @ a step: 8 code bytes
+    ROW flm_row_q4_m0, Q4_WORD, 2   @ a step: 4 code bytes
 
 @ ---- float __aeabi_fdiv(float a, float b) -----------------------------------------------
 @ Normal operands and a normal quotient: 25 quotient bits by restoring division (the carry of
