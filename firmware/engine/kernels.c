@@ -57,8 +57,9 @@ static uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
  * fl(v + 0.5) = 1.0. tests/test_kernels.py checks every such float against the float form. */
 static int32_t round_half_away(uint32_t mag) {
     if (mag < 0x3f000000u) return mag == 0x3effffffu;
-    uint32_t sh = 150u - (mag >> 23);   /* 17..24: the significand's bits below the units */
-    return (int32_t)((((mag & 0x7fffffu) | 0x800000u) + (1u << (sh - 1u))) >> sh);
+    uint32_t sig = mag << 8 | 0x80000000u;   /* the significand, its leading one at bit 31 */
+    /* its bits from the halves' place up (v >= 0.5: exponent 126..133, a shift of 31..24), plus a half */
+    return (int32_t)(((sig >> (157u - (mag >> 23))) + 1u) >> 1);
 }
 
 void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float *xs) {
