@@ -19,6 +19,8 @@ from host.virtual import start_emulated_board, start_native_board
 from modelzoo import random_model
 from nativeboard import recv_until, run
 
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
@@ -42,6 +44,17 @@ def test_float_check_sees_a_wrong_bit(probe, monkeypatch):
     monkeypatch.setattr(kernels, "expected", off_by_one_ulp)
     bad = kernels.check_float(probe, per_mode=64)
     assert bad and all(line.startswith("fmul(") for line in bad)
+
+
+def test_activation_codes_round_as_the_reference_for_every_float(tmp_path):
+    # kernels.c rounds x*127/amax on the float's bits; converter/reference.py's round_half_away is
+    # (int32)(v +- 0.5f): every binary32 v in [-127, 127] (2.2e9 of them) must get the same code
+    exe = tmp_path / "quantize_check"
+    subprocess.run(["cc", "-std=c99", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror",
+                    f"-I{ROOT}/firmware/engine", str(ROOT / "tests/c/quantize_check.c"),
+                    str(ROOT / "firmware/engine/kernels.c"), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    assert out == "0\n", out
 
 
 def test_tuned_kernels_pass_the_self_check(probe):

@@ -448,38 +448,40 @@ flm_group_term:
 @ float flm_row_q8_m0(const uint8_t *p, const int8_t *x, const float *xs, uint32_t ng, uint32_t code_bytes)
 @ float flm_row_q4_m0(...): the same for 4-bit codes (code_bytes = g / 2)
 @ Registers: r4 = p (scale, then codes), r5 = x, r6 = the group's integer sum, r7 = the end of its
-@ codes; r8, r11 = p, x while TERM uses r4-r7; r9 = the row's value so far, r10 = &xs[gi],
+@ codes (q8: r8, its step loads two code words into r0, r7); r8, r11 = p, x while TERM uses r4-r7; r9 = the row's value so far, r10 = &xs[gi],
 @ r12 = the group's scale, lr = its sum during TERM; [sp] = code_bytes, [sp, #4] = &xs[ng].
 
-@ 4 q8 codes (word r0) times 4 activations (word r1) into r6; clobbers r0-r3; Q8_PAIR: 8 of them
-    .macro Q8_WORD
-    ldm r4!, {r0}
-    ldm r5!, {r1}
-    sxtb r2, r0
+@ 4 q8 codes (word \w) times 4 activations (word r1) into r6; clobbers \w, r1-r3
+    .macro Q8_WORD w
+    sxtb r2, \w
     sxtb r3, r1
     muls r2, r3
     adds r6, r2
-    lsrs r2, r0, #8
+    lsrs r2, \w, #8
     sxtb r2, r2
     lsrs r3, r1, #8
     sxtb r3, r3
     muls r2, r3
     adds r6, r2
-    lsrs r2, r0, #16
+    lsrs r2, \w, #16
     sxtb r2, r2
     lsrs r3, r1, #16
     sxtb r3, r3
     muls r2, r3
     adds r6, r2
-    asrs r0, r0, #24
+    asrs \w, \w, #24
     asrs r1, r1, #24
-    muls r0, r1
-    adds r6, r0
+    muls \w, r1
+    adds r6, \w
     .endm
 
+@ 8 q8 codes (two words in one load: r0, r7) times 8 activations into r6; clobbers r0-r3, r7
     .macro Q8_PAIR
-    Q8_WORD
-    Q8_WORD
+    ldm r4!, {r0, r7}
+    ldm r5!, {r1}
+    Q8_WORD r0
+    ldm r5!, {r1}
+    Q8_WORD r7
     .endm
 
 @ q4: a nibble (word r0, bits \sh..\sh+3 after LSLS #\sh) times r3 into r6; clobbers r2
@@ -519,16 +521,23 @@ flm_group_term:
     adds r6, r0
     .endm
 
-@ One group: its scale, its dot (8 codes a turn), its term in r0 (labels 20-29: the macros inside
-@ use 1-8)
-    .macro GROUP step
+@ One group: its scale, its dot (two steps of 8 codes a turn: one loop test per 16 codes; a group
+@ of an odd number of steps enters at the second, bit \half of code_bytes being the odd step's), its
+@ term in r0 (labels 20-29: the macros inside use 1-8)
+    .macro GROUP step, half, end
     ldm r4!, {r0}
     mov r12, r0
-    ldr r7, [sp, #0]
-    adds r7, r4, r7
     movs r6, #0
+    ldr r7, [sp, #0]
+    lsls r0, r7, #(31 - \half)  @ N = the odd step
+    add r7, r4                  @ (the flag-keeping form: N is still the odd step's)
+    .ifnc \end, r7
+    mov \end, r7               @ (the step uses r7)
+    .endif
+    bmi 26f
 24: \step
-    cmp r4, r7
+26: \step
+    cmp r4, \end
     bne 24b
     mov r8, r4
     mov r11, r5
@@ -550,7 +559,7 @@ flm_group_term:
     mov r5, r11
     .endm
 
-    .macro ROW name, step
+    .macro ROW name, step, half, end
     .section .text.\name,"ax",%progbits
     .global \name
     .type \name, %function
@@ -571,10 +580,10 @@ flm_group_term:
     mov r10, r2
     movs r4, r0
     movs r5, r1
-    GROUP \step
+    GROUP \step, \half, \end
     mov r9, r0                  @ the first term is the row's value (0 + term would turn -0 into +0)
     b 21f
-20: GROUP \step
+20: GROUP \step, \half, \end
     movs r1, r0
     mov r0, r9
     bl __aeabi_fadd
@@ -594,8 +603,8 @@ flm_group_term:
     .size \name, . - \name
     .endm
 
-    ROW flm_row_q8_m0, Q8_PAIR
-    ROW flm_row_q4_m0, Q4_WORD
+    ROW flm_row_q8_m0, Q8_PAIR, 3, r8   @ a step: 8 code bytes; the codes' end in r8
+    ROW flm_row_q4_m0, Q4_WORD, 2, r7   @ a step: 4 code bytes
 
 @ ---- float __aeabi_fdiv(float a, float b) -----------------------------------------------
 @ Normal operands and a normal quotient: 25 quotient bits by restoring division (the carry of
