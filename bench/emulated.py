@@ -63,13 +63,14 @@ def emu_run(qm, work: Path, new_tokens: int = 12) -> dict:
     pred = [predict(t.pos, _head(t)) for t in dec]
     last = dec[-1]
     emu_us = {p: _median(t.us[i] for t in dec) for i, p in enumerate(PHASES)}
+    device_us = _median(sum(t.us) for t in dec)
     pred_us = {p: _median(x.phase_us[p] for x in pred) for p in PHASES}
     return dict(
         clock=res.clock, decode_steps=len(dec),
         cycles_per_token=_median(c["cycles"] for c in h),
         emulated_us_per_token=_median(c["us"] for c in h),
-        device_us_per_token=_median(sum(t.us) for t in dec),
-        emulated_tok_per_s=1e6 / _median(sum(t.us) for t in dec),
+        device_us_per_token=device_us,
+        emulated_tok_per_s=1e6 / device_us,
         wall_ms_per_token=_median(c["wall_ms"] for c in h),
         emulated_mcycles_per_wall_s=_median(c["cycles"] / c["wall_ms"] / 1e3 for c in h),
         harness_agrees=int(all(counts[t.step]["bytes"] == list(t.bytes_read) for t in res.tokens)),
@@ -83,11 +84,11 @@ def emu_run(qm, work: Path, new_tokens: int = 12) -> dict:
         prefill_phase_cycles_median={p: _median(t.us[i] for t in pre) * MHZ for i, p in enumerate(PHASES)},
         bytes_per_token={tier: last.bytes_read[i] for i, tier in enumerate(TIERS)},
         bytes_per_token_harness=dict(zip(TIERS, counts[last.step]["bytes"])),
-        bytes_per_token_predicted={tier: predict(last.pos, _head(last)).bytes_read[tier] for tier in TIERS},
+        bytes_per_token_predicted={tier: pred[-1].bytes_read[tier] for tier in TIERS},
         bytes_per_token_at_pos=last.pos, head_rows_at_pos=last.head_rows,
         predicted_us_median=pred_us,
         predicted_over_emulated={p: pred_us[p] / emu_us[p] for p in PHASES if emu_us[p]},
-        predicted_over_emulated_token=_median(x.total_us for x in pred) / _median(sum(t.us) for t in dec),
+        predicted_over_emulated_token=_median(x.total_us for x in pred) / device_us,
         image_text_bytes=int(m.group(1)) if m else 0, image_bss_bytes=int(m.group(3)) if m else 0,
         blob_bytes=blob.stat().st_size)
 

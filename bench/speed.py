@@ -30,22 +30,15 @@ from pathlib import Path
 
 import numpy as np
 
-from converter.blob import write_blob
+from converter import evaluate
 from converter.footprint import kv_row_bytes
-from converter.load import load_model
 from converter.quantize import quantize
-from converter.reference import Reference
 from converter.tokenizer import encode
-from firmware.build import build_firmware
 from host.cli import kv_layout
-from host.protocol import Link
-from host.session import Session, open_port
+from host.virtual import start_emulated_board, start_native_board
 
-from .model import default_quant
+from .model import MODEL, PROMPT, ROOT, blob_and_firmware, default_ir, default_quant, session
 
-ROOT = Path(__file__).resolve().parent.parent
-MODEL = ROOT / "models" / "default"
-LONG_PROMPT = "ROMEO:\nWhat light through yonder window breaks?"
 PREFILL_PROMPT = "HAMLET.\nTo be, or not to be, that is the question:"      # 23 tokens with <|bos|>
 OUT, ATTN, SAMPLE = 4, 1, 5      # phase indices (host.protocol.PHASES)
 
@@ -65,34 +58,23 @@ def board_figures(board: str, qm, work: Path, new_tokens: int, rounds: int) -> d
     """The runs on one board, repeated ``rounds`` times in turn (so a busy host slows all alike):
     whole head vs pruned, prefill with and without the head, f32 vs int8 KV cache (LAYOUT)."""
     tok = qm.tokenizer
-    long_ids = list(encode(tok, LONG_PROMPT, bos=True))
+    long_ids = list(encode(tok, PROMPT, bos=True))
     pre_ids = list(encode(tok, PREFILL_PROMPT, bos=True))
-    blob = work / "model.flmb"
-    write_blob(qm, blob)
-    fw = build_firmware(board, work / f"fw-{board}", blob)
-    if board == "native":
-        from host.virtual import start_native_board as start
-        ctx = start(fw.binary, blob)
-    else:
-        from host.virtual import start_emulated_board
-        ctx = start_emulated_board(fw.binary, blob, board=board, timeout=60)
+    blob, fw = blob_and_firmware(qm, board, work)
+    ctx = (start_native_board(fw.binary, blob) if board == "native"
+           else start_emulated_board(fw.binary, blob, board=board, timeout=60))
     n_out = qm.config.n_out
-    with ctx as vb:
-        ser = open_port(vb.port)
-        try:
-            s = Session(Link(ser), frame_timeout=120)
-            hello = s.handshake(timeout=60)
-            runs: dict = {k: [] for k in ("full", "pruned", "pre_full", "pre_skip", "int8")}
-            for _ in range(rounds):
-                s.set_layout(*kv_layout(blob, "f32"))
-                runs["full"].append(s.generate(long_ids, new_tokens, all_logits=True))
-                runs["pruned"].append(s.generate(long_ids, new_tokens))
-                runs["pre_full"].append(s.generate(pre_ids, 1, all_logits=True))
-                runs["pre_skip"].append(s.generate(pre_ids, 1))
-                s.set_layout(*kv_layout(blob, "int8"))
-                runs["int8"].append(s.generate(long_ids, new_tokens))
-        finally:
-            ser.close()
+    with ctx as vb, session(vb.port, 120, 60) as s:
+        hello = s.hello
+        runs: dict = {k: [] for k in ("full", "pruned", "pre_full", "pre_skip", "int8")}
+        for _ in range(rounds):
+            s.set_layout(*kv_layout(blob, "f32"))
+            runs["full"].append(s.generate(long_ids, new_tokens, all_logits=True))
+            runs["pruned"].append(s.generate(long_ids, new_tokens))
+            runs["pre_full"].append(s.generate(pre_ids, 1, all_logits=True))
+            runs["pre_skip"].append(s.generate(pre_ids, 1))
+            s.set_layout(*kv_layout(blob, "int8"))
+            runs["int8"].append(s.generate(long_ids, new_tokens))
     for f, p in zip(runs["full"], runs["pruned"]):
         assert [t.out_id for t in f.generated_steps] == [t.out_id for t in p.generated_steps], \
             "the pruned head chose other tokens than the whole head"
@@ -132,30 +114,17 @@ def board_figures(board: str, qm, work: Path, new_tokens: int, rounds: int) -> d
     )
 
 
-def eval_ids() -> list[int]:
-    from converter.corpus import split_docs
-    from converter.train import encode_docs, tokenizer_from_json
-    tok = tokenizer_from_json((MODEL / "tokenizer.json").read_text(encoding="utf-8"))
-    docs = split_docs((MODEL / "eval.txt").read_text(encoding="utf-8"))
-    return [int(i) for i in encode_docs(tok, docs)]
+def eval_ids() -> np.ndarray:
+    """The token stream of models/default/eval.txt (converter.evaluate's, as ``flashlm eval`` reads it)."""
+    return evaluate.load(evaluate.locate(MODEL))[2]
 
 
-def eval_loss(qm, ids: list[int], windows: int, kv: str) -> dict:
-    """Mean next-token cross-entropy (nats) of the reference over consecutive max_seq_len windows
-    (each from an empty cache, as converter.train.evaluate cuts them)."""
-    T = qm.config.max_seq_len
-    total, n = 0.0, 0
-    for w in range(windows):
-        seq = ids[w * T: w * T + T + 1]
-        if len(seq) < 2:
-            break
-        ref = Reference(qm, kv)
-        for p in range(len(seq) - 1):
-            lg = ref.forward(seq[p], p).astype(np.float64)
-            m = lg.max()
-            total += m + math.log(np.exp(lg - m).sum()) - lg[seq[p + 1]]
-            n += 1
-    return dict(loss=total / n, ppl=math.exp(total / n), tokens=n)
+def eval_loss(qm, ids: np.ndarray, windows: int, kv: str) -> dict:
+    """Mean next-token cross-entropy (nats) of the reference with a ``kv`` cache over the first
+    ``windows`` consecutive max_seq_len windows (converter.evaluate's windows and score)."""
+    n = min(windows * qm.config.max_seq_len, len(ids) - 1)
+    loss = evaluate.score(evaluate.reference_logits(qm, ids, n, kv), ids[1:n + 1]) / n
+    return dict(loss=loss, ppl=math.exp(loss), tokens=n)
 
 
 def measure(work: Path, runs, echo: bool = True) -> dict:
@@ -201,9 +170,8 @@ def main(argv=None) -> int:
                     "rounds, emulated 4 decode tokens, no eval (a few minutes)")
     ap.add_argument("--json", metavar="FILE")
     a = ap.parse_args(argv)
-    ir = load_model(MODEL / "model.pt")
-    q8 = quantize(ir, "q8", 32)
-    q4head = quantize(ir, "q8", 32, ["head=q4"])
+    q8 = default_quant("q8")
+    q4head = quantize(default_ir(), "q8", 32, ["head=q4"])
     out: dict = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "model": str(MODEL.relative_to(ROOT))}
     runs = [("native_q8", q8, "native", a.tokens, a.rounds), ("native_q8_head_q4", q4head, "native", a.tokens, a.rounds),
             ("rp2040_emu_q8", q8, "rp2040-emu", a.emu_tokens, 1),

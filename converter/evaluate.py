@@ -75,9 +75,8 @@ def fp32_logits(ir: ModelIR, stream: np.ndarray, n_pred: int) -> np.ndarray:
     """The PyTorch model's logits [n_pred, n_out] for inputs stream[:n_pred]."""
     import torch
 
-    from .torch_model import Transformer
-    model = Transformer(ir.config).eval()
-    model.load_state_dict({f"{n}.weight": torch.from_numpy(t) for n, t in ir.tensors.items()})
+    from .torch_import import ir_to_module
+    model = ir_to_module(ir)
     out = []
     with torch.no_grad():
         for s, n in windows(n_pred, ir.config.max_seq_len):
@@ -85,11 +84,12 @@ def fp32_logits(ir: ModelIR, stream: np.ndarray, n_pred: int) -> np.ndarray:
     return np.concatenate(out)
 
 
-def reference_logits(qm, stream: np.ndarray, n_pred: int) -> np.ndarray:
-    """The reference's logits [n_pred, n_out], one token at a time (the KV cache is overwritten
-    from position 0 in each window, and attention reads only positions up to the current one)."""
+def reference_logits(qm, stream: np.ndarray, n_pred: int, kv: str = "f32") -> np.ndarray:
+    """The reference's logits [n_pred, n_out] with a ``kv`` ("f32" / "int8") cache, one token at a
+    time (the KV cache is overwritten from position 0 in each window, and attention reads only
+    positions up to the current one)."""
     from .reference import Reference
-    ref = Reference(qm)
+    ref = Reference(qm, kv)
     out = np.empty((n_pred, qm.config.n_out), np.float32)
     for s, n in windows(n_pred, qm.config.max_seq_len):
         for pos in range(n):

@@ -92,6 +92,19 @@ def state_dict_to_ir(state_dict: Mapping, config: ModelConfig, source: str = "")
     return ir
 
 
+def ir_to_state_dict(ir: ModelIR) -> dict:
+    """The state dict of ``torch_model.Transformer`` holding ``ir``'s tensors (the inverse of
+    ``state_dict_to_ir``; the tensors share the IR's memory)."""
+    return {f"{n}.weight": torch.from_numpy(t) for n, t in ir.tensors.items()}
+
+
+def ir_to_module(ir: ModelIR) -> Transformer:
+    """A ``torch_model.Transformer`` in eval mode with ``ir``'s weights (strict: same names and shapes)."""
+    model = Transformer(ir.config).eval()
+    model.load_state_dict(ir_to_state_dict(ir))
+    return model
+
+
 def module_to_ir(model: Transformer) -> ModelIR:
     model = getattr(model, "_orig_mod", model)
     return state_dict_to_ir(model.state_dict(), model.cfg, source=type(model).__name__)

@@ -13,7 +13,7 @@ from converter.load import load_model
 from converter.quantize import rope_tables
 from converter.tokenizer import (decode, encode, from_hf_json, load_tokenizer, parse_tokenizer_bin,
                                  read_tokenizer_bin, tokenizer_bin_bytes, write_tokenizer_bin)
-from converter.torch_import import load_checkpoint, module_to_ir, save_checkpoint, state_dict_to_ir
+from converter.torch_import import ir_to_module, load_checkpoint, module_to_ir, save_checkpoint, state_dict_to_ir
 from converter.torch_model import Transformer
 
 
@@ -282,8 +282,7 @@ def test_module_to_ir_matches_module_and_back(tied):
     assert set(ir.tensors) == set(cfg.tensor_shapes())
     for name, t in ir.tensors.items():
         assert np.array_equal(t, sd[name + ".weight"].numpy())
-    m2 = Transformer(cfg)
-    m2.load_state_dict({n + ".weight": torch.from_numpy(t) for n, t in ir.tensors.items()})
+    m2 = ir_to_module(ir)
     x = torch.randint(0, 20, (1, 6))
     with torch.no_grad():
         assert torch.equal(m(x), m2(x))

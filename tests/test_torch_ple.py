@@ -10,15 +10,10 @@ import torch
 from converter.ir import ModelError
 from converter.quantize import rope_tables
 from converter.reference import Fp32Model
-from converter.torch_import import load_checkpoint, module_to_ir, save_checkpoint, state_dict_to_ir
+from converter.torch_import import (ir_to_module, ir_to_state_dict, load_checkpoint, module_to_ir, save_checkpoint,
+                                    state_dict_to_ir)
 from converter.torch_model import Transformer
 from modelzoo import random_ple_model
-
-
-def torch_of(ir) -> Transformer:
-    m = Transformer(ir.config).eval()
-    m.load_state_dict({f"{n}.weight": torch.from_numpy(t) for n, t in ir.tensors.items()})   # strict
-    return m
 
 
 @pytest.mark.parametrize("cfg", [dict(tied=True, out_vocab=55), dict(tied=False, out_vocab=61),
@@ -32,7 +27,7 @@ def test_torch_logits_match_the_fp32_reference(cfg):
     toks = np.random.default_rng(1).integers(0, c.vocab_size, c.max_seq_len)
     toks[3] = c.vocab_size - 1                        # an input the head never predicts (out_vocab)
     with torch.no_grad():
-        got = torch_of(ir)(torch.from_numpy(toks)[None])[0].numpy()
+        got = ir_to_module(ir)(torch.from_numpy(toks)[None])[0].numpy()
     fp = Fp32Model(ir, *rope_tables(c))
     want = np.stack([fp.forward(int(t), pos) for pos, t in enumerate(toks)])
     assert got.shape == want.shape == (c.max_seq_len, c.n_out)
@@ -40,7 +35,7 @@ def test_torch_logits_match_the_fp32_reference(cfg):
     # the same model without its table rows: a different answer, so the comparison saw the PLE path
     ir.tensors["ple.table"] = np.zeros_like(ir.tensors["ple.table"])
     with torch.no_grad():
-        off = torch_of(ir)(torch.from_numpy(toks)[None])[0].numpy()
+        off = ir_to_module(ir)(torch.from_numpy(toks)[None])[0].numpy()
     assert np.abs(off - got).max() > 0.1 * np.abs(want).max()
 
 
@@ -82,7 +77,7 @@ def test_fresh_model_trains_the_ple_path():
 @pytest.mark.parametrize("tied", [True, False])
 def test_ple_checkpoint_round_trip(tmp_path, tied):
     ir = random_ple_model(seed=4, tied=tied, out_vocab=40)
-    m = torch_of(ir)
+    m = ir_to_module(ir)
     back = module_to_ir(m)
     assert back.config == ir.config and list(back.tensors) == list(ir.tensors)
     assert all(np.array_equal(back.tensors[n], t) for n, t in ir.tensors.items())
@@ -95,7 +90,7 @@ def test_ple_checkpoint_round_trip(tmp_path, tied):
 
 def test_ple_state_dict_mismatches_are_one_line():
     ir = random_ple_model(seed=5)
-    sd = {f"{n}.weight": torch.from_numpy(t) for n, t in ir.tensors.items()}
+    sd = ir_to_state_dict(ir)
     dense = dataclasses.replace(ir.config, ple_dim=0)
     with pytest.raises(ModelError, match="unexpected .*ple.*config's ple_dim is 0") as e:
         state_dict_to_ir(sd, dense)

@@ -1,6 +1,5 @@
 #include "flm_math.h"
 #include <stdint.h>
-#include <string.h>
 
 /* Constants as hex floats so both sides hold the very same binary32 values. */
 #define LOG2E 0x1.715476p+0f
@@ -9,19 +8,15 @@
 #define EXP_LO (-86.0f)              /* below: 0 (keeps 2^k and the result normal) */
 #define EXP_HI 88.0f                 /* above: +inf */
 
-static float from_bits(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
-
-static uint32_t bits(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
-
 /* The range tests compare the floats' bits (the same outcomes as the float comparisons, without a
  * soft-float call each on cores without an FPU): a magnitude orders as an unsigned integer. */
 float flm_expf(float x) {
-    const uint32_t b = bits(x), mag = b & 0x7fffffffu;
+    const uint32_t b = flm_f32_bits(x), mag = b & 0x7fffffffu;
     if (mag > 0x7f800000u) return x;                  /* NaN: never converted to an integer (undefined in C) */
-    if (b >> 31 && mag > bits(-EXP_LO)) return 0.0f;  /* x < EXP_LO */
-    if (!(b >> 31) && mag > bits(EXP_HI)) return from_bits(0x7f800000u);
+    if (b >> 31 && mag > flm_f32_bits(-EXP_LO)) return 0.0f;  /* x < EXP_LO */
+    if (!(b >> 31) && mag > flm_f32_bits(EXP_HI)) return flm_f32_from_bits(0x7f800000u);
     float t = x * LOG2E;
-    const uint32_t tb = bits(t);   /* t >= 0 (also -0): the sign bit clear or t zero */
+    const uint32_t tb = flm_f32_bits(t);   /* t >= 0 (also -0): the sign bit clear or t zero */
     int32_t k = (int32_t)(t + (!(tb >> 31) || !(tb & 0x7fffffffu) ? 0.5f : -0.5f));
     float kf = (float)k;
     float r = (x - kf * LN2_HI) - kf * LN2_LO;
@@ -32,12 +27,11 @@ float flm_expf(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    return p * from_bits((uint32_t)(k + 127) << 23);
+    return p * flm_f32_from_bits((uint32_t)(k + 127) << 23);
 }
 
 float flm_sqrtf(float x) {
-    uint32_t b;
-    memcpy(&b, &x, 4);
+    const uint32_t b = flm_f32_bits(x);
     if (!(x > 0.0f) || b >= 0x7f800000u) return x;   /* 0, -0, negatives, inf, nan: unused */
     int32_t e = (int32_t)(b >> 23);
     uint32_t m = b & 0x7fffffu;
@@ -62,7 +56,7 @@ float flm_sqrtf(float x) {
     uint32_t r = (uint32_t)((root + 1) >> 1);
     int32_t k = (ex - s) / 2 + 1;                  /* sqrt(x) = r * 2^k */
     if (r == (1u << 24)) { r >>= 1; k += 1; }
-    return from_bits(((uint32_t)(k + 23 + 127) << 23) | (r & 0x7fffffu));
+    return flm_f32_from_bits(((uint32_t)(k + 23 + 127) << 23) | (r & 0x7fffffu));
 }
 
 float flm_silu(float x) { return x / (1.0f + flm_expf(-x)); }

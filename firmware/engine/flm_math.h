@@ -2,6 +2,10 @@
 #ifndef FLM_MATH_H
 #define FLM_MATH_H
 #include <stdint.h>
+#include <string.h>
+/* A float's bit pattern and back (memcpy: the defined way in C99; compilers make it a move). */
+static inline uint32_t flm_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float flm_f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 float flm_expf(float x);   /* range reduction to [-ln2/2, ln2/2] + degree-6 polynomial */
 float flm_sqrtf(float x);  /* correctly rounded, like IEEE sqrt, for x >= 0 */
 float flm_silu(float x);   /* x / (1 + exp(-x)) */

@@ -1,4 +1,5 @@
 #include "kernels.h"
+#include "flm_math.h"
 #include <string.h>
 
 /* A block's little-endian f32 scale; blocks start 4-byte aligned (docs/formats.md), so this is
@@ -17,10 +18,7 @@ static float rdh(const uint8_t *p) {
         float f = (float)m * 0x1p-24f;
         return (h & 0x8000u) ? -f : f;
     }
-    uint32_t u = (h & 0x8000u) << 16 | (e == 31u ? 255u : e + 112u) << 23 | m << 13;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return flm_f32_from_bits((h & 0x8000u) << 16 | (e == 31u ? 255u : e + 112u) << 23 | m << 13);
 }
 
 /* Walks one row's groups (docs/formats.md section 1): f32 scales sit in front of each group's
@@ -44,8 +42,6 @@ static float next_scale(row_reader *rr) {
     return s;
 }
 
-static uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-
 /* The comparisons are on the floats' bits (the same outcomes as the float comparisons, without a
  * soft-float call each on cores without an FPU): |x| as x without its sign bit orders as an
  * unsigned integer, and NaN (above 0x7f800000 so) never becomes the maximum. */
@@ -67,7 +63,7 @@ void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float 
         uint32_t len = n - s < g ? n - s : g;
         uint32_t amax_bits = 0;
         for (uint32_t i = 0; i < len; i++) {
-            uint32_t a = bits_of(x[s + i]) & 0x7fffffffu;
+            uint32_t a = flm_f32_bits(x[s + i]) & 0x7fffffffu;
             if (a > amax_bits && a <= 0x7f800000u) amax_bits = a;
         }
         if (amax_bits == 0u) {
@@ -75,13 +71,12 @@ void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float 
             memset(xq + s, 0, len);
             continue;
         }
-        float amax;
-        memcpy(&amax, &amax_bits, 4);
+        const float amax = flm_f32_from_bits(amax_bits);
         xs[gi] = amax / 127.0f;
         float inv = 127.0f / amax;
         for (uint32_t i = 0; i < len; i++) {
             float v = x[s + i] * inv;
-            uint32_t b = bits_of(v), mag = b & 0x7fffffffu;
+            uint32_t b = flm_f32_bits(v), mag = b & 0x7fffffffu;
             /* clamp to +-127 before rounding (same codes for every finite v); NaN from a broken
              * model becomes 0, inf +-127, instead of an undefined float-to-int conversion */
             int32_t q;
@@ -254,11 +249,7 @@ static inline __attribute__((always_inline)) float row_whole(const uint8_t *p, c
 
 #ifdef FLM_ROW_WHOLE   /* a HAL's whole-row loop, bit for bit row_whole (hal_rp2040.h) */
 #ifdef FLM_FAULT_TUNED_KERNEL   /* it calls no dot_q8 to be off by one: its q8 rows are off by one ulp */
-static float row_fault(float v, int q8) {
-    uint32_t u = bits_of(v) ^ (uint32_t)q8;
-    memcpy(&v, &u, 4);
-    return v;
-}
+static float row_fault(float v, int q8) { return flm_f32_from_bits(flm_f32_bits(v) ^ (uint32_t)q8); }
 #define ROW_WHOLE(p, x, xs, ng, g, q8) row_fault(FLM_ROW_WHOLE(p, x, xs, ng, g, q8), q8)
 #else
 #define ROW_WHOLE FLM_ROW_WHOLE
