@@ -5,27 +5,20 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
-
 from converter.blob import write_blob
-from converter.ir import ModelConfig, ModelIR
 from converter.llama2c import write_llama2c
 from converter.load import load_model
 from converter.quantize import quantize
 
-from .model import FORMATS, GROUP
+from .model import FORMATS, GROUP, random_15m_ir
 
 
 def convert_15m(work: Path) -> dict:
-    cfg = ModelConfig(dim=288, n_layers=6, n_heads=6, n_kv_heads=6, vocab_size=32000, hidden_dim=768,
-                      max_seq_len=256, tied=True)
-    rng = np.random.default_rng(0)
-    tensors = {n: (np.ones(s, np.float32) if len(s) == 1 else rng.standard_normal(s, np.float32) * 0.02)
-               for n, s in cfg.tensor_shapes().items()}
+    ir = random_15m_ir()
     work.mkdir(parents=True, exist_ok=True)
     path = work / "stories15M_random.bin"
-    write_llama2c(ModelIR(cfg, tensors), path, version=1)
-    out = {"params": cfg.n_params()}
+    write_llama2c(ir, path, version=1)
+    out = {"params": ir.config.n_params()}
     for fmt in FORMATS:
         t0 = time.perf_counter()
         ir = load_model(path)

@@ -6,7 +6,11 @@ import contextlib
 import functools
 from pathlib import Path
 
+import numpy as np
+
 from converter.blob import write_blob
+from converter.ir import ModelConfig, ModelIR
+from converter.llama2c import write_llama2c_v2
 from converter.load import load_model
 from converter.quantize import quantize
 from converter.tokenizer import encode
@@ -30,6 +34,30 @@ def default_ir():
 def default_quant(fmt: str):
     """The default model quantized to ``fmt`` (q8 / q4), group 32: what ``flashlm convert`` makes."""
     return quantize(default_ir(), fmt, GROUP)
+
+
+# The 15M-parameter llama2.c shape (stories15M: dim 288, 6 layers, 6 heads, vocab 32000, context 256)
+SHAPE_15M = ModelConfig(dim=288, n_layers=6, n_heads=6, n_kv_heads=6, vocab_size=32000, hidden_dim=768,
+                        max_seq_len=256, tied=True)
+
+
+@functools.cache
+def random_15m_ir() -> ModelIR:
+    """SHAPE_15M with seeded random weights (N(0, 0.02), norms 1): the speed comparisons' big model."""
+    rng = np.random.default_rng(0)
+    tensors = {n: (np.ones(s, np.float32) if len(s) == 1 else rng.standard_normal(s, np.float32) * 0.02)
+               for n, s in SHAPE_15M.tensor_shapes().items()}
+    return ModelIR(SHAPE_15M, tensors)
+
+
+def llama15m_v2(work: Path, group_size: int = 32) -> Path:
+    """random_15m_ir written by our own llama2.c v2 (Q8_0) writer in groups of 32 (export.py halves its
+    default 64 until it divides dim 288): the checkpoint llama2.c's runq.c reads."""
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / f"stories15M_random_q80_g{group_size}.bin"
+    if not path.exists():
+        write_llama2c_v2(random_15m_ir(), path, group_size)
+    return path
 
 
 def prompt_ids(qm) -> list[int]:
