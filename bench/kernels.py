@@ -110,8 +110,9 @@ class Probe:
     def op_cycles(self, op: int, count: int = 4096) -> int:
         return int(self.ask(b"T", [op, count], 1)[0])
 
-    def matvec_cycles(self, kind: int, fmt: int, group: int, cols: int, rows: int, scale16: int = 0) -> int:
-        return int(self.ask(b"M", [kind, fmt, group, cols, rows, scale16], 1)[0])
+    def matvec_cycles(self, kind: int, fmt: int, group: int, cols: int, rows: int, scales: int = 0) -> int:
+        """scales 0: f32 per group, 1: fp16 per group, 2: row-scaled (rp2040_probe.c 'M')."""
+        return int(self.ask(b"M", [kind, fmt, group, cols, rows, scales], 1)[0])
 
     def self_check(self) -> int:
         return int(np.int32(self.ask(b"C", [], 1)[0]))

@@ -6,8 +6,9 @@
  *   'R' op mode start count   count u32 results (generated operands)
  *   'X' op count + count (a, b) u32 pairs   count u32 results (given operands)
  *   'T' op count              u32 SysTick cycles of count calls of op on typical operands
- *   'M' kind fmt group cols rows scale16   u32 SysTick cycles (kind 0: flm_matvec, 1: the group
- *                             dots alone, 2: flm_quantize_act of the input, rows times)
+ *   'M' kind fmt group cols rows scales   u32 SysTick cycles (kind 0: flm_matvec, 1: the group
+ *                             dots alone, 2: flm_quantize_act of the input, rows times; scales 0: f32
+ *                             per group, 1: fp16 per group, 2: row-scaled)
  *   'C'                       u32 flm_kernels_self_check()
  *
  * Operand generation (op_pair) is mirrored in bench/kernels.py, which computes the expected
@@ -134,24 +135,29 @@ static uint8_t wbuf[40 * 1024] __attribute__((aligned(8)));
 static int8_t xq[4096] __attribute__((aligned(8)));
 static float xs[4096 / 16], xf[4096], out[512];
 
-static uint32_t time_matvec(uint32_t kind, uint32_t fmt, uint32_t g, uint32_t cols, uint32_t rows, uint32_t s16) {
+static uint32_t time_matvec(uint32_t kind, uint32_t fmt, uint32_t g, uint32_t cols, uint32_t rows, uint32_t scales) {
+    const uint32_t s16 = scales == 1u, rs = scales == 2u;
     uint32_t ng = (cols + g - 1u) / g, code = fmt == FLM_Q8 ? g : (g + 1u) / 2u;
-    uint32_t stride = s16 ? ((2u * ng + 3u) & ~3u) + ng * ((code + 3u) & ~3u) : ng * (4u + ((code + 3u) & ~3u));
+    uint32_t head = rs ? 4u + ((ng + 3u) & ~3u) : s16 ? (2u * ng + 3u) & ~3u : 0u;   /* before the codes */
+    uint32_t stride = head + ng * ((code + 3u) & ~3u) + (s16 || rs ? 0u : 4u * ng);
     if (cols % g || cols > sizeof xq || rows > 512u || (size_t)stride * rows > sizeof wbuf) return 0xffffffffu;
     for (uint32_t i = 0; i < stride * rows; i += 4) {
         uint32_t v = fmix(i);
         memcpy(wbuf + i, &v, 4);
     }
-    for (uint32_t r = 0; r < rows; r++)        /* scales: normal values near 2^-7 */
+    for (uint32_t r = 0; r < rows; r++) {      /* scales: normal values near 2^-7 (a row's: 2^-15) */
+        uint8_t *p = wbuf + r * stride;
+        if (rs) { const uint32_t v = 0x38000000u; memcpy(p, &v, 4); }
         for (uint32_t k = 0; k < ng; k++) {
-            uint8_t *p = wbuf + r * stride;
             uint32_t v = fmix(r * ng + k);
-            if (s16) { p[2u * k] = (uint8_t)v; p[2u * k + 1u] = 0x20u | ((v >> 8) & 3u); }
+            if (rs) p[4u + k] = (uint8_t)(v | 1u);
+            else if (s16) { p[2u * k] = (uint8_t)v; p[2u * k + 1u] = 0x20u | ((v >> 8) & 3u); }
             else { v = (v & 0x007fffffu) | 0x3c000000u; memcpy(p + k * (4u + ((code + 3u) & ~3u)), &v, 4); }
         }
+    }
     for (uint32_t i = 0; i < cols; i++) xf[i] = f_of((fmix(~i) & 0x80ffffffu) | 0x3e000000u);
-    flm_quantize_act(xf, cols, g, xq, xs);
-    flm_tensor w = {wbuf, fmt, rows, cols, g, stride, FLM_TIER_SRAM, stride * rows, s16};
+    flm_tensor w = {wbuf, fmt, rows, cols, g, stride, FLM_TIER_SRAM, stride * rows, s16, rs};
+    flm_quantize_act(xf, cols, flm_act_group(&w), xq, xs);
     volatile int32_t sink = 0;
     SYST_RVR = 0xffffffu;
     SYST_CVR = 0;
@@ -160,9 +166,9 @@ static uint32_t time_matvec(uint32_t kind, uint32_t fmt, uint32_t g, uint32_t co
     if (kind == 0u) {
         flm_matvec(&w, xq, xs, out);
     } else if (kind == 1u) {   /* the same code bytes, dots only */
-        uint32_t cstride = (code + 3u) & ~3u, skip = s16 ? 0u : 4u;
+        uint32_t cstride = (code + 3u) & ~3u, skip = s16 || rs ? 0u : 4u;
         for (uint32_t r = 0; r < rows; r++) {
-            const uint8_t *p = wbuf + r * stride + (s16 ? ((2u * ng + 3u) & ~3u) : 0u);
+            const uint8_t *p = wbuf + r * stride + head;
             int32_t s = 0;
             for (uint32_t k = 0; k < ng; k++, p += skip + cstride)
                 s += fmt == FLM_Q8 ? flm_dot_q8((const int8_t *)(p + skip), xq + k * g, g)
@@ -170,7 +176,7 @@ static uint32_t time_matvec(uint32_t kind, uint32_t fmt, uint32_t g, uint32_t co
             sink = s;
         }
     } else {
-        for (uint32_t r = 0; r < rows; r++) flm_quantize_act(xf, cols, g, xq, xs);
+        for (uint32_t r = 0; r < rows; r++) flm_quantize_act(xf, cols, flm_act_group(&w), xq, xs);
     }
     uint32_t t1 = SYST_CVR;
     (void)sink;
@@ -202,8 +208,8 @@ int main(void) {
             uint32_t op = get32(), count = get32();
             put32(time_op(op, count));
         } else if (c == 'M') {
-            uint32_t kind = get32(), fmt = get32(), g = get32(), cols = get32(), rows = get32(), s16 = get32();
-            put32(time_matvec(kind, fmt, g, cols, rows, s16));
+            uint32_t kind = get32(), fmt = get32(), g = get32(), cols = get32(), rows = get32(), sc = get32();
+            put32(time_matvec(kind, fmt, g, cols, rows, sc));
         } else if (c == 'C') {
             put32((uint32_t)flm_kernels_self_check());
         }

@@ -1,4 +1,4 @@
-"""The weights blob (flash image), format version 2 — layout in docs/formats.md section 1.
+"""The weights blob (flash image), format version 3 — layout in docs/formats.md section 1.
 
 The C reader (firmware/engine/blob.c) validates the same fields; ``read_blob`` turns a blob
 back into the QuantModel it encodes, so tests run the reference on exactly the bytes the
@@ -17,17 +17,18 @@ import numpy as np
 from . import headprune
 from .files import read_file
 from .ir import ModelConfig, ModelError, QTensor, Tokenizer
-from .quantize import QuantModel
+from .quantize import MAX_GROUP, MAX_GROUP_ROW, QuantModel
 from .tokenizer_enc import SECTION as ENC_SECTION, device_section
 
 MAGIC = b"FLMB"
-VERSION = 2
+VERSION = 3
 HEADER_SIZE = 112
 ENTRY_SIZE = 64
 ALIGN = 64
 FMT_CODE = {"f32": 0, "q8": 1, "q4": 2, "bytes": 3}
 FMT_NAME = {v: k for k, v in FMT_CODE.items()}
 FMT_SCALE16 = 0x100            # format bit 8: the quantized rows carry fp16 scales
+FMT_ROWSCALE = 0x200           # format bit 9: a row scale and integer group multipliers
 FMT_BASE = 0xFF                # bits 0-7: the base format
 TIER_CODE = {"flash": 0, "psram": 1, "sram": 2}
 TIER_NAME = {v: k for k, v in TIER_CODE.items()}
@@ -63,6 +64,7 @@ class Entry:
     length: int
     row_stride: int
     scale16: bool = False
+    rowscale: bool = False
 
 
 def _pad4(n: int) -> int:
@@ -83,23 +85,29 @@ def block_bytes(fmt: str, n: int) -> int:
     return 4 + code_bytes(fmt, n)
 
 
-def row_stride(fmt: str, cols: int, g: int, scale16: bool = False) -> int:
+def row_stride(fmt: str, cols: int, g: int, scale16: bool = False, rowscale: bool = False) -> int:
     """Bytes of one row: full groups, then the last partial one (closed form, so a header's
     column count of 2**32 costs nothing to check). f32 scales: a block per group (scale, codes);
-    fp16 scales: the row's scales first (padded to 4), then each group's codes."""
+    fp16 scales: the row's scales first (padded to 4), then each group's codes; row-scaled: the
+    f32 row scale, the groups' u8 multipliers (padded to 4), then each group's codes."""
     full, last = divmod(cols, g)
+    ng = full + (1 if last else 0)
+    codes = full * code_bytes(fmt, g) + (code_bytes(fmt, last) if last else 0)
+    if rowscale:
+        return 4 + _pad4(ng) + codes
     if scale16:
-        return _pad4(2 * (full + (1 if last else 0))) + full * code_bytes(fmt, g) + (code_bytes(fmt, last) if last else 0)
-    return full * block_bytes(fmt, g) + (block_bytes(fmt, last) if last else 0)
+        return _pad4(2 * ng) + codes
+    return 4 * ng + codes
 
 
-def _pack_codes(fmt: str, codes: np.ndarray) -> np.ndarray:
-    """[rows, n] int8 codes -> [rows, code_bytes] bytes (int8, or int4 nibble pairs, low first)."""
+def _pack_codes(fmt: str, codes: np.ndarray, offset: bool = False) -> np.ndarray:
+    """[rows, n] int8 codes -> [rows, code_bytes] bytes (int8, or int4 nibble pairs, low first:
+    two's complement, or with ``offset`` code + 8)."""
     rows, n = codes.shape
     if fmt == "q8":
         body = codes.astype(np.int8).view(np.uint8)
     else:
-        nib = (codes.astype(np.int16) & 0xF).astype(np.uint8)
+        nib = ((codes.astype(np.int16) + (8 if offset else 0)) & 0xF).astype(np.uint8)
         if n % 2:
             nib = np.concatenate([nib, np.zeros((rows, 1), np.uint8)], axis=1)
         body = nib[:, 0::2] | (nib[:, 1::2] << 4)
@@ -108,12 +116,17 @@ def _pack_codes(fmt: str, codes: np.ndarray) -> np.ndarray:
 
 def encode_qtensor(q: QTensor) -> bytes:
     """Rows of blocks (f32 scale, then the group's codes), or with fp16 scales the row's scales
-    then its groups' codes; codes padded to 4 bytes per group."""
+    then its groups' codes, or row-scaled the row scale, the multipliers, then the groups' codes
+    (q4 offset by 8); codes padded to 4 bytes per group."""
     rows, cols = q.shape
     lens = group_lengths(cols, q.group_size)
     starts = np.cumsum([0] + lens[:-1])
-    codes = [_pack_codes(q.fmt, q.codes[:, a:a + n]) for a, n in zip(starts, lens)]
-    if q.scale16:
+    codes = [_pack_codes(q.fmt, q.codes[:, a:a + n], q.rowscale) for a, n in zip(starts, lens)]
+    if q.rowscale:
+        mult = np.asarray(q.mult, np.uint8)
+        parts = [q.scales[:, :1].astype("<f4").view(np.uint8), mult,
+                 np.zeros((rows, _pad4(mult.shape[1]) - mult.shape[1]), np.uint8)] + codes
+    elif q.scale16:
         sc = q.scales.astype("<f2").view(np.uint8)
         parts = [sc, np.zeros((rows, _pad4(sc.shape[1]) - sc.shape[1]), np.uint8)] + codes
     else:
@@ -122,12 +135,18 @@ def encode_qtensor(q: QTensor) -> bytes:
     return np.ascontiguousarray(np.concatenate(parts, axis=1)).tobytes()
 
 
-def decode_qtensor(buf: bytes, fmt: str, rows: int, cols: int, g: int, scale16: bool = False) -> QTensor:
-    stride = row_stride(fmt, cols, g, scale16)
+def decode_qtensor(buf: bytes, fmt: str, rows: int, cols: int, g: int, scale16: bool = False,
+                   rowscale: bool = False) -> QTensor:
+    stride = row_stride(fmt, cols, g, scale16, rowscale)
     raw = np.frombuffer(buf, np.uint8, rows * stride).reshape(rows, stride)
     lens = group_lengths(cols, g)
     codes = np.zeros((rows, cols), np.int8)
-    if scale16:
+    mult = None
+    if rowscale:
+        scales = raw[:, :4].copy().view("<f4").astype(np.float32)
+        mult = raw[:, 4:4 + len(lens)].copy()
+        off = 4 + _pad4(len(lens))
+    elif scale16:
         scales = raw[:, :2 * len(lens)].copy().view("<f2").astype(np.float32)
         off = _pad4(2 * len(lens))
     else:
@@ -135,7 +154,7 @@ def decode_qtensor(buf: bytes, fmt: str, rows: int, cols: int, g: int, scale16: 
         off = 0
     start = 0
     for gi, n in enumerate(lens):
-        if not scale16:
+        if not (scale16 or rowscale):
             scales[:, gi] = raw[:, off:off + 4].copy().view("<f4")[:, 0]
             off += 4
         body = raw[:, off:off + code_bytes(fmt, n)]
@@ -143,10 +162,10 @@ def decode_qtensor(buf: bytes, fmt: str, rows: int, cols: int, g: int, scale16: 
             codes[:, start:start + n] = body[:, :n].view(np.int8)
         else:
             nib = np.stack([body & 0xF, body >> 4], axis=2).reshape(rows, -1)[:, :n].astype(np.int8)
-            codes[:, start:start + n] = np.where(nib > 7, nib - 16, nib)
+            codes[:, start:start + n] = nib - 8 if rowscale else np.where(nib > 7, nib - 16, nib)
         off += code_bytes(fmt, n)
         start += n
-    return QTensor(fmt, codes, scales, g, scale16)
+    return QTensor(fmt, codes, scales, g, scale16, mult)
 
 
 def encode_tokenizer(tok: Tokenizer | None, vocab: int) -> bytes:
@@ -171,7 +190,7 @@ def decode_tokenizer(buf: bytes) -> list[bytes]:
 
 
 def _sections(qm: QuantModel) -> list[tuple[str, str, int, int, int, bool, bytes]]:
-    """(name, fmt, rows, cols, group, scale16, data) in blob order: tokenizer (and its device
+    """(name, fmt, rows, cols, group, format flags, data) in blob order: tokenizer (and its device
     encoder's tables, tokenizer.enc), RoPE tables, tensors, the head's pruning records."""
     c = qm.config
     tok = encode_tokenizer(qm.tokenizer, c.vocab_size)
@@ -185,7 +204,7 @@ def _sections(qm: QuantModel) -> list[tuple[str, str, int, int, int, bool, bytes
     for name in c.tensor_shapes():
         t = qm.tensors[name]
         if isinstance(t, QTensor):
-            out.append((name, t.fmt, t.shape[0], t.shape[1], t.group_size, t.scale16, encode_qtensor(t)))
+            out.append((name, t.fmt, t.shape[0], t.shape[1], t.group_size, scale_flags(t), encode_qtensor(t)))
         else:
             a = np.ascontiguousarray(t, "<f4").reshape(1, -1)
             out.append((name, "f32", 1, a.shape[1], 0, False, a.tobytes()))
@@ -194,8 +213,13 @@ def _sections(qm: QuantModel) -> list[tuple[str, str, int, int, int, bool, bytes
     return out
 
 
-def format_code(fmt: str, scale16: bool) -> int:
-    return FMT_CODE[fmt] | (FMT_SCALE16 if scale16 else 0)
+def scale_flags(t: QTensor) -> int:
+    """The format bits that say how a quantized tensor's groups are scaled (0: f32 per group)."""
+    return FMT_ROWSCALE if t.rowscale else FMT_SCALE16 if t.scale16 else 0
+
+
+def format_code(fmt: str, flags: int) -> int:
+    return FMT_CODE[fmt] | flags
 
 
 def check_pinned(tiers: dict[str, str]) -> None:
@@ -285,11 +309,12 @@ def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None,
     entries, body = [], bytearray()
     hasher = hashlib.sha256(config_block(qm.config, qm.tokenizer))
     tier_codes = []
-    for name, fmt, rows, cols, g, s16, data in secs:
+    for name, fmt, rows, cols, g, flags, data in secs:
         tier = TIER_CODE[tiers.get(name, "flash")]
         tier_codes.append(tier)
-        stride = row_stride(fmt, cols, g, s16) if fmt in ("q8", "q4") else (cols * 4 if fmt == "f32" else cols)
-        code = format_code(fmt, s16)
+        stride = (row_stride(fmt, cols, g, bool(flags & FMT_SCALE16), bool(flags & FMT_ROWSCALE))
+                  if fmt in ("q8", "q4") else (cols * 4 if fmt == "f32" else cols))
+        code = format_code(fmt, flags)
         entries.append(struct.pack(ENTRY_FMT, name.encode(), code, rows, cols, g, tier, off, len(data), stride))
         hasher.update(struct.pack("<32s4I", name.encode(), code, rows, cols, g) + data)
         pad = -(-len(data) // ALIGN) * ALIGN - len(data)
@@ -403,18 +428,19 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
         raw = struct.unpack_from(ENTRY_FMT, blob, table_off + i * ENTRY_SIZE)
         name = raw[0].split(b"\0", 1)[0].decode("ascii", "replace")
         fmt, rows, cols, g, tier, off, length, stride = raw[1:]
-        fname, s16 = FMT_NAME.get(fmt & FMT_BASE), bool(fmt & FMT_SCALE16)
-        if fname is None or fmt & ~(FMT_BASE | FMT_SCALE16) or (s16 and fname not in ("q8", "q4")) \
-                or tier not in TIER_NAME:
+        fname, s16, rs = FMT_NAME.get(fmt & FMT_BASE), bool(fmt & FMT_SCALE16), bool(fmt & FMT_ROWSCALE)
+        if fname is None or fmt & ~(FMT_BASE | FMT_SCALE16 | FMT_ROWSCALE) or (s16 and rs) \
+                or ((s16 or rs) and fname not in ("q8", "q4")) or tier not in TIER_NAME:
             raise BlobError(f"{what}: tensor {name}: unknown format {fmt:#x} or tier {tier}")
         if off % ALIGN or off + length > total or off < table_off + n * ENTRY_SIZE:
             raise BlobError(f"{what}: tensor {name}: data out of bounds")
         if fname in ("q8", "q4"):
-            if not 1 <= g <= 1024 or stride != row_stride(fname, cols, g, s16) or length != rows * stride:
+            if not 1 <= g <= (MAX_GROUP_ROW if rs else MAX_GROUP) or stride != row_stride(fname, cols, g, s16, rs) \
+                    or length != rows * stride:
                 raise BlobError(f"{what}: tensor {name}: inconsistent quantized layout")
         elif fname == "f32" and length != rows * cols * 4:
             raise BlobError(f"{what}: tensor {name}: length {length} != {rows}x{cols} f32")
-        entries.append(Entry(name, fname, rows, cols, g, TIER_NAME[tier], off, length, stride, s16))
+        entries.append(Entry(name, fname, rows, cols, g, TIER_NAME[tier], off, length, stride, s16, rs))
     return BlobHeader(version, total, crc, mhash, layout_id, cfg,
                       None if v[8] == NONE_ID else v[8], None if v[9] == NONE_ID else v[9], entries,
                       state_tiers)
@@ -445,7 +471,7 @@ def read_blob(path_or_bytes) -> QuantModel:
         if e.fmt in ("q8", "q4"):
             if (e.rows, e.cols) != shape:
                 raise BlobError(f"{what}: tensor {name}: shape {(e.rows, e.cols)}, expected {shape}")
-            tensors[name] = decode_qtensor(buf, e.fmt, e.rows, e.cols, e.group_size, e.scale16)
+            tensors[name] = decode_qtensor(buf, e.fmt, e.rows, e.cols, e.group_size, e.scale16, e.rowscale)
         else:
             if e.fmt != "f32" or e.rows * e.cols != int(np.prod(shape)):
                 raise BlobError(f"{what}: tensor {name}: bad format or size")

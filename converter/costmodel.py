@@ -49,13 +49,13 @@ def _up64(n: int) -> int:
     return (n + ALIGN - 1) & ~(ALIGN - 1)
 
 
-def row_stride(fmt: str, cols: int, g: int, scale16: bool = False) -> int:
+def row_stride(fmt: str, cols: int, g: int, scale16: bool = False, rowscale: bool = False) -> int:
     if fmt == "f32":
         return cols * 4
     if fmt == "bytes":
         return cols
     from .blob import row_stride as quant_row_stride
-    return quant_row_stride(fmt, cols, g, scale16)
+    return quant_row_stride(fmt, cols, g, scale16, rowscale)
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,7 @@ class TensorSpec:
     length: int
     row_stride: int
     scale16: bool = False
+    rowscale: bool = False     # a row scale and integer group multipliers (one activation scale per matvec)
 
     @property
     def kind(self) -> str:
@@ -135,30 +136,32 @@ class ModelSpec:
     # -- constructors -----------------------------------------------------------------------
     @classmethod
     def from_header(cls, h, source: str = "") -> "ModelSpec":
-        ts = tuple(TensorSpec(e.name, e.fmt, e.rows, e.cols, e.group_size, e.length, e.row_stride, e.scale16)
+        ts = tuple(TensorSpec(e.name, e.fmt, e.rows, e.cols, e.group_size, e.length, e.row_stride, e.scale16,
+                              e.rowscale)
                    for e in h.entries)
         return cls(h.config, ts, source)
 
     @classmethod
     def from_quant(cls, qm, source: str = "") -> "ModelSpec":
-        from .blob import _sections
+        from .blob import FMT_ROWSCALE, FMT_SCALE16, _sections
         ts = []
-        for name, fmt, rows, cols, g, s16, data in _sections(qm):
-            ts.append(TensorSpec(name, fmt, rows, cols, g, len(data), row_stride(fmt, cols, g, s16), s16))
+        for name, fmt, rows, cols, g, flags, data in _sections(qm):
+            s16, rs = bool(flags & FMT_SCALE16), bool(flags & FMT_ROWSCALE)
+            ts.append(TensorSpec(name, fmt, rows, cols, g, len(data), row_stride(fmt, cols, g, s16, rs), s16, rs))
         return cls(qm.config, tuple(ts), source or qm.source)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, fmt: str = "q8", group_size: int = 32, overrides=(),
-                    tokenizer_bytes: int | None = None, source: str = "", scales: str = "f32") -> "ModelSpec":
+                    tokenizer_bytes: int | None = None, source: str = "", scales: str = "row") -> "ModelSpec":
         """A shape without weights: the converter's default recipe (matrices ``fmt``, embedding and
-        untied head q8 when ``fmt`` is q4, the PLE table q4, norms f32; ``scales`` f32 or f16) with
+        untied head q8 when ``fmt`` is q4, the PLE table q4, norms f32; ``scales`` row, f32 or f16) with
         ``--quant``-style overrides. The tokenizer section is estimated (8 bytes a piece) unless
         ``tokenizer_bytes`` is given."""
         from .quantize import check_scales, default_spec, parse_overrides, resolve_head
         cfg.validate()
         check_scales(scales)
         ovs = resolve_head(parse_overrides(overrides), cfg.tied)
-        s16 = scales == "f16"
+        s16, rsc = scales == "f16", scales == "row"
         est = tokenizer_bytes is None
         tok = tokenizer_bytes if tokenizer_bytes is not None else 8 + 4 * (cfg.vocab_size + 1) + 8 * cfg.vocab_size
         ts = [TensorSpec("tokenizer", "bytes", 1, tok, 0, tok, tok)]
@@ -174,8 +177,8 @@ class ModelSpec:
                 if o.matches(name):
                     f, g = o.fmt, (o.group_size or g)
                     break
-            rs = row_stride(f, shape[1], g, s16)
-            ts.append(TensorSpec(name, f, shape[0], shape[1], g, shape[0] * rs, rs, s16))
+            rs = row_stride(f, shape[1], g, s16, rsc)
+            ts.append(TensorSpec(name, f, shape[0], shape[1], g, shape[0] * rs, rs, s16, rsc))
         prune = 8 * cfg.n_out             # head.prune: (u32 row, f32 bound) per head row
         ts.append(TensorSpec("head.prune", "bytes", 1, prune, 0, prune, prune))
         return cls(cfg, tuple(ts), source or "shape only", est)
@@ -190,7 +193,7 @@ class ModelSpec:
                 for o in reversed(ovs):
                     if o.matches(t.name):
                         g = o.group_size or t.group
-                        rs = row_stride(o.fmt, t.cols, g, t.scale16)
+                        rs = row_stride(o.fmt, t.cols, g, t.scale16, t.rowscale)
                         t = replace(t, fmt=o.fmt, group=g, row_stride=rs, length=t.rows * rs)
                         break
             out.append(t)

@@ -28,9 +28,7 @@ RECORD = np.dtype([("row", "<u4"), ("bound", "<f4")])
 
 def row_bounds(head: QTensor, n_out: int) -> np.ndarray:
     """float32 [n_out]: ||dequantized row||_2 of the first n_out rows, float64, rounded up."""
-    codes = head.codes[:n_out].astype(np.float64)
-    g = np.arange(head.codes.shape[1]) // head.group_size
-    w = codes * head.scales[:n_out][:, g].astype(np.float64)      # exact: 8-bit code x 24-bit scale
+    w = head.exact64(n_out)      # exact: an 8-bit code times a group scale of at most 32 bits
     norm = np.sqrt(np.sum(w * w, axis=1))
     b = norm.astype(F)
     low = b.astype(np.float64) < norm

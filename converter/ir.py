@@ -143,18 +143,26 @@ class ModelConfig:
 
 @dataclass
 class QTensor:
-    """Symmetric group-wise quantized matrix: ``w[r, c] ~= codes[r, c] * scales[r, c // group_size]``.
+    """Symmetric group-wise quantized matrix.
 
     Groups run along a row; the last group of a row is ragged when ``cols % group_size``.
     ``codes`` is int8 in [-qmax, qmax] (int4 codes are stored unpacked here; packing is the blob's job).
-    ``scale16``: every scale is an fp16 value (the quantizer rounded it before choosing the codes)
-    and the blob stores it as fp16 (format bit 8).
+    Two ways to scale a group (docs/formats.md section 1):
+
+    * a float scale per group (``mult`` None): ``w[r, c] ~= codes[r, c] * scales[r, c // group_size]``,
+      ``scales`` float32 [rows, n_groups]; ``scale16``: every scale is an fp16 value (the quantizer
+      rounded it before choosing the codes) and the blob stores it as fp16 (format bit 8);
+    * row-scaled (``mult`` given, format bit 9): an integer multiplier per group under one float
+      scale per row, ``w[r, c] ~= (codes[r, c] * mult[r, c // group_size]) * scales[r, 0]``,
+      ``mult`` uint8 [rows, n_groups] in 0..255, ``scales`` float32 [rows, 1]. A matvec row is then
+      integer work up to one conversion and one multiply (converter/reference.py).
     """
     fmt: str
     codes: np.ndarray       # int8 [rows, cols]
-    scales: np.ndarray      # float32 [rows, n_groups]
+    scales: np.ndarray      # float32 [rows, n_groups], or [rows, 1] when row-scaled
     group_size: int
     scale16: bool = False
+    mult: np.ndarray | None = None   # uint8 [rows, n_groups]: row-scaled groups' multipliers
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -164,9 +172,35 @@ class QTensor:
     def n_groups(self) -> int:
         return -(-self.codes.shape[1] // self.group_size)
 
-    def dequantize(self) -> np.ndarray:
+    @property
+    def rowscale(self) -> bool:
+        return self.mult is not None
+
+    def group_scales64(self) -> np.ndarray:
+        """float64 [rows, n_groups]: each group's scale, exact (mult * row scale needs 32 bits)."""
+        if self.mult is None:
+            return self.scales.astype(np.float64)
+        return self.mult.astype(np.float64) * self.scales.astype(np.float64)
+
+    def exact64(self, rows: int | None = None) -> np.ndarray:
+        """float64 [rows, cols]: the dequantized values, exact (a code times a group scale)."""
         g = np.arange(self.codes.shape[1]) // self.group_size
-        return (self.codes.astype(np.float32) * self.scales[:, g]).astype(np.float32)
+        return self.codes[:rows].astype(np.float64) * self.group_scales64()[:rows][:, g]
+
+    def dequantize(self, rows=slice(None)) -> np.ndarray:
+        """float32 values of ``rows`` (default all) as the engine dequantizes a row: code * scale,
+        or with a row scale float(code * mult) * scale (one rounding either way)."""
+        g = np.arange(self.codes.shape[1]) // self.group_size
+        codes, scales = self.codes[rows], self.scales[rows]
+        if self.mult is None:
+            return (codes.astype(np.float32) * scales[..., g]).astype(np.float32)
+        cm = (codes.astype(np.int32) * self.mult[rows][..., g].astype(np.int32)).astype(np.float32)
+        return (cm * scales[..., :1]).astype(np.float32)
+
+    def first_rows(self, n: int) -> "QTensor":
+        """The tensor of rows [0, n) (a tied head over out_vocab rows)."""
+        return QTensor(self.fmt, self.codes[:n], self.scales[:n], self.group_size, self.scale16,
+                       None if self.mult is None else self.mult[:n])
 
 
 @dataclass

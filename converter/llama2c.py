@@ -336,7 +336,8 @@ def write_llama2c_v2(ir: ModelIR, path, group_size: int = 64) -> None:
         yield from _f32_chunks(ir, norms)
         for name in _matrix_names(cfg):
             t = ir.tensors[name]
-            if not (isinstance(t, QTensor) and t.fmt == "q8" and t.group_size == group_size):
+            if not (isinstance(t, QTensor) and t.fmt == "q8" and t.group_size == group_size and not t.rowscale
+                    and not t.scale16):
                 t = quantize_matrix(_f32(t), "q8", group_size)
             yield np.asarray(t.codes, np.int8)
             yield np.asarray(t.scales, "<f4")

@@ -6,8 +6,14 @@ directly); the PLE table (``ple.table``, most of a PLE model, read one row per t
 whatever the default; norms stay f32.  Overrides ``PATTERN=FMT[:GROUP]`` (fnmatch on tensor
 names; a pattern also matches everything below it, so ``layers.*.ffn=q4`` covers
 ``layers.3.ffn.w1``; ``head`` names the output layer: ``tok_embeddings`` when tied, else
-``output``) win, last one first.  Scales are f32, or with ``scales="f16"`` rounded to fp16 before
-the codes are chosen (stored as fp16: half the scale bytes).
+``output``) win, last one first.
+
+Group scales (``scales``, docs/formats.md section 1): ``row`` (the default) gives each row one
+power-of-two scale and each group an integer multiplier 0..255 under it (the group's ideal scale
+rounded up to a multiple of the row scale); a matvec then accumulates the whole row in integers.
+``f32`` gives each group its own float scale, ``f16`` one rounded to fp16 before the codes are
+chosen (stored as fp16: half the scale bytes). A tensor that arrives quantized (llama2.c v2 Q8_0:
+f32 scales per group) is kept as it is unless ``scales`` or an override asks for something else.
 """
 from __future__ import annotations
 
@@ -19,7 +25,9 @@ import numpy as np
 from .ir import QMAX, ModelConfig, ModelError, ModelIR, QTensor, Tokenizer
 
 MAX_GROUP = 1024   # keeps every int32 group sum below 2**24, so its float conversion is exact
-SCALES = ("f32", "f16")
+MAX_GROUP_ROW = 512   # row-scaled: keeps multiplier x group sum below 2**31 (docs/formats.md section 1)
+MULT_MAX = 255        # row-scaled: the largest group multiplier
+SCALES = ("row", "f32", "f16")
 
 
 @dataclass
@@ -71,12 +79,13 @@ def resolve_head(ovs: list[Override], tied: bool) -> list[Override]:
 
 def check_scales(scales: str) -> None:
     if scales not in SCALES:
-        raise ModelError(f"scales must be f32 or f16, got {scales!r}")
+        raise ModelError(f"scales must be row, f32 or f16, got {scales!r}")
 
 
-def check_group_size(g: int) -> None:
-    if not 1 <= g <= MAX_GROUP:
-        raise ModelError(f"group size {g} out of range 1..{MAX_GROUP}")
+def check_group_size(g: int, scales: str = "f32") -> None:
+    top = MAX_GROUP_ROW if scales == "row" else MAX_GROUP
+    if not 1 <= g <= top:
+        raise ModelError(f"group size {g} out of range 1..{top}" + (" for row scales" if scales == "row" else ""))
 
 
 def rope_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -87,9 +96,18 @@ def rope_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
-def quantize_matrix(w: np.ndarray, fmt: str, group_size: int, scale16: bool = False) -> QTensor:
+def pow2_at_least(v: np.ndarray) -> np.ndarray:
+    """float32: the smallest power of two >= v (v >= 0; at least 2^-149, the smallest subnormal)."""
+    m, e = np.frexp(np.maximum(v.astype(np.float64), 2.0 ** -149))   # v = m 2^e, m in [0.5, 1)
+    return np.ldexp(1.0, e - (m == 0.5)).astype(np.float32)
+
+
+def quantize_matrix(w: np.ndarray, fmt: str, group_size: int, scale16: bool = False,
+                    rowscale: bool = False) -> QTensor:
     """Per row, per group of ``group_size`` columns: scale = max|w| / qmax, code = round(w / scale).
-    ``scale16``: the scale is first rounded to fp16 (nearest even), and the codes use that scale."""
+    ``scale16``: the scale is first rounded to fp16 (nearest even), and the codes use that scale.
+    ``rowscale``: one power-of-two scale per row, S = the smallest >= (largest group scale) / 255,
+    and per group the multiplier k = ceil(scale / S) (0 for an all-zero group), codes round(w / (k S))."""
     rows, cols = w.shape
     ng = -(-cols // group_size)
     wp = np.zeros((rows, ng * group_size), np.float32)
@@ -97,6 +115,18 @@ def quantize_matrix(w: np.ndarray, fmt: str, group_size: int, scale16: bool = Fa
     wg = wp.reshape(rows, ng, group_size)
     amax = np.abs(wg).max(axis=2)
     scales = (amax / np.float32(QMAX[fmt])).astype(np.float32)
+    mult = None
+    if rowscale:
+        smax = scales.max(axis=1)
+        row = np.where(smax > 0, pow2_at_least(smax / np.float64(MULT_MAX)), np.float32(0))
+        safe_row = np.where(row > 0, row, np.float32(1)).astype(np.float64)
+        mult = np.ceil(scales.astype(np.float64) / safe_row[:, None]).astype(np.uint8)   # exact quotient
+        eff = mult.astype(np.float64) * row.astype(np.float64)[:, None]                   # exact
+        safe = np.where(eff > 0, eff, 1.0)
+        codes = np.clip(np.rint(wg / safe[:, :, None]), -QMAX[fmt], QMAX[fmt]).astype(np.int8)
+        codes[eff == 0] = 0
+        return QTensor(fmt, codes.reshape(rows, ng * group_size)[:, :cols].copy(), row[:, None].copy(),
+                       group_size, False, mult)
     if scale16:
         with np.errstate(over="ignore"):
             scales = scales.astype(np.float16).astype(np.float32)
@@ -118,18 +148,28 @@ def default_spec(name: str, default_format: str, group_size: int) -> tuple[str, 
     return default_format, group_size
 
 
-def recipe_entry(fmt: str, g: int, scale16: bool) -> str:
-    return f"{fmt}:{g}" + (":f16" if scale16 else "")
+def scheme_of(t: QTensor) -> str:
+    """A quantized tensor's group scales: row, f32 or f16."""
+    return "row" if t.rowscale else "f16" if t.scale16 else "f32"
+
+
+def recipe_entry(fmt: str, g: int, scales: str) -> str:
+    return f"{fmt}:{g}" + ("" if scales == "row" else f":{scales}")
 
 
 def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, overrides=(),
-             scales: str = "f32") -> QuantModel:
+             scales: str | None = None) -> QuantModel:
+    """``scales`` None: row scales, and a tensor that arrived quantized stays as it is (unless an
+    override names it)."""
     if default_format not in ("q8", "q4"):
         raise ModelError(f"format must be q8 or q4, got {default_format!r}")
-    check_group_size(group_size)
-    check_scales(scales)
-    s16 = scales == "f16"
+    scheme = scales or "row"
+    check_scales(scheme)
+    check_group_size(group_size, scheme)
     ovs = overrides if overrides and isinstance(overrides[0], Override) else parse_overrides(overrides)
+    for o in ovs:
+        if o.group_size is not None:
+            check_group_size(o.group_size, scheme)
     ir.validate()
     cfg = ir.config
     ovs = resolve_head(ovs, cfg.tied)
@@ -145,21 +185,22 @@ def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, over
             recipe[name] = "f32"
             continue
         fmt, g = default_spec(name, default_format, group_size)
-        if isinstance(t, QTensor) and not ovs and not s16:
-            fmt, g = t.fmt, t.group_size      # arrived quantized: keep it unless told otherwise
-        for o in reversed(ovs):
-            if o.matches(name):
-                fmt, g = o.fmt, (o.group_size or g)
-                break
-        if isinstance(t, QTensor) and (t.fmt, t.group_size, t.scale16) == (fmt, g, s16):
+        named = [o for o in reversed(ovs) if o.matches(name)]
+        if isinstance(t, QTensor) and scales is None and not named:
+            tensors[name] = t                 # arrived quantized: keep it unless told otherwise
+            recipe[name] = recipe_entry(t.fmt, t.group_size, scheme_of(t))
+            continue
+        if named:
+            fmt, g = named[0].fmt, (named[0].group_size or g)
+        if isinstance(t, QTensor) and (t.fmt, t.group_size, scheme_of(t)) == (fmt, g, scheme):
             tensors[name] = t
         else:
             w = t.dequantize() if isinstance(t, QTensor) else np.asarray(t, np.float32)
             try:
-                tensors[name] = quantize_matrix(w, fmt, g, s16)
+                tensors[name] = quantize_matrix(w, fmt, g, scheme == "f16", scheme == "row")
             except ModelError as e:
                 raise ModelError(f"tensor {name}: {e}") from None
-        recipe[name] = recipe_entry(fmt, g, s16)
+        recipe[name] = recipe_entry(fmt, g, scheme)
     if ir.rope_cos is not None and ir.rope_sin is not None:
         cos, sin = np.asarray(ir.rope_cos, np.float32), np.asarray(ir.rope_sin, np.float32)
     else:

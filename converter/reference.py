@@ -5,11 +5,14 @@ firmware/engine/ does the same operations in the same order):
 
 * sequential sums are left folds that start from the first term: ((t0 + t1) + t2) + ...
   (``np.add.accumulate`` is such a fold; ``np.sum`` is not and is never used on floats here);
-* activation quantization, per group of the matrix's group size:
+* activation quantization, per group of the matrix's activation group (its group size; the whole
+  input, one group, for a row-scaled matrix):
   ``amax = max|x|``; if 0 all codes and the scale are 0, else ``scale = amax / 127``,
   ``inv = 127 / amax``, ``v = x * inv`` clamped to ±127 (NaN: 0), ``code = trunc(v + (v >= 0 ? 0.5 : -0.5))``;
-* matmul row r: ``isum_g = sum_k wcode * xcode`` (int32, exact),
-  ``term_g = float(isum_g) * (wscale_rg * xscale_g)``, ``y_r = fold(term_g)``;
+* matmul row r: ``isum_g = sum_k wcode * xcode`` (int32, exact); with a float scale per group
+  ``term_g = float(isum_g) * (wscale_rg * xscale_g)``, ``y_r = fold(term_g)``; row-scaled (one
+  activation scale X, row scale S_r, group multipliers k_rg): ``acc = sum_g k_rg * isum_g`` (exact
+  integer, below 2^40), ``y_r = float(acc) * (S_r * X)`` (acc rounded once to binary32);
 * RMSNorm: ``ss = fold(x*x) / n + eps``, ``inv = 1 / sqrt(ss)`` (IEEE sqrt), ``y = (x * inv) * w``;
 * RoPE with converter-written tables: ``(a*c - b*s, a*s + b*c)`` on pairs (2i, 2i+1);
 * attention: ``s_t = fold(q*k_t) * (1/sqrt(head_dim))``, softmax ``e = exp(s - max)``,
@@ -134,24 +137,32 @@ class PackedMatrix:
         c[:, :cols] = q.codes
         self.codes = c.reshape(rows, ng, q.group_size)
         self.scales = q.scales.astype(F)
+        # the activation quantization's group: one for the whole input when row-scaled
+        self.act_group = cols if q.rowscale else q.group_size
 
     def matvec(self, x: np.ndarray) -> np.ndarray:
-        return self.matvec_q(*quantize_activation(x, self.group_size))
+        return self.matvec_q(*quantize_activation(x, self.act_group))
 
     def matvec_q(self, xq: np.ndarray, xs: np.ndarray) -> np.ndarray:
         """The matvec of an input already quantized by quantize_activation (codes, scales)."""
+        if self.q.rowscale:
+            _, ng, g = self.codes.shape
+            x = np.zeros(ng * g, np.int64)
+            x[:self.cols] = xq.reshape(-1)[:self.cols]
+            isum = np.einsum("rgk,gk->rg", self.codes, x.reshape(ng, g), dtype=np.int64)
+            acc = np.einsum("rg,rg->r", isum, self.q.mult.astype(np.int64))
+            # |acc| < 2^53: exact in float64, then rounded once to binary32
+            return acc.astype(np.float64).astype(F) * (self.scales[:, 0] * xs[0])
         isum = np.einsum("rgk,gk->rg", self.codes, xq, dtype=np.int64).astype(np.int32)
         terms = isum.astype(F) * (self.scales * xs[None, :])
         return fold(terms, axis=1)
 
     def row(self, r: int) -> np.ndarray:
-        g = np.arange(self.cols) // self.group_size
-        return self.q.codes[r].astype(F) * self.scales[r, g]
+        return self.q.dequantize(r)
 
     def first_rows(self, n: int) -> "PackedMatrix":
         """The matrix of rows [0, n) (a tied head over out_vocab rows)."""
-        q = self.q
-        return PackedMatrix(QTensor(q.fmt, q.codes[:n], q.scales[:n], q.group_size, q.scale16))
+        return PackedMatrix(self.q.first_rows(n))
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: np.float32) -> np.ndarray:
@@ -308,7 +319,7 @@ class Reference:
 
     def head_input(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The final RMSNorm of x, quantized for the head: (codes, scales)."""
-        return quantize_activation(rmsnorm(x, self.vecs["norm"], self.eps), self.head.group_size)
+        return quantize_activation(rmsnorm(x, self.vecs["norm"], self.eps), self.head.act_group)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """The whole output layer: out_vocab logits."""

@@ -243,7 +243,7 @@ def _print_quality(console, rep: dict) -> None:
 
 
 def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32, quant=(),
-            report=True, scales="f32", kv="f32") -> dict:
+            report=True, scales=None, kv="f32") -> dict:
     """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest."""
     from dataclasses import asdict
 
@@ -254,7 +254,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         raise UserError(f"tokenizer {tokenizer} does not exist")
     from converter import quantize as Q
     overrides = Q.parse_overrides(list(quant or ()))          # fail fast, before the slow part
-    Q.check_group_size(group_size)
+    Q.check_group_size(group_size, scales or "row")
     from converter.blob import write_blob
     from converter.load import load_model
 
@@ -270,7 +270,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
                   f"vocab {c.vocab_size}" + (f" (predicts {c.n_out})" if c.n_out != c.vocab_size else "")
                   + (f", PLE dim {c.ple_dim}" if c.ple_dim else "") + f", context {c.max_seq_len}, "
                   f"{c.n_params():,} parameters" + (f" ({split['table']:,} in the PLE table)" if split["table"] else ""))
-    _step(console, f"quantizing to {fmt} (group {group_size}, {scales} scales)"
+    _step(console, f"quantizing to {fmt} (group {group_size}, {scales or 'row'} scales)"
           + (f" with {len(overrides)} override(s)" if overrides else ""))
     with console.status("quantizing"):
         qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=overrides, scales=scales)
@@ -746,8 +746,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--group-size", type=_positive_int, default=32, metavar="N")
     c.add_argument("--quant", action="append", default=[], metavar="PATTERN=FMT[:G]",
                    help="per-tensor override, e.g. 'layers.*.ffn=q4:32', 'head=q4' (repeatable)")
-    c.add_argument("--scales", choices=("f32", "f16"), default="f32",
-                   help="group scales as f32, or rounded to fp16 (half the scale bytes)")
+    c.add_argument("--scales", choices=("row", "f32", "f16"), default=None,
+                   help="row (default): a power-of-two scale per row and an integer multiplier per group "
+                        "(a matvec row in integers, one float multiply); f32 or fp16: a float scale per group "
+                        "(the only form of llama2.c v2 Q8_0, which is imported as it is unless --scales is given)")
     c.add_argument("--kv", choices=("f32", "int8"), default="f32",
                    help="KV cache format recorded in the blob (int8: a scale and int8 codes per row)")
     c.add_argument("--no-report", action="store_true", help="skip the quality report")

@@ -33,7 +33,7 @@ def _user_error():
 SHAPE_PREFIX = "shape:"
 
 
-def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=None, scales: str = "f32"):
+def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=None, scales: str | None = None):
     """(ModelSpec, info) for a model dir, a blob, a checkpoint or a named shape. ``info`` says
     which, and holds the model dir / manifest / blob path where there is one."""
     from converter.blob import read_header
@@ -551,7 +551,8 @@ def add_commands(sub, positive_int, nonneg_int, add_generation_args) -> None:
         p.add_argument("--format", choices=("q8", "q4"), default="q8", help="for a checkpoint: quantize like convert")
         p.add_argument("--group-size", type=positive_int, default=32, metavar="N")
         p.add_argument("--quant", action="append", default=[], metavar="PATTERN=FMT[:G]")
-        p.add_argument("--scales", choices=("f32", "f16"), default="f32", help="for a checkpoint: scale precision")
+        p.add_argument("--scales", choices=("row", "f32", "f16"), default=None,
+                       help="for a checkpoint: group scales as convert's --scales")
         p.add_argument("--tokenizer", metavar="PATH")
         p.add_argument("--png", metavar="FILE")
         p.add_argument("--json", metavar="FILE")

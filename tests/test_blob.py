@@ -38,13 +38,34 @@ def test_qtensor_block_encoding_round_trips(fmt, shape, g):
     assert np.array_equal(back.codes, q.codes) and np.array_equal(back.scales, q.scales)
 
 
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+@pytest.mark.parametrize("shape,g", [((5, 37), 8), ((3, 64), 32), ((4, 9), 9), ((2, 7), 100)])
+def test_row_scaled_encoding_round_trips(fmt, shape, g):
+    w = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    q = quantize_matrix(w, fmt, g, rowscale=True)
+    raw = encode_qtensor(q)
+    ng = -(-shape[1] // g)
+    code = (lambda n: n) if fmt == "q8" else (lambda n: (n + 1) // 2)
+    stride = 4 + (ng + 3) // 4 * 4 + sum((code(min(g, shape[1] - s)) + 3) // 4 * 4 for s in range(0, shape[1], g))
+    assert len(raw) == shape[0] * stride
+    row = np.frombuffer(raw, np.uint8)[:stride]        # f32 row scale, u8 multipliers padded to 4, codes
+    assert row[:4].view("<f4")[0] == q.scales[0, 0] and np.array_equal(row[4:4 + ng], q.mult[0])
+    if fmt == "q4":                                     # offset by 8, element 2j in the low nibble
+        c0 = int(row[4 + (ng + 3) // 4 * 4])
+        assert (c0 & 15) - 8 == q.codes[0, 0] and (c0 >> 4) - 8 == q.codes[0, 1]
+    back = decode_qtensor(raw, fmt, *shape, g, rowscale=True)
+    assert np.array_equal(back.codes, q.codes) and np.array_equal(back.scales, q.scales)
+    assert np.array_equal(back.mult, q.mult)
+
+
 def test_blob_round_trip_is_exact(small_qm):
     back = read_blob(build_blob(small_qm))
     for name, t in small_qm.tensors.items():
         b = back.tensors[name]
         if hasattr(t, "codes"):
-            assert (b.fmt, b.group_size) == (t.fmt, t.group_size)
+            assert (b.fmt, b.group_size, b.rowscale) == (t.fmt, t.group_size, t.rowscale)
             assert np.array_equal(b.codes, t.codes) and np.array_equal(b.scales, t.scales)
+            assert t.mult is None or np.array_equal(b.mult, t.mult)
         else:
             assert np.array_equal(b, t)
     assert np.array_equal(back.rope_cos, small_qm.rope_cos)
@@ -68,7 +89,7 @@ def test_model_hash_ignores_placement_but_not_weights(small_qm):
     (lambda b: b[:-10], "truncated"),
     (lambda b: b"XXXX" + b[4:], "not a flashlm blob"),
     (lambda b: b[:4] + struct.pack("<I", 9) + b[8:], "version 9"),
-    (lambda b: b[:4] + struct.pack("<I", 1) + b[8:], "version 1 was written by an older flashlm; re-run flashlm convert"),
+    (lambda b: b[:4] + struct.pack("<I", 2) + b[8:], "version 2 was written by an older flashlm; re-run flashlm convert"),
     (lambda b: b[:-5] + bytes([b[-5] ^ 1]) + b[-4:], "CRC mismatch"),
 ])
 def test_python_refuses_bad_blobs(small_qm, mutate, message):
@@ -105,8 +126,8 @@ def test_mutated_blobs_give_blob_errors_in_python_and_c(small_qm, blob_checker, 
     (lambda b: b[:-5] + bytes([b[-5] ^ 0x40]) + b[-4:], "CRC mismatch"),
     (lambda b: b[:-64], "size mismatch"),
     (lambda b: b"ELF!" + b[4:], "bad magic"),
-    (lambda b: with_crc(b[:4] + struct.pack("<I", 3) + b[8:]), "format version 3"),
-    (lambda b: with_crc(b[:4] + struct.pack("<I", 1) + b[8:]), "older flashlm; re-run flashlm convert"),
+    (lambda b: with_crc(b[:4] + struct.pack("<I", 4) + b[8:]), "format version 4"),
+    (lambda b: with_crc(b[:4] + struct.pack("<I", 2) + b[8:]), "older flashlm; re-run flashlm convert"),
 ])
 def test_firmware_refuses_bad_image_at_boot(small_qm, tmp_path_factory, tmp_path, mutate, cause):
     bad = mutate(build_blob(small_qm))

@@ -89,7 +89,7 @@ def test_recipe_table_int4_head_alias_and_fp16_scales():
     assert tied.recipe["tok_embeddings"] == "q4:16"
     qm = quantize(ir, "q4", 16, scales="f16")
     assert qm.recipe["ple.table"] == "q4:16:f16" and qm.tensors["ple.table"].scale16
-    with pytest.raises(ModelError, match="scales must be f32 or f16"):
+    with pytest.raises(ModelError, match="scales must be row, f32 or f16"):
         quantize(ir, "q4", 16, scales="f8")
 
 
@@ -130,16 +130,17 @@ def test_reference_tracks_fp32_model(tied):
         assert a.shape == b.shape == (55,)
         errs.append(np.abs(a - b).max() / np.abs(b).max())
         agree += int(np.argmax(a) == np.argmax(b))
-    # int8 activations through 2 random layers cost a few percent (the dense path alone: ~3% mean)
-    assert max(errs) < 0.1 and np.mean(errs) < 0.05 and agree >= 27
+    # int8 activations through 2 random layers cost a few percent (the dense path alone: ~3% mean;
+    # one activation scale per input, as row-scaled matrices take, up to 16% at the worst step)
+    assert max(errs) < 0.2 and np.mean(errs) < 0.05 and agree >= 27
 
 
 def test_per_layer_inputs_follow_the_spec_in_float64():
     """u_l = (rmsnorm(ple.proj x / sqrt(d))[l] + T[t][l] sqrt(P)) / sqrt(2), against float64 math on
-    the same weights: the embedding row's int8 activation codes equal its q8 weight codes here (same
-    groups), so only float rounding remains."""
+    the same weights: the embedding row's int8 activation codes equal its q8 weight codes here (f32
+    scales, the same groups), so only float rounding remains."""
     ir = random_ple_model(seed=4, out_vocab=55)
-    qm = quantize(ir, "q8", 16)
+    qm = quantize(ir, "q8", 16, scales="f32")
     c, P, ref = qm.config, qm.config.ple_dim, Reference(qm)
     w, tab = qm.tensors["ple.proj"].dequantize().astype(np.float64), qm.tensors["ple.table"].dequantize()
     emb, g = qm.tensors["tok_embeddings"].dequantize(), qm.tensors["ple.norm"].astype(np.float64)

@@ -18,8 +18,8 @@ from modelzoo import random_ple_model, random_model
 from nativeboard import assert_matches_reference, drain, run
 
 CASES = {
-    # name: (model config, default format, group size, overrides) — no block padding: the core
-    # reads exactly the bytes the engine counts
+    # name: (model config, default format, group size, overrides) — no code padding: the core
+    # reads the bytes the engine counts but the zeros that pad a row's multipliers to 4
     "q8-tied-gqa": (dict(), "q8", 32, []),
     "q4-untied-mha": (dict(dim=64, n_heads=4, n_kv_heads=4, hidden_dim=96, tied=False, vocab_size=120),
                       "q4", 16, ["tok_embeddings=q4:16", "output=q4:32"]),
@@ -34,7 +34,8 @@ def build_root(tmp_path_factory):
 
 def padding_per_step(qm) -> int:
     """Bytes of padding inside the rows one step reads (the engine counts whole rows; the core
-    skips the ≤ 3 zero bytes that align each group's codes, and those after a row's fp16 scales)."""
+    skips the ≤ 3 zero bytes that align each group's codes, and those after a row's fp16 scales or
+    its multipliers)."""
     h = parse_header(build_blob(qm))
     by = {e.name: e for e in h.entries}
 
@@ -42,7 +43,8 @@ def padding_per_step(qm) -> int:
         ng = -(-e.cols // e.group_size)
         last = e.cols - (ng - 1) * e.group_size
         code = (lambda n: n) if e.fmt == "q8" else (lambda n: (n + 1) // 2)
-        return e.row_stride - ((2 if e.scale16 else 4) * ng + (ng - 1) * code(e.group_size) + code(last))
+        scales = 4 + ng if e.rowscale else (2 if e.scale16 else 4) * ng
+        return e.row_stride - (scales + (ng - 1) * code(e.group_size) + code(last))
 
     gathered = ("tok_embeddings", "ple.table")        # one row each per step
     mats = [e for e in h.entries if e.fmt in ("q8", "q4")]
@@ -73,12 +75,12 @@ def test_emulated_rp2040_matches_reference_bit_for_bit(case, tmp_path, build_roo
     cfg, fmt, g, ov = CASES[case]
     _, ir = random_model(seed=len(case), **cfg)
     qm = quantize(ir, fmt, g, ov)
-    assert padding_per_step(qm) == 0
+    pad = padding_per_step(qm)
     with emu_link(qm, tmp_path, build_root) as (link, boot, board):
         hello = boot[-1]
         assert hello.board == BOARD and hello.clock == 2 and hello.image_ok
-        check_run(link, board, qm, [1, 7, 3], 10, 0.0, 0.0, 0)
-        check_run(link, board, qm, [5], 10, 0.8, 0.9, 12345)
+        check_run(link, board, qm, [1, 7, 3], 10, 0.0, 0.0, 0, padding=pad)
+        check_run(link, board, qm, [5], 10, 0.8, 0.9, 12345, padding=pad)
 
 
 @pytest.mark.parametrize("case", ["q4-f16-untied", "q8-tied"])
@@ -119,8 +121,9 @@ def test_tensors_staged_in_sram_are_counted_there_by_both(tmp_path):
     from host.virtual import start_emulated_board
     from nativeboard import recv_until
     require_emulator()
-    _, ir = random_model(seed=2)
-    qm = quantize(ir, "q8", 32)
+    _, ir = random_model(seed=2, dim=64, n_heads=4, hidden_dim=128)
+    qm = quantize(ir, "q8", 16)                 # 4 and 8 groups a row: no bytes pad the multipliers
+    assert padding_per_step(qm) == 0
     blob = tmp_path / "m.flmb"
     blob.write_bytes(retier_blob(build_blob(qm), tiers={"tok_embeddings": "sram", "layers.0.ffn.w1": "sram",
                                                         "norm": "sram", "rope.cos": "sram"}))
@@ -196,7 +199,8 @@ def test_cli_run_board_rp2040_emu(tmp_path, build_root, capsys):
     from converter.llama2c import write_llama2c
     from host.cli import main
     require_emulator()
-    _, ir = random_model(seed=9, vocab_size=64, tied=False, n_kv_heads=3, hidden_dim=96)   # no block padding
+    _, ir = random_model(seed=9, vocab_size=64, tied=False, dim=64, n_heads=4, n_kv_heads=2,
+                         hidden_dim=128)         # no padding (4 or 8 groups of 16 a row)
     write_llama2c(ir, tmp_path / "model.bin", version=1)
     out = tmp_path / "model"
     assert main(["convert", str(tmp_path / "model.bin"), "-o", str(out), "--format", "q4",

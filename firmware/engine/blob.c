@@ -30,13 +30,15 @@ static int fail(char *err, size_t n, const char *a, const char *name, uint32_t v
 static uint32_t pad4(uint32_t n) { return (n + 3u) & ~3u; }
 
 /* Bytes of one row (docs/formats.md section 1): per group its codes padded to 4, plus a 4-byte f32
- * scale each or, with fp16 scales, the row's scales up front padded to 4. 64-bit: a hostile column
- * count cannot wrap it into a plausible value. */
-static uint64_t stride_of(uint32_t fmt, uint32_t cols, uint32_t g, uint32_t scale16) {
+ * scale each or, with fp16 scales, the row's scales up front padded to 4, or row-scaled the f32 row
+ * scale and a byte per group padded to 4. 64-bit: a hostile column count cannot wrap it into a
+ * plausible value. */
+static uint64_t stride_of(uint32_t fmt, uint32_t cols, uint32_t g, uint32_t scale16, uint32_t rowscale) {
     uint64_t full = cols / g, last = cols - full * g, ng = full + (last ? 1u : 0u);
     uint64_t cg = fmt == FLM_Q8 ? pad4(g) : pad4((g + 1u) / 2u);
     uint64_t cl = !last ? 0u : fmt == FLM_Q8 ? pad4((uint32_t)last) : pad4(((uint32_t)last + 1u) / 2u);
-    return full * cg + cl + (scale16 ? (2u * ng + 3u) & ~(uint64_t)3u : 4u * ng);
+    uint64_t scales = rowscale ? 4u + ((ng + 3u) & ~(uint64_t)3u) : scale16 ? (2u * ng + 3u) & ~(uint64_t)3u : 4u * ng;
+    return full * cg + cl + scales;
 }
 
 #define N_LAYER_TENSORS 12   /* the first 9 always; the 3 PLE ones when ple_dim > 0 */
@@ -93,10 +95,10 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
     memset(m, 0, sizeof *m);
     if (len < HEADER_SIZE) return fail(err, en, "image too short for a header:", 0, (uint32_t)len, 1);
     if (memcmp(b, "FLMB", 4) != 0) return fail(err, en, "bad magic: no flashlm image in flash", 0, 0, 0);
-    if (flm_rd32(b + 4) < 2u)
+    if (flm_rd32(b + 4) < 3u)
         return fail(err, en, "image written by an older flashlm; re-run flashlm convert: format version", 0,
                     flm_rd32(b + 4), 1);
-    if (flm_rd32(b + 4) != 2u) return fail(err, en, "unsupported image format version", 0, flm_rd32(b + 4), 1);
+    if (flm_rd32(b + 4) != 3u) return fail(err, en, "unsupported image format version", 0, flm_rd32(b + 4), 1);
     uint32_t total = flm_rd32(b + 8);
     if (total != len) return fail(err, en, "image size mismatch (truncated or wrong partition), header says", 0, total, 1);
     if (flm_crc32_update(0, b + 16, len - 16) != flm_rd32(b + 12))
@@ -142,10 +144,10 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
         uint32_t fmt = flm_rd32(e + 32), rows = flm_rd32(e + 36), cols = flm_rd32(e + 40);
         uint32_t g = flm_rd32(e + 44), tier = flm_rd32(e + 48), off = flm_rd32(e + 52);
         uint32_t length = flm_rd32(e + 56), stride = flm_rd32(e + 60);
-        uint32_t s16 = (fmt & FLM_FMT_SCALE16) ? 1u : 0u;
-        fmt &= ~FLM_FMT_SCALE16;
-        if (fmt > FLM_BYTES || (s16 && fmt != FLM_Q8 && fmt != FLM_Q4) || tier >= FLM_N_TIERS || off % 64u ||
-            off < data_min || (uint64_t)off + length > len)
+        uint32_t s16 = (fmt & FLM_FMT_SCALE16) ? 1u : 0u, rs = (fmt & FLM_FMT_ROWSCALE) ? 1u : 0u;
+        fmt &= ~(FLM_FMT_SCALE16 | FLM_FMT_ROWSCALE);
+        if (fmt > FLM_BYTES || ((s16 || rs) && fmt != FLM_Q8 && fmt != FLM_Q4) || (s16 && rs) || tier >= FLM_N_TIERS ||
+            off % 64u || off < data_min || (uint64_t)off + length > len)
             return fail(err, en, "tensor out of bounds or bad format: ", name, 0, 0);
         uint32_t fmts, wr, wc;
         flm_tensor *t = slot(m, &tokenizer, name, &fmts, &wr, &wc);
@@ -153,12 +155,13 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
         if (!((fmts >> fmt) & 1u) || rows != wr || (wc && cols != wc))
             return fail(err, en, "tensor has the wrong shape or format: ", name, 0, 0);
         if (fmt == FLM_Q8 || fmt == FLM_Q4) {
-            if (g == 0 || g > 1024u || stride != stride_of(fmt, cols, g, s16) || (uint64_t)rows * stride != length)
+            if (g == 0 || g > (rs ? FLM_MAX_GROUP_ROW : FLM_MAX_GROUP) || stride != stride_of(fmt, cols, g, s16, rs) ||
+                (uint64_t)rows * stride != length)
                 return fail(err, en, "tensor has an inconsistent quantized layout: ", name, 0, 0);
         } else if ((fmt == FLM_F32 && (uint64_t)rows * cols * 4u != length) || (fmt == FLM_BYTES && wc && cols != length)) {
             return fail(err, en, "tensor has the wrong length: ", name, 0, 0);
         }
-        *t = (flm_tensor){b + off, fmt, rows, cols, g, stride, tier, length, s16};
+        *t = (flm_tensor){b + off, fmt, rows, cols, g, stride, tier, length, s16, rs};
     }
     const char *missing = !tokenizer.data ? "tokenizer" : !m->tok_emb.data ? "tok_embeddings"
                         : !m->norm.data ? "norm" : !m->rope_cos.data ? "rope.cos"

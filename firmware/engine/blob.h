@@ -10,6 +10,9 @@
 
 enum { FLM_F32 = 0, FLM_Q8 = 1, FLM_Q4 = 2, FLM_BYTES = 3 };
 #define FLM_FMT_SCALE16 0x100u   /* table format bit 8: the rows carry fp16 scales (q8/q4 only) */
+#define FLM_FMT_ROWSCALE 0x200u  /* bit 9: a row scale and u8 group multipliers (q8/q4 only; not with bit 8) */
+#define FLM_MAX_GROUP 1024u      /* group sizes: every int32 group sum exact in a float */
+#define FLM_MAX_GROUP_ROW 512u   /* row-scaled: multiplier x group sum below 2^31 (docs/formats.md) */
 enum { FLM_TIER_FLASH = 0, FLM_TIER_PSRAM = 1, FLM_TIER_SRAM = 2, FLM_N_TIERS = 3 };
 enum { FLM_KV_F32 = 0, FLM_KV_INT8 = 1 };   /* KV cache format: state_tiers bits 12-15 */
 #define FLM_KV_SHIFT 12u
@@ -19,6 +22,8 @@ typedef struct {
     const uint8_t *data;
     uint32_t fmt, rows, cols, group, stride, tier, length;   /* fmt: the base format (FLM_F32..) */
     uint32_t scale16;              /* 1: fp16 scales, a row = its scales (padded to 4), then codes */
+    uint32_t rowscale;             /* 1: a row = f32 row scale, u8 multipliers (padded to 4), then codes
+                                    * (q4 offset by 8); one activation scale for the whole input */
 } flm_tensor;
 
 typedef struct {

@@ -95,16 +95,16 @@ static void rmsnorm(float *o, const float *x, const flm_tensor *w, uint32_t n, f
 }
 
 static void matvec(flm_state *s, const flm_tensor *w, const float *x, float *out, flm_step_stats *st) {
-    flm_quantize_act(x, w->cols, w->group, s->xq, s->xs);
+    flm_quantize_act(x, w->cols, flm_act_group(w), s->xq, s->xs);
     hal_matvec(w, s->xq, s->xs, out);
     st->bytes[w->tier] += w->length;
 }
 
 /* matvec of the same input x as the matvec of prev just before: its codes are reused when the
- * group size is the same (the same codes and scales: quantization depends on x and g only). */
+ * activation group is the same (the same codes and scales: quantization depends on x and it only). */
 static void matvec_same_x(flm_state *s, const flm_tensor *w, const flm_tensor *prev, const float *x, float *out,
                           flm_step_stats *st) {
-    if (w->group != prev->group) flm_quantize_act(x, w->cols, w->group, s->xq, s->xs);
+    if (flm_act_group(w) != flm_act_group(prev)) flm_quantize_act(x, w->cols, flm_act_group(w), s->xq, s->xs);
     hal_matvec(w, s->xq, s->xs, out);
     st->bytes[w->tier] += w->length;
 }
@@ -330,11 +330,12 @@ uint32_t flm_head_argmax(flm_state *s, flm_step_stats *st) {
     const flm_tensor *w = &m->head;
     uint64_t t0 = hal_time_us();
     rmsnorm(s->xb, s->x, &m->norm, m->dim, m->eps, st);
-    flm_quantize_act(s->xb, w->cols, w->group, s->xq, s->xs);
+    const uint32_t ag = flm_act_group(w);
+    flm_quantize_act(s->xb, w->cols, ag, s->xq, s->xs);
     /* X2 = fold over groups of float(sum xq^2) * (xs * xs): ||x||^2 of the quantized input */
     float x2 = 0.0f;
-    for (uint32_t k = 0, gi = 0; k < w->cols; k += w->group, gi++) {
-        const uint32_t len = w->cols - k < w->group ? w->cols - k : w->group;
+    for (uint32_t k = 0, gi = 0; k < w->cols; k += ag, gi++) {
+        const uint32_t len = w->cols - k < ag ? w->cols - k : ag;
         int32_t sq = 0;
         for (uint32_t i = 0; i < len; i++) sq += (int32_t)s->xq[k + i] * (int32_t)s->xq[k + i];
         const float t = (float)sq * (s->xs[gi] * s->xs[gi]);

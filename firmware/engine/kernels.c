@@ -104,6 +104,13 @@ static int32_t dot_q4_scalar(const uint8_t *w, const int8_t *x, uint32_t n) {
     return s;
 }
 
+/* Row-scaled q4 codes are stored offset by 8 (docs/formats.md section 1): nibble u is code u - 8. */
+static int32_t dot_q4o_scalar(const uint8_t *w, const int8_t *x, uint32_t n) {
+    int32_t s = 0;
+    for (uint32_t i = 0; i < n; i++) s += ((int32_t)((uint32_t)w[i >> 1] >> (4u * (i & 1u)) & 15u) - 8) * (int32_t)x[i];
+    return s;
+}
+
 /* FLM_FAULT_TUNED_KERNEL (tests/test_kernels.py only): a build whose tuned q8 kernel is off by one,
  * which the boot self-check must catch. */
 #ifdef FLM_FAULT_TUNED_KERNEL
@@ -122,6 +129,18 @@ static int32_t dot_q4_bytes(const uint8_t *w, const int8_t *x, uint32_t n) {
         s += nib(b) * (int32_t)x[i] + nib(b >> 4) * (int32_t)x[i + 1];
     }
     if (i < n) s += nib(w[i >> 1]) * (int32_t)x[i];
+    return s;
+}
+
+/* dot_q4_bytes for codes offset by 8 (row-scaled q4), each code byte read once. */
+static int32_t dot_q4o_bytes(const uint8_t *w, const int8_t *x, uint32_t n) {
+    int32_t s = 0;
+    uint32_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        uint32_t b = w[i >> 1];
+        s += ((int32_t)(b & 15u) - 8) * (int32_t)x[i] + ((int32_t)(b >> 4) - 8) * (int32_t)x[i + 1];
+    }
+    if (i < n) s += ((int32_t)(w[i >> 1] & 15u) - 8) * (int32_t)x[i];
     return s;
 }
 
@@ -203,14 +222,45 @@ static inline int32_t dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) { re
 int32_t flm_dot_q8(const int8_t *w, const int8_t *x, uint32_t n) { return dot_q8(w, x, n); }
 int32_t flm_dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) { return dot_q4(w, x, n); }
 
+uint32_t flm_act_group(const flm_tensor *w) { return w->rowscale ? w->cols : w->group; }
+
+/* The reference's float(acc): an integer below 2^40 in magnitude rounded once to binary32 (to
+ * nearest, ties to even), with integer operations only, so every board rounds it alike. */
+static float i64_to_f32(int64_t v) {
+    uint64_t m = v < 0 ? 0u - (uint64_t)v : (uint64_t)v;
+    uint32_t sh = 0;
+    while (m >> sh >= (1u << 24)) sh++;            /* at most 17 steps below 2^41 */
+    uint64_t q = m >> sh, rest = m - (q << sh), half = sh ? (uint64_t)1 << (sh - 1u) : 0u;
+    if (sh && (rest > half || (rest == half && (q & 1u)))) q++;   /* q <= 2^24: exact below */
+    float f = (float)(uint32_t)q * flm_f32_from_bits((127u + sh) << 23);   /* times 2^sh: exact */
+    return v < 0 ? -f : f;
+}
+
+typedef int32_t (*dot8_fn)(const int8_t *, const int8_t *, uint32_t);
+typedef int32_t (*dot4_fn)(const uint8_t *, const int8_t *, uint32_t);
+
+/* Row-scaled: every group's integer dot and the multiplier-weighted sum first (int32 products,
+ * docs/formats.md bounds them; an int64 sum), then the one scaling: float(acc) * (S_r * X). */
+static inline __attribute__((always_inline)) float row_rs(const flm_tensor *w, uint32_t r, const int8_t *xq,
+                                                          const float *xs, dot8_fn d8, dot4_fn d4) {
+    const uint32_t g = w->group, cols = w->cols, ng = (cols + g - 1u) / g;
+    const uint8_t *p = w->data + (size_t)r * w->stride, *k = p + 4, *codes = p + 4 + ((ng + 3u) & ~3u);
+    int64_t acc = 0;
+    for (uint32_t s = 0, gi = 0; s < cols; s += g, gi++) {
+        const uint32_t len = cols - s < g ? cols - s : g, nbytes = w->fmt == FLM_Q8 ? len : (len + 1u) / 2u;
+        const int32_t isum = w->fmt == FLM_Q8 ? d8((const int8_t *)codes, xq + s, len) : d4(codes, xq + s, len);
+        acc += (int32_t)k[gi] * isum;
+        codes += (nbytes + 3u) & ~3u;
+    }
+    return i64_to_f32(acc) * (rdf(p) * xs[0]);
+}
+
 /* A group's term as the reference forms it: float(isum) * (wscale * xscale). */
 static inline float group_term(int32_t isum, float sc, float xs) { return (float)isum * (sc * xs); }
 #ifndef FLM_GROUP_TERM   /* a HAL may supply a faster one, bit for bit the same (hal_rp2040.h) */
 #define FLM_GROUP_TERM group_term
 #endif
 
-typedef int32_t (*dot8_fn)(const int8_t *, const int8_t *, uint32_t);
-typedef int32_t (*dot4_fn)(const uint8_t *, const int8_t *, uint32_t);
 typedef float (*term_fn)(int32_t, float, float);
 
 /* One output row: per group float(isum) * (wscale * xscale), folded left to right. */
@@ -262,10 +312,11 @@ static float row_fault(float v, int q8) { return flm_f32_from_bits(flm_f32_bits(
  * division each) once per matvec, not per row. */
 static uint32_t whole_groups(const flm_tensor *w, const int8_t *xq) {
     const uint32_t g = w->group;
-    return !w->scale16 && w->cols % g == 0u && g % 8u == 0u && !((uintptr_t)xq & 3u) ? w->cols / g : 0u;
+    return !w->scale16 && !w->rowscale && w->cols % g == 0u && g % 8u == 0u && !((uintptr_t)xq & 3u) ? w->cols / g : 0u;
 }
 
 static float row_tuned(const flm_tensor *w, uint32_t r, uint32_t ng, const int8_t *xq, const float *xs) {
+    if (w->rowscale) return row_rs(w, r, xq, xs, dot_q8, dot_q4o_bytes);
     if (ng) return ROW_WHOLE(w->data + (size_t)r * w->stride, xq, xs, ng, w->group, w->fmt == FLM_Q8);
     return row_with(w, r, xq, xs, dot_q8, dot_q4, FLM_GROUP_TERM);
 }
@@ -291,9 +342,9 @@ __attribute__((weak)) void hal_matvec(const flm_tensor *w, const int8_t *xq, con
 /* ---- boot self-check ---------------------------------------------------------------------- */
 
 /* A built-in tensor of 3 rows in groups of 24 (the whole-row loops' odd step and a whole turn of
- * two, softfloat_m0.s), as q8 and q4 with f32 and fp16 scales: 72 columns
- * (whole groups: row_whole's path with f32 scales) and 69 (a short last group, odd for q4: the
- * tuned loops' scalar tails); pseudo-random codes, activations with -127 and 127 among them. */
+ * two, softfloat_m0.s), as q8 and q4 with f32, fp16 and row scales: 72 columns (whole groups: the
+ * whole-row paths) and 69 (a short last group, odd for q4: the tuned loops' scalar tails);
+ * pseudo-random codes, activations with -127 and 127 among them, group multipliers up to 255. */
 #define SC_ROWS 3u
 #define SC_G 24u
 #define SC_NG 3u
@@ -304,27 +355,30 @@ static uint32_t sc_mix(uint32_t h) {
 }
 
 int flm_kernels_self_check(void) {
-    static uint8_t buf[SC_ROWS * SC_NG * (4u + SC_G)] __attribute__((aligned(4)));
+    static uint8_t buf[SC_ROWS * (8u + SC_NG * (4u + SC_G))] __attribute__((aligned(4)));
     static int8_t xq[SC_NG * SC_G] __attribute__((aligned(4)));
     static const float xs[SC_NG] = {0.25f, -0.0078125f, 3.0f};
     for (uint32_t i = 0; i < SC_NG * SC_G; i++) xq[i] = (int8_t)(i < 4u ? (i & 1u ? 127 : -127) : (int32_t)(sc_mix(i) % 255u) - 127);
     for (uint32_t cols = SC_NG * SC_G - 3u; cols <= SC_NG * SC_G; cols += 3u) {
         for (uint32_t fmt = FLM_Q8; fmt <= FLM_Q4; fmt++) {
-            for (uint32_t s16 = 0; s16 < 2u; s16++) {
-                uint32_t code = fmt == FLM_Q8 ? SC_G : SC_G / 2u;
-                uint32_t stride = s16 ? ((2u * SC_NG + 3u) & ~3u) + SC_NG * code : SC_NG * (4u + code);
+            for (uint32_t kind = 0; kind < 3u; kind++) {   /* f32, fp16, row scales */
+                const uint32_t s16 = kind == 1u, rs = kind == 2u, code = fmt == FLM_Q8 ? SC_G : SC_G / 2u;
+                const uint32_t stride = rs ? 8u + SC_NG * code : s16 ? ((2u * SC_NG + 3u) & ~3u) + SC_NG * code
+                                                                     : SC_NG * (4u + code);
                 for (uint32_t i = 0; i < SC_ROWS * stride; i++) buf[i] = (uint8_t)sc_mix(i + 977u * fmt + cols);
-                for (uint32_t r = 0; r < SC_ROWS; r++) {   /* scales: 1.5 * 2^-k, f32 or fp16 */
+                for (uint32_t r = 0; r < SC_ROWS; r++) {   /* scales: 1.5 * 2^-k, f32 or fp16; a row's 2^-7 */
                     uint8_t *p = buf + r * stride;
+                    if (rs) { p[0] = p[1] = p[2] = 0; p[3] = 0x3cu; p[4] = 255u; continue; }
                     for (uint32_t k = 0; k < SC_NG; k++) {
                         if (s16) { p[2u * k] = 0; p[2u * k + 1u] = (uint8_t)(0x3eu - 4u * k); }
                         else { uint8_t *q = p + k * (4u + code); q[0] = q[1] = 0; q[2] = 0xc0u; q[3] = (uint8_t)(0x3fu - k); }
                     }
                 }
-                flm_tensor w = {buf, fmt, SC_ROWS, cols, SC_G, stride, FLM_TIER_SRAM, SC_ROWS * stride, s16};
+                flm_tensor w = {buf, fmt, SC_ROWS, cols, SC_G, stride, FLM_TIER_SRAM, SC_ROWS * stride, s16, rs};
                 for (uint32_t r = 0; r < SC_ROWS; r++) {
                     float fast = flm_matvec_row(&w, r, xq, xs);
-                    float ref = row_with(&w, r, xq, xs, dot_q8_scalar, dot_q4_scalar, group_term);
+                    float ref = rs ? row_rs(&w, r, xq, xs, dot_q8_scalar, dot_q4o_scalar)
+                                   : row_with(&w, r, xq, xs, dot_q8_scalar, dot_q4_scalar, group_term);
                     if (memcmp(&fast, &ref, 4) != 0) return -1;
                 }
             }
@@ -334,6 +388,26 @@ int flm_kernels_self_check(void) {
 }
 
 void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out) {
+    if (w->rowscale) {   /* float(code * k) * S */
+        const uint32_t g = w->group, ng = (w->cols + g - 1u) / g;
+        const uint8_t *p = w->data + (size_t)r * w->stride, *k = p + 4, *codes = p + 4 + ((ng + 3u) & ~3u);
+        const float sc = rdf(p);
+        for (uint32_t s = 0, gi = 0; s < w->cols; s += g, gi++) {
+            const uint32_t len = w->cols - s < g ? w->cols - s : g;
+            const int32_t kg = k[gi];
+            if (w->fmt == FLM_Q8) {
+                for (uint32_t i = 0; i < len; i++) out[s + i] = (float)(((const int8_t *)codes)[i] * kg) * sc;
+            } else {   /* each code byte read once: two elements */
+                for (uint32_t i = 0; i < len; i += 2) {
+                    uint32_t b = codes[i >> 1];
+                    out[s + i] = (float)(((int32_t)(b & 15u) - 8) * kg) * sc;
+                    if (i + 1 < len) out[s + i + 1] = (float)(((int32_t)(b >> 4) - 8) * kg) * sc;
+                }
+            }
+            codes += ((w->fmt == FLM_Q8 ? len : (len + 1u) / 2u) + 3u) & ~3u;
+        }
+        return;
+    }
     row_reader rr = row_at(w, r);
     for (uint32_t s = 0; s < w->cols; s += w->group) {
         uint32_t len = w->cols - s < w->group ? w->cols - s : w->group;

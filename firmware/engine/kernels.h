@@ -5,22 +5,26 @@
 
 /* Quantize x[n] to int8 codes per group of g: scale = amax/127, code = round-half-away(x*127/amax). */
 void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float *xs);
-/* out[r] = fold over groups of float(int32 group dot) * (wscale * xscale); xq/xs from flm_quantize_act
- * with the tensor's group size. All rows on the calling core (the engine calls hal_matvec). */
+/* The group of the activation quantization a tensor's matvec takes (flm_quantize_act's g): its group
+ * size, or for a row-scaled tensor its columns (one scale for the whole input). */
+uint32_t flm_act_group(const flm_tensor *w);
+/* out[r] = fold over groups of float(int32 group dot) * (wscale * xscale), or row-scaled
+ * float(sum over groups of k * group dot) * (row scale * xscale); xq/xs from flm_quantize_act with
+ * flm_act_group(w). All rows on the calling core (the engine calls hal_matvec). */
 void flm_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out);
 /* Rows [r0, r1) of flm_matvec's output, bit for bit (for a hal_matvec that splits the rows). */
 void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq, const float *xs, float *out);
 /* Row r of flm_matvec's output, bit for bit (the pruned greedy head computes rows one at a time;
  * the tensor must be row-major). */
 float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs);
-/* Dequantize row r of a q8/q4 tensor into out[cols]: code * scale. */
+/* Dequantize row r of a q8/q4 tensor into out[cols]: code * scale, row-scaled float(code * k) * S. */
 void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out);
 /* One group's exact dot product of n codes (int8, or int4 two per byte, low nibble first) with n
  * activation codes: the tuned kernel of this core (Cortex-M0+ assembly, else portable C). */
 int32_t flm_dot_q8(const int8_t *w, const int8_t *x, uint32_t n);
 int32_t flm_dot_q4(const uint8_t *w, const int8_t *x, uint32_t n);
-/* Boot-time check: the tuned kernels against the scalar ones on a built-in tensor (q8 and q4, f32
- * and fp16 scales), bit for bit. 0 when they agree, -1 when not (the firmware then refuses to
+/* Boot-time check: the tuned kernels against the scalar ones on a built-in tensor (q8 and q4, f32,
+ * fp16 and row scales), bit for bit. 0 when they agree, -1 when not (the firmware then refuses to
  * generate). */
 int flm_kernels_self_check(void);
 #endif
