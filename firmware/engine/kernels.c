@@ -316,16 +316,95 @@ static uint32_t whole_groups(const flm_tensor *w, const int8_t *xq) {
 }
 
 static float row_tuned(const flm_tensor *w, uint32_t r, uint32_t ng, const int8_t *xq, const float *xs) {
-    if (w->rowscale) return row_rs(w, r, xq, xs, dot_q8, dot_q4o_bytes);
     if (ng) return ROW_WHOLE(w->data + (size_t)r * w->stride, xq, xs, ng, w->group, w->fmt == FLM_Q8);
     return row_with(w, r, xq, xs, dot_q8, dot_q4, FLM_GROUP_TERM);
 }
 
+#ifdef FLM_RS_Q8_PAIR   /* a HAL's row-scaled kernels, bit for bit row_rs (hal_rp2040.h) */
+/* The q4 kernel's activations (softfloat_m0.s Q4L_WORD), on the stack: per sub-block of 32 columns
+ * a start value, minus the share of the codes' offset 8, then per 8 columns (x_j << 16) + x_{j+4},
+ * j = 0..3. Up to LANE_COLS columns: 2,176 bytes of the RP2040's 8 KB stack floor. */
+#define LANE_COLS 1024u
+
+/* Their shape: whole groups of a multiple of 8 columns (q4: of 32, at most LANE_COLS), word-aligned
+ * activations, and (q8) rows whose sum fits an int32: |code| <= 128, |x| <= 127, k <= 255 make 518
+ * columns (docs/formats.md). 0: another shape; else geom = n_groups | group << 16. */
+static uint32_t rs_geom(const flm_tensor *w, const int8_t *xq) {
+    const uint32_t g = w->group, q8 = w->fmt == FLM_Q8;
+    const int ok = w->cols % g == 0u && g % (q8 ? 8u : 32u) == 0u && w->cols <= (q8 ? 518u : LANE_COLS) &&
+                   !((uintptr_t)xq & 3u);
+    return ok ? w->cols / g | g << 16 : 0u;
+}
+
+static __attribute__((noinline)) void rows_rs_lanes(const uint8_t *a, uint32_t stride, uint32_t n, const int8_t *x,
+                                                    uint32_t cols, uint32_t geom, float xs, float *out) {
+    uint32_t lanes[LANE_COLS / 32u * 17u], *p = lanes;
+    for (uint32_t s = 0; s < cols; s += 32u) {
+        uint32_t *start = p++, sum = 0;
+        for (uint32_t b = s; b < s + 32u; b += 8u)
+            for (uint32_t j = 0; j < 4u; j++) {
+                const uint32_t v = ((uint32_t)(int32_t)x[b + j] << 16) + (uint32_t)(int32_t)x[b + j + 4u];
+                *p++ = v;
+                sum += v;
+            }
+        *start = 0u - 8u * 0x10001u * sum;
+    }
+    for (uint32_t i = 0; i < n; i++, a += stride) out[i] = FLM_RS_SCALE(FLM_RS_Q4_ROW(a, lanes, geom), rdf(a), xs);
+}
+
+#ifdef FLM_FAULT_TUNED_KERNEL   /* (see TUNED) the HAL's q8 rows are off by one */
+#define RS_FAULT(acc) ((acc) ^ 1)
+#else
+#define RS_FAULT(acc) (acc)
+#endif
+#endif
+
+/* Rows r0, r0 + 1, ... of a row-scaled tensor into out[0, n) (pair: two a pass where the HAL can,
+ * and the q4 lanes, worth it for a matvec's rows; not for one row of the pruned head). */
+static void rows_rs(const flm_tensor *w, uint32_t r0, uint32_t n, const int8_t *xq, const float *xs, float *out,
+                    int pair) {
+    const uint8_t *a = w->data + (size_t)r0 * w->stride;
+    uint32_t i = 0;
+#ifdef FLM_RS_Q8_PAIR
+    const uint32_t geom = rs_geom(w, xq);
+    if (geom) {
+        const float x = xs[0];
+        if (w->fmt == FLM_Q8) {
+            for (; pair && i + 1u < n; i += 2u, a += 2u * w->stride) {
+                int32_t acc[2];
+                FLM_RS_Q8_PAIR(a, a + w->stride, xq, geom, acc);
+                out[i] = FLM_RS_SCALE(RS_FAULT(acc[0]), rdf(a), x);
+                out[i + 1u] = FLM_RS_SCALE(acc[1], rdf(a + w->stride), x);
+            }
+            for (; i < n; i++, a += w->stride) out[i] = FLM_RS_SCALE(RS_FAULT(FLM_RS_Q8_ROW(a, xq, geom)), rdf(a), x);
+            return;
+        }
+        if (pair) {   /* the lanes pay for themselves over a matvec's rows */
+            rows_rs_lanes(a, w->stride, n, xq, w->cols, geom, x, out);
+            return;
+        }
+    }
+#else
+    (void)pair;
+    (void)a;
+#endif
+    for (; i < n; i++) out[i] = row_rs(w, r0 + i, xq, xs, dot_q8, dot_q4o_bytes);
+}
+
 float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs) {
+    if (w->rowscale) {
+        float y;
+        rows_rs(w, r, 1u, xq, xs, &y, 0);
+        return y;
+    }
     return row_tuned(w, r, whole_groups(w, xq), xq, xs);
 }
 
 void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq, const float *xs, float *out) {
+    if (w->rowscale) {
+        rows_rs(w, r0, r1 - r0, xq, xs, out + r0, 1);
+        return;
+    }
     const uint32_t ng = whole_groups(w, xq);
     for (uint32_t r = r0; r < r1; r++) out[r] = row_tuned(w, r, ng, xq, xs);
 }
@@ -341,45 +420,56 @@ __attribute__((weak)) void hal_matvec(const flm_tensor *w, const int8_t *xq, con
 
 /* ---- boot self-check ---------------------------------------------------------------------- */
 
-/* A built-in tensor of 3 rows in groups of 24 (the whole-row loops' odd step and a whole turn of
- * two, softfloat_m0.s), as q8 and q4 with f32, fp16 and row scales: 72 columns (whole groups: the
- * whole-row paths) and 69 (a short last group, odd for q4: the tuned loops' scalar tails);
- * pseudo-random codes, activations with -127 and 127 among them, group multipliers up to 255. */
+/* Built-in tensors of 3 rows with pseudo-random codes and activations (-127 and 127 among them):
+ * in groups of 24 (the whole-row loops' odd step and a whole turn of two, softfloat_m0.s) as q8 and
+ * q4 with f32, fp16 and row scales, 72 columns (whole groups: the whole-row paths) and 69 (a short
+ * last group, odd for q4: the tuned loops' scalar tails); and row-scaled in groups of 32, 96 and 93
+ * columns (the row-scaled kernels: a pair of rows and a single one, q4's lanes), multipliers up to
+ * 255. Each row as flm_matvec_rows and flm_matvec_row give it, against the scalar dots'. */
 #define SC_ROWS 3u
-#define SC_G 24u
 #define SC_NG 3u
+#define SC_COLS 96u
 
 static uint32_t sc_mix(uint32_t h) {
     h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
     return h;
 }
 
+static int sc_rows_agree(const flm_tensor *w, const int8_t *xq, const float *xs) {
+    float rows[SC_ROWS];
+    flm_matvec_rows(w, 0, SC_ROWS, xq, xs, rows);
+    for (uint32_t r = 0; r < SC_ROWS; r++) {
+        const float one = flm_matvec_row(w, r, xq, xs);
+        const float ref = w->rowscale ? row_rs(w, r, xq, xs, dot_q8_scalar, dot_q4o_scalar)
+                                      : row_with(w, r, xq, xs, dot_q8_scalar, dot_q4_scalar, group_term);
+        if (memcmp(&one, &ref, 4) != 0 || memcmp(&rows[r], &ref, 4) != 0) return 0;
+    }
+    return 1;
+}
+
 int flm_kernels_self_check(void) {
-    static uint8_t buf[SC_ROWS * (8u + SC_NG * (4u + SC_G))] __attribute__((aligned(4)));
-    static int8_t xq[SC_NG * SC_G] __attribute__((aligned(4)));
+    static uint8_t buf[SC_ROWS * (8u + SC_COLS + 4u * SC_NG)] __attribute__((aligned(4)));
+    static int8_t xq[SC_COLS] __attribute__((aligned(4)));
     static const float xs[SC_NG] = {0.25f, -0.0078125f, 3.0f};
-    for (uint32_t i = 0; i < SC_NG * SC_G; i++) xq[i] = (int8_t)(i < 4u ? (i & 1u ? 127 : -127) : (int32_t)(sc_mix(i) % 255u) - 127);
-    for (uint32_t cols = SC_NG * SC_G - 3u; cols <= SC_NG * SC_G; cols += 3u) {
-        for (uint32_t fmt = FLM_Q8; fmt <= FLM_Q4; fmt++) {
-            for (uint32_t kind = 0; kind < 3u; kind++) {   /* f32, fp16, row scales */
-                const uint32_t s16 = kind == 1u, rs = kind == 2u, code = fmt == FLM_Q8 ? SC_G : SC_G / 2u;
-                const uint32_t stride = rs ? 8u + SC_NG * code : s16 ? ((2u * SC_NG + 3u) & ~3u) + SC_NG * code
-                                                                     : SC_NG * (4u + code);
-                for (uint32_t i = 0; i < SC_ROWS * stride; i++) buf[i] = (uint8_t)sc_mix(i + 977u * fmt + cols);
-                for (uint32_t r = 0; r < SC_ROWS; r++) {   /* scales: 1.5 * 2^-k, f32 or fp16; a row's 2^-7 */
-                    uint8_t *p = buf + r * stride;
-                    if (rs) { p[0] = p[1] = p[2] = 0; p[3] = 0x3cu; p[4] = 255u; continue; }
-                    for (uint32_t k = 0; k < SC_NG; k++) {
-                        if (s16) { p[2u * k] = 0; p[2u * k + 1u] = (uint8_t)(0x3eu - 4u * k); }
-                        else { uint8_t *q = p + k * (4u + code); q[0] = q[1] = 0; q[2] = 0xc0u; q[3] = (uint8_t)(0x3fu - k); }
+    for (uint32_t i = 0; i < SC_COLS; i++) xq[i] = (int8_t)(i < 4u ? (i & 1u ? 127 : -127) : (int32_t)(sc_mix(i) % 255u) - 127);
+    for (uint32_t g = 24u; g <= 32u; g += 8u) {
+        for (uint32_t cols = SC_NG * g - 3u; cols <= SC_NG * g; cols += 3u) {
+            for (uint32_t fmt = FLM_Q8; fmt <= FLM_Q4; fmt++) {
+                for (uint32_t kind = g == 32u ? 2u : 0u; kind < 3u; kind++) {   /* f32, fp16, row scales */
+                    const uint32_t s16 = kind == 1u, rs = kind == 2u, code = fmt == FLM_Q8 ? g : g / 2u;
+                    const uint32_t stride = rs ? 8u + SC_NG * code : s16 ? ((2u * SC_NG + 3u) & ~3u) + SC_NG * code
+                                                                         : SC_NG * (4u + code);
+                    for (uint32_t i = 0; i < SC_ROWS * stride; i++) buf[i] = (uint8_t)sc_mix(i + 977u * fmt + cols);
+                    for (uint32_t r = 0; r < SC_ROWS; r++) {   /* scales: 1.5 * 2^-k, f32 or fp16; a row's 2^-7 */
+                        uint8_t *p = buf + r * stride;
+                        if (rs) { p[0] = p[1] = p[2] = 0; p[3] = 0x3cu; p[4] = 255u; continue; }
+                        for (uint32_t k = 0; k < SC_NG; k++) {
+                            if (s16) { p[2u * k] = 0; p[2u * k + 1u] = (uint8_t)(0x3eu - 4u * k); }
+                            else { uint8_t *q = p + k * (4u + code); q[0] = q[1] = 0; q[2] = 0xc0u; q[3] = (uint8_t)(0x3fu - k); }
+                        }
                     }
-                }
-                flm_tensor w = {buf, fmt, SC_ROWS, cols, SC_G, stride, FLM_TIER_SRAM, SC_ROWS * stride, s16, rs};
-                for (uint32_t r = 0; r < SC_ROWS; r++) {
-                    float fast = flm_matvec_row(&w, r, xq, xs);
-                    float ref = rs ? row_rs(&w, r, xq, xs, dot_q8_scalar, dot_q4o_scalar)
-                                   : row_with(&w, r, xq, xs, dot_q8_scalar, dot_q4_scalar, group_term);
-                    if (memcmp(&fast, &ref, 4) != 0) return -1;
+                    flm_tensor w = {buf, fmt, SC_ROWS, cols, g, stride, FLM_TIER_SRAM, SC_ROWS * stride, s16, rs};
+                    if (!sc_rows_agree(&w, xq, xs)) return -1;
                 }
             }
         }

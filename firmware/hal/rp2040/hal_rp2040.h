@@ -32,4 +32,16 @@ float flm_row_q8_m0(const uint8_t *p, const int8_t *x, const float *xs, uint32_t
 float flm_row_q4_m0(const uint8_t *p, const int8_t *x, const float *xs, uint32_t ng, uint32_t code_bytes);
 #define FLM_ROW_WHOLE(p, x, xs, ng, g, q8) \
     ((q8) ? flm_row_q8_m0((p), (x), (xs), (ng), (g)) : flm_row_q4_m0((p), (x), (xs), (ng), (g) / 2u))
+
+/* Row-scaled rows (kernels.c rows_rs; softfloat_m0.s): the integer sum of a row, or of two rows a
+ * pass (q8), or with the q4 codes two to a product (lanes from kernels.c rows_rs_lanes); geom =
+ * n_groups | group << 16; then float(acc) * (S * X) in one call, bit for bit the plain expression. */
+void flm_rs_q8_pair_m0(const uint8_t *ra, const uint8_t *rb, const int8_t *x, uint32_t geom, int32_t acc[2]);
+int32_t flm_rs_q8_row_m0(const uint8_t *row, const int8_t *x, uint32_t geom);
+int32_t flm_rs_q4_row_m0(const uint8_t *row, const uint32_t *lanes, uint32_t geom);
+float flm_rs_scale(int32_t acc, float s, float x);
+#define FLM_RS_Q8_PAIR flm_rs_q8_pair_m0
+#define FLM_RS_Q8_ROW flm_rs_q8_row_m0
+#define FLM_RS_Q4_ROW flm_rs_q4_row_m0
+#define FLM_RS_SCALE flm_rs_scale
 #endif

@@ -606,6 +606,348 @@ flm_group_term:
     ROW flm_row_q8_m0, Q8_PAIR, 3, r8   @ a step: 8 code bytes; the codes' end in r8
     ROW flm_row_q4_m0, Q4_WORD, 2, r7   @ a step: 4 code bytes
 
+@ ---- row-scaled matvec rows (docs/formats.md section 1; kernels.c rows_rs): the integer part of a
+@ row, acc = sum_g k_g * (sum_{c in g} code_c * x_c), exact in an int32 for the shapes kernels.c
+@ sends here (|acc| < 2^31: at most 518 columns of q8, 8288 of q4); then flm_rs_scale's
+@ float(acc) * (S * X). A row: f32 S, u8 k[ng] padded to 4, then ng groups of g codes.
+@ geom = ng | g << 16 (g a multiple of 8; of 32 for q4).
+
+@ 4 q8 codes of two rows (words r5, r6) times 4 activations (word r3) into r8 (row a), r9 (row b);
+@ r0 = row a's codes (the word after r5), r1 = row b's offset from there; clobbers r3-r7
+    .macro Q8P_STEP
+    ldm r0!, {r5}
+    ldr r6, [r0, r1]
+    ldm r2!, {r3}
+    sxtb r4, r3
+    sxtb r7, r5
+    muls r7, r4
+    add r8, r7
+    sxtb r7, r6
+    muls r7, r4
+    add r9, r7
+    lsrs r4, r3, #8
+    sxtb r4, r4
+    lsrs r7, r5, #8
+    sxtb r7, r7
+    muls r7, r4
+    add r8, r7
+    lsrs r7, r6, #8
+    sxtb r7, r7
+    muls r7, r4
+    add r9, r7
+    lsrs r4, r3, #16
+    sxtb r4, r4
+    lsrs r7, r5, #16
+    sxtb r7, r7
+    muls r7, r4
+    add r8, r7
+    lsrs r7, r6, #16
+    sxtb r7, r7
+    muls r7, r4
+    add r9, r7
+    asrs r3, r3, #24
+    asrs r5, r5, #24
+    muls r5, r3
+    add r8, r5
+    asrs r6, r6, #24
+    muls r6, r3
+    add r9, r6
+    .endm
+
+@ saves r4-r11 and lr; \n more words of locals at [sp]
+    .macro ENTER9 n
+    push {r4, r5, r6, r7, lr}
+    mov r4, r8
+    mov r5, r9
+    mov r6, r10
+    mov r7, r11
+    push {r4, r5, r6, r7}
+    sub sp, #(4 * \n)
+    .endm
+
+    .macro LEAVE9 n
+    add sp, #(4 * \n)
+    pop {r4, r5, r6, r7}
+    mov r8, r4
+    mov r9, r5
+    mov r10, r6
+    mov r11, r7
+    pop {r4, r5, r6, r7, pc}
+    .endm
+
+@ \row (a low register) = its row's k[], \geom -> \row = its codes, \t = pad4(ng); clobbers \t
+    .macro CODES_OF row, geom, t
+    uxth \t, \geom
+    adds \t, #3
+    lsrs \t, \t, #2
+    lsls \t, \t, #2
+    adds \row, \row, \t
+    .endm
+
+@ void flm_rs_q8_pair_m0(const uint8_t *ra, const uint8_t *rb, const int8_t *x, uint32_t geom, int32_t acc[2]):
+@ two rows a pass, each activation word loaded and sign-extended once for both.
+@ r8, r9 = the group sums, r10 = the group's codes end, r11 = row a's next k, r12, lr = the rows'
+@ acc; [sp] = g, [sp, #4] = row a's codes end.
+    .section .text.flm_rs_q8_pair_m0,"ax",%progbits
+    .global flm_rs_q8_pair_m0
+    .type flm_rs_q8_pair_m0, %function
+    .thumb_func
+flm_rs_q8_pair_m0:
+    ENTER9 3
+    subs r1, r1, r0
+    subs r1, #4                 @ row b's word from row a's pointer after its load
+    adds r0, #4
+    mov r11, r0                 @ row a's k[]
+    CODES_OF r0, r3, r4
+    lsrs r4, r3, #16            @ g
+    str r4, [sp, #0]
+    uxth r5, r3
+    muls r5, r4
+    adds r5, r0, r5
+    str r5, [sp, #4]            @ the end of row a's codes
+    adds r4, r0, r4
+    mov r10, r4
+    movs r4, #0
+    mov r8, r4
+    mov r9, r4
+    mov r12, r4
+    mov lr, r4
+1:  Q8P_STEP
+    Q8P_STEP
+    cmp r0, r10
+    bne 1b
+    mov r4, r11
+    ldrb r5, [r4]               @ k of row a
+    adds r4, #4
+    ldrb r6, [r4, r1]           @ k of row b
+    subs r4, #3
+    mov r11, r4
+    mov r7, r8
+    muls r5, r7
+    add r12, r5
+    mov r7, r9
+    muls r6, r7
+    add lr, r6
+    movs r7, #0
+    mov r8, r7
+    mov r9, r7
+    ldr r7, [sp, #0]
+    add r10, r7
+    ldr r7, [sp, #4]
+    cmp r0, r7
+    bne 1b
+    ldr r4, [sp, #48]           @ acc, the fifth argument (above the 9 saved words and 3 locals)
+    mov r5, r12
+    str r5, [r4, #0]
+    mov r5, lr
+    str r5, [r4, #4]
+    LEAVE9 3
+    .size flm_rs_q8_pair_m0, . - flm_rs_q8_pair_m0
+
+@ int32_t flm_rs_q8_row_m0(const uint8_t *row, const int8_t *x, uint32_t geom): one row (the pruned
+@ head's), 16 codes a turn (a group of an odd number of 8-code steps enters at the second).
+@ r4 = codes, r5 = x, r6 = the group sum, r8 = the group's codes end, r9 = acc, r10 = the next k,
+@ r11 = g, r12 = the row's codes end.
+    .section .text.flm_rs_q8_row_m0,"ax",%progbits
+    .global flm_rs_q8_row_m0
+    .type flm_rs_q8_row_m0, %function
+    .thumb_func
+flm_rs_q8_row_m0:
+    ENTER9 0
+    adds r4, r0, #4
+    mov r10, r4
+    CODES_OF r4, r2, r3
+    movs r5, r1
+    lsrs r3, r2, #16
+    mov r11, r3
+    uxth r6, r2
+    muls r6, r3
+    adds r6, r4, r6
+    mov r12, r6
+    adds r3, r4, r3
+    mov r8, r3
+    movs r6, #0
+    mov r9, r6
+1:  mov r3, r11
+    lsls r3, r3, #28            @ N: bit 3 of g, an odd number of steps
+    bmi 3f
+2:  Q8_PAIR
+3:  Q8_PAIR
+    cmp r4, r8
+    bne 2b
+    mov r2, r10
+    ldrb r3, [r2]
+    adds r2, #1
+    mov r10, r2
+    muls r3, r6
+    add r9, r3
+    movs r6, #0
+    add r8, r11
+    cmp r4, r12
+    bne 1b
+    mov r0, r9
+    LEAVE9 0
+    .size flm_rs_q8_row_m0, . - flm_rs_q8_row_m0
+
+@ q4, two codes a product: a word's nibbles j and j + 4 (elements j and j + 4 of its 8, each code + 8)
+@ masked into the two 16-bit lanes of a register, times X_j = x_j << 16 + x_{j+4} (kernels.c
+@ lanes_prep), put sum_j (c_j x_j + c_{j+4} x_{j+4}) in the high lane and sum_j c_j x_{j+4} in the
+@ low one. Over a sub-block of 32 columns both stay below 2^15 in magnitude (|c| <= 8, |x| <= 127),
+@ so the sub-block's sum is exact once the offsets' share is taken out: the sub-block's start value
+@ (-8 (1 + 2^16) sum X_j, mod 2^32) does that.
+@ 8 q4 codes (a word at r0) times their 4 activation pairs (at r1) into r2; r3 = 0x000F000F;
+@ clobbers r4-r7
+    .macro Q4L_WORD
+    ldm r0!, {r4}
+    ldm r1!, {r6, r7}
+    movs r5, r3
+    ands r5, r4
+    muls r5, r6
+    adds r2, r5
+    lsrs r5, r4, #4
+    ands r5, r3
+    muls r5, r7
+    adds r2, r5
+    ldm r1!, {r6, r7}
+    lsrs r5, r4, #8
+    ands r5, r3
+    muls r5, r6
+    adds r2, r5
+    lsrs r4, r4, #12
+    ands r4, r3
+    muls r4, r7
+    adds r2, r4
+    .endm
+
+@ int32_t flm_rs_q4_row_m0(const uint8_t *row, const uint32_t *lanes, uint32_t geom): lanes from
+@ kernels.c rows_rs_lanes. r8 = a group's code bytes, r9 = its k, r10 = its codes end, r11 = the next
+@ k, r12 = acc, lr = the row's codes end.
+    .section .text.flm_rs_q4_row_m0,"ax",%progbits
+    .global flm_rs_q4_row_m0
+    .type flm_rs_q4_row_m0, %function
+    .thumb_func
+flm_rs_q4_row_m0:
+    ENTER9 0
+    adds r0, #4
+    mov r11, r0
+    CODES_OF r0, r2, r3
+    lsrs r4, r2, #17            @ g / 2
+    mov r8, r4
+    uxth r5, r2
+    muls r5, r4
+    adds r5, r0, r5
+    mov lr, r5
+    movs r2, #0
+    mov r12, r2
+    ldr r3, =0x000F000F
+1:  mov r4, r11                 @ a group: its k, its end
+    ldrb r5, [r4]
+    adds r4, #1
+    mov r11, r4
+    mov r9, r5
+    mov r4, r0
+    add r4, r8
+    mov r10, r4
+2:  ldm r1!, {r2}               @ a sub-block of 32 columns
+    Q4L_WORD
+    Q4L_WORD
+    Q4L_WORD
+    Q4L_WORD
+    sxth r5, r2                 @ the low lane
+    subs r2, r2, r5
+    asrs r2, r2, #16            @ the high lane: the sub-block's sum
+    mov r5, r9
+    muls r2, r5
+    add r12, r2
+    cmp r0, r10
+    bne 2b
+    cmp r0, lr
+    bne 1b
+    mov r0, r12
+    LEAVE9 0
+    .ltorg
+    .size flm_rs_q4_row_m0, . - flm_rs_q4_row_m0
+
+@ float flm_rs_scale(int32_t acc, float s, float x) = (float)acc * (s * x): a row-scaled row's value
+@ (kernels.c rows_rs) in one call. The converter's row scales are powers of two, so s * x is x with
+@ its exponent moved (exact while a normal number) and one product remains; both roundings are the
+@ plain expression's. Off the fast path (s not a normal power of two, s * x or the result not
+@ normal, acc 0) flm_group_term_slow, the same expression, makes the calls.
+    .section .text.flm_rs_scale,"ax",%progbits
+    .global flm_rs_scale
+    .type flm_rs_scale, %function
+    .thumb_func
+flm_rs_scale:
+    push {r0, r1, r2, r4, r5, r6, r7, lr}
+    lsls r3, r1, #9
+    bne .Lrs_slow               @ s has fraction bits
+    lsls r3, r1, #1
+    lsrs r3, r3, #24
+    subs r3, #1
+    cmp r3, #253
+    bhi .Lrs_slow               @ s zero, subnormal or not finite
+    lsls r4, r2, #1
+    lsrs r4, r4, #24
+    subs r4, #1
+    cmp r4, #253
+    bhi .Lrs_slow               @ x not normal
+    adds r7, r3, r4
+    subs r7, #126               @ E - 1 of s * x
+    cmp r7, #253
+    bhi .Lrs_slow               @ s * x not normal
+    eors r1, r2
+    eors r1, r0
+    mov r12, r1                 @ bit 31: the sign of the result
+    lsls r1, r2, #9
+    lsrs r1, r1, #9
+    movs r3, #1
+    lsls r3, r3, #23
+    orrs r1, r3                 @ the significand of x, and of s * x
+    asrs r3, r0, #31
+    eors r0, r3
+    subs r0, r0, r3             @ |acc|
+    beq .Lrs_slow
+    movs r6, #157               @ E - 1 for a leading one at bit 31
+    LEAD31 r6, r3
+    lsls r3, r0, #24            @ float(acc): rounding bits, guard at bit 31
+    lsrs r0, r0, #8
+    lsls r3, r3, #1             @ C = guard, r3 = the rest
+    bcc 7f
+    bne 6f
+    lsls r2, r0, #31            @ tie: to even
+    beq 7f
+6:  adds r0, #1
+7:  lsrs r2, r0, #24
+    beq 8f
+    lsrs r0, r0, #1             @ rounded up to 2^24: 2^23, one binade up
+    adds r6, #1
+8:  adds r7, r7, r6             @ the product's exponents, as MUL_SIGS takes them
+    MULCORE
+    bmi 9f
+    lsls r4, r4, #1
+    subs r7, #1
+9:  subs r7, #125
+    cmp r7, #253
+    bhi .Lrs_slow               @ overflow or a subnormal product
+    ROUND
+    lsls r7, r7, #23
+    adds r4, r4, r7
+    mov r2, r12
+    lsrs r2, r2, #31
+    lsls r2, r2, #31
+    orrs r4, r2
+    movs r0, r4
+    add sp, #12
+    pop {r4, r5, r6, r7, pc}
+.Lrs_slow:
+    ldr r0, [sp, #0]
+    ldr r1, [sp, #4]
+    ldr r2, [sp, #8]
+    bl flm_group_term_slow
+    add sp, #12
+    pop {r4, r5, r6, r7, pc}
+    .size flm_rs_scale, . - flm_rs_scale
+
 @ ---- float __aeabi_fdiv(float a, float b) -----------------------------------------------
 @ Normal operands and a normal quotient: 25 quotient bits by restoring division (the carry of
 @ each compare-and-subtract is the next bit), the remainder as the sticky bit; the rest goes to
