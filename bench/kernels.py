@@ -29,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 PROBE_SRC = Path(__file__).resolve().parent / "rp2040_probe.c"
 OPS = ("fadd", "fsub", "fmul", "fdiv", "fcmpeq", "fcmplt", "fcmple", "fcmpgt", "fcmpge", "i2f", "ui2f", "f2iz",
-       "group_term")
+       "group_term", "rs_scale")
 NOP = len(OPS)
 MODES = 5          # operand kinds of the probe's op_pair (rp2040_probe.c)
 Q8, Q4 = 1, 2      # blob.h FLM_Q8 / FLM_Q4
@@ -147,10 +147,12 @@ def expected(op: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     fa, fb = a.view(np.float32), b.view(np.float32)
     name = OPS[op]
     with np.errstate(all="ignore"):
-        if name in ("fadd", "fsub", "fmul", "fdiv", "i2f", "ui2f", "group_term"):
-            if name == "group_term":   # (float)isum * (sc * xs), isum from both operands' bits
+        if name in ("fadd", "fsub", "fmul", "fdiv", "i2f", "ui2f", "group_term", "rs_scale"):
+            if name in ("group_term", "rs_scale"):   # (float)isum * (sc * xs), isum from both operands' bits
                 isum = (a ^ b).view(np.int32) >> ((b >> np.uint32(3)) & np.uint32(7)).astype(np.int32)
-                r = isum.astype(np.float32) * (fa * fb)
+                # rs_scale: sc a power of two (a's sign and exponent) when b is odd
+                sc = np.where(b & 1, a & np.uint32(0xFF800000), a).view(np.float32) if name == "rs_scale" else fa
+                r = isum.astype(np.float32) * (sc * fb)
             elif name == "i2f":
                 r = (a.view(np.int32) >> (b & np.uint32(31)).astype(np.int32)).astype(np.float32)
             elif name == "ui2f":
