@@ -64,11 +64,12 @@ def prompt_ids(qm) -> list[int]:
     return encode(qm.tokenizer, PROMPT)
 
 
-def blob_and_firmware(qm, board: str, work: Path):
-    """Write the blob into ``work`` and build ``board``'s firmware for it: (blob path, BuildResult)."""
+def blob_and_firmware(qm, board: str, work: Path, kv: str = "int8"):
+    """Write the blob into ``work`` (KV cache ``kv``: ``flashlm convert``'s default int8) and build
+    ``board``'s firmware for it: (blob path, BuildResult)."""
     work.mkdir(parents=True, exist_ok=True)
     blob = work / "model.flmb"
-    write_blob(qm, blob)
+    write_blob(qm, blob, kv=kv)
     return blob, build_firmware(board, work / f"fw-{board}", blob)
 
 

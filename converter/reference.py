@@ -17,7 +17,7 @@ firmware/engine/ does the same operations in the same order):
 * RoPE with converter-written tables: ``(a*c - b*s, a*s + b*c)`` on pairs (2i, 2i+1);
 * attention: ``s_t = fold(q*k_t) * (1/sqrt(head_dim))``, softmax ``e = exp(s - max)``,
   ``a = e * (1 / fold(e))``, ``out = fold_t(a_t * v_t)``;
-* ``exp`` is ``fexp`` below (range reduction + degree-6 polynomial, no libm), SiLU is
+* ``exp`` is ``fexp`` below (a 257-entry table of 2^(j/256), interpolated, no libm), SiLU is
   ``x / (1 + fexp(-x))``; GELU (tanh approximation) is ``u = x * (K0 + K1 * (x * x))``,
   ``x / (1 + fexp(-(u + u)))`` with K0 = sqrt(2/pi) and K1 = sqrt(2/pi) * 0.044715, each rounded
   once to binary32;
@@ -33,8 +33,10 @@ firmware/engine/ does the same operations in the same order):
   rows); a prompt step whose output is unused skips the final RMSNorm and the head (``generate``);
 * int8 KV cache (``kv="int8"``): each (layer, position, kv head) K and V row is quantized like an
   activation with group = head_dim (codes, one scale); a head's query is quantized the same way
-  once per step: ``s_t = (float(sum qc*kc_t) * (qs * ks_t)) * att_scale``, softmax as above,
-  ``out_i = fold_t((a_t * vs_t) * float(vc_t[i]))``;
+  once per step; the attention is then integer but for one float product per position on each
+  side and one per output (``attend_int8``: scores in fixed-point log2 units, softmax weights by
+  the exp table in Q15, the V scales folded into them and the result quantized to integers under
+  one power-of-two scale, ``out_i = float(sum_t wc_t * vc_t[i]) * ((1 / sum p) * W)``);
 * sliding window (``generate`` with FLAG_SLIDE): when the context is full, position 0 stays,
   ``n_drop = (S-1)//2`` positions after it are dropped, the rest move down by n_drop; a moved K row
   is rotated back by n_drop: ``(a, b) -> (a*c + b*s, b*c - a*s)`` with c, s the RoPE tables' row
@@ -58,30 +60,38 @@ FLAG_LOGITS = 0x1        # a LOGITS frame after every step; implies FLAG_ALL_LOG
 FLAG_SLIDE = 0x2         # a full context slides its window instead of ending the generation
 FLAG_ALL_LOGITS = 0x4    # every step computes the whole output layer, never pruned or skipped
 
-# fexp constants (binary32): ln2 split so k*LN2_HI is exact for |k| < 2**8
 LOG2E = F(1.44269504088896341)
-LN2_HI = F(0.693145751953125)
-LN2_LO = F(1.42860682030941723e-6)
-EXP_C = [F(1.0 / 720.0), F(1.0 / 120.0), F(1.0 / 24.0), F(1.0 / 6.0), F(0.5), F(1.0), F(1.0)]
 EXP_LO, EXP_HI = F(-86.0), F(88.0)
+EXP_T = F(LOG2E * F(65536.0))          # fexp's x -> log2 units, 16 fractional bits (exact: a power of two)
+# 2^(j/256) in Q23 for j = 0..256 (2^23 .. 2^24): firmware/engine/flm_math.c holds the same literal
+EXP2_Q23 = np.round(2.0 ** (np.arange(257) / 256.0) * 2.0 ** 23).astype(np.int64)
 
 
 def round_half_away(v: np.ndarray) -> np.ndarray:
     return (v + np.where(v >= 0, F(0.5), F(-0.5)).astype(F)).astype(np.int32)
 
 
+def exp2_frac(f) -> np.ndarray:
+    """2^(f / 65536) in Q23 for integers f in [0, 65536): the table's neighbours j = f >> 8 and
+    j + 1, interpolated linearly by the low 8 bits (floor): in [2^23, 2^24)."""
+    f = np.asarray(f, np.int64)
+    j, r = f >> 8, f & 255
+    lo = EXP2_Q23[j]
+    return lo + (((EXP2_Q23[j + 1] - lo) * r) >> 8)
+
+
 def fexp(x) -> np.ndarray:
+    """exp by a table: n = round_half_away(x * EXP_T), 2^(n / 65536) = 2^(n >> 16) * exp2_frac(n & 0xFFFF)
+    / 2^23, packed straight into a binary32 (normal for x in [-86, 88]; below 0, above +inf, NaN
+    stays NaN). Relative error below 7e-6."""
     x = np.asarray(x, F)
-    xc = np.clip(x, EXP_LO, EXP_HI)
-    k = round_half_away(xc * LOG2E)
-    kf = k.astype(F)
-    r = (xc - kf * LN2_HI) - kf * LN2_LO
-    p = np.full_like(r, EXP_C[0])
-    for c in EXP_C[1:]:
-        p = p * r + c
-    scale = ((k + 127).astype(np.uint32) << np.uint32(23)).view(F)
-    y = p * scale
+    with np.errstate(invalid="ignore"):                  # NaN: replaced below
+        xc = np.clip(x, EXP_LO, EXP_HI)
+        n = round_half_away((xc * EXP_T).astype(F)).astype(np.int64)       # |n| < 2^23
+    bits = ((n >> 16) + 127) * 2 ** 23 + exp2_frac(n & 0xFFFF) - 2 ** 23
+    y = bits.astype(np.uint32).view(F)
     y = np.where(x < EXP_LO, F(0.0), y)
+    y = np.where(np.isnan(x), x, y)
     return np.where(x > EXP_HI, F(np.inf), y).astype(F)
 
 
@@ -195,19 +205,58 @@ def attend(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, n_heads: int, n_kv: in
     return out
 
 
+def to_fixed(v: np.ndarray) -> np.ndarray:
+    """int64: the integer nearest to the binary32 v (ties away from zero), v clamped to +-2^30
+    first; NaN gives 0."""
+    v = np.clip(np.nan_to_num(np.asarray(v, np.float64), nan=0.0), -2.0 ** 30, 2.0 ** 30)
+    return (np.sign(v) * np.floor(np.abs(v) + 0.5)).astype(np.int64)
+
+
+def softmax_q15(n: np.ndarray) -> np.ndarray:
+    """int64 weights p_t = 2^(d_t / 2^16) in Q15, d_t = n_t - max n (<= 0, log2 units with 16
+    fractional bits): exp2_frac(d & 0xFFFF) >> (8 - (d >> 16)), 0 from a shift of 24 on (2^15 at the max)."""
+    d = n - n.max()
+    sh = 8 - (d >> 16)
+    return np.where(sh < 24, exp2_frac(d & 0xFFFF) >> np.minimum(sh, 24), 0)
+
+
+def pow2_f32(e: int) -> np.float32:
+    """2^e as binary32: subnormal from -127 down, 0 below -149, inf above 127."""
+    return F(np.ldexp(1.0, e)) if -149 <= e <= 127 else F(0.0) if e < -149 else F(np.inf)
+
+
 def attend_int8(q: np.ndarray, kc: np.ndarray, ks: np.ndarray, vc: np.ndarray, vs: np.ndarray,
                 n_heads: int, n_kv: int, hd: int, scale: np.float32) -> np.ndarray:
-    """q [n_heads*hd]; K/V codes [T, n_kv, hd] (int32) and scales [T, n_kv] -> [n_heads*hd]"""
+    """q [n_heads*hd]; K/V codes [T, n_kv, hd] (int32) and scales [T, n_kv] -> [n_heads*hd]: integer
+    attention (docs/formats.md section 1.2). Per head: the query quantized (qc, qs), scores in log2
+    units with 16 fractional bits n_t = to_fixed(float(sum qc*kc_t) * (ks_t * (qs * kq))), kq =
+    (scale * LOG2E) * 2^16; weights p_t = softmax_q15(n); w_t = float(p_t) * vs_t; wc_t = the integer
+    nearest to w_t / W (ties away), W = 2^E the smallest power of two with max w <= 2^(24 - bitlen(T)) W;
+    out_i = float(sum_t wc_t * vc_t[i]) * ((1 / float(sum p)) * W), or 0 when every w_t is 0."""
     rep = n_heads // n_kv
-    out = np.empty(n_heads * hd, F)
+    T = kc.shape[0]
+    kT = 24 - int(T).bit_length()                 # sum_t wc_t * 127 < 2^24 * 127 < 2^31
+    kq = F(F(scale * LOG2E) * F(65536.0))
+    out = np.zeros(n_heads * hd, F)
     for h in range(n_heads):
         kh = h // rep
         qc, qs = quantize_activation(q[h * hd:(h + 1) * hd], hd)
         isum = (kc[:, kh, :].astype(np.int64) @ qc[0].astype(np.int64)).astype(np.int32)
-        s = (isum.astype(F) * (qs[0] * ks[:, kh])) * scale
-        e = fexp(s - s.max())
-        a = e * (F(1.0) / fold(e))
-        out[h * hd:(h + 1) * hd] = fold((a * vs[:, kh])[:, None] * vc[:, kh, :].astype(F), axis=0)
+        c = F(qs[0] * kq)
+        with np.errstate(over="ignore", invalid="ignore"):
+            n = to_fixed(isum.astype(F) * (ks[:, kh] * c))
+        p = softmax_q15(n)
+        w = p.astype(F) * vs[:, kh]
+        wmax = F(w.max())
+        if not wmax > 0:
+            continue
+        m, e = np.frexp(np.float64(wmax))                   # wmax = m 2^e, m in [0.5, 1)
+        E = int(e) - (m == 0.5) - kT                        # 2^(E + kT) >= wmax > 2^(E + kT - 1)
+        wc = np.floor(w.astype(np.float64) / np.ldexp(1.0, E) + 0.5).astype(np.int64)   # exact: w >= 0
+        acc = (wc @ vc[:, kh, :].astype(np.int64)).astype(np.int32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            c2 = F(F(F(1.0) / F(p.sum())) * pow2_f32(E))
+            out[h * hd:(h + 1) * hd] = acc.astype(F) * c2
     return out
 
 

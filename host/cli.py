@@ -243,7 +243,7 @@ def _print_quality(console, rep: dict) -> None:
 
 
 def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32, quant=(),
-            report=True, scales=None, kv="f32") -> dict:
+            report=True, scales=None, kv="int8") -> dict:
     """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest."""
     from dataclasses import asdict
 
@@ -750,8 +750,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="row (default): a power-of-two scale per row and an integer multiplier per group "
                         "(a matvec row in integers, one float multiply); f32 or fp16: a float scale per group "
                         "(the only form of llama2.c v2 Q8_0, which is imported as it is unless --scales is given)")
-    c.add_argument("--kv", choices=("f32", "int8"), default="f32",
-                   help="KV cache format recorded in the blob (int8: a scale and int8 codes per row)")
+    c.add_argument("--kv", choices=("f32", "int8"), default="int8",
+                   help="KV cache format recorded in the blob (default int8: a scale and int8 codes per row, "
+                        "integer attention; f32: float values and float attention)")
     c.add_argument("--no-report", action="store_true", help="skip the quality report")
     c.set_defaults(func=cmd_convert)
 

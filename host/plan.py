@@ -307,14 +307,22 @@ def _plan_or_explain(console, spec, board, **kw):
         raise _user_error()(str(e)) from None
 
 
+def kv_of(args, info) -> str:
+    """--kv, else the blob's own KV cache format, else convert's default (int8)."""
+    if args.kv:
+        return args.kv
+    from converter.blob import kv_format
+    return kv_format(info["header"].state_tiers) if "header" in info else "int8"
+
+
 def cmd_plan(args, console) -> int:
     from converter.planner import parse_layout
     spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer, args.scales)
     if args.ctx:
         spec = spec.with_context(args.ctx)
     base, places = parse_layout(",".join(["auto" if not args.flash_only else "flash"] + list(args.place)))
-    pl = _plan_or_explain(console, spec, args.board, overrides=places, base=base, kv=args.kv, pos=args.pos,
-                          line=args.line)
+    pl = _plan_or_explain(console, spec, args.board, overrides=places, base=base, kv=kv_of(args, info),
+                          pos=args.pos, line=args.line)
     print_plan(console, pl, collapse=not args.all)
     png = Path(args.png) if args.png else (
         (info["model_dir"] if info["kind"] == "dir" else Path("out")) / f"plan-{pl.board}.png")
@@ -380,7 +388,7 @@ def cmd_compare(args, console) -> int:
         cols = []
         for lay in layouts:
             try:
-                pl = plan_layout(spec, b, lay, kv=args.kv, pos=args.pos, line=args.line, suggest=False)
+                pl = plan_layout(spec, b, lay, kv=kv_of(args, info), pos=args.pos, line=args.line, suggest=False)
             except PlanError as e:   # does not fit, or an override this board cannot honour
                 console.print(f"  {b} {names[lay]}: refused: {e}", soft_wrap=True)
                 continue
@@ -544,8 +552,9 @@ def add_commands(sub, positive_int, nonneg_int, add_generation_args) -> None:
         p.add_argument("model", metavar="MODEL",
                        help="model dir from 'flashlm convert', a .flmb blob, a checkpoint, or shape:NAME (e.g. shape:ple-28m)")
         p.add_argument("--ctx", type=positive_int, metavar="N", help="plan for a shorter context than the model's")
-        p.add_argument("--kv", choices=("f32", "int8"), default="f32",
-                       help="KV cache format (int8: a scale and int8 codes per row; --apply records it)")
+        p.add_argument("--kv", choices=("f32", "int8"),
+                       help="KV cache format (default: the blob's, or for a checkpoint or shape int8 as convert "
+                            "writes; int8: a scale and int8 codes per row; --apply records it)")
         p.add_argument("--pos", type=nonneg_int, metavar="P", help="position to quote per-token figures at (default: mid-context)")
         p.add_argument("--line", type=positive_int, metavar="BYTES", help="cache line size (boards with seq_read_MBps_by_line)")
         p.add_argument("--format", choices=("q8", "q4"), default="q8", help="for a checkpoint: quantize like convert")

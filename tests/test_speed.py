@@ -198,8 +198,8 @@ def test_sliding_window_bit_exact(kv, tmp_path, build_root):
 
 def test_emulated_rp2040_int8_kv_slide_pruned(tmp_path):
     from emuboard import emu_link
-    qm = quantize(spread_head(random_model(seed=49, dim=32, n_heads=2, n_kv_heads=1, hidden_dim=48, vocab_size=40,
-                                           max_seq_len=9)[1]), "q8", 16)
+    qm = quantize(spread_head(random_model(seed=49, dim=32, n_heads=2, n_kv_heads=1, hidden_dim=64, vocab_size=40,
+                                           max_seq_len=9)[1]), "q8", 8)   # 4 and 8 groups: no padding
     prompt = [1, 5, 2]
     steps = []
     with emu_link(qm, tmp_path, tmp_path, blob_bytes=build_blob(qm, kv="int8")) as (link, boot, board):
@@ -260,8 +260,11 @@ def test_cli_convert_kv_run_slide_and_the_prefill_decode_report(tmp_path, capsys
         assert "prefill: 3 prompt tokens" in cap.out and "head rows (% of out_vocab)" in cap.out
         assert (tmp_path / "r.png").stat().st_size > 1000
     assert "KV cache f32: layout" in cap.out
-    # plan --kv int8 --apply: the header records the format, the layout id changes
+    # plan --apply keeps the blob's KV format unless --kv names one; --kv f32 / int8: the header records it
     rc = main(["plan", str(out), "--board", "native", "--flash-only", "--apply", "--png", str(tmp_path / "p.png")])
+    assert rc == 0 and kv_format(read_header(out / "model.flmb").state_tiers) == "int8"
+    rc = main(["plan", str(out), "--board", "native", "--flash-only", "--kv", "f32", "--apply",
+               "--png", str(tmp_path / "p.png")])
     assert rc == 0 and kv_format(read_header(out / "model.flmb").state_tiers) == "f32"
     rc = main(["plan", str(out), "--board", "native", "--flash-only", "--kv", "int8", "--apply",
                "--png", str(tmp_path / "p.png")])

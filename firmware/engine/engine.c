@@ -138,12 +138,86 @@ static void kv_put(const flm_state *s, uint8_t *row0, const float *v) {
     }
 }
 
-/* int8 KV: head h's query codes qc (scale qs) against a K row: float(sum qc*kc) * (qs * ks). */
-static float score_int8(const int8_t *qc, float qs, const uint8_t *row, uint32_t hd) {
-    const int8_t *kc = (const int8_t *)(row + 4);
-    int32_t isum = 0;
-    for (uint32_t i = 0; i < hd; i++) isum += (int32_t)qc[i] * (int32_t)kc[i];
-    return (float)isum * (qs * *(const float *)(const void *)row);
+/* ---- int8 KV: integer attention (converter/reference.py attend_int8, docs/formats.md 1.2) ---- */
+
+static float rdf32(const uint8_t *p) { return *(const float *)(const void *)p; }   /* a KV row's scale (aligned) */
+
+/* The integer nearest to v (ties away from zero), v clamped to +-2^30, NaN 0: on the float's bits. */
+static int32_t to_fixed(float v) {
+    const uint32_t b = flm_f32_bits(v), mag = b & 0x7fffffffu;
+    int32_t n;
+    if (mag > 0x7f800000u || mag < 0x3f000000u) n = 0;          /* NaN, below 0.5 */
+    else if (mag >= 0x4e800000u) n = 1 << 30;                   /* 2^30 and up (inf) */
+    else n = (int32_t)((((mag << 8 | 0x80000000u) >> (157u - (mag >> 23))) + 1u) >> 1);
+    return b >> 31 ? -n : n;
+}
+
+/* The integer nearest to w 2^-e (ties away) for a float w >= 0 whose quotient is at most 2^23. */
+static int32_t round_scaled(uint32_t wb, int32_t e) {
+    const uint32_t eb = wb >> 23, sig = eb ? (wb & 0x7fffffu) | 0x800000u : wb;
+    const int32_t s = (int32_t)(eb ? eb : 1u) - 150 - e;       /* w 2^-e = sig 2^s */
+    if (s >= 0) return (int32_t)(sig << s);
+    return -s > 24 ? 0 : (int32_t)(((sig >> (-s - 1)) + 1u) >> 1);
+}
+
+/* E with 2^E the smallest power of two >= w 2^-k (w > 0 finite): frexp's exponent of w, less one
+ * when w is a power of two, less k. */
+static int32_t pow2_exp(uint32_t wb, int32_t k) {
+    const uint32_t eb = wb >> 23, frac = wb & 0x7fffffu;
+    if (eb) return (int32_t)eb - 126 - (frac == 0u) - k;
+    int32_t e = -148;                                            /* subnormal: frac 2^-149 */
+    for (uint32_t f = frac; f > 1u; f >>= 1) e++;
+    return e - ((frac & (frac - 1u)) == 0u) - k;
+}
+
+static float pow2_f32(int32_t e) {
+    if (e > 127) return flm_f32_from_bits(0x7f800000u);
+    if (e >= -126) return flm_f32_from_bits((uint32_t)(e + 127) << 23);
+    return e >= -149 ? flm_f32_from_bits(1u << (e + 149)) : 0.0f;
+}
+
+#define LOG2E_F 0x1.715476p+0f
+
+/* Head h's output o[hd] from the layer's rows 0..pos of kv head kh. s->att holds each position's
+ * score n_t, then w_t, then wc_t; o holds the integer sums until the last line. */
+static void attend_int8_head(flm_state *s, uint32_t l, uint32_t pos, uint32_t kh, const float *q, float kq, float *o) {
+    const flm_model *m = s->m;
+    const uint32_t hd = m->head_dim, T = pos + 1u;
+    int32_t *n = (int32_t *)(void *)s->att, *acc = (int32_t *)(void *)o;
+    float qs;
+    flm_quantize_act(q, hd, hd, s->xq, &qs);
+    const float c = qs * kq;
+    int32_t nmax = 0;
+    for (uint32_t t = 0; t < T; t++) {
+        const uint8_t *row = kv_at(s, s->kc, l, t, kh);
+        n[t] = to_fixed((float)flm_dot_q8((const int8_t *)(row + 4), s->xq, hd) * (rdf32(row) * c));
+        if (t == 0 || n[t] > nmax) nmax = n[t];
+    }
+    uint32_t psum = 0, wmax = 0;
+    for (uint32_t t = 0; t < T; t++) {   /* p_t = 2^((n_t - max) / 2^16) in Q15; w_t = p_t * vs_t */
+        const int32_t d = n[t] - nmax;
+        const uint32_t f = (uint32_t)d & 0xffffu, sh = 8u - (uint32_t)((d - (int32_t)f) / 65536);
+        const uint32_t p = sh < 24u ? flm_exp2_frac(f) >> sh : 0u;
+        psum += p;
+        const float w = (float)p * rdf32(kv_at(s, s->vc, l, t, kh));
+        n[t] = (int32_t)flm_f32_bits(w);
+        if (flm_f32_bits(w) > wmax && flm_f32_bits(w) < 0x7f800000u) wmax = flm_f32_bits(w);
+    }
+    if (wmax == 0u) {   /* every weight 0 (V rows of zeros) */
+        memset(o, 0, hd * 4u);
+        return;
+    }
+    uint32_t bits = 0;
+    for (uint32_t t = T; t; t >>= 1) bits++;
+    const int32_t E = pow2_exp(wmax, 24 - (int32_t)bits);      /* sum_t wc_t * 127 < 2^31 */
+    memset(acc, 0, hd * 4u);
+    for (uint32_t t = 0; t < T; t++) {
+        const int32_t wc = round_scaled((uint32_t)n[t], E);
+        const int8_t *v = (const int8_t *)(kv_at(s, s->vc, l, t, kh) + 4);
+        for (uint32_t i = 0; i < hd; i++) acc[i] += wc * (int32_t)v[i];
+    }
+    const float c2 = (1.0f / (float)psum) * pow2_f32(E);
+    for (uint32_t i = 0; i < hd; i++) o[i] = (float)acc[i] * c2;
 }
 
 static void attention(flm_state *s, uint32_t l, uint32_t pos, flm_step_stats *st) {
@@ -154,17 +228,16 @@ static void attention(flm_state *s, uint32_t l, uint32_t pos, flm_step_stats *st
     for (uint32_t h = 0; h < m->n_heads; h++) {
         const float *q = s->q + h * hd;
         const uint32_t kh = h / rep;
-        float qs = 0.0f, mx = 0.0f;
-        if (i8) flm_quantize_act(q, hd, hd, s->xq, &qs);   /* once per head and step */
+        float *o = s->xb2 + h * hd;
+        /* per row the engine reads: f32 the values; int8 the scale and the codes (not the padding) */
+        st->bytes[s->kv_tier] += 2u * (pos + 1u) * (i8 ? 4u + hd : hd * 4u);
+        if (i8) {
+            attend_int8_head(s, l, pos, kh, q, (scale * LOG2E_F) * 65536.0f, o);
+            continue;
+        }
+        float mx = 0.0f;
         for (uint32_t t = 0; t <= pos; t++) {
-            const uint8_t *row = kv_at(s, s->kc, l, t, kh);
-            float d;
-            if (i8) {
-                d = score_int8(s->xq, qs, row, hd);
-            } else {
-                d = flm_dot_f32(q, (const float *)(const void *)row, hd);
-            }
-            d = d * scale;
+            const float d = flm_dot_f32(q, (const float *)(const void *)kv_at(s, s->kc, l, t, kh), hd) * scale;
             s->att[t] = d;
             if (t == 0 || d > mx) mx = d;
         }
@@ -176,23 +249,12 @@ static void attention(flm_state *s, uint32_t l, uint32_t pos, flm_step_stats *st
         }
         float inv = 1.0f / sum;
         for (uint32_t t = 0; t <= pos; t++) s->att[t] = s->att[t] * inv;
-        float *o = s->xb2 + h * hd;
         for (uint32_t t = 0; t <= pos; t++) {
-            const uint8_t *row = kv_at(s, s->vc, l, t, kh);
-            if (i8) {   /* (a_t * vs_t) * float(code) */
-                const float a = s->att[t] * *(const float *)(const void *)row;
-                const int8_t *v = (const int8_t *)(row + 4);
-                if (t == 0) for (uint32_t i = 0; i < hd; i++) o[i] = a * (float)v[i];
-                else for (uint32_t i = 0; i < hd; i++) o[i] = o[i] + a * (float)v[i];
-            } else {
-                const float *v = (const float *)(const void *)row;
-                const float a = s->att[t];
-                if (t == 0) for (uint32_t i = 0; i < hd; i++) o[i] = a * v[i];
-                else flm_axpy_f32(o, a, v, hd);
-            }
+            const float *v = (const float *)(const void *)kv_at(s, s->vc, l, t, kh);
+            const float a = s->att[t];
+            if (t == 0) for (uint32_t i = 0; i < hd; i++) o[i] = a * v[i];
+            else flm_axpy_f32(o, a, v, hd);
         }
-        /* per row the engine reads: f32 the values; int8 the scale and the codes (not the padding) */
-        st->bytes[s->kv_tier] += 2u * (pos + 1u) * (i8 ? 4u + hd : hd * 4u);
     }
 }
 

@@ -6,7 +6,20 @@
 /* A float's bit pattern and back (memcpy: the defined way in C99; compilers make it a move). */
 static inline uint32_t flm_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float flm_f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-float flm_expf(float x);   /* range reduction to [-ln2/2, ln2/2] + degree-6 polynomial */
+/* (int32_t)(v + 0.5f) for the float v of bits mag in [+0, 2^23) (the reference's round_half_away;
+ * -v with -0.5f gives its negation), on the bits: no soft-float add and conversion on cores without
+ * an FPU. From 0.5 up, v + 0.5 is exact or rounds without crossing an integer, so it is floor(v +
+ * 0.5) on the 24-bit significand; below 0.5 only the float just below it makes fl(v + 0.5) = 1.0.
+ * tests/test_kernels.py checks every float in [0, 127] against the float form. */
+static inline int32_t flm_round_half_away(uint32_t mag) {
+    if (mag < 0x3f000000u) return mag == 0x3effffffu;
+    const uint32_t sig = mag << 8 | 0x80000000u;   /* the significand, its leading one at bit 31 */
+    /* its bits from the halves' place up (exponent 126..149, a shift of 31..8), plus a half */
+    return (int32_t)(((sig >> (157u - (mag >> 23))) + 1u) >> 1);
+}
+/* 2^(f / 65536) in Q23 for f in [0, 65536): a 257-entry table, interpolated linearly (floor) */
+uint32_t flm_exp2_frac(uint32_t f);
+float flm_expf(float x);   /* n = round(x log2(e) 2^16), then 2^(n / 2^16) by flm_exp2_frac and the exponent */
 float flm_sqrtf(float x);  /* correctly rounded, like IEEE sqrt, for x >= 0 */
 float flm_silu(float x);   /* x / (1 + exp(-x)) */
 float flm_gelu(float x);   /* tanh-approximation GELU: x / (1 + exp(-2u)), u = K0 x + K1 x^3 */

@@ -46,18 +46,6 @@ static float next_scale(row_reader *rr) {
  * soft-float call each on cores without an FPU): |x| as x without its sign bit orders as an
  * unsigned integer, and NaN (above 0x7f800000 so) never becomes the maximum. */
 #define BITS_127 0x42fe0000u   /* 127.0f */
-/* (int32_t)(v + 0.5f) for the float v of bits mag in [+0, 127] (the reference's round_half_away;
- * -v with -0.5f gives its negation), on the bits: no soft-float add and conversion per code on
- * cores without an FPU. From 0.5 up, v + 0.5 is exact or rounds without crossing an integer, so
- * it is floor(v + 0.5) on the 24-bit significand; below 0.5 only the float just below it makes
- * fl(v + 0.5) = 1.0. tests/test_kernels.py checks every such float against the float form. */
-static int32_t round_half_away(uint32_t mag) {
-    if (mag < 0x3f000000u) return mag == 0x3effffffu;
-    uint32_t sig = mag << 8 | 0x80000000u;   /* the significand, its leading one at bit 31 */
-    /* its bits from the halves' place up (v >= 0.5: exponent 126..133, a shift of 31..24), plus a half */
-    return (int32_t)(((sig >> (157u - (mag >> 23))) + 1u) >> 1);
-}
-
 void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float *xs) {
     for (uint32_t s = 0, gi = 0; s < n; s += g, gi++) {
         uint32_t len = n - s < g ? n - s : g;
@@ -82,7 +70,7 @@ void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float 
             int32_t q;
             if (mag > 0x7f800000u) q = 0;
             else if (mag > BITS_127) q = (b >> 31) ? -127 : 127;
-            else q = (b >> 31) ? -round_half_away(mag) : round_half_away(mag);
+            else q = (b >> 31) ? -flm_round_half_away(mag) : flm_round_half_away(mag);
             xq[s + i] = (int8_t)q;
         }
     }
