@@ -29,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 PROBE_SRC = Path(__file__).resolve().parent / "rp2040_probe.c"
 OPS = ("fadd", "fsub", "fmul", "fdiv", "fcmpeq", "fcmplt", "fcmple", "fcmpgt", "fcmpge", "i2f", "ui2f", "f2iz",
-       "group_term", "rs_scale")
+       "group_term", "rs_scale", "quant_code")
 NOP = len(OPS)
 MODES = 5          # operand kinds of the probe's op_pair (rp2040_probe.c)
 Q8, Q4 = 1, 2      # blob.h FLM_Q8 / FLM_Q4
@@ -161,6 +161,11 @@ def expected(op: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
                 r = {"fadd": np.add, "fsub": np.subtract, "fmul": np.multiply, "fdiv": np.divide}[name](fa, fb)
             u = r.view(np.uint32)
             return np.where(np.isnan(r), np.uint32(0x7FC00000), u).astype(np.uint32)
+        if name == "quant_code":   # an activation code of x = a times inv = b (reference quantize_activation)
+            from converter.reference import round_half_away
+            v = (fa * fb).astype(np.float32)
+            q = round_half_away(np.clip(np.where(np.isnan(v), np.float32(0), v), -127, 127).astype(np.float32))
+            return q.astype(np.int64).astype(np.uint32)
         if name == "f2iz":   # truncation, saturating, NaN -> 0 (softfloat.c)
             t = np.clip(np.trunc(fa.astype(np.float64)), -2.0**31, 2.0**31 - 1)
             return np.where(np.isnan(fa), 0, t).astype(np.int64).astype(np.uint32)

@@ -19,7 +19,7 @@
 #include "hal.h"
 #include "kernels.h"
 
-enum { FADD, FSUB, FMUL, FDIV, FCMPEQ, FCMPLT, FCMPLE, FCMPGT, FCMPGE, I2F, UI2F, F2IZ, GTERM, RSCALE, NOP };
+enum { FADD, FSUB, FMUL, FDIV, FCMPEQ, FCMPLT, FCMPLE, FCMPGT, FCMPGE, I2F, UI2F, F2IZ, GTERM, RSCALE, QCODE, NOP };
 
 #define SYST_CSR (*(volatile uint32_t *)0xe000e010u)
 #define SYST_RVR (*(volatile uint32_t *)0xe000e014u)
@@ -85,6 +85,11 @@ __attribute__((noinline)) static uint32_t run_op(uint32_t op, uint32_t a, uint32
     case RSCALE:   /* the row scale a power of two (a's sign and exponent) when b is odd, else any */
         r = u_of(flm_rs_scale((int32_t)(a ^ b) >> ((b >> 3) & 7u), f_of(b & 1u ? a & 0xff800000u : a), y));
         break;
+    case QCODE: {   /* an activation code: x = a, inv = b */
+        int8_t q;
+        flm_quant_codes_m0(&x, 1u, y, &q);
+        return (uint32_t)(int32_t)q;
+    }
     default: return nop(a, b);
     }
     return (r << 1) > 0xff000000u ? 0x7fc00000u : r;
@@ -124,6 +129,7 @@ static uint32_t time_op(uint32_t op, uint32_t count) {
         case F2IZ: sink = (uint32_t)(int32_t)f_of(ta[k]); break;
         case GTERM: sink = u_of(flm_group_term((int32_t)(ta[k] << 12) >> 12, f_of(ta[k]), f_of(tb[k]))); break;
         case RSCALE: sink = u_of(flm_rs_scale((int32_t)(ta[k] << 8) >> 8, f_of(ta[k] & 0xff800000u), f_of(tb[k]))); break;
+        case QCODE: { int8_t q; flm_quant_codes_m0((const float *)&ta[k], 1u, f_of(tb[k]), &q); sink = (uint32_t)q; break; }
         default: sink = nop(ta[k], tb[k]); break;
         }
     }

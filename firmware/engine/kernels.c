@@ -46,6 +46,24 @@ static float next_scale(row_reader *rr) {
  * soft-float call each on cores without an FPU): |x| as x without its sign bit orders as an
  * unsigned integer, and NaN (above 0x7f800000 so) never becomes the maximum. */
 #define BITS_127 0x42fe0000u   /* 127.0f */
+/* The code of x * inv: clamped to +-127 before rounding (the same codes for every finite product);
+ * NaN from a broken model becomes 0, inf +-127, instead of an undefined float-to-int conversion. */
+static int8_t act_code(float x, float inv) {
+    const uint32_t b = flm_f32_bits(x * inv), mag = b & 0x7fffffffu;
+    int32_t q;
+    if (mag > 0x7f800000u) q = 0;
+    else if (mag > BITS_127) q = (b >> 31) ? -127 : 127;
+    else q = (b >> 31) ? -flm_round_half_away(mag) : flm_round_half_away(mag);
+    return (int8_t)q;
+}
+
+static void act_codes(const float *x, uint32_t n, float inv, int8_t *q) {
+    for (uint32_t i = 0; i < n; i++) q[i] = act_code(x[i], inv);
+}
+#ifndef FLM_QUANT_CODES   /* a HAL's, bit for bit act_codes (hal_rp2040.h) */
+#define FLM_QUANT_CODES act_codes
+#endif
+
 void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float *xs) {
     for (uint32_t s = 0, gi = 0; s < n; s += g, gi++) {
         uint32_t len = n - s < g ? n - s : g;
@@ -61,18 +79,7 @@ void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float 
         }
         const float amax = flm_f32_from_bits(amax_bits);
         xs[gi] = amax / 127.0f;
-        float inv = 127.0f / amax;
-        for (uint32_t i = 0; i < len; i++) {
-            float v = x[s + i] * inv;
-            uint32_t b = flm_f32_bits(v), mag = b & 0x7fffffffu;
-            /* clamp to +-127 before rounding (same codes for every finite v); NaN from a broken
-             * model becomes 0, inf +-127, instead of an undefined float-to-int conversion */
-            int32_t q;
-            if (mag > 0x7f800000u) q = 0;
-            else if (mag > BITS_127) q = (b >> 31) ? -127 : 127;
-            else q = (b >> 31) ? -flm_round_half_away(mag) : flm_round_half_away(mag);
-            xq[s + i] = (int8_t)q;
-        }
+        FLM_QUANT_CODES(x + s, len, 127.0f / amax, xq + s);
     }
 }
 
@@ -408,7 +415,8 @@ __attribute__((weak)) void hal_matvec(const flm_tensor *w, const int8_t *xq, con
 
 /* ---- boot self-check ---------------------------------------------------------------------- */
 
-/* Built-in tensors of 3 rows with pseudo-random codes and activations (-127 and 127 among them):
+/* The activation codes of flm_quantize_act; built-in tensors of 3 rows with pseudo-random codes and
+ * activations (-127 and 127 among them):
  * in groups of 24 (the whole-row loops' odd step and a whole turn of two, softfloat_m0.s) as q8 and
  * q4 with f32, fp16 and row scales, 72 columns (whole groups: the whole-row paths) and 69 (a short
  * last group, odd for q4: the tuned loops' scalar tails); and row-scaled in groups of 32, 96 and 93
@@ -435,10 +443,30 @@ static int sc_rows_agree(const flm_tensor *w, const int8_t *xq, const float *xs)
     return 1;
 }
 
+/* The activation codes: a group of pseudo-random floats scaled to +-127 (the usual case) and the
+ * edges (0, -0, the halves around 0.5 and 127, 127.5, subnormals, infinities, NaN), tuned against act_codes. */
+static int sc_codes_agree(void) {
+    static const uint32_t edge[] = {0x00000000u, 0x80000000u, 0x3effffffu, 0xbf000000u, 0x3f000001u, 0x42fe0000u,
+                                    0xc2fd0000u, 0x42ff0000u, 0x00000001u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                    0x3fc00000u, 0x40200000u, 0x42fcffffu, 0x7f7fffffu};
+    float x[SC_COLS];
+    int8_t fast[SC_COLS], ref[SC_COLS];
+    for (uint32_t i = 0; i < SC_COLS; i++) x[i] = flm_f32_from_bits((sc_mix(i) & 0x807fffffu) | 0x3c000000u);
+    FLM_QUANT_CODES(x, SC_COLS, 0x1.8p+12f, fast);
+    act_codes(x, SC_COLS, 0x1.8p+12f, ref);
+    if (memcmp(fast, ref, SC_COLS)) return 0;
+    const uint32_t ne = sizeof edge / sizeof edge[0];
+    for (uint32_t i = 0; i < ne; i++) x[i] = flm_f32_from_bits(edge[i]);
+    FLM_QUANT_CODES(x, ne, 1.0f, fast);
+    act_codes(x, ne, 1.0f, ref);
+    return !memcmp(fast, ref, ne);
+}
+
 int flm_kernels_self_check(void) {
     static uint8_t buf[SC_ROWS * (8u + SC_COLS + 4u * SC_NG)] __attribute__((aligned(4)));
     static int8_t xq[SC_COLS] __attribute__((aligned(4)));
     static const float xs[SC_NG] = {0.25f, -0.0078125f, 3.0f};
+    if (!sc_codes_agree()) return -1;
     for (uint32_t i = 0; i < SC_COLS; i++) xq[i] = (int8_t)(i < 4u ? (i & 1u ? 127 : -127) : (int32_t)(sc_mix(i) % 255u) - 127);
     for (uint32_t g = 24u; g <= 32u; g += 8u) {
         for (uint32_t cols = SC_NG * g - 3u; cols <= SC_NG * g; cols += 3u) {

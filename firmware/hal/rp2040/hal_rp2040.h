@@ -44,4 +44,8 @@ float flm_rs_scale(int32_t acc, float s, float x);
 #define FLM_RS_Q8_ROW flm_rs_q8_row_m0
 #define FLM_RS_Q4_ROW flm_rs_q4_row_m0
 #define FLM_RS_SCALE flm_rs_scale
+
+/* kernels.c flm_quantize_act's codes of a group, x[i] * inv as __aeabi_fmul forms it inline. */
+void flm_quant_codes_m0(const float *x, uint32_t n, float inv, int8_t *q);
+#define FLM_QUANT_CODES flm_quant_codes_m0
 #endif

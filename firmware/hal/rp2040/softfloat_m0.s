@@ -1131,3 +1131,64 @@ flm_axpy_f32:
     bne 6b
     RESTORE8
     .size flm_axpy_f32, . - flm_axpy_f32
+
+@ void flm_quant_codes_m0(const float *x, uint32_t n, float inv, int8_t *q), n >= 1: kernels.c
+@ flm_quantize_act's codes of one group, q[i] = code(x[i] * inv): the product as __aeabi_fmul forms
+@ it (MULF), then on its bits NaN -> 0, beyond 127 -> +-127, else round_half_away (flm_math.h).
+    .section .text.flm_quant_codes_m0,"ax",%progbits
+    .global flm_quant_codes_m0
+    .type flm_quant_codes_m0, %function
+    .thumb_func
+flm_quant_codes_m0:
+    SAVE8
+    movs r6, r0                 @ x
+    movs r7, r3                 @ q
+    mov r9, r2                  @ inv
+    lsls r1, r1, #2
+    adds r1, r0, r1
+    mov r8, r1                  @ the end of x
+6:  ldm r6!, {r0}                @ (labels 1-3, 7, 8 are MULF's)
+    mov r1, r9
+    MULF
+    lsls r1, r0, #1
+    lsrs r1, r1, #1             @ |v|
+    ldr r3, =0x42fe0000         @ 127.0f
+    cmp r1, r3
+    bhi 5f
+    movs r3, #0x3f
+    lsls r3, r3, #24            @ 0.5f
+    cmp r1, r3
+    blo 4f
+    lsrs r3, r1, #23            @ v in [0.5, 127]: floor(2v) from the significand, plus one, halved
+    lsls r4, r1, #8
+    movs r2, #1
+    lsls r2, r2, #31
+    orrs r4, r2
+    movs r2, #157
+    subs r2, r2, r3
+    lsrs r4, r2
+    adds r4, #1
+    lsrs r4, r4, #1
+    b 7f
+4:  ldr r3, =0x3effffff         @ below 0.5: only the float just below it rounds up (fl(v + 0.5) = 1)
+    movs r4, #0
+    cmp r1, r3
+    bne 7f
+    movs r4, #1
+    b 7f
+5:  movs r4, #127               @ beyond 127: +-127, NaN: 0
+    movs r3, #255
+    lsls r3, r3, #23
+    cmp r1, r3
+    bls 7f
+    movs r4, #0
+7:  cmp r0, #0                  @ the sign of v
+    bge 8f
+    negs r4, r4
+8:  strb r4, [r7]
+    adds r7, #1
+    cmp r6, r8
+    bne 6b
+    RESTORE8
+    .ltorg
+    .size flm_quant_codes_m0, . - flm_quant_codes_m0
