@@ -24,6 +24,7 @@ typedef struct {
     uint32_t scale16;              /* 1: fp16 scales, a row = its scales (padded to 4), then codes */
     uint32_t rowscale;             /* 1: a row = f32 row scale, u8 multipliers (padded to 4), then codes
                                     * (q4 offset by 8); one activation scale for the whole input */
+    uint32_t n_groups;             /* ceil(cols / group) (q8/q4): no division per row on cores without one */
 } flm_tensor;
 
 typedef struct {

@@ -303,11 +303,11 @@ static float row_fault(float v, int q8) { return flm_f32_from_bits(flm_f32_bits(
 #define ROW_WHOLE row_whole
 #endif
 
-/* The number of groups when the rows of w take the whole-row path, else 0: the shape tests (a
- * division each) once per matvec, not per row. */
+/* The number of groups when the rows of w take the whole-row path, else 0. */
 static uint32_t whole_groups(const flm_tensor *w, const int8_t *xq) {
     const uint32_t g = w->group;
-    return !w->scale16 && !w->rowscale && w->cols % g == 0u && g % 8u == 0u && !((uintptr_t)xq & 3u) ? w->cols / g : 0u;
+    return !w->scale16 && !w->rowscale && w->n_groups * g == w->cols && g % 8u == 0u && !((uintptr_t)xq & 3u)
+               ? w->n_groups : 0u;
 }
 
 static float row_tuned(const flm_tensor *w, uint32_t r, uint32_t ng, const int8_t *xq, const float *xs) {
@@ -315,7 +315,7 @@ static float row_tuned(const flm_tensor *w, uint32_t r, uint32_t ng, const int8_
     return row_with(w, r, xq, xs, dot_q8, dot_q4, FLM_GROUP_TERM);
 }
 
-#ifdef FLM_RS_Q8_PAIR   /* a HAL's row-scaled kernels, bit for bit row_rs (hal_rp2040.h) */
+#ifdef FLM_RS_ROWS_Q8   /* a HAL's row-scaled rows, bit for bit row_rs (hal_rp2040.h) */
 /* The q4 kernel's activations (softfloat_m0.s Q4L_WORD), on the stack: per sub-block of 32 columns
  * a start value, minus the share of the codes' offset 8, then per 8 columns (x_j << 16) + x_{j+4},
  * j = 0..3. Up to LANE_COLS columns: 2,176 bytes of the RP2040's 8 KB stack floor. */
@@ -326,64 +326,48 @@ static float row_tuned(const flm_tensor *w, uint32_t r, uint32_t ng, const int8_
  * columns (docs/formats.md). 0: another shape; else geom = n_groups | group << 16. */
 static uint32_t rs_geom(const flm_tensor *w, const int8_t *xq) {
     const uint32_t g = w->group, q8 = w->fmt == FLM_Q8;
-    const int ok = w->cols % g == 0u && g % (q8 ? 8u : 32u) == 0u && w->cols <= (q8 ? 518u : LANE_COLS) &&
+    const int ok = w->n_groups * g == w->cols && g % (q8 ? 8u : 32u) == 0u && w->cols <= (q8 ? 518u : LANE_COLS) &&
                    !((uintptr_t)xq & 3u);
-    return ok ? w->cols / g | g << 16 : 0u;
+    return ok ? w->n_groups | g << 16 : 0u;
 }
 
-static __attribute__((noinline)) void rows_rs_lanes(const uint8_t *a, uint32_t stride, uint32_t n, const int8_t *x,
-                                                    uint32_t cols, uint32_t geom, float xs, float *out) {
+static __attribute__((noinline)) void rows_rs_lanes(flm_rs_job *j, uint32_t cols) {
     uint32_t lanes[LANE_COLS / 32u * 17u], *p = lanes;
+    const int8_t *x = j->x;
     for (uint32_t s = 0; s < cols; s += 32u) {
         uint32_t *start = p++, sum = 0;
         for (uint32_t b = s; b < s + 32u; b += 8u)
-            for (uint32_t j = 0; j < 4u; j++) {
-                const uint32_t v = ((uint32_t)(int32_t)x[b + j] << 16) + (uint32_t)(int32_t)x[b + j + 4u];
+            for (uint32_t i = 0; i < 4u; i++) {
+                const uint32_t v = ((uint32_t)(int32_t)x[b + i] << 16) + (uint32_t)(int32_t)x[b + i + 4u];
                 *p++ = v;
                 sum += v;
             }
         *start = 0u - 8u * 0x10001u * sum;
     }
-    for (uint32_t i = 0; i < n; i++, a += stride) out[i] = FLM_RS_SCALE(FLM_RS_Q4_ROW(a, lanes, geom), rdf(a), xs);
+    j->x = lanes;
+    FLM_RS_ROWS_Q4(j);
 }
-
-#ifdef FLM_FAULT_TUNED_KERNEL   /* (see TUNED) the HAL's q8 rows are off by one */
-#define RS_FAULT(acc) ((acc) ^ 1)
-#else
-#define RS_FAULT(acc) (acc)
-#endif
 #endif
 
-/* Rows r0, r0 + 1, ... of a row-scaled tensor into out[0, n) (pair: two a pass where the HAL can,
- * and the q4 lanes, worth it for a matvec's rows; not for one row of the pruned head). */
+/* Rows r0, r0 + 1, ... of a row-scaled tensor into out[0, n) (many: a matvec's, worth the q4 lanes;
+ * not for one row of the pruned head). */
 static void rows_rs(const flm_tensor *w, uint32_t r0, uint32_t n, const int8_t *xq, const float *xs, float *out,
-                    int pair) {
-    const uint8_t *a = w->data + (size_t)r0 * w->stride;
-    uint32_t i = 0;
-#ifdef FLM_RS_Q8_PAIR
+                    int many) {
+#ifdef FLM_RS_ROWS_Q8
     const uint32_t geom = rs_geom(w, xq);
-    if (geom) {
-        const float x = xs[0];
-        if (w->fmt == FLM_Q8) {
-            for (; pair && i + 1u < n; i += 2u, a += 2u * w->stride) {
-                int32_t acc[2];
-                FLM_RS_Q8_PAIR(a, a + w->stride, xq, geom, acc);
-                out[i] = FLM_RS_SCALE(RS_FAULT(acc[0]), rdf(a), x);
-                out[i + 1u] = FLM_RS_SCALE(acc[1], rdf(a + w->stride), x);
-            }
-            for (; i < n; i++, a += w->stride) out[i] = FLM_RS_SCALE(RS_FAULT(FLM_RS_Q8_ROW(a, xq, geom)), rdf(a), x);
-            return;
-        }
-        if (pair) {   /* the lanes pay for themselves over a matvec's rows */
-            rows_rs_lanes(a, w->stride, n, xq, w->cols, geom, x, out);
-            return;
-        }
+    if (geom && (w->fmt == FLM_Q8 || many)) {
+        flm_rs_job j = {w->data + (size_t)r0 * w->stride, w->stride, n, xq, geom, xs[0], out};
+        if (w->fmt == FLM_Q8) FLM_RS_ROWS_Q8(&j);
+        else rows_rs_lanes(&j, w->cols);
+#ifdef FLM_FAULT_TUNED_KERNEL   /* (see TUNED) the HAL's q8 rows are off by one ulp */
+        for (uint32_t i = 0; i < n && w->fmt == FLM_Q8; i++) out[i] = flm_f32_from_bits(flm_f32_bits(out[i]) ^ 1u);
+#endif
+        return;
     }
 #else
-    (void)pair;
-    (void)a;
+    (void)many;
 #endif
-    for (; i < n; i++) out[i] = row_rs(w, r0 + i, xq, xs, dot_q8, dot_q4o_bytes);
+    for (uint32_t i = 0; i < n; i++) out[i] = row_rs(w, r0 + i, xq, xs, dot_q8, dot_q4o_bytes);
 }
 
 float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs) {
@@ -484,7 +468,7 @@ int flm_kernels_self_check(void) {
                             else { uint8_t *q = p + k * (4u + code); q[0] = q[1] = 0; q[2] = 0xc0u; q[3] = (uint8_t)(0x3fu - k); }
                         }
                     }
-                    flm_tensor w = {buf, fmt, SC_ROWS, cols, g, stride, FLM_TIER_SRAM, SC_ROWS * stride, s16, rs};
+                    flm_tensor w = {buf, fmt, SC_ROWS, cols, g, stride, FLM_TIER_SRAM, SC_ROWS * stride, s16, rs, SC_NG};
                     if (!sc_rows_agree(&w, xq, xs)) return -1;
                 }
             }

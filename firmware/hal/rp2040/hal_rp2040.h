@@ -33,17 +33,23 @@ float flm_row_q4_m0(const uint8_t *p, const int8_t *x, const float *xs, uint32_t
 #define FLM_ROW_WHOLE(p, x, xs, ng, g, q8) \
     ((q8) ? flm_row_q8_m0((p), (x), (xs), (ng), (g)) : flm_row_q4_m0((p), (x), (xs), (ng), (g) / 2u))
 
-/* Row-scaled rows (kernels.c rows_rs; softfloat_m0.s): the integer sum of a row, or of two rows a
- * pass (q8), or with the q4 codes two to a product (lanes from kernels.c rows_rs_lanes); geom =
- * n_groups | group << 16; then float(acc) * (S * X) in one call, bit for bit the plain expression. */
-void flm_rs_q8_pair_m0(const uint8_t *ra, const uint8_t *rb, const int8_t *x, uint32_t geom, int32_t acc[2]);
-int32_t flm_rs_q8_row_m0(const uint8_t *row, const int8_t *x, uint32_t geom);
-int32_t flm_rs_q4_row_m0(const uint8_t *row, const uint32_t *lanes, uint32_t geom);
-float flm_rs_scale(int32_t acc, float s, float x);
-#define FLM_RS_Q8_PAIR flm_rs_q8_pair_m0
-#define FLM_RS_Q8_ROW flm_rs_q8_row_m0
-#define FLM_RS_Q4_ROW flm_rs_q4_row_m0
-#define FLM_RS_SCALE flm_rs_scale
+/* Row-scaled rows (kernels.c rows_rs; softfloat_m0.s): n rows from row on, each row's integer sum
+ * (q8: two rows a pass; q4: two codes a product, x being kernels.c rows_rs_lanes' lanes), then
+ * float(acc) * (S * X) inline, bit for bit the plain expression, into out[0, n). geom = n_groups |
+ * group << 16. The drivers advance row, n and out as they go. */
+typedef struct {
+    const uint8_t *row;
+    uint32_t stride, n;
+    const void *x;
+    uint32_t geom;
+    float xs;
+    float *out;
+} flm_rs_job;
+void flm_rs_rows_q8_m0(flm_rs_job *j);
+void flm_rs_rows_q4_m0(flm_rs_job *j);
+float flm_rs_scale(int32_t acc, float s, float x);   /* the drivers' float(acc) * (s * x), as a function */
+#define FLM_RS_ROWS_Q8 flm_rs_rows_q8_m0
+#define FLM_RS_ROWS_Q4 flm_rs_rows_q4_m0
 
 /* kernels.c flm_quantize_act's codes of a group, x[i] * inv as __aeabi_fmul forms it inline. */
 void flm_quant_codes_m0(const float *x, uint32_t n, float inv, int8_t *q);

@@ -606,11 +606,12 @@ flm_group_term:
     ROW flm_row_q8_m0, Q8_PAIR, 3, r8   @ a step: 8 code bytes; the codes' end in r8
     ROW flm_row_q4_m0, Q4_WORD, 2, r7   @ a step: 4 code bytes
 
-@ ---- row-scaled matvec rows (docs/formats.md section 1; kernels.c rows_rs): the integer part of a
-@ row, acc = sum_g k_g * (sum_{c in g} code_c * x_c), exact in an int32 for the shapes kernels.c
-@ sends here (|acc| < 2^31: at most 518 columns of q8, 8288 of q4); then flm_rs_scale's
-@ float(acc) * (S * X). A row: f32 S, u8 k[ng] padded to 4, then ng groups of g codes.
-@ geom = ng | g << 16 (g a multiple of 8; of 32 for q4).
+@ ---- row-scaled matvec rows (docs/formats.md section 1; kernels.c rows_rs): a row's integer part,
+@ acc = sum_g k_g * (sum_{c in g} code_c * x_c), exact in an int32 for the shapes kernels.c sends
+@ here (|acc| < 2^31: at most 518 columns of q8, 1024 of q4), then float(acc) * (S * X) inline. A
+@ row: f32 S, u8 k[ng] padded to 4, then ng groups of g codes; geom = ng | g << 16 (g a multiple
+@ of 8; of 32 for q4). The drivers take a job (hal_rp2040.h flm_rs_job: row, stride, n, x or
+@ lanes, geom, X, out at offsets 0..24) and write out[0, n).
 
 @ 4 q8 codes of two rows (words r5, r6) times 4 activations (word r3) into r8 (row a), r9 (row b);
 @ r0 = row a's codes (the word after r5), r1 = row b's offset from there; clobbers r3-r7
@@ -675,6 +676,7 @@ flm_group_term:
     pop {r4, r5, r6, r7, pc}
     .endm
 
+
 @ \row (a low register) = its row's k[], \geom -> \row = its codes, \t = pad4(ng); clobbers \t
     .macro CODES_OF row, geom, t
     uxth \t, \geom
@@ -684,16 +686,10 @@ flm_group_term:
     adds \row, \row, \t
     .endm
 
-@ void flm_rs_q8_pair_m0(const uint8_t *ra, const uint8_t *rb, const int8_t *x, uint32_t geom, int32_t acc[2]):
-@ two rows a pass, each activation word loaded and sign-extended once for both.
-@ r8, r9 = the group sums, r10 = the group's codes end, r11 = row a's next k, r12, lr = the rows'
-@ acc; [sp] = g, [sp, #4] = row a's codes end.
-    .section .text.flm_rs_q8_pair_m0,"ax",%progbits
-    .global flm_rs_q8_pair_m0
-    .type flm_rs_q8_pair_m0, %function
-    .thumb_func
-flm_rs_q8_pair_m0:
-    ENTER9 3
+@ The pair's integer parts: r0 = row a, r1 = row b, r2 = x, r3 = geom -> r12, lr = acc of a, b;
+@ [sp] = g, [sp, #4] = row a's codes end (locals); clobbers r0-r11. r8, r9 = the group sums,
+@ r10 = the group's codes end, r11 = row a's next k.
+    .macro Q8P_BODY
     subs r1, r1, r0
     subs r1, #4                 @ row b's word from row a's pointer after its load
     adds r0, #4
@@ -736,24 +732,13 @@ flm_rs_q8_pair_m0:
     ldr r7, [sp, #4]
     cmp r0, r7
     bne 1b
-    ldr r4, [sp, #48]           @ acc, the fifth argument (above the 9 saved words and 3 locals)
-    mov r5, r12
-    str r5, [r4, #0]
-    mov r5, lr
-    str r5, [r4, #4]
-    LEAVE9 3
-    .size flm_rs_q8_pair_m0, . - flm_rs_q8_pair_m0
+    .endm
 
-@ int32_t flm_rs_q8_row_m0(const uint8_t *row, const int8_t *x, uint32_t geom): one row (the pruned
-@ head's), 16 codes a turn (a group of an odd number of 8-code steps enters at the second).
-@ r4 = codes, r5 = x, r6 = the group sum, r8 = the group's codes end, r9 = acc, r10 = the next k,
-@ r11 = g, r12 = the row's codes end.
-    .section .text.flm_rs_q8_row_m0,"ax",%progbits
-    .global flm_rs_q8_row_m0
-    .type flm_rs_q8_row_m0, %function
-    .thumb_func
-flm_rs_q8_row_m0:
-    ENTER9 0
+@ One row's integer part (the pruned head's rows, an odd last row), 16 codes a turn (a group of an
+@ odd number of 8-code steps enters at the second): r0 = row, r1 = x, r2 = geom -> r9 = acc;
+@ clobbers r0-r8, r10-r12. r4 = codes, r5 = x, r6 = the group sum, r8 = the group's codes end,
+@ r10 = the next k, r11 = g, r12 = the row's codes end.
+    .macro Q8S_BODY
     adds r4, r0, #4
     mov r10, r4
     CODES_OF r4, r2, r3
@@ -785,9 +770,7 @@ flm_rs_q8_row_m0:
     add r8, r11
     cmp r4, r12
     bne 1b
-    mov r0, r9
-    LEAVE9 0
-    .size flm_rs_q8_row_m0, . - flm_rs_q8_row_m0
+    .endm
 
 @ q4, two codes a product: a word's nibbles j and j + 4 (elements j and j + 4 of its 8, each code + 8)
 @ masked into the two 16-bit lanes of a register, times X_j = x_j << 16 + x_{j+4} (kernels.c
@@ -819,15 +802,10 @@ flm_rs_q8_row_m0:
     adds r2, r4
     .endm
 
-@ int32_t flm_rs_q4_row_m0(const uint8_t *row, const uint32_t *lanes, uint32_t geom): lanes from
-@ kernels.c rows_rs_lanes. r8 = a group's code bytes, r9 = its k, r10 = its codes end, r11 = the next
-@ k, r12 = acc, lr = the row's codes end.
-    .section .text.flm_rs_q4_row_m0,"ax",%progbits
-    .global flm_rs_q4_row_m0
-    .type flm_rs_q4_row_m0, %function
-    .thumb_func
-flm_rs_q4_row_m0:
-    ENTER9 0
+@ One q4 row's integer part: r0 = row, r1 = lanes, r2 = geom -> r12 = acc; clobbers r0-r11, lr.
+@ r8 = a group's code bytes, r9 = its k, r10 = its codes end, r11 = the next k, lr = the row's
+@ codes end.
+    .macro Q4_BODY
     adds r0, #4
     mov r11, r0
     CODES_OF r0, r2, r3
@@ -863,38 +841,31 @@ flm_rs_q4_row_m0:
     bne 2b
     cmp r0, lr
     bne 1b
-    mov r0, r12
-    LEAVE9 0
-    .ltorg
-    .size flm_rs_q4_row_m0, . - flm_rs_q4_row_m0
+    .endm
 
-@ float flm_rs_scale(int32_t acc, float s, float x) = (float)acc * (s * x): a row-scaled row's value
-@ (kernels.c rows_rs) in one call. The converter's row scales are powers of two, so s * x is x with
-@ its exponent moved (exact while a normal number) and one product remains; both roundings are the
-@ plain expression's. Off the fast path (s not a normal power of two, s * x or the result not
-@ normal, acc 0) flm_group_term_slow, the same expression, makes the calls.
-    .section .text.flm_rs_scale,"ax",%progbits
-    .global flm_rs_scale
-    .type flm_rs_scale, %function
-    .thumb_func
-flm_rs_scale:
-    push {r0, r1, r2, r4, r5, r6, r7, lr}
+@ r0 = acc, r1 = s, r2 = x -> r0 = (float)acc * (s * x), bit for bit the plain expression: the
+@ converter's row scales are powers of two, so s * x is x with its exponent moved (exact while a
+@ normal number) and one product remains. Off the fast path (s not a normal power of two, s * x or
+@ the result not normal, acc 0) flm_group_term_slow, the same expression, makes the calls. Keeps
+@ the three on the stack meanwhile (4 words: sp stays 8-aligned); clobbers r1-r7, r12, lr.
+    .macro RS_FINISH
+    push {r0, r1, r2, r3}
     lsls r3, r1, #9
-    bne .Lrs_slow               @ s has fraction bits
+    bne .Lrsf_slow\@           @ s has fraction bits
     lsls r3, r1, #1
     lsrs r3, r3, #24
     subs r3, #1
     cmp r3, #253
-    bhi .Lrs_slow               @ s zero, subnormal or not finite
+    bhi .Lrsf_slow\@           @ s zero, subnormal or not finite
     lsls r4, r2, #1
     lsrs r4, r4, #24
     subs r4, #1
     cmp r4, #253
-    bhi .Lrs_slow               @ x not normal
+    bhi .Lrsf_slow\@           @ x not normal
     adds r7, r3, r4
     subs r7, #126               @ E - 1 of s * x
     cmp r7, #253
-    bhi .Lrs_slow               @ s * x not normal
+    bhi .Lrsf_slow\@           @ s * x not normal
     eors r1, r2
     eors r1, r0
     mov r12, r1                 @ bit 31: the sign of the result
@@ -906,7 +877,7 @@ flm_rs_scale:
     asrs r3, r0, #31
     eors r0, r3
     subs r0, r0, r3             @ |acc|
-    beq .Lrs_slow
+    beq .Lrsf_slow\@
     movs r6, #157               @ E - 1 for a leading one at bit 31
     LEAD31 r6, r3
     lsls r3, r0, #24            @ float(acc): rounding bits, guard at bit 31
@@ -928,7 +899,7 @@ flm_rs_scale:
     subs r7, #1
 9:  subs r7, #125
     cmp r7, #253
-    bhi .Lrs_slow               @ overflow or a subnormal product
+    bhi .Lrsf_slow\@           @ overflow or a subnormal product
     ROUND
     lsls r7, r7, #23
     adds r4, r4, r7
@@ -937,16 +908,123 @@ flm_rs_scale:
     lsls r2, r2, #31
     orrs r4, r2
     movs r0, r4
-    add sp, #12
-    pop {r4, r5, r6, r7, pc}
-.Lrs_slow:
+    add sp, #16
+    b .Lrsf_done\@
+.Lrsf_slow\@:
     ldr r0, [sp, #0]
     ldr r1, [sp, #4]
     ldr r2, [sp, #8]
     bl flm_group_term_slow
-    add sp, #12
-    pop {r4, r5, r6, r7, pc}
+    add sp, #16
+.Lrsf_done\@:
+    .endm
+
+@ r0 = acc, r1 = row: out[0] = RS_FINISH(acc, the row's S, the job's X), out += 1 (the job at [sp, #8])
+    .macro RS_OUT
+    ldr r1, [r1]
+    ldr r2, [sp, #8]
+    ldr r2, [r2, #20]
+    RS_FINISH
+    ldr r3, [sp, #8]
+    ldr r4, [r3, #24]
+    stm r4!, {r0}
+    str r4, [r3, #24]
+    .endm
+
+@ float flm_rs_scale(int32_t acc, float s, float x) = (float)acc * (s * x), RS_FINISH as a function
+@ (bench/kernels.py checks it against NumPy).
+    .section .text.flm_rs_scale,"ax",%progbits
+    .global flm_rs_scale
+    .type flm_rs_scale, %function
+    .thumb_func
+flm_rs_scale:
+    push {r3, r4, r5, r6, r7, lr}
+    RS_FINISH
+    pop {r3, r4, r5, r6, r7, pc}
     .size flm_rs_scale, . - flm_rs_scale
+
+@ void flm_rs_rows_q8_m0(flm_rs_job *j): two rows a pass (each activation word loaded and
+@ sign-extended once for both), an odd last one alone. Locals: [sp] = g, [sp, #4] = codes end
+@ (Q8P_BODY), [sp, #8] = the job, [sp, #12] = the pass's first row.
+    .section .text.flm_rs_rows_q8_m0,"ax",%progbits
+    .global flm_rs_rows_q8_m0
+    .type flm_rs_rows_q8_m0, %function
+    .thumb_func
+flm_rs_rows_q8_m0:
+    ENTER9 4
+    str r0, [sp, #8]
+20: ldr r4, [sp, #8]
+    ldr r5, [r4, #8]            @ rows left
+    cmp r5, #1
+    blo 23f
+    beq 24f
+    b 21f                       @ (the blocks are beyond a conditional branch's reach)
+24: b 22f
+23: LEAVE9 4
+21: subs r5, #2                 @ a pair
+    str r5, [r4, #8]
+    ldr r0, [r4, #0]
+    ldr r6, [r4, #4]            @ stride
+    adds r1, r0, r6
+    adds r6, r1, r6
+    str r6, [r4, #0]
+    str r0, [sp, #12]
+    ldr r2, [r4, #12]
+    ldr r3, [r4, #16]
+    Q8P_BODY
+    mov r11, lr                 @ row b's acc (RS_FINISH may call out)
+    mov r0, r12
+    ldr r1, [sp, #12]
+    RS_OUT
+    ldr r3, [sp, #8]
+    ldr r1, [sp, #12]
+    ldr r3, [r3, #4]
+    adds r1, r1, r3             @ row b
+    mov r0, r11
+    RS_OUT
+    b 20b
+22: movs r5, #0                 @ the last row
+    str r5, [r4, #8]
+    ldr r0, [r4, #0]
+    str r0, [sp, #12]
+    ldr r1, [r4, #12]
+    ldr r2, [r4, #16]
+    Q8S_BODY
+    mov r0, r9
+    ldr r1, [sp, #12]
+    RS_OUT
+    b 20b
+    .size flm_rs_rows_q8_m0, . - flm_rs_rows_q8_m0
+
+@ void flm_rs_rows_q4_m0(flm_rs_job *j): j->x is the lanes (kernels.c rows_rs_lanes). Locals as above.
+    .section .text.flm_rs_rows_q4_m0,"ax",%progbits
+    .global flm_rs_rows_q4_m0
+    .type flm_rs_rows_q4_m0, %function
+    .thumb_func
+flm_rs_rows_q4_m0:
+    ENTER9 4
+    str r0, [sp, #8]
+20: ldr r4, [sp, #8]
+    ldr r5, [r4, #8]
+    cmp r5, #0
+    bne 21f
+    LEAVE9 4
+21: subs r5, #1
+    str r5, [r4, #8]
+    ldr r0, [r4, #0]
+    ldr r6, [r4, #4]
+    adds r6, r0, r6
+    str r6, [r4, #0]
+    str r0, [sp, #12]
+    ldr r1, [r4, #12]
+    ldr r2, [r4, #16]
+    Q4_BODY
+    mov r0, r12
+    ldr r1, [sp, #12]
+    RS_OUT
+    b 20b
+    .ltorg
+    .size flm_rs_rows_q4_m0, . - flm_rs_rows_q4_m0
 
 @ ---- float __aeabi_fdiv(float a, float b) -----------------------------------------------
 @ Normal operands and a normal quotient: 25 quotient bits by restoring division (the carry of
