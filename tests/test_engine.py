@@ -75,7 +75,7 @@ def test_bytes_read_per_tier(tmp_path, build_root):
 
 def test_exp_table_is_the_references():
     src = (ROOT / "firmware/engine/flm_math.c").read_text()
-    body = src[src.index("EXP2_Q23[257] = {") + 17:]
+    body = src[src.index("flm_exp2_q23[257] = {") + 21:]
     table = [int(v.strip().rstrip("u")) for v in body[:body.index("}")].split(",")]
     assert table == EXP2_Q23.tolist()
 

@@ -182,26 +182,30 @@ static float pow2_f32(int32_t e) {
  * score n_t, then w_t, then wc_t; o holds the integer sums until the last line. */
 static void attend_int8_head(flm_state *s, uint32_t l, uint32_t pos, uint32_t kh, const float *q, float kq, float *o) {
     const flm_model *m = s->m;
-    const uint32_t hd = m->head_dim, T = pos + 1u;
+    const uint32_t hd = m->head_dim, T = pos + 1u, rs = m->n_kv_heads * s->kv_row;   /* row t to t + 1 */
+    const uint8_t *k0 = kv_at(s, s->kc, l, 0, kh), *v0 = kv_at(s, s->vc, l, 0, kh), *k = k0, *v = v0;
     int32_t *n = (int32_t *)(void *)s->att, *acc = (int32_t *)(void *)o;
     float qs;
     flm_quantize_act(q, hd, hd, s->xq, &qs);
     const float c = qs * kq;
-    int32_t nmax = 0;
-    for (uint32_t t = 0; t < T; t++) {
-        const uint8_t *row = kv_at(s, s->kc, l, t, kh);
-        n[t] = to_fixed((float)flm_dot_q8((const int8_t *)(row + 4), s->xq, hd) * (rdf32(row) * c));
-        if (t == 0 || n[t] > nmax) nmax = n[t];
+    for (uint32_t t = 0; t < T; t += 2u, k += 2u * rs) {   /* two keys a pass: the query's codes read once */
+        int32_t d[2];
+        if (t + 1u < T) flm_dot2_q8((const int8_t *)(k + 4), (const int8_t *)(k + rs + 4), s->xq, hd, d);
+        else d[0] = flm_dot_q8((const int8_t *)(k + 4), s->xq, hd);
+        n[t] = to_fixed((float)d[0] * (rdf32(k) * c));
+        if (t + 1u < T) n[t + 1u] = to_fixed((float)d[1] * (rdf32(k + rs) * c));
     }
+    int32_t nmax = n[0];
+    for (uint32_t t = 1; t < T; t++) nmax = n[t] > nmax ? n[t] : nmax;
     uint32_t psum = 0, wmax = 0;
-    for (uint32_t t = 0; t < T; t++) {   /* p_t = 2^((n_t - max) / 2^16) in Q15; w_t = p_t * vs_t */
-        const int32_t d = n[t] - nmax;
-        const uint32_t f = (uint32_t)d & 0xffffu, sh = 8u - (uint32_t)((d - (int32_t)f) / 65536);
+    for (uint32_t t = 0; t < T; t++, v += rs) {   /* p_t = 2^((n_t - max) / 2^16) in Q15; w_t = p_t * vs_t */
+        const int32_t dt = n[t] - nmax;
+        const uint32_t f = (uint32_t)dt & 0xffffu, sh = 8u - (uint32_t)((dt - (int32_t)f) / 65536);
         const uint32_t p = sh < 24u ? flm_exp2_frac(f) >> sh : 0u;
         psum += p;
-        const float w = (float)p * rdf32(kv_at(s, s->vc, l, t, kh));
-        n[t] = (int32_t)flm_f32_bits(w);
-        if (flm_f32_bits(w) > wmax && flm_f32_bits(w) < 0x7f800000u) wmax = flm_f32_bits(w);
+        const uint32_t wb = flm_f32_bits((float)p * rdf32(v));
+        n[t] = (int32_t)wb;
+        if (wb > wmax && wb < 0x7f800000u) wmax = wb;
     }
     if (wmax == 0u) {   /* every weight 0 (V rows of zeros) */
         memset(o, 0, hd * 4u);
@@ -211,11 +215,8 @@ static void attend_int8_head(flm_state *s, uint32_t l, uint32_t pos, uint32_t kh
     for (uint32_t t = T; t; t >>= 1) bits++;
     const int32_t E = pow2_exp(wmax, 24 - (int32_t)bits);      /* sum_t wc_t * 127 < 2^31 */
     memset(acc, 0, hd * 4u);
-    for (uint32_t t = 0; t < T; t++) {
-        const int32_t wc = round_scaled((uint32_t)n[t], E);
-        const int8_t *v = (const int8_t *)(kv_at(s, s->vc, l, t, kh) + 4);
-        for (uint32_t i = 0; i < hd; i++) acc[i] += wc * (int32_t)v[i];
-    }
+    v = v0;
+    for (uint32_t t = 0; t < T; t++, v += rs) flm_axpy_q8(acc, (const int8_t *)(v + 4), round_scaled((uint32_t)n[t], E), hd);
     const float c2 = (1.0f / (float)psum) * pow2_f32(E);
     for (uint32_t i = 0; i < hd; i++) o[i] = (float)acc[i] * c2;
 }

@@ -6,8 +6,7 @@
 #define EXP_LO (-86.0f)              /* below: 0 (keeps 2^k and the result normal) */
 #define EXP_HI 88.0f                 /* above: +inf */
 
-/* 2^(j/256) in Q23, j = 0..256 (converter/reference.py EXP2_Q23, which tests/test_engine.py checks) */
-static const uint32_t EXP2_Q23[257] = {
+const uint32_t flm_exp2_q23[257] = {
     8388608u, 8411352u, 8434157u, 8457025u, 8479954u, 8502945u, 8525999u, 8549116u,
     8572295u, 8595536u, 8618841u, 8642209u, 8665641u, 8689136u, 8712694u, 8736317u,
     8760003u, 8783754u, 8807569u, 8831449u, 8855394u, 8879403u, 8903477u, 8927617u,
@@ -42,11 +41,6 @@ static const uint32_t EXP2_Q23[257] = {
     16417715u, 16462228u, 16506861u, 16551616u, 16596492u, 16641490u, 16686609u, 16731851u,
     16777216u
 };
-
-uint32_t flm_exp2_frac(uint32_t f) {
-    const uint32_t j = f >> 8, lo = EXP2_Q23[j];
-    return lo + (((EXP2_Q23[j + 1u] - lo) * (f & 255u)) >> 8);
-}
 
 /* The range tests compare the floats' bits (the same outcomes as the float comparisons, without a
  * soft-float call each on cores without an FPU): a magnitude orders as an unsigned integer. One

@@ -17,8 +17,13 @@ static inline int32_t flm_round_half_away(uint32_t mag) {
     /* its bits from the halves' place up (exponent 126..149, a shift of 31..8), plus a half */
     return (int32_t)(((sig >> (157u - (mag >> 23))) + 1u) >> 1);
 }
-/* 2^(f / 65536) in Q23 for f in [0, 65536): a 257-entry table, interpolated linearly (floor) */
-uint32_t flm_exp2_frac(uint32_t f);
+/* 2^(j/256) in Q23, j = 0..256 (converter/reference.py EXP2_Q23, which tests/test_engine.py checks) */
+extern const uint32_t flm_exp2_q23[257];
+/* 2^(f / 65536) in Q23 for f in [0, 65536): the table, interpolated linearly (floor) */
+static inline uint32_t flm_exp2_frac(uint32_t f) {
+    const uint32_t j = f >> 8, lo = flm_exp2_q23[j];
+    return lo + (((flm_exp2_q23[j + 1u] - lo) * (f & 255u)) >> 8);
+}
 float flm_expf(float x);   /* n = round(x log2(e) 2^16), then 2^(n / 2^16) by flm_exp2_frac and the exponent */
 float flm_sqrtf(float x);  /* correctly rounded, like IEEE sqrt, for x >= 0 */
 float flm_silu(float x);   /* x / (1 + exp(-x)) */

@@ -219,6 +219,37 @@ int32_t flm_dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) { return dot_q
 
 uint32_t flm_act_group(const flm_tensor *w) { return w->rowscale ? w->cols : w->group; }
 
+static void dot2_scalar(const int8_t *a, const int8_t *b, const int8_t *x, uint32_t n, int32_t out[2]) {
+    out[0] = dot_q8_scalar(a, x, n);
+    out[1] = dot_q8_scalar(b, x, n);
+}
+
+static void axpy_scalar(int32_t *acc, const int8_t *v, int32_t w, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) acc[i] += w * (int32_t)v[i];
+}
+
+void flm_dot2_q8(const int8_t *a, const int8_t *b, const int8_t *x, uint32_t n, int32_t out[2]) {
+#ifdef FLM_DOT2_Q8   /* a HAL's (hal_rp2040.h), for whole steps of 8 */
+    if (!(n & 7u)) {
+        FLM_DOT2_Q8(a, b, x, n, out);
+        out[0] = TUNED(out[0]);
+        return;
+    }
+#endif
+    out[0] = dot_q8(a, x, n);
+    out[1] = dot_q8(b, x, n);
+}
+
+void flm_axpy_q8(int32_t *acc, const int8_t *v, int32_t w, uint32_t n) {
+#ifdef FLM_AXPY_Q8   /* a HAL's, for whole words */
+    const uint32_t n4 = n & ~3u;
+    if (n4) FLM_AXPY_Q8(acc, v, w, n4);
+    axpy_scalar(acc + n4, v + n4, w, n - n4);
+#else
+    axpy_scalar(acc, v, w, n);
+#endif
+}
+
 /* The reference's float(acc): an integer below 2^40 in magnitude rounded once to binary32 (to
  * nearest, ties to even), with integer operations only, so every board rounds it alike. */
 static float i64_to_f32(int64_t v) {
@@ -399,8 +430,8 @@ __attribute__((weak)) void hal_matvec(const flm_tensor *w, const int8_t *xq, con
 
 /* ---- boot self-check ---------------------------------------------------------------------- */
 
-/* The activation codes of flm_quantize_act; built-in tensors of 3 rows with pseudo-random codes and
- * activations (-127 and 127 among them):
+/* The activation codes of flm_quantize_act; the int8 attention's loops; built-in tensors of 3 rows
+ * with pseudo-random codes and activations (-127 and 127 among them):
  * in groups of 24 (the whole-row loops' odd step and a whole turn of two, softfloat_m0.s) as q8 and
  * q4 with f32, fp16 and row scales, 72 columns (whole groups: the whole-row paths) and 69 (a short
  * last group, odd for q4: the tuned loops' scalar tails); and row-scaled in groups of 32, 96 and 93
@@ -446,6 +477,20 @@ static int sc_codes_agree(void) {
     return !memcmp(fast, ref, ne);
 }
 
+/* The int8 attention's loops on rows of codes a and b: 32 codes (the tuned words) and 30 (a tail). */
+static int sc_attention_agree(const int8_t *a, const int8_t *b, const int8_t *x) {
+    for (uint32_t n = 30u; n <= 32u; n += 2u) {
+        int32_t fast[2], ref[2], acc[32], acc_ref[32];
+        flm_dot2_q8(a, b, x, n, fast);
+        dot2_scalar(a, b, x, n, ref);
+        for (uint32_t i = 0; i < n; i++) acc[i] = acc_ref[i] = (int32_t)sc_mix(i) >> 8;
+        flm_axpy_q8(acc, a, -70001, n);
+        axpy_scalar(acc_ref, a, -70001, n);
+        if (memcmp(fast, ref, sizeof fast) || memcmp(acc, acc_ref, n * 4u)) return 0;
+    }
+    return 1;
+}
+
 int flm_kernels_self_check(void) {
     static uint8_t buf[SC_ROWS * (8u + SC_COLS + 4u * SC_NG)] __attribute__((aligned(4)));
     static int8_t xq[SC_COLS] __attribute__((aligned(4)));
@@ -470,6 +515,7 @@ int flm_kernels_self_check(void) {
                     }
                     flm_tensor w = {buf, fmt, SC_ROWS, cols, g, stride, FLM_TIER_SRAM, SC_ROWS * stride, s16, rs, SC_NG};
                     if (!sc_rows_agree(&w, xq, xs)) return -1;
+                    if (!sc_attention_agree((const int8_t *)buf, (const int8_t *)buf + stride, xq)) return -1;
                 }
             }
         }

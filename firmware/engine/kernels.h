@@ -23,6 +23,10 @@ void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out);
  * activation codes: the tuned kernel of this core (Cortex-M0+ assembly, else portable C). */
 int32_t flm_dot_q8(const int8_t *w, const int8_t *x, uint32_t n);
 int32_t flm_dot_q4(const uint8_t *w, const int8_t *x, uint32_t n);
+/* The int8 attention's loops: two dots sharing x (out[0] = a.x, out[1] = b.x), and acc[i] += w *
+ * v[i]; word-aligned int8 codes, n of any size (the tuned ones take whole words). */
+void flm_dot2_q8(const int8_t *a, const int8_t *b, const int8_t *x, uint32_t n, int32_t out[2]);
+void flm_axpy_q8(int32_t *acc, const int8_t *v, int32_t w, uint32_t n);
 /* Boot-time check: the tuned kernels against the scalar ones on a built-in tensor (q8 and q4, f32,
  * fp16 and row scales), bit for bit. 0 when they agree, -1 when not (the firmware then refuses to
  * generate). */

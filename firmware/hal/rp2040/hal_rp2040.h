@@ -51,6 +51,12 @@ float flm_rs_scale(int32_t acc, float s, float x);   /* the drivers' float(acc) 
 #define FLM_RS_ROWS_Q8 flm_rs_rows_q8_m0
 #define FLM_RS_ROWS_Q4 flm_rs_rows_q4_m0
 
+/* The int8 attention's integer loops (kernels.c flm_dot2_q8, flm_axpy_q8; n a multiple of 8, 4). */
+void flm_dot2_q8_m0(const int8_t *a, const int8_t *b, const int8_t *x, uint32_t n, int32_t out[2]);
+void flm_axpy_q8_m0(int32_t *acc, const int8_t *v, int32_t w, uint32_t n);
+#define FLM_DOT2_Q8 flm_dot2_q8_m0
+#define FLM_AXPY_Q8 flm_axpy_q8_m0
+
 /* kernels.c flm_quantize_act's codes of a group, x[i] * inv as __aeabi_fmul forms it inline. */
 void flm_quant_codes_m0(const float *x, uint32_t n, float inv, int8_t *q);
 #define FLM_QUANT_CODES flm_quant_codes_m0

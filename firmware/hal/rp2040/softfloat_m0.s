@@ -1270,3 +1270,69 @@ flm_quant_codes_m0:
     RESTORE8
     .ltorg
     .size flm_quant_codes_m0, . - flm_quant_codes_m0
+
+@ ---- the int8 attention's integer loops (engine.c attend_int8_head) ------------------------
+
+@ void flm_dot2_q8_m0(const int8_t *a, const int8_t *b, const int8_t *x, uint32_t n, int32_t out[2]):
+@ two dots sharing x (two positions' keys against a query), n a multiple of 8, word-aligned.
+    .section .text.flm_dot2_q8_m0,"ax",%progbits
+    .global flm_dot2_q8_m0
+    .type flm_dot2_q8_m0, %function
+    .thumb_func
+flm_dot2_q8_m0:
+    ENTER9 0
+    subs r1, r1, r0
+    subs r1, #4                 @ b's word from a's pointer after its load
+    adds r3, r0, r3
+    mov r10, r3                 @ the end of a
+    movs r4, #0
+    mov r8, r4
+    mov r9, r4
+1:  Q8P_STEP
+    Q8P_STEP
+    cmp r0, r10
+    bne 1b
+    ldr r4, [sp, #36]           @ out, the fifth argument (above the 9 saved words)
+    mov r5, r8
+    str r5, [r4, #0]
+    mov r5, r9
+    str r5, [r4, #4]
+    LEAVE9 0
+    .size flm_dot2_q8_m0, . - flm_dot2_q8_m0
+
+@ void flm_axpy_q8_m0(int32_t *acc, const int8_t *v, int32_t w, uint32_t n): acc[i] += w * v[i],
+@ n a multiple of 4, word-aligned: a word of codes, two sums at a time.
+    .section .text.flm_axpy_q8_m0,"ax",%progbits
+    .global flm_axpy_q8_m0
+    .type flm_axpy_q8_m0, %function
+    .thumb_func
+flm_axpy_q8_m0:
+    push {r4, r5, r6, lr}
+    lsls r3, r3, #2
+    adds r3, r0, r3
+    mov r12, r3                 @ the end of acc
+1:  ldm r1!, {r3}
+    ldm r0!, {r5, r6}
+    sxtb r4, r3
+    muls r4, r2
+    adds r5, r4
+    lsls r4, r3, #16
+    asrs r4, r4, #24
+    muls r4, r2
+    adds r6, r4
+    subs r0, #8
+    stm r0!, {r5, r6}
+    ldm r0!, {r5, r6}
+    lsls r4, r3, #8
+    asrs r4, r4, #24
+    muls r4, r2
+    adds r5, r4
+    asrs r4, r3, #24
+    muls r4, r2
+    adds r6, r4
+    subs r0, #8
+    stm r0!, {r5, r6}
+    cmp r0, r12
+    bne 1b
+    pop {r4, r5, r6, pc}
+    .size flm_axpy_q8_m0, . - flm_axpy_q8_m0
