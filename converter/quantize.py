@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .ir import QMAX, ModelConfig, ModelError, ModelIR, QTensor, Tokenizer
+
+if TYPE_CHECKING:
+    from .headprune import HeadIndex
 
 MAX_GROUP = 1024   # keeps every int32 group sum below 2**24, so its float conversion is exact
 SCALES = ("f32", "f16")
@@ -31,6 +35,7 @@ class QuantModel:
     tokenizer: Tokenizer | None
     recipe: dict[str, str] = field(default_factory=dict)   # name -> "q8:32" / "q4:128:f16" / "f32"
     source: str = ""
+    head_index: "HeadIndex | None" = None   # the greedy head's tiles (converter/headcalib.py decides)
 
     def head(self) -> QTensor:
         return self.tensors["tok_embeddings" if self.config.tied else "output"]  # type: ignore
