@@ -197,7 +197,7 @@ def _sections(qm: QuantModel) -> list[tuple[str, str, int, int, int, bool, bytes
         cen = index.centroids
         out.append((headprune.CENTROIDS, cen.fmt, cen.shape[0], cen.shape[1], cen.group_size, cen.scale16,
                     encode_qtensor(cen)))
-        tiles = headprune.section_bytes(index)
+        tiles = headprune.section_bytes(index, qm.head().shape[0])
         out.append((headprune.SECTION, "bytes", 1, len(tiles), 0, False, tiles))
     return out
 
@@ -365,6 +365,7 @@ class BlobHeader:
     eos_id: int | None
     entries: list[Entry]
     state_tiers: int = 0          # where the engine's RAM buffers live (see unpack_state_tiers)
+    head_scan: object = None      # costmodel.HeadScan: the head index's header, if the blob has one
 
     @property
     def tiers(self) -> dict[str, str]:
@@ -425,7 +426,17 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
         entries.append(Entry(name, fname, rows, cols, g, TIER_NAME[tier], off, length, stride, s16))
     return BlobHeader(version, total, crc, mhash, layout_id, cfg,
                       None if v[8] == NONE_ID else v[8], None if v[9] == NONE_ID else v[9], entries,
-                      state_tiers)
+                      state_tiers, _head_scan(blob, entries))
+
+
+def _head_scan(blob: bytes, entries: list[Entry]):
+    """The head index's header fields the planner uses (read_blob validates the rest)."""
+    from .costmodel import HeadScan
+    e = next((e for e in entries if e.name == headprune.SECTION and e.fmt == "bytes"), None)
+    if e is None or e.length < headprune.HEADER.size:
+        return None
+    n_tiles, mb, rows, tiles = headprune.HEADER.unpack_from(blob, e.offset)[:4]
+    return HeadScan(n_tiles, mb, rows, tiles)
 
 
 def read_header(path) -> BlobHeader:
@@ -493,7 +504,7 @@ def _read_head_index(blob: bytes, by: dict, qm: QuantModel, what: str):
     cen = decode_qtensor(blob[e.offset:e.offset + e.length], "q8", e.rows, e.cols, e.group_size, e.scale16)
     e = by[headprune.SECTION]
     try:
-        index = headprune.read_section(blob[e.offset:e.offset + e.length], c.n_out, cen)
+        index = headprune.read_section(blob[e.offset:e.offset + e.length], c.n_out, head.shape[0], cen)
     except ModelError as err:
         raise BlobError(f"{what}: {err}") from None
     qm.tensors[head_name] = head = headprune.token_order_head(head, index)

@@ -107,9 +107,10 @@ def costs(head, n_out: int, index: hp.HeadIndex, rows: float, tiles: float) -> d
     return out
 
 
-def calibrate(qm, inp: Inputs | None = None, sizes=TILE_SIZES) -> tuple[hp.HeadIndex | None, dict]:
+def calibrate(qm, inp: Inputs | None = None, sizes=TILE_SIZES, force: bool = False) -> tuple[hp.HeadIndex | None, dict]:
     """(the index, or None when it does not pay, and a report: per tile size the mean rows and tiles
-    visited and the cost ratios; the choice and why)."""
+    visited and the cost ratios; the choice and why). ``force``: keep the best tiling even when it
+    does not pay (``flashlm convert --head-index on``)."""
     head, n_out = qm.head(), qm.config.n_out
     inp = inp or greedy_inputs(qm)
     n = len(inp.logits)
@@ -133,12 +134,13 @@ def calibrate(qm, inp: Inputs | None = None, sizes=TILE_SIZES) -> tuple[hp.HeadI
         return None, report
     worst, size, idx, rows, tiles = best
     report.update(tile_size=size, worst=worst)
-    if worst > 1 - MIN_GAIN:
+    if worst > 1 - MIN_GAIN and not force:
         report.update(kept=False, reason=f"the best tiling (tiles of {size}) would cost {100 * worst:.0f} % of the "
                                          f"whole head at worst (kept only at <= {100 * (1 - MIN_GAIN):.0f} %)")
         return None, report
     out = hp.reorder(idx, by_argmax(idx, inp, range(n)))
     out.expected_rows, out.expected_tiles, out.calib_steps = rows, tiles, n
     report.update(kept=True, reason=f"tiles of {size}: {100 * rows / n_out:.1f} % of the rows visited, "
-                                    f"{100 * worst:.0f} % of the whole head's cost at worst")
+                                    f"{100 * worst:.0f} % of the whole head's cost at worst"
+                                    + (" (--head-index on)" if worst > 1 - MIN_GAIN else ""))
     return out, report

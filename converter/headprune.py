@@ -67,9 +67,10 @@ class HeadIndex:
     def ends(self) -> np.ndarray:
         return np.append(self.starts[1:], self.n_out)
 
-    def inverse(self) -> np.ndarray:
-        """inv[token] = the stored row of token (tokens below out_vocab)."""
-        inv = np.empty(self.n_out, np.int64)
+    def inverse(self, n_rows: int) -> np.ndarray:
+        """inv[token] = the stored row of token, for the ``n_rows`` rows of the head's tensor (a tied
+        head's embedding rows past out_vocab stay where they are)."""
+        inv = np.arange(n_rows, dtype=np.int64)
         inv[self.perm] = np.arange(self.n_out)
         return inv
 
@@ -226,40 +227,47 @@ def stored_head(head: QTensor, index: HeadIndex) -> QTensor:
 
 def token_order_head(stored: QTensor, index: HeadIndex) -> QTensor:
     """stored_head undone."""
-    order = np.concatenate([index.inverse(), np.arange(index.n_out, stored.shape[0])])
+    order = index.inverse(stored.shape[0])
     return QTensor(stored.fmt, stored.codes[order], stored.scales[order], stored.group_size, stored.scale16)
 
 
 # ---------------------------------------------------------------------------------------------
 # the blob section
 
-def section_bytes(index: HeadIndex) -> bytes:
-    """``head.tiles``: header, one (u32 start, f32 radius) record per tile, the row -> token map
-    (perm) and the token -> row map (its inverse), each padded to 4 bytes."""
+def section_bytes(index: HeadIndex, n_rows: int) -> bytes:
+    """``head.tiles``: header, one (u32 start, f32 radius) record per tile, the row -> token map of
+    the out_vocab stored rows (perm) and the token -> row map of all ``n_rows`` rows of the head's
+    tensor (a tied head: every embedding row, which the embedding gather reads through it), each
+    map padded to 4 bytes."""
     mb = index.map_bytes
     dt = "<u2" if mb == 2 else "<u4"
     rec = np.empty(index.n_tiles, TILE)
     rec["start"], rec["radius"] = index.starts, index.radius
     out = HEADER.pack(index.n_tiles, mb, index.expected_rows, index.expected_tiles, index.calib_steps, 0, 0, 0)
     out += rec.tobytes()
-    for m in (index.perm, index.inverse()):
+    for m in (index.perm, index.inverse(n_rows)):
         b = m.astype(dt).tobytes()
         out += b + bytes(-len(b) % 4)
     return out
 
 
-def section_length(n_tiles: int, n_out: int) -> int:
-    m = map_bytes(n_out) * n_out
-    return HEADER.size + TILE.itemsize * n_tiles + 2 * (m + -m % 4)
+def section_length(n_tiles: int, n_out: int, n_rows: int) -> int:
+    mb = map_bytes(n_out)
+    return HEADER.size + TILE.itemsize * n_tiles + _pad4(mb * n_out) + _pad4(mb * n_rows)
 
 
-def read_section(buf: bytes, n_out: int, centroids: QTensor) -> HeadIndex:
+def _pad4(n: int) -> int:
+    return n + -n % 4
+
+
+def read_section(buf: bytes, n_out: int, n_rows: int, centroids: QTensor) -> HeadIndex:
     """Decode and validate ``head.tiles`` (the checks blob.c makes): tiles that start at 0, ascend
-    and are non-empty, radii in +0..+inf, maps that are inverse permutations of 0..out_vocab-1."""
+    and are non-empty, radii in +0..+inf, maps that are inverse permutations of 0..out_vocab-1
+    (rows past out_vocab mapping to themselves)."""
     if len(buf) < HEADER.size:
         raise ModelError(f"{SECTION} is too short")
     n_tiles, mb, e_rows, e_tiles, steps = HEADER.unpack_from(buf)[:5]
-    if not 1 <= n_tiles <= n_out or mb != map_bytes(n_out) or len(buf) != section_length(n_tiles, n_out) \
+    if not 1 <= n_tiles <= n_out or mb != map_bytes(n_out) or len(buf) != section_length(n_tiles, n_out, n_rows) \
             or centroids.shape[0] != n_tiles:
         raise ModelError(f"{SECTION} does not fit the output layer ({n_tiles} tiles, map of {mb}-byte entries)")
     rec = np.frombuffer(buf, TILE, n_tiles, HEADER.size)
@@ -270,8 +278,9 @@ def read_section(buf: bytes, n_out: int, centroids: QTensor) -> HeadIndex:
     dt = "<u2" if mb == 2 else "<u4"
     off = HEADER.size + TILE.itemsize * n_tiles
     perm = np.frombuffer(buf, dt, n_out, off).astype(np.int64)
-    inv = np.frombuffer(buf, dt, n_out, off + mb * n_out + (-mb * n_out) % 4).astype(np.int64)
-    if np.any(perm >= n_out) or np.any(inv >= n_out) or np.any(inv[perm] != np.arange(n_out)):
+    inv = np.frombuffer(buf, dt, n_rows, off + _pad4(mb * n_out)).astype(np.int64)
+    if np.any(perm >= n_out) or np.any(inv[perm] != np.arange(n_out)) or \
+            np.any(inv[n_out:] != np.arange(n_out, n_rows)):
         raise ModelError(f"{SECTION}: its row and token maps are not inverse permutations of the output layer")
     return HeadIndex(perm, starts, centroids, rec["radius"].copy(), e_rows, e_tiles, steps)
 
@@ -330,6 +339,6 @@ def scan(index: HeadIndex | None, logits: np.ndarray, xq: np.ndarray, xs: np.nda
             cand = int(index.perm[a:b][seg == top].min())
             if tok < 0 or top > best or (top == best and cand < tok):
                 best, tok = top, cand
-        rows += b - a
+        rows += int(b - a)
         tiles += 1
     return tok, rows, tiles

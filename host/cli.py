@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -243,7 +244,7 @@ def _print_quality(console, rep: dict) -> None:
 
 
 def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32, quant=(),
-            report=True, scales="f32", kv="f32") -> dict:
+            report=True, scales="f32", kv="f32", head_index="auto") -> dict:
     """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest."""
     from dataclasses import asdict
 
@@ -280,6 +281,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         with console.status("running both models"):
             rep = Q.quality_report(ir, qm)
         _print_quality(console, rep)
+    index_report = _head_index(console, qm, head_index)
     outdir.mkdir(parents=True, exist_ok=True)
     _step(console, f"writing {outdir / BLOB_NAME}")
     info = write_blob(qm, outdir / BLOB_NAME, kv=kv)
@@ -307,6 +309,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         "source": str(qm.source or ir.source or ckpt),
         "quality": "quality.json" if rep is not None else None,
         "device_tokenizer": enc_about,
+        "head_index": index_report,
     }
     if rep is not None:
         atomic_write_bytes(outdir / "quality.json", (json.dumps(rep, indent=1) + "\n").encode())
@@ -317,10 +320,31 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
     return manifest
 
 
+def _head_index(console, qm, mode: str) -> dict:
+    """Give qm the greedy head's tile index as ``mode`` says: ``auto`` calibrates and keeps it when it
+    pays (converter/headcalib.py), ``on`` keeps the best tiling whatever it costs, ``off`` none."""
+    if mode == "off":
+        console.print("  head index: none (--head-index off): greedy steps compute the whole head")
+        return {"kept": False, "reason": "--head-index off"}
+    from converter import headcalib
+    _step(console, "calibrating the greedy head's tile index")
+    t0 = time.monotonic()
+    with console.status("greedy steps through the reference, then each tile size"):
+        index, rep = headcalib.calibrate(qm, force=mode == "on")
+    rep["seconds"] = round(time.monotonic() - t0, 1)
+    for size, r in rep["tile_sizes"].items():
+        console.print(f"  tiles of {size:>2} ({r['n_tiles']} tiles): {r['rows_pct']:.1f} % of the rows visited; cost vs the "
+                      f"whole head: " + ", ".join(f"{k} {v:.3f}" for k, v in r["cost_ratio"].items()), markup=False)
+    qm.head_index = index
+    console.print(f"  head index {'kept' if index is not None else 'left out'}: {rep['reason']} "
+                  f"({rep['steps']} greedy steps, {rep['seconds']} s)", markup=False)
+    return rep
+
+
 def cmd_convert(args, console) -> int:
     convert(console, args.checkpoint, args.output, tokenizer=args.tokenizer, fmt=args.format,
             group_size=args.group_size, quant=args.quant, scales=args.scales, report=not args.no_report,
-            kv=args.kv)
+            kv=args.kv, head_index=args.head_index)
     return 0
 
 
@@ -750,6 +774,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="group scales as f32, or rounded to fp16 (half the scale bytes)")
     c.add_argument("--kv", choices=("f32", "int8"), default="f32",
                    help="KV cache format recorded in the blob (int8: a scale and int8 codes per row)")
+    c.add_argument("--head-index", choices=("auto", "on", "off"), default="auto",
+                   help="the greedy head's tile index: auto keeps it when calibration shows it pays, on always, off never")
     c.add_argument("--no-report", action="store_true", help="skip the quality report")
     c.set_defaults(func=cmd_convert)
 

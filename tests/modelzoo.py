@@ -56,3 +56,11 @@ def spread_head(ir: ModelIR, seed: int = 0, span: float = 3.0) -> ModelIR:
     scale = np.exp(-span * np.random.default_rng(seed).random(w.shape[0]))
     ir.tensors[name] = (w * scale[:, None]).astype(np.float32)
     return ir
+
+
+def with_head_index(qm, size: int = 8):
+    """qm with a head index of tiles of at most ``size`` rows, whatever it costs (flashlm convert's
+    calibration, converter/headcalib.py, decides for real models)."""
+    from converter import headprune
+    qm.head_index = headprune.build(qm.head(), qm.config.n_out, size)
+    return qm

@@ -94,14 +94,16 @@ static flm_tensor *slot(flm_model *m, flm_tensor *tokenizer, const char *name, u
 /* The head index (docs/formats.md section 1): both its entries or neither; centre rows of the head's
  * shape and groups, one per tile; tiles that start at stored row 0 and ascend, each non-empty;
  * radii in +0..+inf (the scan's test is then sound); maps that are inverse permutations of
- * 0..n_out-1 (every token's row is read through them). */
+ * 0..n_out-1, a tied head's token -> row map covering every embedding row (those past n_out map to
+ * themselves): every token's row is read through them. */
 static int check_index(flm_model *m, char *err, size_t en) {
     const flm_tensor *c = &m->head_centroids, *t = &m->head_tiles;
     if (!c->data && !t->data) return 0;
     if (!c->data || !t->data) return fail(err, en, "image has half a head index: head.centroids and head.tiles come together", 0, 0, 0);
     if (t->length < 32u) return fail(err, en, "head.tiles is too short", 0, 0, 0);
     const uint32_t nt = flm_rd32(t->data), mb = flm_rd32(t->data + 4), n = m->n_out;
-    const uint64_t maps = 2u * (((uint64_t)mb * n + 3u) & ~(uint64_t)3u);
+    const uint32_t rows = m->tied ? m->vocab : n;   /* the token -> row map covers the head's tensor */
+    const uint64_t maps = (((uint64_t)mb * n + 3u) & ~(uint64_t)3u) + (((uint64_t)mb * rows + 3u) & ~(uint64_t)3u);
     if (!nt || nt > n || mb != (n <= 65536u ? 2u : 4u) || t->length != 32u + 8u * (uint64_t)nt + maps ||
         c->rows != nt || c->cols != m->dim || c->group != m->head.group || c->scale16 != m->head.scale16)
         return fail(err, en, "head index does not fit the output layer", 0, 0, 0);
@@ -113,9 +115,9 @@ static int check_index(flm_model *m, char *err, size_t en) {
         if ((i == 0 && a != 0) || a >= z || flm_rd32(r + 4) > 0x7f800000u)
             return fail(err, en, "head.tiles: tiles must ascend from row 0, each non-empty, radii +0..+inf: tile", 0, i, 1);
     }
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t tok = flm_head_map(m, 0, i);
-        if (tok >= n || flm_head_map(m, 1, tok) != i)
+    for (uint32_t i = 0; i < rows; i++) {   /* rows past n_out (a tied head's) map to themselves */
+        uint32_t tok = i < n ? flm_head_map(m, 0, i) : i;
+        if (tok >= (i < n ? n : rows) || flm_head_map(m, 1, tok) != i)
             return fail(err, en, "head.tiles: the row and token maps are not inverse permutations: row", 0, i, 1);
     }
     return 0;

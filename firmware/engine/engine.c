@@ -270,7 +270,7 @@ void flm_body(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st) {
     uint64_t t0 = hal_time_us();
 
     uint32_t row = token;
-    if (m->tied && m->n_tiles && token < m->n_out) {   /* the head's rows are stored in tile order */
+    if (m->tied && m->n_tiles) {   /* the head's rows are stored in tile order: the token -> row map */
         row = flm_head_map(m, 1, token);
         st->bytes[m->head_tiles.tier] += m->map_bytes;
     }
