@@ -6,6 +6,12 @@
 /* A float's bit pattern and back (memcpy: the defined way in C99; compilers make it a move). */
 static inline uint32_t flm_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float flm_f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+/* A float's place in the order of floats, from its bits u: for floats a, b that are not NaN,
+ * a < b exactly when flm_f32_order(a) < flm_f32_order(b), and -0 and +0 are equal (integer
+ * comparisons instead of a soft-float call each on cores without an FPU). A NaN (flm_f32_nan) has
+ * no place: every float comparison with it is false. */
+static inline int32_t flm_f32_order(uint32_t u) { return u >> 31 ? -(int32_t)(u & 0x7fffffffu) : (int32_t)u; }
+static inline int flm_f32_nan(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
 float flm_expf(float x);   /* range reduction to [-ln2/2, ln2/2] + degree-6 polynomial */
 float flm_sqrtf(float x);  /* correctly rounded, like IEEE sqrt, for x >= 0 */
 float flm_silu(float x);   /* x / (1 + exp(-x)) */
