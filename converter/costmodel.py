@@ -8,10 +8,12 @@ Everything here mirrors firmware/engine/engine.c (and sampler.c) operation by op
   table row, the head's rows, the KV cache per head), plus the activation/logits traffic the
   engine does not count (used for timing only). The output layer of a step (``head``) is the whole
   head ("full": sampled steps, ALL_LOGITS), none ("skip": a prompt step whose output is unused),
-  or a greedy step's pruned scan of k rows (int k: k rows gathered in bound order, one gather
-  each, plus 8 bytes of ``head.prune`` per row and the 4-byte bound that stopped the scan). Predictions of greedy steps quote k = out_vocab
-  by default: the **upper bound** (every record visited); the rows a real step visits depend on its
-  activations and are reported per step (TOKEN head_rows);
+  or a greedy step computing k rows (int k): with a head index (converter/headprune.py) the tile
+  scan — every centre row, every tile record, k head rows in runs of a tile each and their row ->
+  token map entries; without one the whole head (k = out_vocab) with its argmax. Predictions of
+  greedy steps quote k = the rows the convert-time calibration measured on average
+  (``HeadScan.expected_rows``, **predicted**), or out_vocab without an index; the rows a real step
+  visits depend on its activations and are reported per step (TOKEN head_rows);
 * ``compute_cycles(spec, pos)`` counts multiply-accumulates and float operations per phase;
 * ``predict(...)`` turns both into microseconds for a board profile: per tier
   ``bytes / seq_read_MBps + rows * row_latency_us``, plus cycles / clock. It is a prediction, and
@@ -431,11 +433,12 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
     if mode == "full":
         out["output"] = rms(d) + matvec(hr)
         out["sampling"] = v * cpf if sampling == "greedy" else v * (FLOPS_EXP + 8) * cpf
-    elif scan is None:   # a greedy step without an index: the whole head and its argmax
-        out["output"] = rms(d) + matvec(hr) + v * cpf
-    else:   # ||x||^2, centre rows, U and its test per tile, k rows, a comparison per row and tile
-        out["output"] = (rms(d) + d * cpm + FLOPS_SQRT * cpf + matvec(by["head.centroids"]) + scan.n_tiles * 3 * cpf
-                         + matvec(replace(hr, rows=mode)) + (mode + tiles_visited(spec, mode)) * cpf)
+    elif scan is None:   # a greedy step without an index: the whole head and its argmax (integer compares)
+        out["output"] = rms(d) + matvec(hr) + v * cpm
+    else:   # ||x||^2, centre rows, U per tile (2 flops), k rows; the compares are integer (flm_f32_order)
+        out["output"] = (rms(d) + d * cpm + FLOPS_SQRT * cpf + matvec(by["head.centroids"])
+                         + scan.n_tiles * (2 * cpf + 2 * cpm) + matvec(replace(hr, rows=mode))
+                         + (2 * mode + tiles_visited(spec, mode)) * cpm)
     return out
 
 

@@ -11,8 +11,8 @@ the whole head on three cost measures, because which one dominates depends on th
   entries, against every row;
 * compute on a core with an FPU and on one without (the RP2040's soft float: a float operation
   costs 25x a multiply-accumulate), with converter/costmodel.py's cycles per MAC and per float
-  operation: centre rows, three float operations per tile (U_t and its test), visited rows, one
-  comparison per visited row, against every row and the argmax.
+  operation: centre rows, two float operations per tile (U_t), visited rows, and integer work per
+  tile and row (the tests and the row map: a MAC's worth each), against every row and the argmax.
 
 The index is kept when its worst ratio over the three is at most ``1 - MIN_GAIN`` (it also costs
 sampled steps a scatter of the logits through the row map, and a tied head's embedding row one map
@@ -101,8 +101,8 @@ def costs(head, n_out: int, index: hp.HeadIndex, rows: float, tiles: float) -> d
             mac, flop = cm
             row = dim * mac * (Q4_MAC_FACTOR if head.fmt == "q4" else 1.0) + 3 * groups * flop
             crow = dim * mac + 3 * groups * flop
-            full = n_out * (row + flop)
-            pruned = dim * mac + nt * (crow + 3 * flop) + rows * (row + flop) + tiles * flop
+            full = n_out * (row + mac)          # + the argmax's integer compare per row
+            pruned = dim * mac + nt * (crow + 2 * flop + 2 * mac) + rows * (row + 2 * mac) + tiles * mac
         out[name] = pruned / full
     return out
 

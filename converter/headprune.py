@@ -12,6 +12,7 @@ quantizes the head input as for any matvec (codes ``xq``, scales ``xs``), then
     if not X2 >= FLOOR: the whole head (every row), first maximum
     U_t = C_t + R_t * Xm          C_t = the centre row's logit (the row function)
     visit the tile of the largest U first, then every other tile in stored order unless U_t < best
+    (U_t finite)
 
 where visiting a tile computes all its rows and keeps the largest logit (the lowest token among
 equal ones). A skipped tile's every row has a logit strictly below ``best`` (formats.md section 3
@@ -84,7 +85,7 @@ def map_bytes(n_out: int) -> int:
 
 def balanced_tiles(w: np.ndarray, size: int, rounds: int = 10) -> list[np.ndarray]:
     """Rows of w (float64 [n, d]) in ceil(n / size) tiles of at most ``size`` similar rows: balanced
-    k-means (Lloyd rounds whose assignment fills each tile to ``size`` at most, nearest pairs first),
+    k-means (Lloyd rounds whose assignment gives each row a near tile with room, _fill_nearest),
     started from the rows sorted along their first principal component. Above 4096 rows it first
     splits the rows the same way into balanced groups of 2048 and tiles each group on its own
     (n x k distances per round would not scale to 32000-row heads)."""
@@ -326,7 +327,7 @@ def scan(index: HeadIndex | None, logits: np.ndarray, xq: np.ndarray, xs: np.nda
     lg = logits[index.perm]
     best, tok, rows, tiles = F(0), -1, 0, 0
     for t in [first] + [t for t in range(index.n_tiles) if t != first]:
-        if t != first and u[t] < best:
+        if t != first and np.isfinite(u[t]) and u[t] < best:     # an overflowed bound proves nothing
             continue
         a, b = index.starts[t], ends[t]
         seg = lg[a:b]

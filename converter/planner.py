@@ -266,8 +266,8 @@ def plan(spec: ModelSpec, board: str | dict, *, overrides=(), kv: str = "f32", p
          line: int | None = None, base: str = "auto", sampling: str = "greedy",
          suggest: bool = True, head: str | int | None = None) -> Plan:
     """The fastest placement of ``spec`` on ``board`` (a profile name or dict) within budgets, for
-    decode steps whose output layer is ``head`` (costmodel.head_mode; None: pruned when greedy, at
-    its upper bound)."""
+    decode steps whose output layer is ``head`` (costmodel.head_mode; None: greedy, the tile scan at
+    the calibration's expected rows, or the whole head without an index)."""
     prof = load_board(board) if isinstance(board, str) else board
     bname = prof.get("name", "?")
     if kv not in KV_FORMATS:

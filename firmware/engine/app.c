@@ -27,9 +27,9 @@ enum { REASON_MAX_TOKENS = 0, REASON_EOS = 1, REASON_CONTEXT = 2, REASON_STOPPED
 enum { GEN_LOGITS = 1u, GEN_SLIDE = 2u, GEN_ALL_LOGITS = 4u, GEN_FLAGS = 7u };
 
 #ifndef FLM_MAX_ENTRIES
-/* tensor-table entries a LAYOUT may address: at most 11 outside the layers (tokenizer, tokenizer.enc,
- * rope.cos, rope.sin, tok_embeddings, ple.table, ple.proj, ple.norm, norm, output, head.prune) */
-#define FLM_MAX_ENTRIES (11 + 12 * FLM_MAX_LAYERS)
+/* tensor-table entries a LAYOUT may address: at most 12 outside the layers (tokenizer, tokenizer.enc,
+ * rope.cos, rope.sin, tok_embeddings, ple.table, ple.proj, ple.norm, norm, output, head.centroids, head.tiles) */
+#define FLM_MAX_ENTRIES (12 + 12 * FLM_MAX_LAYERS)
 #endif
 
 typedef struct { uint8_t *base; size_t cap, used; } flm_pool;
@@ -567,7 +567,7 @@ static void text_session(void) {
         memset(&st, 0, sizeof st);
         flm_body(&A.state, tok, pos, &st);
         if (pos + 1u < n) { tok = A.prompt[pos + 1u]; continue; }   /* prefill: no output layer */
-        tok = flm_head_argmax(&A.state, &st);                       /* greedy: the pruned scan */
+        tok = flm_head_argmax(&A.state, &st);                       /* greedy: the tile scan */
         generated++;
         if (tok == m->eos) { end = "end of text"; break; }
         uint32_t plen;

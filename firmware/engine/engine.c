@@ -366,9 +366,9 @@ static uint32_t first_max(const float *v, uint32_t n) {
 
 /* The tile scan (docs/formats.md section 3): U_t = C_t + R_t * Xm for every tile (C_t its centre
  * row's logit), then the tile of the largest U, then every other tile in stored order unless
- * U_t < best. A visited tile is a contiguous run of stored rows, computed as one block; its rows'
- * tokens come from the row -> token map, and the best row is the largest logit, the lowest token
- * among equal ones. Comparisons are on the floats' order (flm_f32_order: the float comparisons'
+ * U_t < best (U_t finite). A visited tile is a contiguous run of stored rows, computed as one block;
+ * its rows' tokens come from the row -> token map, and the best row is the largest logit, the lowest
+ * token among equal ones. Comparisons are on the floats' order (flm_f32_order: the float comparisons'
  * outcomes, NaN included). Returns the token; head_rows = the rows visited. */
 static uint32_t tile_scan(flm_state *s, float xm, flm_step_stats *st) {
     const flm_model *m = s->m;
@@ -390,9 +390,9 @@ static uint32_t tile_scan(flm_state *s, float xm, flm_step_stats *st) {
     uint32_t tok = 0, rows = 0, best_nan = 0;
     for (uint32_t k = 0; k <= nt; k++) {
         const uint32_t t = k ? k - 1u : first;
-        if (k) {
+        if (k) {   /* skipped only on a finite bound (an overflowed one proves nothing) */
             const uint32_t u = flm_f32_bits(s->probs[t]);
-            if (t == first || (!flm_f32_nan(u) && !best_nan && flm_f32_order(u) < best)) continue;
+            if (t == first || ((u & 0x7fffffffu) < 0x7f800000u && !best_nan && flm_f32_order(u) < best)) continue;
         }
         const uint32_t a = s->idx[t], z = t + 1u < nt ? s->idx[t + 1u] : n;
         flm_matvec_rows(&m->head, a, z, s->xq, s->xs, s->logits);   /* logits indexed by stored row here */

@@ -8,10 +8,11 @@ void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float 
 /* out[r] = fold over groups of float(int32 group dot) * (wscale * xscale); xq/xs from flm_quantize_act
  * with the tensor's group size. All rows on the calling core (the engine calls hal_matvec). */
 void flm_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out);
-/* Rows [r0, r1) of flm_matvec's output, bit for bit (for a hal_matvec that splits the rows). */
+/* Rows [r0, r1) of flm_matvec's output, bit for bit (for a hal_matvec that splits the rows, and the
+ * greedy head's tile scan: a tile is a run of rows). */
 void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq, const float *xs, float *out);
-/* Row r of flm_matvec's output, bit for bit (the pruned greedy head computes rows one at a time;
- * the tensor must be row-major). */
+/* Row r of flm_matvec's output, bit for bit (the boot self-check compares rows one at a time; the
+ * tensor must be row-major). */
 float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs);
 /* Dequantize row r of a q8/q4 tensor into out[cols]: code * scale. */
 void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out);
