@@ -57,7 +57,14 @@ def render_project(board: str, out_dir, config: ModelConfig, min_group: int, hea
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(FW_DIR / "templates"),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     c = config
-    arena, psram_arena = (arena_bytes(c, min_group), 0) if header is None else build_arenas(header, prof)
+    if header is None:
+        arena, psram_arena = arena_bytes(c, min_group), 0
+    elif prof.get("build") == "platformio":      # one arena in the tier board_arena chose
+        from .platformio import TIER_SRAM, board_arena
+        a = board_arena(prof, header)
+        arena, psram_arena = a.bytes, a.other if a.tier == TIER_SRAM else 0
+    else:
+        arena, psram_arena = build_arenas(header, prof)
     n_entries = len(header.entries) if header is not None else 0
     ctx = dict(board=prof, fw_version=FW_VERSION, max_layers=c.n_layers,
                arena_bytes=arena, psram_arena_bytes=psram_arena,
@@ -85,7 +92,7 @@ def build_firmware(board: str, out_dir, blob) -> BuildResult:
         return build_arm(board, prof, out, blob, h, min_group)
     if prof.get("build") == "platformio":
         from .platformio import build_platformio
-        return build_platformio(board, prof, out, blob, h, min_group)
+        return build_platformio(board, prof, out, blob, h)
     if prof.get("build") != "make":
         return BuildResult(board, out, None, "")
     if shutil.which("make") is None or shutil.which("cc") is None:
