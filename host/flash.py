@@ -167,6 +167,16 @@ def write_combined(project: Path, info: dict) -> Path | None:
     return out
 
 
+def check_port(port: str) -> None:
+    """A --port that names no serial port here is refused with the ones there are."""
+    from serial.tools import list_ports
+    ports = sorted(p.device for p in list_ports.comports())
+    if port in ports or os.path.exists(port):
+        return
+    raise FlashError(f"serial port {port} does not exist (ports here: {', '.join(ports) or 'none'}); "
+                     f"plug the board in, or leave --port out to find it by its USB id")
+
+
 def flash(project, port: str | None = None, dry_run: bool = False, echo=print) -> int:
     project, info = load_project(project)
     rp = info["method"] in ("picotool", "uf2")
@@ -175,6 +185,8 @@ def flash(project, port: str | None = None, dry_run: bool = False, echo=print) -
         raise FlashError("PlatformIO is not installed (no 'pio' on PATH); install it with 'pip install platformio' "
                          "and run 'flashlm flash' again")
     note = None
+    if port is not None and not dry_run:
+        check_port(port)         # before the build: a wrong --port should not cost a compile
     if port is None:
         port = find_port(info)
         if port is None and rp:

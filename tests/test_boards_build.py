@@ -20,6 +20,7 @@ from firmware import uf2
 from firmware.build import BuildError, build_firmware
 from host import flash as F
 from host.cli import main
+from host.console import make_console
 
 sys.path.insert(0, str(Path(__file__).parent))
 from modelzoo import random_model  # noqa: E402
@@ -412,6 +413,36 @@ def _fake_pio(tmp_path) -> tuple[str, Path]:
                    f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
     pio.chmod(pio.stat().st_mode | stat.S_IEXEC)
     return str(pio), log
+
+
+def test_flash_checks_the_port_before_building(projects, capsys, monkeypatch, tmp_path):
+    ran = tmp_path / "pio-ran"
+    pio = tmp_path / "pio"
+    pio.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    pio.chmod(0o755)
+    monkeypatch.setattr(F, "find_pio", lambda: str(pio))
+    rc = main(["flash", str(projects["esp32s3-n16r8"].project_dir), "--port", "/dev/ttyNOPE"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "/dev/ttyNOPE does not exist" in err and not ran.exists()
+
+
+def test_run_reuses_the_build_of_build_o(model_dir, tmp_path, monkeypatch, capsys):
+    """'flashlm build -o DIR' is what 'run --board native' then uses; two models in one folder keep
+    their own builds."""
+    if not (shutil.which("cc") and shutil.which("make")):
+        pytest.skip("no C toolchain for the native board")
+    from host import cmd_build
+    from host.model_dir import load_manifest
+    m1 = tmp_path / "models" / "a"
+    m2 = tmp_path / "models" / "b"
+    for m in (m1, m2):
+        shutil.copytree(model_dir, m)
+    assert cmd_build.build_dir_for(m1, "native") != cmd_build.build_dir_for(m2, "native")
+    assert main(["build", "--board", "native", "--model", str(m1), "-o", str(tmp_path / "fw")]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(cmd_build, "_build", lambda *a, **k: pytest.fail("rebuilt instead of reusing build -o"))
+    d, man = load_manifest(m1)
+    assert cmd_build.ensure_native_binary(make_console(), d, man) == (tmp_path / "fw" / "firmware").resolve()
 
 
 def test_flash_runs_pio_then_esptool(projects, capsys, monkeypatch, tmp_path):
