@@ -32,6 +32,35 @@ class BuildResult:
     size_text: str
 
 
+def no_fit_error(prof: dict, header, shortfall: dict) -> BuildError:
+    """The error for a blob whose own layout does not fit the board's RAM budgets (``shortfall``:
+    tier -> (need, budget)): the planner's shortfall per tier and what would fit when no placement
+    fits, else the layout's shortfall and the command that places the model within the budgets."""
+    from converter.costmodel import ModelSpec
+    from converter.planner import NoFit, plan
+    try:
+        plan(ModelSpec.from_header(header), prof)
+    except NoFit as e:
+        return BuildError(str(e))
+    parts = [f"{t} needs {n:,} bytes, budget {b:,}: short by {n - b:,}" for t, (n, b) in shortfall.items()]
+    return BuildError(f"the blob's layout {header.layout_id} does not fit {prof['name']}'s RAM ({'; '.join(parts)}); "
+                      f"'flashlm plan MODEL --board {prof['name']} --apply' places it within the budgets")
+
+
+def check_fits(prof: dict, header) -> None:
+    """Refuse, before anything is written, a blob whose own layout does not fit the board's RAM
+    budgets: the bare-metal build links its arena statically in SRAM, the PlatformIO boards
+    allocate one arena (firmware.platformio.board_arena); the native board has room for any."""
+    if prof.get("build") == "platformio":
+        from .platformio import board_arena
+        board_arena(prof, header)
+    elif prof.get("build") == "arm-gcc":
+        from converter.footprint import layout_needs
+        need, budget = layout_needs(header)["sram"], int(prof["tiers"]["sram"]["budget"])
+        if need > budget:      # the planner's shortfall, not the linker's overflow
+            raise no_fit_error(prof, header, {"sram": (need, budget)})
+
+
 def engine_sources() -> list[str]:
     return sorted(p.name for p in ENGINE_DIR.glob("*.c"))
 
@@ -83,6 +112,7 @@ def build_firmware(board: str, out_dir, blob) -> BuildResult:
     """Render and build the project for ``board`` sized for the model in the blob file ``blob``."""
     prof = load_board(board)
     h = read_header(blob)
+    check_fits(prof, h)
     min_group = min(e.group_size for e in h.entries if e.fmt in ("q8", "q4"))
     enc = section_info(blob, h)
     out = render_project(board, out_dir, h.config, min_group, h,

@@ -30,7 +30,7 @@ from pathlib import Path
 import jinja2
 
 from . import uf2
-from .build import FW_DIR, FW_VERSION, BuildError, BuildResult
+from .build import FW_DIR, FW_VERSION, BuildError, BuildResult, no_fit_error
 
 TEMPLATES = FW_DIR / "templates" / "platformio"
 PROJECT_FILE = "flashlm.json"
@@ -183,16 +183,7 @@ def board_arena(prof: dict, header) -> Arena:
             home = default if need[default] or not need[OTHER_RAM[default]] else OTHER_RAM[default]
             return Arena(TIER_PSRAM if home == "psram" else TIER_SRAM, need[home], need[OTHER_RAM[home]])
         shortfalls.append(short)
-    from converter.costmodel import ModelSpec
-    from converter.planner import NoFit, plan
-    try:        # no placement fits either: the planner's shortfall per tier and what would fit
-        plan(ModelSpec.from_header(header), prof)
-    except NoFit as e:
-        raise BuildError(str(e)) from None
-    best = min(shortfalls, key=lambda s: sum(n - b for n, b in s.values()))
-    parts = [f"{t} needs {n:,} bytes, budget {b:,}: short by {n - b:,}" for t, (n, b) in best.items()]
-    raise BuildError(f"the blob's layout {header.layout_id} does not fit {prof['name']}'s RAM ({'; '.join(parts)}); "
-                     f"'flashlm plan MODEL --board {prof['name']} --apply' places it within the budgets")
+    raise no_fit_error(prof, header, min(shortfalls, key=lambda s: sum(n - b for n, b in s.values())))
 
 
 # -- rendering ---------------------------------------------------------------------------------

@@ -76,7 +76,6 @@ def ensure_native_binary(console, model_dir: Path, manifest: dict, board: str = 
     except (OSError, ValueError, KeyError, TypeError):
         pass
     step(console, f"building {board} firmware into {out}")
-    out.mkdir(parents=True, exist_ok=True)
     res = _build(console, board, out, model_dir / manifest["blob"])
     if res.binary is None:
         raise UserError(f"board {board} has no host-runnable binary; flash {res.project_dir} and use --port")
@@ -93,7 +92,6 @@ def cmd_build(args, console) -> int:
     load_board(args.board)             # an unknown board is refused before anything is written
     model_dir, manifest = load_manifest(args.model)
     out = Path(args.output) if args.output else build_dir_for(model_dir, args.board)
-    out.mkdir(parents=True, exist_ok=True)
     step(console, f"building firmware for {args.board} into {out}")
     res = _build(console, args.board, out, model_dir / manifest["blob"])
     if res.size_text:

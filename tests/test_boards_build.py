@@ -276,7 +276,7 @@ def test_applied_layout_is_the_arena_everywhere(tmp_path):
     assert f"layout {pl.layout_id}: arena {a.bytes:,} bytes in SRAM" in res.size_text
 
 
-def test_arena_goes_to_psram_or_names_the_shortfall(tmp_path):
+def test_arena_goes_to_psram_or_names_the_shortfall(tmp_path, capsys):
     from converter.blob import read_header
     from converter.footprint import layout_needs
     big = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=96, vocab_size=97, max_seq_len=512)
@@ -290,8 +290,14 @@ def test_arena_goes_to_psram_or_names_the_shortfall(tmp_path):
     assert a.tier == P.TIER_PSRAM and a.bytes == layout_needs(h, "psram")["psram"] and a.other == 0
     with pytest.raises(BuildError, match=r"does not fit on esp32c3-devkitm-1: sram short by .*context of \d+ tokens fits"):
         P.board_arena(c3, h)
-    assert main(["build", "--board", "esp32c3-devkitm-1", "--model", str(_dir_for(tmp_path, path)),
-                 "-o", str(tmp_path / "c3")]) == 2
+    d = _dir_for(tmp_path, path)
+    for board in ("esp32c3-devkitm-1", "rp2040-emu", "pico"):   # the planner's shortfall, before anything is written
+        assert main(["build", "--board", board, "--model", str(d), "-o", str(tmp_path / board)]) == 2
+        assert not (tmp_path / board).exists()
+    err = capsys.readouterr().err
+    for board in ("esp32c3-devkitm-1", "rp2040-emu", "pico"):
+        assert re.search(rf"does not fit on {board}: sram short by [\d.]+ KB; a context of \d+ tokens fits", err), err
+    assert "fewer layers" not in err
 
 
 def _dir_for(tmp_path, blob: Path) -> Path:
