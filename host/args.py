@@ -59,14 +59,16 @@ def seconds(s: str) -> float:
     return v
 
 
-def _writable_dir(d: Path) -> str | None:
-    """Why no file can be created in the existing directory d (one line), or None. Tried, not
+def _check_writable(s: str, folder: Path) -> None:
+    """Refuse the output s unless the existing directory ``folder`` takes new files. Tried, not
     guessed from permission bits: root passes those, and /proc or a read-only mount still refuse."""
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {s}: {folder} is not a folder")
     try:
-        with tempfile.TemporaryFile(dir=d):
-            return None
+        with tempfile.TemporaryFile(dir=folder):
+            pass
     except OSError as e:
-        return e.strerror or str(e)
+        raise argparse.ArgumentTypeError(f"cannot write {s}: folder {folder}: {e.strerror or e}") from None
 
 
 def output_file(s: str) -> Path:
@@ -76,11 +78,9 @@ def output_file(s: str) -> Path:
     parent = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
         raise argparse.ArgumentTypeError(f"{s} is a directory; give a file name")
-    if not parent.is_dir():
+    if not parent.exists():
         raise argparse.ArgumentTypeError(f"cannot write {s}: folder {parent} does not exist")
-    why = _writable_dir(parent)
-    if why:
-        raise argparse.ArgumentTypeError(f"cannot write {s}: folder {parent}: {why}")
+    _check_writable(s, parent)
     return p
 
 
@@ -93,11 +93,7 @@ def output_dir(s: str) -> Path:
     base = p
     while not base.exists() and base != base.parent:
         base = base.parent
-    if not base.is_dir():
-        raise argparse.ArgumentTypeError(f"cannot create {s}: {base} is a file")
-    why = _writable_dir(base)
-    if why:
-        raise argparse.ArgumentTypeError(f"cannot write in {s}: {base}: {why}")
+    _check_writable(s, base)
     return p
 
 
