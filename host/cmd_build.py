@@ -14,7 +14,6 @@ from .errors import UserError
 from .model_dir import load_manifest
 
 
-
 def _firmware_digest() -> str:
     import firmware
     fw = Path(firmware.__file__).resolve().parent

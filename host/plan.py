@@ -168,7 +168,6 @@ def memory_map_png(plan, path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
-
     from matplotlib.ticker import FuncFormatter, MultipleLocator
 
     tiers = [t for t in ("flash", "psram", "sram") if t in plan.budget]
@@ -483,7 +482,7 @@ def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict
     from contextlib import ExitStack
 
     from .cmd_build import ensure_native_binary
-    from .cmd_run import emulated_board
+    from .cmd_run import check_virtual_board
     from .protocol import Link
     from .session import Session, open_port
     if info["kind"] != "dir":
@@ -504,9 +503,7 @@ def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict
     todo = {lay: plans[(board, lay)] for lay in layouts if (board, lay) in plans}
     with ExitStack() as stack:
         if args.port is None:
-            emulated = emulated_board(board)
-            if board != "native" and not emulated:
-                raise UserError(f"--run on {board}: flash it and pass --port (only virtual boards start here)")
+            emulated = check_virtual_board(board)   # a real board: flash it and pass --port
             binary = ensure_native_binary(console, model_dir, manifest, board=board)
             blob = model_dir / manifest["blob"]
             if emulated:
