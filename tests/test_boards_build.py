@@ -235,9 +235,17 @@ def test_generated_files_agree_with_the_profile(projects, board):
         assert comp in cmake      # ESP-IDF 6's driver no longer re-exports the first two
 
 
-def test_s3_port_autodetect_knows_the_common_bridges():
+def test_s3_port_autodetect_knows_the_common_bridges(projects):
+    from types import SimpleNamespace as Port
     ids = {(u["vid"], u["pid"]) for u in P.usb_ids(load_board("esp32s3-n16r8"))}
     assert {(0x10C4, 0xEA60), (0x303A, 0x1001), (0x1A86, 0x55D3), (0x1A86, 0x7523)} <= ids
+    _, info = F.load_project(projects["esp32s3-n16r8"].project_dir)
+    ch343 = Port(device="/dev/ttyACM0", vid=0x1A86, pid=0x55D3)
+    other = Port(device="/dev/ttyS0", vid=None, pid=None)
+    assert F.find_port(info, [other, ch343]) == "/dev/ttyACM0"
+    assert F.find_port(info, [other]) is None
+    with pytest.raises(F.FlashError, match="several serial ports.*ttyUSB0.*ttyACM0.*--port"):   # a bridge is
+        F.find_port(info, [Port(device="/dev/ttyUSB0", vid=0x1A86, pid=0x7523), ch343])        # not a board
 
 
 def _placed_blob(tmp_path, board, **cfg):
