@@ -49,7 +49,7 @@ def random_ple_model(seed: int = 0, **cfg) -> ModelIR:
 
 def spread_head(ir: ModelIR, seed: int = 0, span: float = 3.0) -> ModelIR:
     """The same model with its output layer's rows scaled by exp(-span * U[0, 1)) each: row norms
-    spread over a factor e^span, so a greedy step's pruned scan can stop early (in a trained model
+    spread over a factor e^span, so a greedy step's tile scan can skip tiles (in a trained model
     a few rows dominate; random rows are all alike and need every row scanned)."""
     name = "tok_embeddings" if ir.config.tied else "output"
     w = ir.tensors[name]
