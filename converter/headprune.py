@@ -191,7 +191,8 @@ def radii(w: np.ndarray, tiles: list[np.ndarray], cen: QTensor) -> np.ndarray:
 
 
 def _round_up(v: float) -> np.float32:
-    f = F(v)
+    with np.errstate(over="ignore"):    # past binary32's range: +inf (a bound that skips nothing)
+        f = F(v)
     return np.nextafter(f, F(np.inf)) if float(f) < v else f
 
 
