@@ -290,6 +290,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
     enc, enc_about = device_section(qm.tokenizer, c)     # the same call build_blob made
     console.print(f"  device tokenizer (text prompts encoded on the board): "
                   f"{enc_about if enc is not None else 'none, ' + enc_about}", markup=False, soft_wrap=True)
+    console.print(f"  stop ids: {qm.stops.describe()}", markup=False, soft_wrap=True)
     cfg = asdict(c)
     t = qm.tokenizer
     cfg["bos_id"] = t.bos_id if t is not None else None
@@ -307,6 +308,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         "source": str(qm.source or ir.source or ckpt),
         "quality": "quality.json" if rep is not None else None,
         "device_tokenizer": enc_about,
+        "stop_ids": list(qm.stops.ids), "stop_source": qm.stops.source,
     }
     if rep is not None:
         atomic_write_bytes(outdir / "quality.json", (json.dumps(rep, indent=1) + "\n").encode())
@@ -571,6 +573,11 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
             raise
 
     R.print_summary(console, result)
+    if result.done is not None and result.done.reason == "eos" and result.tokens:
+        last = result.tokens[-1].out_id
+        console.print(f"the text ended at stop id {last} {bytes(piece_of(last) or b'') if piece_of else b''!r}; "
+                      f"the model's stop ids: {manifest.get('stop_ids', '?')} ({manifest.get('stop_source', '?')})",
+                      markup=False, soft_wrap=True)
     for ev in result.recoveries:
         console.print(f"[yellow]recovered[/] after {ev['after']} ({ev['reason']}): {ev['action']}",
                       soft_wrap=True, highlight=False)

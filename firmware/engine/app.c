@@ -332,7 +332,7 @@ static void generate(const uint8_t *p, size_t len) {
         if (flags & GEN_LOGITS) send_logits(step, logits);
         for (int i = 0; i < FLM_N_PHASES; i++) tot[i] += st.us[i];
         step++;
-        if (out != FLM_NONE && out == m->eos) { reason = REASON_EOS; break; }
+        if (out != FLM_NONE && flm_is_stop(m, out)) { reason = REASON_EOS; break; }
         if (stop_requested()) { reason = REASON_STOPPED; break; }
         tok = next;
         pos++;
@@ -569,7 +569,7 @@ static void text_session(void) {
         if (pos + 1u < n) { tok = A.prompt[pos + 1u]; continue; }   /* prefill: no output layer */
         tok = flm_head_argmax(&A.state, &st);                       /* greedy: the pruned scan */
         generated++;
-        if (tok == m->eos) { end = "end of text"; break; }
+        if (flm_is_stop(m, tok)) { end = "end of text"; break; }
         uint32_t plen;
         const uint8_t *piece = flm_piece(m, tok, &plen);
         console_put(piece, plen);
