@@ -330,7 +330,10 @@ def read_hf_dir(folder, context: int | None = None) -> ModelIR:
     """A ModelIR (with its tokenizer and stop ids) from a transformers Llama-family folder."""
     folder = os.fspath(folder)
     cfg = _json(os.path.join(folder, "config.json"), "config.json")
-    arch, c = read_config(cfg, context)
+    try:
+        arch, c = read_config(cfg, context)
+    except ModelError as e:
+        raise ModelError(f"{folder}: {e}") from None
     tensors = read_weights(folder, arch, c)
     tok = read_tokenizer(folder)
     if tok is not None and len(tok) < c.vocab_size:

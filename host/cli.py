@@ -147,12 +147,17 @@ def _load_model_tokenizer(model_dir: Path, manifest: dict, required: bool):
             raise UserError(f"tokenizer {path} is missing; re-run 'flashlm convert'")
         return None
     from converter.tokenizer import load_tokenizer
-    if not required:
-        try:
-            return load_tokenizer(path)
-        except Exception:
-            return None
-    return load_tokenizer(path)
+    try:
+        tok = load_tokenizer(path)
+    except Exception:
+        if required:
+            raise
+        return None
+    cfg = manifest.get("config") or {}      # BOS/EOS as convert chose them (also from tokenizer_config.json)
+    for key in ("bos_id", "eos_id"):
+        if key in cfg and (cfg[key] is None or isinstance(cfg[key], int)):
+            setattr(tok, key, cfg[key])
+    return tok
 
 
 def encode_prompt(args, model_dir: Path, manifest: dict) -> tuple[list[int], object]:
@@ -243,8 +248,9 @@ def _print_quality(console, rep: dict) -> None:
 
 
 def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32, quant=(),
-            report=True, scales="f32", kv="f32") -> dict:
-    """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest."""
+            report=True, scales="f32", kv="f32", context=None) -> dict:
+    """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest.
+    ``context``: the positions the converted model holds (default: the checkpoint's)."""
     from dataclasses import asdict
 
     ckpt = Path(checkpoint)
@@ -263,7 +269,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
     outdir = Path(outdir)
     _step(console, f"loading {ckpt}")
     with console.status(f"loading {ckpt.name}"):
-        ir = load_model(str(ckpt), tokenizer_path=str(tokenizer) if tokenizer else None)
+        ir = load_model(str(ckpt), tokenizer_path=str(tokenizer) if tokenizer else None, context=context)
     c = ir.config
     split = c.param_split()
     console.print(f"  dim {c.dim}, {c.n_layers} layers, {c.n_heads}/{c.n_kv_heads} heads, hidden {c.hidden_dim}, "
@@ -322,7 +328,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
 def cmd_convert(args, console) -> int:
     convert(console, args.checkpoint, args.output, tokenizer=args.tokenizer, fmt=args.format,
             group_size=args.group_size, quant=args.quant, scales=args.scales, report=not args.no_report,
-            kv=args.kv)
+            kv=args.kv, context=args.ctx)
     return 0
 
 
@@ -575,8 +581,9 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
     R.print_summary(console, result)
     if result.done is not None and result.done.reason == "eos" and result.tokens:
         last = result.tokens[-1].out_id
-        console.print(f"the text ended at stop id {last} {bytes(piece_of(last) or b'') if piece_of else b''!r}; "
-                      f"the model's stop ids: {manifest.get('stop_ids', '?')} ({manifest.get('stop_source', '?')})",
+        piece = piece_of(last) if piece_of is not None else None
+        console.print(f"ended by stop id {last}" + (f" {piece!r}" if piece is not None else "")
+                      + f" (the model's stop ids: {manifest.get('stop_ids', '?')}, {manifest.get('stop_source', '?')})",
                       markup=False, soft_wrap=True)
     for ev in result.recoveries:
         console.print(f"[yellow]recovered[/] after {ev['after']} ({ev['reason']}): {ev['action']}",
@@ -746,7 +753,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     c = sub.add_parser("convert", help="checkpoint -> quantized flash image + manifest")
-    c.add_argument("checkpoint", metavar="CHECKPOINT")
+    c.add_argument("checkpoint", metavar="CHECKPOINT",
+                   help="llama2.c or flashlm checkpoint, or a Hugging Face folder (config.json, safetensors)")
     c.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json or llama2.c tokenizer.bin")
     c.add_argument("-o", "--output", metavar="OUTDIR", default="out/model")
     c.add_argument("--format", choices=("q8", "q4"), default="q8")
@@ -757,6 +765,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="group scales as f32, or rounded to fp16 (half the scale bytes)")
     c.add_argument("--kv", choices=("f32", "int8"), default="f32",
                    help="KV cache format recorded in the blob (int8: a scale and int8 codes per row)")
+    c.add_argument("--ctx", "--context", type=_positive_int, metavar="N", dest="ctx",
+                   help="context length of the converted model (default: the checkpoint's, e.g. a Hugging Face "
+                        "max_position_embeddings); at most the checkpoint's")
     c.add_argument("--no-report", action="store_true", help="skip the quality report")
     c.set_defaults(func=cmd_convert)
 
