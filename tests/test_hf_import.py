@@ -21,6 +21,7 @@ from converter.tokenizer_enc import device_section
 from host.cli import main
 from modelzoo import random_model
 from nativeboard import assert_matches_reference, native_link, run
+from test_tokenize import assert_same_ids, random_texts, tok_check  # noqa: F401 (tok_check: a fixture)
 
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.disable_progress_bar()       # save_pretrained's bar would mix with the CLI's stderr
@@ -247,8 +248,37 @@ def test_sentencepiece_style_tokenizer_encodes_as_tokenizers_and_decodes_to_byte
             # Metaspace "first" prepends no "▁" to a text that starts with a space, yet drops one
             assert decode(tok, ids) == text.encode() or (flavour == "metaspace" and text.startswith(" "))
     assert any(3 <= i < 259 for i in encode(tok, "日本語"))   # byte fallback in use
-    data, why = device_section(tok, ir.config)
-    assert data is None and "pre-tokenizer" in why          # the host encodes; convert says why
+
+
+@pytest.mark.parametrize("flavour", ["legacy", "metaspace", "metaspace-always"])
+def test_device_encodes_sentencepiece_style_text_as_the_host(tmp_path, tok_check, flavour):
+    """The firmware's encoder (tokenizer.enc kind 2, with added tokens and the JSON's prefix rule)
+    gives the library's ids, BOS first, for odd and random texts (special tokens inside them too)."""
+    d = json.loads(spm_tokenizer_json(flavour.split("-")[0]))
+    if flavour == "metaspace-always":
+        d["pre_tokenizer"]["prepend_scheme"] = "always"
+    path = save(hf_model(), tmp_path / "hf")
+    (path / "tokenizer.json").write_text(json.dumps(d))
+    qm = quantize(load_model(path), "q8", 32)
+    data, about = device_section(qm.tokenizer, qm.config)
+    assert data is not None and "SentencePiece" in about, about
+    (tmp_path / "m.flmb").write_bytes(build_blob(qm))
+    odd = ["<s>", "a<s>", "<s>a", "<s> a", "x <s>  y</s>z", " ", "\u2581a", "a\u2581", "  lead", "</s></s>", "<s",
+           "time time time", "She liked\nthe\tsun."]
+    assert_same_ids(tok_check, tmp_path / "m.flmb", qm.tokenizer, TEXTS + odd + random_texts(1500, seed=3), 64)
+
+
+def test_sentencepiece_tokenizers_the_device_cannot_reproduce_get_no_section(tmp_path):
+    for edit, why in ((lambda d: d["pre_tokenizer"].update(split=True), "splits words"),
+                      (lambda d: d["model"].update(byte_fallback=False), "no byte fallback"),
+                      (lambda d: d.update(normalizer={"type": "NFKC"}), "normalizer"),
+                      (lambda d: d["added_tokens"][1].update(lstrip=True), "strips spaces")):
+        d = json.loads(spm_tokenizer_json("metaspace"))
+        edit(d)
+        from converter.tokenizer import from_hf_json
+        data, reason = device_section(from_hf_json(json.dumps(d)), hf_import.read_config(
+            json.loads((save(hf_model(), tmp_path / "hf") / "config.json").read_text()))[1])
+        assert data is None and why in reason, reason
 
 
 def test_bytelevel_tokenizer_without_bos_and_its_device_section(tmp_path):
