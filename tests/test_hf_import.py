@@ -381,10 +381,17 @@ def test_cli_convert_plan_and_run_an_hf_folder(tmp_path, capsys):
     assert "context 24" in capsys.readouterr().out
     assert main(["plan", str(path), "--board", "pico", "--ctx", "65", "--png", str(tmp_path / "p.png")]) == 2
     assert "longer than the model's max_position_embeddings 64" in capsys.readouterr().err
-    assert main(["run", "--board", "native", "--model", str(out), "--prompt", "Once upon", "--max-tokens", "40"]) == 0
+    # a stop id the model reaches: the third new token of its greedy text
+    prompt = encode(load_model(path).tokenizer, "Once upon")
+    seq = greedy_without_stops(read_blob(out / "model.flmb"), prompt, 12)
+    stop = [t for k, t in enumerate(seq) if t not in seq[:k]][2]
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [stop, 2]}))
+    assert main(["convert", str(path), "-o", str(out), "--ctx", "24", "--no-report"]) == 0
+    assert main(["run", "--board", "native", "--model", str(out), "--prompt", "Once upon", "--max-tokens", "40",
+                 "--json", str(tmp_path / "run.json")]) == 0
     printed = capsys.readouterr().out
-    ref = generate(read_blob(out / "model.flmb"), encode(load_model(path).tokenizer, "Once upon"), 40)
-    if ref[-1]["out_id"] == 2:
-        assert "ended by stop id 2 b'</s>'" in printed
-    else:
-        assert "ended by stop id" not in printed
+    piece = read_blob(out / "model.flmb").tokenizer.pieces[stop]
+    assert f"ended by stop id {stop} {piece!r} (the model's stop ids: [{stop}, 2], eos_token_id of " \
+           f"generation_config.json)" in printed
+    run_json = json.loads((tmp_path / "run.json").read_text())
+    assert run_json["summary"]["reason"] == "eos"
