@@ -141,7 +141,7 @@ def read_config(cfg: dict, context: int | None = None) -> tuple[str, ModelConfig
         raise ModelError(f"config.json: hidden_act {act!r} is not supported (flashlm's FFN is gated by SiLU)")
     dim, n_heads = _int(cfg, "hidden_size"), _int(cfg, "num_attention_heads")
     hd = cfg.get("head_dim")
-    if hd is not None and (n_heads * hd != dim):
+    if hd is not None and (isinstance(hd, bool) or not isinstance(hd, int) or n_heads * hd != dim):
         raise ModelError(f"config.json: head_dim {hd!r} is not hidden_size / num_attention_heads = "
                          f"{dim} / {n_heads} (flashlm's heads split the hidden size)")
     positions = _int(cfg, "max_position_embeddings", 2048)
@@ -327,13 +327,19 @@ def read_tokenizer(folder):
 
 
 def read_hf_dir(folder, context: int | None = None) -> ModelIR:
-    """A ModelIR (with its tokenizer and stop ids) from a transformers Llama-family folder."""
+    """A ModelIR (with its tokenizer and stop ids) from a transformers Llama-family folder; every
+    error names the folder."""
     folder = os.fspath(folder)
-    cfg = _json(os.path.join(folder, "config.json"), "config.json")
     try:
-        arch, c = read_config(cfg, context)
+        return _read_hf_dir(folder, context)
     except ModelError as e:
-        raise ModelError(f"{folder}: {e}") from None
+        msg = str(e)
+        raise ModelError(msg if msg.startswith(folder) else f"{folder}: {msg}") from None
+
+
+def _read_hf_dir(folder: str, context: int | None) -> ModelIR:
+    cfg = _json(os.path.join(folder, "config.json"), "config.json")
+    arch, c = read_config(cfg, context)
     tensors = read_weights(folder, arch, c)
     tok = read_tokenizer(folder)
     if tok is not None and len(tok) < c.vocab_size:
@@ -344,10 +350,7 @@ def read_hf_dir(folder, context: int | None = None) -> ModelIR:
     ir = ModelIR(c, tensors, tokenizer=tok, source=folder, stops=stop_ids(folder, cfg),
                  meta={"format": "transformers", "architecture": arch,
                        "max_position_embeddings": cfg.get("max_position_embeddings")})
-    try:
-        ir.validate()
-    except ModelError as e:
-        raise ModelError(f"{folder}: {e}") from None
+    ir.validate()
     return ir
 
 
