@@ -151,7 +151,7 @@ def _piece_decoder(d: dict):
             except KeyError:
                 raise ModelError(f"tokenizer JSON: token {s!r} is not ByteLevel-encoded") from None
         return byte_level
-    if not steps and '"Metaspace"' not in json.dumps(d.get("pre_tokenizer")):
+    if not steps:
         raise ModelError("tokenizer JSON: a BPE without a ByteLevel or SentencePiece-style decoder "
                          "(the bytes of its pieces are unknown)")
     replaces: list[tuple[str, str]] = []

@@ -15,7 +15,7 @@ Two kinds:
   fallback, no pre-tokenizer splitting words) is the same kind: the "▁" piece is the dummy prefix
   (and the piece of a space), the merges are pairs ranked by their line, and the added tokens
   split the text first, each stretch between them with its own prefix by the JSON's rule
-  (``PREFIX_RULES``).
+  (``PREFIX_*``).
 
 Both kinds then run one merge loop on the device: merge the adjacent pair of lowest rank,
 leftmost on ties.  A tokenizer whose configuration the device cannot reproduce exactly gets no
@@ -33,17 +33,16 @@ import struct
 from dataclasses import dataclass
 
 from .ir import ModelConfig, Tokenizer
-from .tokenizer import _BYTE_PIECE, _NO_MERGE, _spellings, _unicode_to_byte
+from .tokenizer import _BYTE_PIECE, _NO_MERGE, _decoder_steps, _spellings, _unicode_to_byte
 
 SECTION = "tokenizer.enc"
 VERSION = 1
 KIND_BPE, KIND_LLAMA2C = 1, 2
 KIND_NAME = {KIND_BPE: "ByteLevel BPE", KIND_LLAMA2C: "SentencePiece-style (llama2.c)"}
-# kind 2: which stretch of text (between added tokens) gets the dummy prefix "▁" (header field 56)
+# kind 2: which stretch of text between added tokens gets the dummy prefix (header field 56): every
+# non-empty one (llama2.c, Llama 2's Prepend normalizer); each not starting with a space (Metaspace
+# "always"); only the text's start, unless a space (Metaspace "first")
 PREFIX_ALWAYS, PREFIX_UNLESS_SPACE, PREFIX_FIRST = 0, 1, 2
-PREFIX_RULES = {PREFIX_ALWAYS: "every non-empty stretch (llama2.c; Prepend normalizer)",
-                PREFIX_UNLESS_SPACE: "every stretch not starting with a space (Metaspace 'always')",
-                PREFIX_FIRST: "the text's start unless it is a space (Metaspace 'first')"}
 SPACE = "\u2581"                 # SentencePiece's visible space
 NONE_ID = 0xFFFFFFFF
 HEADER_FMT = "<16I"              # 64 bytes; field order in docs/formats.md section 1.1
@@ -125,7 +124,7 @@ def device_section(tok: Tokenizer | None, cfg: ModelConfig) -> tuple[bytes | Non
     if tok is None:
         return None, "the model has no tokenizer"
     if tok.kind == "bpe" and tok.hf_json is not None:
-        byte_level = '"ByteLevel"' in json.dumps(json.loads(tok.hf_json).get("decoder"))
+        byte_level = any(x.get("type") == "ByteLevel" for x in _decoder_steps(json.loads(tok.hf_json)))
         data, why = _bpe_section(tok) if byte_level else _spm_section(tok)
     elif tok.kind == "llama2c":
         data, why = _llama2c_section(tok), ""
@@ -196,6 +195,16 @@ def _pack(kind: int, span: int, unicode: int, prefix: int, pairs: dict, runs,
 
 # ----------------------------------------------------------------------------- ByteLevel BPE
 
+def _json_pairs(model: dict) -> dict[tuple[int, int], tuple[int, int]]:
+    """A tokenizer JSON's merges: (left id, right id) -> (rank = the merge's line, merged id)."""
+    vocab = model["vocab"]
+    pairs: dict[tuple[int, int], tuple[int, int]] = {}
+    for r, m in enumerate(model.get("merges") or []):
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        pairs[(vocab[a], vocab[b])] = (r, vocab[a + b])     # a repeated pair: the last one counts, as in the library
+    return pairs
+
+
 def _bpe_unsupported(d: dict) -> str | None:
     """Why this tokenizer JSON is not the ByteLevel BPE the device encoder reproduces, or None."""
     pre = d.get("pre_tokenizer")
@@ -234,10 +243,7 @@ def _bpe_section(tok: Tokenizer) -> tuple[bytes | None, str]:
     if missing:
         return None, (f"the tokenizer cannot be reproduced on the device: its ByteLevel alphabet lacks "
                       f"{len(missing)} byte symbol(s) (first 0x{missing[0]:02X})")
-    pairs: dict[tuple[int, int], tuple[int, int]] = {}
-    for r, m in enumerate(model.get("merges") or []):
-        a, b = m.split(" ", 1) if isinstance(m, str) else m
-        pairs[(vocab[a], vocab[b])] = (r, vocab[a + b])     # a repeated pair: the last one counts, as in the library
+    pairs = _json_pairs(model)
     added = [(t["content"].encode("utf-8"), t["id"]) for t in d.get("added_tokens") or []]
     span = max(max(len(p) for p in tok.pieces), 1)       # the bytes of the longest token
     major_minor = unicode_version() or (0, 0)
@@ -286,10 +292,7 @@ def _spm_section(tok: Tokenizer) -> tuple[bytes | None, str]:
         rule, why = None, "its vocabulary lacks the '\u2581' piece or a byte-fallback piece"
     if rule is None:
         return None, f"the tokenizer cannot be reproduced on the device: {why}"
-    pairs: dict[tuple[int, int], tuple[int, int]] = {}
-    for r, m in enumerate(model.get("merges") or []):
-        a, b = m.split(" ", 1) if isinstance(m, str) else m
-        pairs[(vocab[a], vocab[b])] = (r, vocab[a + b])     # a repeated pair: the last one counts, as in the library
+    pairs = _json_pairs(model)
     # one-character pieces by the text's UTF-8: a space is "▁" to the library (and so is "▁" itself)
     chars = {c: i for c, i in vocab.items() if len(c) == 1 and c != " "}
     if SPACE in chars:
