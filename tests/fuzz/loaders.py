@@ -105,16 +105,17 @@ def make_seeds(d: Path) -> dict[str, tuple[str, bytes]]:
     seeds["tokenizer_bin"] = ("tokenizer.bin", _tokenizer_bin())
     seeds["tokenizer_json"] = ("tokenizer.json", bpe.encode())
     seeds["blob"] = ("model.flmb", build_blob(quantize(_tiny_ir(tied=True), "q8", 4)))
-    for kind, (name, raw) in _hf_folder(bpe, n_vocab).items():
-        seeds[kind] = (f"{HF_DIR}/{name}", raw)
+    HF_FILES.update(_hf_folder(bpe, n_vocab))
+    seeds["hf"] = (HF_DIR, b"")           # one of HF_FILES damaged per example, the others as they are
     return seeds
 
 
-HF_DIR = "hf"      # a Hugging Face folder's files are seeds "hf/NAME"; a damaged one is loaded with the others
+HF_DIR = "hf"
+HF_FILES: dict[str, bytes] = {}           # a Hugging Face folder: file name -> bytes
 
 
-def _hf_folder(bpe: str, vocab: int) -> dict[str, tuple[str, bytes]]:
-    """{kind: (file name, bytes)} of a tiny transformers-layout Llama folder (bf16 weights)."""
+def _hf_folder(bpe: str, vocab: int) -> dict[str, bytes]:
+    """{file name: bytes} of a tiny transformers-layout Llama folder (bf16 weights)."""
     import torch
     from safetensors.torch import save
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8, "intermediate_size": 8,
@@ -129,9 +130,8 @@ def _hf_folder(bpe: str, vocab: int) -> dict[str, tuple[str, bytes]]:
               "model.layers.0.mlp.down_proj.weight": (8, 8)}
     g = torch.Generator().manual_seed(0)
     weights = save({k: torch.randn(s, generator=g).to(torch.bfloat16) for k, s in shapes.items()})
-    return {"hf_config": ("config.json", json.dumps(cfg).encode()), "hf_safetensors": ("model.safetensors", weights),
-            "hf_tokenizer": ("tokenizer.json", bpe.encode()),
-            "hf_generation": ("generation_config.json", json.dumps({"eos_token_id": [1, 0]}).encode())}
+    return {"config.json": json.dumps(cfg).encode(), "model.safetensors": weights, "tokenizer.json": bpe.encode(),
+            "generation_config.json": json.dumps({"eos_token_id": [1, 0]}).encode()}
 
 
 # ---- mutations ---------------------------------------------------------------------------
@@ -211,7 +211,7 @@ def mutate(kind: str, raw: bytes, data) -> bytes:
     if how == "format":
         if kind == "pt":
             return _zip_mutation(raw, data)
-        if kind == "tokenizer_json" or kind in ("hf_config", "hf_tokenizer", "hf_generation"):
+        if kind in ("tokenizer_json", "hf_json"):
             return _json_mutation(raw, data)
         if kind == "blob":
             b = _bytes_mutation(bytearray(raw), data)
@@ -226,7 +226,7 @@ def mutate(kind: str, raw: bytes, data) -> bytes:
 def load(kind: str, path: Path):
     if kind.startswith("llama2c") or kind == "pt":
         load_model(path).validate()
-    elif kind.startswith("hf_"):
+    elif kind == "hf":
         load_model(path.parent).validate()
     elif kind.startswith("tokenizer"):
         tok = load_tokenizer(path)
@@ -245,7 +245,7 @@ def _keep(kind: str, name: str, data: bytes) -> None:
     """Keep a failing input (build/fuzz/loader-failures/) to reproduce it and to add as a test."""
     import hashlib
     FAILURES.mkdir(parents=True, exist_ok=True)
-    (FAILURES / f"{kind}-{hashlib.sha1(data).hexdigest()[:10]}-{name.replace('/', '_')}").write_bytes(data)
+    (FAILURES / f"{kind}-{hashlib.sha1(data).hexdigest()[:10]}-{name}").write_bytes(data)
 
 
 def _limit_memory(mem_mb: int) -> None:
@@ -306,19 +306,20 @@ def run(examples: int, seed: int, mem_mb: int, per_example: float, workdir: Path
     @given(kind=st.sampled_from(kinds), data=st.data())
     def one(kind, data):
         name, raw = seeds[kind]
-        mutated = mutate(kind, raw, data)
         path = workdir / name
-        if kind.startswith("hf_"):          # the folder's other files as they were; errors name the folder
+        if kind == "hf":                    # one file damaged, the others as they were; errors name the folder
+            path = path / data.draw(st.sampled_from(sorted(HF_FILES)), label="file")
+            raw = HF_FILES[path.name]
             path.parent.mkdir(exist_ok=True)
-            for n, r in seeds.values():
-                if n.startswith(HF_DIR + "/"):
-                    (workdir / n).write_bytes(r)
+            for n, r in HF_FILES.items():
+                (path.parent / n).write_bytes(r)
+        mutated = mutate("hf_json" if kind == "hf" and path.suffix == ".json" else kind, raw, data)
         path.write_bytes(mutated)
         try:
-            outcome = check(kind, HF_DIR if kind.startswith("hf_") else name, path, mutated)
+            outcome = check(kind, name, path, mutated)
         except BaseException as e:
             if not isinstance(e, KeyboardInterrupt):
-                _keep(kind, name, mutated)
+                _keep(kind, path.name, mutated)
             raise
         c = counts[kind]
         c["examples"] += 1
