@@ -36,7 +36,7 @@ from .ir import ModelConfig, ModelError, ModelIR, StopIds
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+DTYPES = ("F32", "F16", "BF16")          # safetensors' names of the dtypes read (widened to fp32)
 SILU = ("silu", "swish")
 WEIGHT_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
                 "pytorch_model.bin")
@@ -187,12 +187,13 @@ def stop_ids(folder, cfg: dict) -> StopIds | None:
 # ----------------------------------------------------------------------------- weights
 
 class _Weights(contextlib.ExitStack):
-    """The folder's tensors by Hugging Face name: shape, dtype and an fp32 copy, one at a time."""
+    """The folder's tensors by Hugging Face name, each read on request as an fp32 array (the files
+    stay memory-mapped; only that tensor is copied)."""
 
     def __init__(self, folder):
         super().__init__()
         self.folder = folder
-        self.files: dict[str, str] = {}          # tensor name -> file name
+        self.files: dict[str, str] | None = {}   # tensor name -> file name
         self.handles: dict[str, object] = {}
         present = [f for f in WEIGHT_FILES if os.path.isfile(os.path.join(folder, f))]
         if not present:
