@@ -50,8 +50,10 @@ def _print_quality(console, rep: dict) -> None:
 
 
 def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32, quant=(),
-            report=True, scales="f32", kv="f32", head_index="auto") -> dict:
-    """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest."""
+            report=True, scales="f32", kv="f32", context=None, head_index="auto") -> dict:
+    """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest.
+    ``context``: the positions the converted model holds (default: the checkpoint's); ``head_index``:
+    auto, on or off (the greedy head's tile index, see _head_index)."""
     from dataclasses import asdict
 
     ckpt = Path(checkpoint)
@@ -70,7 +72,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
     outdir = Path(outdir)
     step(console, f"loading {ckpt}")
     with console.status(f"loading {ckpt.name}"):
-        ir = load_model(str(ckpt), tokenizer_path=str(tokenizer) if tokenizer else None)
+        ir = load_model(str(ckpt), tokenizer_path=str(tokenizer) if tokenizer else None, context=context)
     c = ir.config
     split = c.param_split()
     console.print(f"  dim {c.dim}, {c.n_layers} layers, {c.n_heads}/{c.n_kv_heads} heads, hidden {c.hidden_dim}, "
@@ -98,6 +100,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
     enc, enc_about = device_section(qm.tokenizer, c)     # the same call build_blob made
     console.print(f"  device tokenizer (text prompts encoded on the board): "
                   f"{enc_about if enc is not None else 'none, ' + enc_about}", markup=False, soft_wrap=True)
+    console.print(f"  stop ids: {qm.stops.describe()}", markup=False, soft_wrap=True)
     cfg = asdict(c)
     t = qm.tokenizer
     cfg["bos_id"] = t.bos_id if t is not None else None
@@ -115,6 +118,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         "source": str(qm.source or ir.source or ckpt),
         "quality": "quality.json" if rep is not None else None,
         "device_tokenizer": enc_about,
+        "stop_ids": list(qm.stops.ids), "stop_source": qm.stops.source,
         "head_index": index_report,
     }
     if rep is not None:
@@ -151,5 +155,5 @@ def _head_index(console, qm, mode: str) -> dict:
 def cmd_convert(args, console) -> int:
     convert(console, args.checkpoint, args.output, tokenizer=args.tokenizer, fmt=args.format,
             group_size=args.group_size, quant=args.quant, scales=args.scales, report=not args.no_report,
-            kv=args.kv, head_index=args.head_index)
+            kv=args.kv, context=args.ctx, head_index=args.head_index)
     return 0
