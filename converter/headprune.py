@@ -183,10 +183,11 @@ def radii(w: np.ndarray, tiles: list[np.ndarray], cen: QTensor) -> np.ndarray:
     gamma = (G + 1) * U / (1 - (G + 1) * U)
     c = dequantized(cen)
     out = np.empty(len(tiles), F)
-    for t, rows in enumerate(tiles):
-        rho = np.sqrt(((w[rows] - c[t]) ** 2).sum(axis=1)).max()
-        n = np.sqrt((c[t] ** 2).sum()) + np.sqrt((w[rows] ** 2).sum(axis=1)).max()
-        out[t] = _round_up(max((rho + (gamma + 2 * U) * n) * (1 + 2.0 ** -30), R_MIN))
+    with np.errstate(over="ignore", invalid="ignore"):   # rows past float64's squares: an infinite radius
+        for t, rows in enumerate(tiles):
+            rho = np.sqrt(((w[rows] - c[t]) ** 2).sum(axis=1)).max()
+            n = np.sqrt((c[t] ** 2).sum()) + np.sqrt((w[rows] ** 2).sum(axis=1)).max()
+            out[t] = _round_up(max((rho + (gamma + 2 * U) * n) * (1 + 2.0 ** -30), R_MIN))
     return out
 
 
