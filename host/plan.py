@@ -68,6 +68,8 @@ def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=
         tok = p.parent / "tokenizer.json"
     ir = load_model(str(p), tokenizer_path=str(tok) if tok else None, context=context)
     qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=list(quant or ()), scales=scales)
+    from converter import headcalib
+    qm.head_index = headcalib.calibrate(qm)[0]       # convert's decision (--head-index auto)
     return ModelSpec.from_quant(qm, str(p)), dict(kind="checkpoint", qm=qm, path=p)
 
 
