@@ -444,7 +444,8 @@ def kv_layout(blob: Path, kv: str) -> tuple[int, int, bytes]:
 
 def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max_tokens=32,
         temperature=0.0, top_p=0.0, seed=0, json_path=None, csv_path=None, png_path=None,
-        baud=115200, timeout=10.0, retries=3, encode_on="host", slide=False, all_logits=False, kv=None) -> int:
+        baud=115200, timeout=10.0, retries=3, encode_on="host", slide=False, all_logits=False, kv=None,
+        xip_model=True) -> int:
     from contextlib import ExitStack
 
     from . import report as R
@@ -486,9 +487,10 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
         elif emulated:
             image = ensure_native_binary(console, model_dir, manifest, board=board)
             blob = model_dir / manifest["blob"]
-            _step(console, f"starting the emulated board {board} ({emulated})")
+            _step(console, f"starting the emulated board {board} ({emulated}, XIP model {'on' if xip_model else 'off'})")
             from .virtual import start_emulated_board
-            vb = stack.enter_context(start_emulated_board(image, blob, board=board, timeout=timeout))
+            vb = stack.enter_context(start_emulated_board(image, blob, board=board, timeout=timeout,
+                                                          xip_model=xip_model))
             port = vb.port
             console.print(f"  pid {vb.proc.pid}, UART0 on {port}")
         ser = open_port(port, baud)
@@ -608,7 +610,7 @@ def cmd_run(args, console) -> int:
                port=args.port, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                seed=args.seed, json_path=args.json, csv_path=args.csv, png_path=args.png, baud=args.baud,
                timeout=args.timeout, retries=max(0, args.retries), encode_on=args.encode_on, slide=args.slide,
-               all_logits=args.all_logits, kv=args.kv)
+               all_logits=args.all_logits, kv=args.kv, xip_model=args.xip_model == "on")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -624,7 +626,8 @@ def cmd_serve(args, console) -> int:
     blob = model_dir / manifest["blob"]
     from .virtual import start_emulated_board, start_native_board
     if emulated:
-        vb = start_emulated_board(image, blob, board=args.board, timeout=args.timeout, counts_path=args.counts)
+        vb = start_emulated_board(image, blob, board=args.board, timeout=args.timeout, counts_path=args.counts,
+                                  xip_model=args.xip_model == "on")
     else:
         vb = start_native_board(image, blob, timeout=args.timeout)
     with vb:
@@ -669,7 +672,7 @@ def cmd_demo(args, console) -> int:
     console.print(f"prompt {args.prompt!r}, up to {args.max_tokens} tokens, greedy, on {args.board}")
     rc = run(console, out, prompt=args.prompt, board=args.board, max_tokens=args.max_tokens,
              json_path=out / "run.json", csv_path=out / "run.csv", png_path=out / "run.png",
-             timeout=args.timeout)
+             timeout=args.timeout, xip_model=args.xip_model == "on")
     if rc == 0:
         console.print(f"[green]demo done[/]: {out}/run.json, run.csv, run.png")
     return rc
@@ -732,6 +735,14 @@ def add_generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--baud", type=_positive_int, default=115200, metavar="B")
     p.add_argument("--timeout", type=_seconds, default=10.0, metavar="S",
                    help="seconds to wait for the board and for each frame (default 10)")
+    add_xip_arg(p)
+
+
+def add_xip_arg(p: argparse.ArgumentParser) -> None:
+    """--xip-model for the commands that start an emulated board."""
+    p.add_argument("--xip-model", choices=("on", "off"), default="on",
+                   help="rp2040-emu: time flash reads through the XIP cache + QSPI model (on, the default), "
+                        "or charge them like SRAM reads (off, rp2040js as is)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -795,6 +806,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--model", metavar="OUTDIR", required=True)
     sv.add_argument("--counts", metavar="FILE", help="rp2040-emu: write the harness's per-step read counts here")
     sv.add_argument("--timeout", type=_seconds, default=10.0, metavar="S")
+    add_xip_arg(sv)
     sv.set_defaults(func=cmd_serve)
 
     fx = sub.add_parser("faultproxy", help="serve a pty between the host and a board that damages the bytes "
@@ -809,6 +821,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-tokens", type=_positive_int, default=48, metavar="N")
     d.add_argument("-o", "--output", default="out/demo", metavar="OUTDIR")
     d.add_argument("--timeout", type=_seconds, default=10.0, metavar="S")
+    add_xip_arg(d)
     d.set_defaults(func=cmd_demo)
 
     e = sub.add_parser("eval", help="eval loss, perplexity and top-1 agreement of fp32, int8 and int4 on held-out text")
