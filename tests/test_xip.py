@@ -30,6 +30,7 @@ import { XipCache, XipCtrl, lineTransfer, picoBoot2 } from '%s';
 const cache = new XipCache();
 const ctrl = new XipCtrl(cache, () => {});
 const out = [];
+cache.onBadTransfer = (addr) => out.push(`no transfer at ${addr.toString(16)}`);
 for (const [op, a, b, c] of JSON.parse(fs.readFileSync(0, 'utf8'))) {
   if (op === 'miss') cache.missCycles = a;
   else if (op === 'read') out.push(cache.read(a, b, c));
@@ -126,6 +127,13 @@ def test_line_transfer_from_the_ssi_registers():
                   ["ssi", dict(quad, baudr=0)]])
     assert [o["cycles"] for o in out[:3]] == [28 * 4 + 3, (8 + 16 + 32) * 2 + 2, (8 + 24 + 64) * 6 + 3]
     assert "disabled" in out[3]["why"] and "SCKDV = 0" in out[4]["why"] and out[3]["cycles"] == 0
+
+
+def test_a_miss_the_ssi_cannot_serve_is_reported():
+    """While the SSI is off (the HAL reconfiguring it) a miss is a fault the harness stops on;
+    a hit is still served."""
+    out, _ = xip([["miss", 10]] + reads(A) + [["miss", 0]] + reads(A, A + 8))
+    assert out == [10, 0, "no transfer at 10000008", 0]
 
 
 class RefCache:
