@@ -1,5 +1,5 @@
 """RAM the engine needs for a model: KV cache, scratch and the prompt buffer — the same sums
-as flm_state_bytes() in firmware/engine/engine.c plus the app's prompt buffer (app.c)."""
+as flm_state_bytes() in firmware/engine/engine.c plus the app's prompt buffer (app_layout.c)."""
 from __future__ import annotations
 
 from .ir import ModelConfig
@@ -18,7 +18,7 @@ def arena_bytes(cfg: ModelConfig, min_group: int) -> int:
     return state_bytes(cfg, min_group) + cfg.max_seq_len * 4
 
 
-# ---- per-region sizes and staging (firmware/engine/engine.c layout(), app.c place()) -------------
+# ---- per-region sizes and staging (firmware/engine/engine.c layout(), app_layout.c app_place()) -------------
 
 REGIONS = ("kv", "logits", "scratch")   # FLM_REG_KV, FLM_REG_LOGITS, FLM_REG_SCRATCH
 
@@ -52,7 +52,7 @@ def prompt_bytes(cfg: ModelConfig) -> int:
 
 def tier_needs(cfg: ModelConfig, min_group: int, staged: dict[str, list[int]],
                region_tiers: dict[str, str], kv: str = "f32") -> dict[str, int]:
-    """Bytes app.c's place() takes from each RAM tier: the tensors staged there (``staged[tier]``,
+    """Bytes app_layout.c's app_place() takes from each RAM tier: the tensors staged there (``staged[tier]``,
     each rounded up to 64 bytes), the state regions placed there (``region_tiers[region]``, a tier
     name; multiples of 8) and, with the scratch region, the prompt buffer (last, unrounded)."""
     need = {"psram": 0, "sram": 0}

@@ -14,17 +14,16 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from .args import add_generation_args, nonneg_int, positive_int
+from .errors import UserError
+from .model_dir import load_manifest
+
 PHASE_LABEL = {"embed": "embed", "attention": "attention", "ffn": "FFN", "ple": "PLE", "output": "output",
                "sampling": "sampling"}
 KIND_COLORS = {"embedding": "#4c72b0", "head": "#c44e52", "head_prune": "#e8a0a2", "attention": "#dd8452", "ffn": "#55a868",
                "ple_table": "#2f4b7c", "ple": "#a3845f",
                "norm": "#937860", "rope": "#8172b3", "tokenizer": "#8c8c8c", "kv": "#da8bc3",
                "logits": "#ccb974", "scratch": "#64b5cd", "other": "#999999"}
-
-
-def _user_error():
-    from .cli import UserError
-    return UserError
 
 
 # ---------------------------------------------------------------------------------------------
@@ -39,14 +38,12 @@ def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=
     from converter.blob import read_header
     from converter.costmodel import ModelSpec
 
-    UserError = _user_error()
     if str(model).startswith(SHAPE_PREFIX):
         from converter.shapes import shape_spec
         spec = shape_spec(str(model)[len(SHAPE_PREFIX):])
         return (spec.with_formats(list(quant)) if quant else spec), dict(kind="shape")
     p = Path(model)
     if p.is_dir() or p.name == "manifest.json":
-        from .cli import load_manifest
         d, manifest = load_manifest(p)
         blob = d / manifest["blob"]
         h = read_header(blob)
@@ -268,7 +265,6 @@ def apply_plan(console, info: dict, plan) -> None:
     from converter import blob as B
 
     from .report import atomic_write_bytes
-    UserError = _user_error()
     if info["kind"] != "dir":
         raise UserError("--apply rewrites a model directory; convert the checkpoint first "
                         "('flashlm convert CHECKPOINT -o DIR') and plan DIR")
@@ -304,7 +300,7 @@ def _plan_or_explain(console, spec, board, **kw):
         return plan(spec, board, **kw)
     except NoFit as e:
         print_no_fit(console, e)
-        raise _user_error()(str(e)) from None
+        raise UserError(str(e)) from None
 
 
 def cmd_plan(args, console) -> int:
@@ -366,7 +362,6 @@ def _side_by_side(console, title: str, columns: list[tuple[str, list[str]]]) -> 
 
 def cmd_compare(args, console) -> int:
     from converter.planner import PlanError, plan_layout
-    UserError = _user_error()
     spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer, args.scales)
     if args.ctx:
         spec = spec.with_context(args.ctx)
@@ -470,10 +465,10 @@ def step_head(t, sampling: str) -> str | int:
 def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict:
     from contextlib import ExitStack
 
-    from .cli import encode_prompt, ensure_native_binary
+    from .cmd_build import ensure_native_binary
+    from .cmd_run import emulated_board
     from .protocol import Link
     from .session import Session, open_port
-    UserError = _user_error()
     if info["kind"] != "dir":
         raise UserError("--run needs a model directory from 'flashlm convert' (the board must hold its blob)")
     model_dir, manifest = info["model_dir"], info["manifest"]
@@ -481,7 +476,7 @@ def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict
         raise UserError("--run with --ctx: apply the shorter context first ('flashlm plan --ctx N --apply')")
     import argparse
 
-    from .cli import DEFAULT_PROMPT
+    from .prompt import DEFAULT_PROMPT, encode_prompt
     prompt, prompt_ids = args.prompt, args.prompt_ids
     if prompt is None and prompt_ids is None:
         if manifest.get("tokenizer"):
@@ -493,8 +488,7 @@ def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict
     emulated = None
     with ExitStack() as stack:
         if args.port is None:
-            from . import cli
-            emulated = getattr(cli, "emulated_board", lambda b: None)(board)
+            emulated = emulated_board(board)
             if board != "native" and not emulated:
                 raise UserError(f"--run on {board}: flash it and pass --port (only virtual boards start here)")
             binary = ensure_native_binary(console, model_dir, manifest, board=board)
@@ -540,9 +534,9 @@ def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict
 
 
 # ---------------------------------------------------------------------------------------------
-# argument parsing (called from host/cli.py)
+# argument parsing (called from host/parser.py)
 
-def add_commands(sub, positive_int, nonneg_int, add_generation_args) -> None:
+def add_commands(sub) -> None:
     def model_opts(p):
         p.add_argument("model", metavar="MODEL",
                        help="model dir from 'flashlm convert', a .flmb blob, a checkpoint, or shape:NAME (e.g. shape:ple-28m)")

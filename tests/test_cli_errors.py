@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from host import cli
+from host import cmd_demo, cmd_run
 from host.cli import main
+from host.errors import UserError
 
 
 def _fails(capsys, argv, *needles, code=2):
@@ -177,7 +178,7 @@ def native(monkeypatch, tmp_path):
     (d / "model.flmb").write_bytes(b"FLMB")
 
     def use(binary):
-        monkeypatch.setattr(cli, "ensure_native_binary", lambda console, model_dir, manifest, board="native": binary)
+        monkeypatch.setattr(cmd_run, "ensure_native_binary", lambda console, model_dir, manifest, board="native": binary)
         return ["run", "--board", "native", "--model", str(d), "--prompt-ids", "1", "--timeout", "1"]
     return use
 
@@ -234,7 +235,7 @@ def test_build_without_model(capsys, tmp_path):
 
 
 def test_demo_without_default_model(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(cli, "DEFAULT_MODEL", tmp_path / "models" / "default" / "model.pt")
+    monkeypatch.setattr(cmd_demo, "DEFAULT_MODEL", tmp_path / "models" / "default" / "model.pt")
     _fails(capsys, ["demo", "-o", str(tmp_path / "demo")], "default model", "model.pt")
 
 
@@ -257,7 +258,7 @@ def test_train_bad_option(capsys):
 def test_ctrl_c_exits_130(capsys, monkeypatch, tmp_path):
     def boom(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(cli, "load_manifest", boom)
+    monkeypatch.setattr(cmd_run, "load_manifest", boom)
     rc = main(["run", "--port", "/dev/null", "--model", str(tmp_path), "--prompt-ids", "1"])
     err = capsys.readouterr().err
     assert rc == 130 and "Traceback" not in err and "interrupted" in err
@@ -265,7 +266,7 @@ def test_ctrl_c_exits_130(capsys, monkeypatch, tmp_path):
 
 def test_debug_env_reraises(monkeypatch, tmp_path):
     monkeypatch.setenv("FLASHLM_DEBUG", "1")
-    with pytest.raises(cli.UserError):
+    with pytest.raises(UserError):
         main(["run", "--port", "/dev/null", "--model", str(tmp_path / "nope"), "--prompt-ids", "1"])
     monkeypatch.delenv("FLASHLM_DEBUG")
     assert os.environ.get("FLASHLM_DEBUG") is None
