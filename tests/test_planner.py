@@ -80,11 +80,12 @@ configs = st.builds(
 
 @st.composite
 def boards(draw):
-    def tier(lo, hi):
-        return dict(capacity=1 << 30, budget=draw(st.integers(lo, hi)),
-                    seq_read_MBps=draw(st.floats(1, 1000)), row_latency_us=draw(st.floats(0, 3)),
-                    line_bytes=draw(st.sampled_from([4, 8, 32, 64])))
-    tiers = {"flash": tier(1 << 12, 1 << 22), "sram": tier(1 << 10, 1 << 19)}
+    def tier(lo, hi, line_fill=False):
+        t = dict(capacity=1 << 30, budget=draw(st.integers(lo, hi)), line_bytes=draw(st.sampled_from([4, 8, 32, 64])))
+        if line_fill:       # an XIP flash given by the cycles of one line fill
+            return dict(t, line_cycles=draw(st.integers(8, 400)))
+        return dict(t, seq_read_MBps=draw(st.floats(1, 1000)), row_latency_us=draw(st.floats(0, 3)))
+    tiers = {"flash": tier(1 << 12, 1 << 22, draw(st.booleans())), "sram": tier(1 << 10, 1 << 19)}
     if draw(st.booleans()):
         tiers["psram"] = tier(1 << 12, 1 << 22)
     return dict(name="synthetic", clock_mhz=draw(st.integers(50, 500)), fpu=draw(st.booleans()),
