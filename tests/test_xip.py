@@ -118,7 +118,7 @@ def test_xip_ctrl_enable_flush_and_counters():
 def test_line_transfer_from_the_ssi_registers():
     (boot2,), _ = xip([["boot2"]])
     # quad continuous read: 8 address+mode + 4 dummy + 16 data clocks, x SCKDV 2, + 1 RX delay + 2 bus
-    assert boot2 == dict(cycles=59, sck=28, why=None) == dict(boot2, cycles=LINE_CYCLES)
+    assert boot2 == dict(cycles=59, sck=28, sckdv=2, why=None) == dict(boot2, cycles=LINE_CYCLES)
     quad = dict(ssienr=1, baudr=4, rxsampldly=1, crtlr0=(2 << 21) | (31 << 16) | (3 << 8),
                 spictlr0=(0xa0 << 24) | (4 << 11) | (8 << 2) | 2)
     dual = dict(quad, baudr=2, rxsampldly=0, crtlr0=1 << 21, spictlr0=(2 << 8) | (8 << 2) | 1)   # BBh-style
@@ -249,6 +249,43 @@ def test_firmware_clock_counts_the_stalls_and_logits_stay_exact(tmp_path, build_
         # first and last timer reads
         stall_us, more_us = s["stall_cycles"] / mhz, sum(a.us) - sum(b.us)
         assert 0.99 * stall_us - len(PHASES) <= more_us <= stall_us + len(PHASES)
+
+
+def test_a_miss_costs_what_the_firmwares_ssi_setting_makes_it(tmp_path):
+    """A firmware built to clock the flash at clk_sys / 4 instead of the profile's / 2: the HAL
+    writes that divider and the harness charges 28 x 4 + 3 = 115 cycles a miss from then on."""
+    import serial
+
+    from converter.blob import write_blob
+    from firmware.build import build_firmware
+    from host.protocol import Hello, Link, Ping
+    from host.virtual import start_emulated_board
+    from nativeboard import recv_until
+    require_emulator()
+    _, ir = random_model(seed=8)
+    qm = quantize(ir, "q8", 32)
+    blob = tmp_path / "m.flmb"
+    write_blob(qm, blob)
+    fw = build_firmware(BOARD, tmp_path / "fw", blob)
+    mk = fw.project_dir / "Makefile"
+    mk.write_text(mk.read_text().replace("-DFLM_XIP_SCKDV=2u", "-DFLM_XIP_SCKDV=4u"))
+    (fw.project_dir / "firmware.elf").unlink()
+    subprocess.run(["make", "-s", "-C", str(fw.project_dir)], check=True, capture_output=True)
+    with start_emulated_board(fw.binary, blob) as b:
+        port = serial.Serial(b.port, 115200, timeout=0.05)
+        try:
+            link = Link(port)
+            link.send(Ping())
+            recv_until(link, lambda m: isinstance(m, Hello))
+            b.read_counts()
+            run(link, [1, 2], 2, logits=False)
+            counts = b.read_counts()
+        finally:
+            port.close()
+        log = b.stderr_tail(10)
+    assert any("XIP line transfer now 115 cycles a line (28 SCK clocks at SCKDV 4)" in ln for ln in log), log
+    assert counts and all(c["xip"]["miss_cycles"] == 115 and c["xip"]["stall_cycles"] == 115 * c["xip"]["misses"]
+                          for c in counts)
 
 
 def test_compare_run_head_in_flash_vs_sram_goes_the_planners_way(tmp_path, build_root, capsys):

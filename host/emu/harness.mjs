@@ -29,7 +29,7 @@
 import fs from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { RP2040 } from 'rp2040js';
-import { XIP_CTRL_BASE, XipCache, XipCtrl, followSsi, picoBoot2 } from './xip.mjs';
+import { XIP_CTRL_BASE, XipCache, XipCtrl, describe, followSsi, picoBoot2 } from './xip.mjs';
 
 console.log = console.error;   // stdout is the UART: nothing else may ever write there
 
@@ -52,8 +52,10 @@ function parseArgs(argv) {
     else if (k === '--blob-offset') a.blobOffset = Number(v);
     else if (k === '--flash-size') a.flashSize = Number(v);
     else if (k === '--counts') a.counts = v;
-    else if (k === '--xip-model' && (v === 'on' || v === 'off')) a.xipModel = v === 'on';
-    else die(`unknown argument ${k}`, 2);
+    else if (k === '--xip-model') {
+      if (v !== 'on' && v !== 'off') die(`--xip-model takes on or off, not ${v}`, 2);
+      a.xipModel = v === 'on';
+    } else die(`unknown argument ${k}`, 2);
     i++;
   }
   if (!a.firmware || !a.blob || !Number.isInteger(a.blobOffset)) {
@@ -103,25 +105,13 @@ const cache = new XipCache();
 const ssi = mcu.peripherals[0x18000];
 mcu.peripherals[XIP_CTRL_BASE >>> 14 << 2] = new XipCtrl(cache, (msg) => process.stderr.write(`rp2040-emu: ${msg}\n`));
 picoBoot2(ssi);
-const xipSetting = followSsi(ssi, cache);
+const xipSetting = followSsi(ssi, cache, (s) => {   // the firmware changed what a miss costs
+  if (args.xipModel) process.stderr.write(`rp2040-emu: XIP line transfer now ${describe(s)}\n`);
+});
 let stall = 0;        // cycles the current instruction waits for the flash
 let fault = null;
 cache.onBadTransfer = (addr) => {
   fault = fault || `XIP read of 0x${(addr >>> 0).toString(16)} at pc 0x${core.PC.toString(16)} while ${xipSetting().why}`;
-};
-function xipSettingText() {
-  const s = xipSetting();
-  return s.why ? s.why : `${s.cycles} cycles a line (${s.sck} SCK clocks at SCKDV ${ssi.baudr & 0xffff})`;
-}
-let lastSetting = xipSettingText();
-const ssiWrite = ssi.writeUint32;
-ssi.writeUint32 = (offset, value) => {   // say when the firmware changes what a miss costs
-  ssiWrite(offset, value);
-  const now = xipSettingText();
-  if (args.xipModel && now !== lastSetting && !xipSetting().why) {
-    process.stderr.write(`rp2040-emu: XIP line transfer now ${now}\n`);
-    lastSetting = now;
-  }
 };
 
 // ---- UART0 <-> stdin/stdout -------------------------------------------------------------
@@ -310,7 +300,8 @@ function shutdown(msg, code) {
 
 process.stderr.write(`rp2040-emu: ready: firmware ${firmware.length} B, blob ${blob.length} B at flash offset `
                      + `0x${args.blobOffset.toString(16)}; XIP model `
-                     + (args.xipModel ? `on: ${lastSetting}` : 'off: flash reads cost what SRAM reads cost') + '\n');
+                     + (args.xipModel ? `on: ${describe(xipSetting())}` : 'off: flash reads cost what SRAM reads cost')
+                     + '\n');
 process.on('SIGTERM', () => shutdown(null, 0));
 process.on('SIGINT', () => {});   // Ctrl-C is the host's (it sends STOP); SIGTERM ends us
 setInterval(() => { if (process.ppid !== parentPid) shutdown(null, 0); }, 1000).unref();

@@ -43,13 +43,14 @@ export const XIP_CTRL_BASE = 0x14000000;
 const SSI_FIELDS = { 0x00: 'crtlr0', 0x08: 'ssienr', 0x14: 'baudr', 0xf0: 'rxsampldly', 0xf4: 'spictlr0' };
 
 /** The QSPI transfer of one cache line in clk_sys cycles, from the SSI's register values; an
- *  object {cycles, sck, why}: why names what makes the setting unusable (cycles is then 0). */
+ *  object {cycles, sck, sckdv, why}: why names what makes the setting unusable (cycles is then 0). */
 export function lineTransfer({ baudr, crtlr0, spictlr0, rxsampldly, ssienr }) {
   const sckdv = baudr & 0xffff;
   const frf = (crtlr0 >>> 21) & 3;
-  if (!(ssienr & 1)) return { cycles: 0, sck: 0, why: 'the SSI is disabled (SSIENR = 0)' };
-  if (sckdv === 0) return { cycles: 0, sck: 0, why: 'the SSI clock is stopped (BAUDR.SCKDV = 0)' };
-  if (frf === 3) return { cycles: 0, sck: 0, why: 'CTRLR0.SPI_FRF is the reserved value 3' };
+  const none = (why) => ({ cycles: 0, sck: 0, sckdv, why });
+  if (!(ssienr & 1)) return none('the SSI is disabled (SSIENR = 0)');
+  if (sckdv === 0) return none('the SSI clock is stopped (BAUDR.SCKDV = 0)');
+  if (frf === 3) return none('CTRLR0.SPI_FRF is the reserved value 3');
   const w = [1, 2, 4][frf];
   let sck;
   if (frf === 0) {
@@ -63,7 +64,7 @@ export function lineTransfer({ baudr, crtlr0, spictlr0, rxsampldly, ssienr }) {
     const wAddr = trans === 0 ? 1 : w;
     sck = Math.ceil(inst / wInst) + Math.ceil(addr / wAddr) + wait + 64 / w;
   }
-  return { cycles: sck * sckdv + (rxsampldly & 0xff) + BUS_CYCLES, sck, why: null };
+  return { cycles: sck * sckdv + (rxsampldly & 0xff) + BUS_CYCLES, sck, sckdv, why: null };
 }
 
 /** The XIP cache: 1024 sets of two 8-byte lines, tags over the 24-bit flash address. */
@@ -205,20 +206,29 @@ export class XipCtrl {
 }
 
 /** Keeps cache.missCycles equal to the line transfer at the SSI's current register values:
- *  wraps the rp2040js SSI's register writes. Returns a function giving the current setting. */
-export function followSsi(ssi, cache) {
-  let setting = null;
-  const update = () => {
-    setting = lineTransfer(ssi);
-    cache.missCycles = setting.cycles;
-  };
+ *  wraps the rp2040js SSI's register writes; onChange(setting) hears of each new usable setting.
+ *  Returns a function giving the current setting. */
+export function followSsi(ssi, cache, onChange) {
+  let setting = lineTransfer(ssi);
+  let usable = setting;
+  cache.missCycles = setting.cycles;
   const write = ssi.writeUint32.bind(ssi);
   ssi.writeUint32 = (offset, value) => {
     write(offset, value);
-    if (offset in SSI_FIELDS) update();
+    if (!(offset in SSI_FIELDS)) return;
+    setting = lineTransfer(ssi);
+    cache.missCycles = setting.cycles;
+    if (!setting.why && (setting.cycles !== usable.cycles || setting.sck !== usable.sck)) {
+      usable = setting;
+      onChange(setting);
+    }
   };
-  update();
   return () => setting;
+}
+
+/** A setting in words, for the harness's log. */
+export function describe(s) {
+  return s.why || `${s.cycles} cycles a line (${s.sck} SCK clocks at SCKDV ${s.sckdv})`;
 }
 
 /** What boot2_w25q080 leaves in the SSI on a Pico [BOOT2]: the state the harness starts the
