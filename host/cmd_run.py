@@ -48,11 +48,7 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
         ids, tok = text_prompt(prompt, prompt_ids, model_dir, manifest)
     else:
         ids, tok = encode_prompt(argparse.Namespace(prompt=prompt, prompt_ids=prompt_ids), model_dir, manifest)
-    emulated = emulated_board(board)
-    if board is not None and board != "native" and not emulated:
-        raise UserError(f"--board {board}: flashlm can only start the virtual boards (native, "
-                        f"{', '.join(emulated_boards())}); flash a real board with 'flashlm build --board {board}' "
-                        f"and pass --port")
+    emulated = check_virtual_board(board) if board is not None else None
 
     prompt_text, piece_of = "", None
     if tok is not None:
@@ -163,6 +159,12 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
             raise
 
     R.print_summary(console, result)
+    if result.done is not None and result.done.reason == "eos" and result.tokens:
+        last = result.tokens[-1].out_id
+        piece = piece_of(last) if piece_of is not None else None
+        console.print(f"ended by stop id {last}" + (f" {piece!r}" if piece is not None else "")
+                      + f" (the model's stop ids: {manifest.get('stop_ids', '?')}, {manifest.get('stop_source', '?')})",
+                      markup=False, soft_wrap=True)
     for ev in result.recoveries:
         console.print(f"[yellow]recovered[/] after {ev['after']} ({ev['reason']}): {ev['action']}",
                       soft_wrap=True, highlight=False)
@@ -193,6 +195,26 @@ def emulated_boards() -> list[str]:
     return [b for b in board_names() if emulated_board(b)]
 
 
+def check_virtual_board(board: str) -> str | None:
+    """Refuse, before any work, a board flashlm cannot start here: an unknown name, a real board
+    (flash it and use --port) or an emulator that is not installed. Returns its emulator or None
+    (native)."""
+    if board == "native":
+        return None
+    from converter.boards import load_board
+    load_board(board)                  # unknown: a one-line error listing the known boards
+    emulated = emulated_board(board)
+    if not emulated:
+        raise UserError(f"--board {board} is a real board: flashlm starts only the virtual ones (native, "
+                        f"{', '.join(emulated_boards())}); flash it ('flashlm build --board {board}', "
+                        f"'flashlm flash') and pass --port")
+    from .virtual import emulator_missing
+    why = emulator_missing()
+    if why:
+        raise UserError(f"--board {board}: {why}")
+    return emulated
+
+
 def cmd_run(args, console) -> int:
     if args.prompt is None and args.prompt_ids is None:
         raise UserError("give a prompt: --prompt TEXT or --prompt-ids 1,2,3")
@@ -208,9 +230,7 @@ def cmd_run(args, console) -> int:
 
 def cmd_serve(args, console) -> int:
     import time
-    emulated = emulated_board(args.board)
-    if args.board != "native" and not emulated:
-        raise UserError(f"--board {args.board} is not a virtual board (native, {', '.join(emulated_boards())})")
+    emulated = check_virtual_board(args.board)
     model_dir, manifest = load_manifest(args.model)
     image = ensure_native_binary(console, model_dir, manifest, board=args.board)
     blob = model_dir / manifest["blob"]
