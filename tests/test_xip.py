@@ -14,7 +14,7 @@ import pytest
 from converter.boards import load_board
 from converter.costmodel import lines_per_row, tier_models
 from converter.quantize import quantize
-from emuboard import BOARD, emu_link, require_emulator
+from emuboard import BOARD, emu_link, image_for, require_emulator
 from host.protocol import PHASES
 from modelzoo import random_model
 from nativeboard import assert_matches_reference, run
@@ -251,27 +251,22 @@ def test_firmware_clock_counts_the_stalls_and_logits_stay_exact(tmp_path, build_
         assert 0.99 * stall_us - len(PHASES) <= more_us <= stall_us + len(PHASES)
 
 
-def test_a_miss_costs_what_the_firmwares_ssi_setting_makes_it(tmp_path):
-    """A firmware built to clock the flash at clk_sys / 4 instead of the profile's / 2: the HAL
+def test_a_miss_costs_what_the_firmwares_ssi_setting_makes_it(tmp_path, build_root):
+    """The firmware built to clock the flash at clk_sys / 4 instead of the profile's / 2: the HAL
     writes that divider and the harness charges 28 x 4 + 3 = 115 cycles a miss from then on."""
     import serial
 
     from converter.blob import write_blob
-    from firmware.build import build_firmware
     from host.protocol import Hello, Link, Ping
     from host.virtual import start_emulated_board
     from nativeboard import recv_until
-    require_emulator()
-    _, ir = random_model(seed=8)
-    qm = quantize(ir, "q8", 32)
     blob = tmp_path / "m.flmb"
-    write_blob(qm, blob)
-    fw = build_firmware(BOARD, tmp_path / "fw", blob)
-    mk = fw.project_dir / "Makefile"
-    mk.write_text(mk.read_text().replace("-DFLM_XIP_SCKDV=2u", "-DFLM_XIP_SCKDV=4u"))
-    (fw.project_dir / "firmware.elf").unlink()
-    subprocess.run(["make", "-s", "-C", str(fw.project_dir)], check=True, capture_output=True)
-    with start_emulated_board(fw.binary, blob) as b:
+    write_blob(quantize(random_model(seed=5)[1], "q8", 32), blob)
+    proj = Path(shutil.copytree(image_for(blob, build_root).parent, tmp_path / "sckdv4"))
+    (proj / "Makefile").write_text((proj / "Makefile").read_text().replace("-DFLM_XIP_SCKDV=2u", "-DFLM_XIP_SCKDV=4u"))
+    (proj / "firmware.elf").unlink()
+    subprocess.run(["make", "-s", "-C", str(proj)], check=True, capture_output=True)
+    with start_emulated_board(proj / "firmware.bin", blob) as b:
         port = serial.Serial(b.port, 115200, timeout=0.05)
         try:
             link = Link(port)
