@@ -55,7 +55,8 @@ def head_placement(work: Path, new_tokens: int = 8) -> dict:
     clock = float(load_board(BOARD)["clock_mhz"])
     out = {lay: dict(measured_output_us=r["measured"]["output"], predicted_output_us=r["predicted"]["output"],
                      measured_token_us=sum(r["measured"].values()), predicted_token_us=sum(r["predicted"].values()),
-                     flash_bytes_per_token=r["measured_bytes"]["flash"], sram_bytes_per_token=r["measured_bytes"]["sram"])
+                     flash_bytes_per_token=r["measured_bytes"]["flash"],
+                     sram_bytes_per_token=r["measured_bytes"]["sram"])
            for lay, r in runs.items()}
     a, b = out[LAYOUTS[0]], out[LAYOUTS[1]]
     return dict(
@@ -83,6 +84,7 @@ def section(work: Path) -> dict:
                 hp["miss_ns"] / PUBLISHED_UNCACHED_LOAD_NS,
             "emulated XIP flash MB/s while stalled / published RP2350 fp32 streaming (~16 MB/s)":
                 hp["flash_MBps_while_stalled"] / PUBLISHED_RP2350_XIP_MBPS,
-            "pico2 profile's flash MB/s / published RP2350 fp32 streaming (~16 MB/s)": pico2 / PUBLISHED_RP2350_XIP_MBPS,
+            "pico2 profile's flash MB/s / published RP2350 fp32 streaming (~16 MB/s)":
+                pico2 / PUBLISHED_RP2350_XIP_MBPS,
         },
     }

@@ -73,7 +73,8 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
         elif emulated:
             image = ensure_native_binary(console, model_dir, manifest, board=board)
             blob = model_dir / manifest["blob"]
-            step(console, f"starting the emulated board {board} ({emulated}, XIP model {'on' if xip_model else 'off'})")
+            step(console, f"starting the emulated board {board} ({emulated}, "
+                          f"XIP model {'on' if xip_model else 'off'})")
             from .virtual import start_emulated_board
             vb = stack.enter_context(start_emulated_board(image, blob, board=board, timeout=timeout,
                                                           xip_model=xip_model))
