@@ -275,7 +275,7 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
         u[r] = Use()
     d, hd, P, L = cfg.dim, cfg.head_dim, cfg.ple_dim, cfg.n_layers
     emb = by["tok_embeddings"]
-    u["tok_embeddings"].add("embed", emb.row_stride, rows=1, stride=emb.row_stride)             # one row, dequantized
+    u["tok_embeddings"].add("embed", emb.row_stride, rows=1, stride=emb.row_stride)   # one row, dequantized
     if P:   # engine.c ple_inputs(): one table row gathered, ple.proj, L norms of P
         u["ple.table"].add("embed", by["ple.table"].row_stride, rows=1, stride=by["ple.table"].row_stride)
         u["ple.proj"].add("embed", by["ple.proj"].length)
