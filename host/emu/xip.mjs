@@ -54,7 +54,7 @@ export function lineTransfer({ baudr, crtlr0, spictlr0, rxsampldly, ssienr }) {
   const w = [1, 2, 4][frf];
   let sck;
   if (frf === 0) {
-    sck = 8 + 24 + 64;                       // 03h-style read: command and address on one line
+    sck = 8 + 24 + LINE_BYTES * 8;           // 03h-style read: command and address on one line
   } else {
     const trans = spictlr0 & 3;
     const inst = [0, 4, 8, 16][(spictlr0 >>> 8) & 3];
@@ -62,7 +62,7 @@ export function lineTransfer({ baudr, crtlr0, spictlr0, rxsampldly, ssienr }) {
     const wait = (spictlr0 >>> 11) & 0x1f;
     const wInst = trans === 2 ? w : 1;
     const wAddr = trans === 0 ? 1 : w;
-    sck = Math.ceil(inst / wInst) + Math.ceil(addr / wAddr) + wait + 64 / w;
+    sck = Math.ceil(inst / wInst) + Math.ceil(addr / wAddr) + wait + LINE_BYTES * 8 / w;
   }
   return { cycles: sck * sckdv + (rxsampldly & 0xff) + BUS_CYCLES, sck, sckdv, why: null };
 }
@@ -118,7 +118,7 @@ export class XipCache {
     const seg = (addr >>> 24) & 3;           // 0x10.. 0x11.. 0x12.. 0x13..
     if (this.enabled) {
       const set = line & (SETS - 1);
-      const tag = line >>> 10;
+      const tag = line >>> 10;               // log2(SETS)
       const i = set << 1;
       const tags = this.tags;
       if (seg < 2) {                         // cacheable: a hit costs nothing
