@@ -112,6 +112,7 @@ static int32_t dot_q4_scalar(const uint8_t *w, const int8_t *x, uint32_t n) {
 #define TUNED(s) (s)
 #endif
 
+#if defined(__ARM_ARCH_6M__)
 /* Each code byte read once (the tuned kernels' tails: the emulator's read counts must equal the
  * engine's, tests/test_rp2040_emu.py). */
 static int32_t dot_q4_bytes(const uint8_t *w, const int8_t *x, uint32_t n) {
@@ -125,7 +126,6 @@ static int32_t dot_q4_bytes(const uint8_t *w, const int8_t *x, uint32_t n) {
     return s;
 }
 
-#if defined(__ARM_ARCH_6M__)
 /* Cortex-M0+ (ARMv6-M: no DSP or SIMD instructions, 1-cycle MULS on the RP2040): word loads of codes
  * and activations (LDM with writeback, 2 cycles for 4 bytes against 2 for each LDRSB), each byte
  * sign-extended in registers by SXTB or a shift, one MULS and ADDS per product. 8 weights a turn. */
@@ -187,21 +187,31 @@ static inline __attribute__((always_inline)) int32_t dot_q4(const uint8_t *w, co
     return s + dot_q4_bytes(w, x, n);
 }
 #else
-/* Portable C: q8 unrolled by four (a compiler for a core with SIMD may vectorize it). */
-static inline int32_t dot_q8(const int8_t *w, const int8_t *x, uint32_t n) {
+/* Portable C in the shape compilers vectorise (gcc, clang; SSE2/AVX2 on x86-64, NEON on AArch64):
+ * plain reductions over restrict pointers, nibbles widened by masks, xor and subtract (no shift of
+ * a negative number). flm_isums_* below instantiate them with the common group sizes as constants,
+ * so a group's loop has a known trip count: no runtime checks or scalar epilogue per group. */
+static inline __attribute__((always_inline)) int32_t dot_q8(const int8_t *restrict w, const flm_act *restrict x,
+                                                            uint32_t n) {
     int32_t s = 0;
-    uint32_t i = 0;
-    for (; i + 4 <= n; i += 4)
-        s += (int32_t)w[i] * x[i] + (int32_t)w[i + 1] * x[i + 1] + (int32_t)w[i + 2] * x[i + 2] +
-             (int32_t)w[i + 3] * x[i + 3];
-    return TUNED(s + dot_q8_scalar(w + i, x + i, n - i));
+    for (uint32_t i = 0; i < n; i++) s += (int32_t)w[i] * (int32_t)x[i];
+    return TUNED(s);
 }
 
-static inline int32_t dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) { return dot_q4_bytes(w, x, n); }
+static inline int32_t lo4(uint32_t b) { return (int32_t)((b & 15u) ^ 8u) - 8; }
+static inline int32_t hi4(uint32_t b) { return (int32_t)((b >> 4 & 15u) ^ 8u) - 8; }
+
+static inline __attribute__((always_inline)) int32_t dot_q4(const uint8_t *restrict w, const flm_act *restrict x,
+                                                            uint32_t n) {
+    int32_t s = 0;
+    for (uint32_t j = 0; j < n / 2u; j++) s += lo4(w[j]) * (int32_t)x[2u * j] + hi4(w[j]) * (int32_t)x[2u * j + 1u];
+    if (n & 1u) s += lo4(w[n / 2u]) * (int32_t)x[n - 1u];
+    return s;
+}
 #endif
 
-int32_t flm_dot_q8(const int8_t *w, const int8_t *x, uint32_t n) { return dot_q8(w, x, n); }
-int32_t flm_dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) { return dot_q4(w, x, n); }
+int32_t flm_dot_q8(const int8_t *w, const flm_act *x, uint32_t n) { return dot_q8(w, x, n); }
+int32_t flm_dot_q4(const uint8_t *w, const flm_act *x, uint32_t n) { return dot_q4(w, x, n); }
 
 /* A group's term as the reference forms it: float(isum) * (wscale * xscale). */
 static inline float group_term(int32_t isum, float sc, float xs) { return (float)isum * (sc * xs); }
@@ -232,6 +242,70 @@ static inline __attribute__((always_inline)) float row_with(const flm_tensor *w,
     return acc;
 }
 
+/* ---- the integer dots of a row's groups ---------------------------------------------------- */
+
+#ifdef FLM_VECTOR
+/* Where the toolchain clones functions resolved at load time (x86-64 ELF, GNU ifunc: gcc, clang >= 14),
+ * the vectorised loops are compiled twice from this same C, for the x86-64 baseline (SSE2) and for
+ * AVX2, and the loader picks what this CPU runs; the boot self-check checks the one picked. */
+#if defined(__x86_64__) && defined(__ELF__) && defined(__linux__) && defined(__has_attribute) && !defined(NOCLONE)
+#if __has_attribute(target_clones)
+#define FLM_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#endif
+#ifndef FLM_CLONES
+#define FLM_CLONES
+#endif
+
+/* isum[k], k < ng: inlined into every caller, so that a constant g makes each group's loop one of
+ * known length (no runtime checks or scalar epilogue per group). */
+static inline __attribute__((always_inline)) void isums(const uint8_t *codes, size_t step, const flm_act *x, uint32_t g,
+                                                        uint32_t ng, int q8, int32_t *isum) {
+    for (uint32_t k = 0; k < ng; k++, codes += step, x += g)
+        isum[k] = q8 ? dot_q8((const int8_t *)codes, x, g) : dot_q4(codes, x, g);
+}
+
+#define ISUMS(name, q8, G)                                                                                   \
+    static FLM_CLONES void name(const uint8_t *codes, size_t step, const flm_act *x, uint32_t ng, int32_t *isum) { \
+        isums(codes, step, x, G, ng, q8, isum);                                                                  \
+    }
+#ifdef FLM_VECTOR
+ISUMS(isums_q8_32, 1, 32u)
+ISUMS(isums_q8_64, 1, 64u)
+ISUMS(isums_q8_128, 1, 128u)
+ISUMS(isums_q4_32, 0, 32u)
+ISUMS(isums_q4_64, 0, 64u)
+ISUMS(isums_q4_128, 0, 128u)
+#endif
+
+void flm_isums_q8(const uint8_t *codes, size_t step, const flm_act *xq, uint32_t g, uint32_t ng, int32_t *isum) {
+#ifdef FLM_VECTOR
+    switch (g) {
+    case 32: isums_q8_32(codes, step, xq, ng, isum); return;
+    case 64: isums_q8_64(codes, step, xq, ng, isum); return;
+    case 128: isums_q8_128(codes, step, xq, ng, isum); return;
+    default: break;
+    }
+#endif
+    isums(codes, step, xq, g, ng, 1, isum);
+}
+
+void flm_isums_q4(const uint8_t *codes, size_t step, const flm_act *xq, uint32_t g, uint32_t ng, int32_t *isum) {
+#ifdef FLM_VECTOR
+    switch (g) {
+    case 32: isums_q4_32(codes, step, xq, ng, isum); return;
+    case 64: isums_q4_64(codes, step, xq, ng, isum); return;
+    case 128: isums_q4_128(codes, step, xq, ng, isum); return;
+    default: break;
+    }
+#endif
+    isums(codes, step, xq, g, ng, 0, isum);
+}
+
+/* ---- whole rows ------------------------------------------------------------------------------ */
+
+#if defined(__ARM_ARCH_6M__)
 /* row_with for the common shape, f32 scales and whole groups of a multiple of 8 (word-aligned
  * activations): one lean loop without the per-group format tests and length arithmetic, which
  * cost more than a group's dot product on the Cortex-M0+. The same sums in the same order. */
@@ -260,23 +334,141 @@ static float row_fault(float v, int q8) { return flm_f32_from_bits(flm_f32_bits(
 
 /* The number of groups when the rows of w take the whole-row path, else 0: the shape tests (a
  * division each) once per matvec, not per row. */
-static uint32_t whole_groups(const flm_tensor *w, const int8_t *xq) {
+typedef uint32_t row_plan;
+static row_plan plan_of(const flm_tensor *w, const int8_t *xq) {
     const uint32_t g = w->group;
     return !w->scale16 && w->cols % g == 0u && g % 8u == 0u && !((uintptr_t)xq & 3u) ? w->cols / g : 0u;
 }
 
-static float row_tuned(const flm_tensor *w, uint32_t r, uint32_t ng, const int8_t *xq, const float *xs) {
-    if (ng) return ROW_WHOLE(w->data + (size_t)r * w->stride, xq, xs, ng, w->group, w->fmt == FLM_Q8);
+static float row_tuned(const flm_tensor *w, uint32_t r, const row_plan *ng, const int8_t *xq, const float *xs) {
+    if (*ng) return ROW_WHOLE(w->data + (size_t)r * w->stride, xq, xs, *ng, w->group, w->fmt == FLM_Q8);
     return row_with(w, r, xq, xs, dot_q8, dot_q4, FLM_GROUP_TERM);
 }
+#else
+/* The integer dots of a block of a row's groups first (vectorised), then their terms folded in the
+ * reference's order: the float work per group stays group_term's, one add after another. */
+#define ISUM_BLOCK 32u   /* groups per block: the dots' array on the stack */
+
+/* acc continued by the terms of nb groups with f32 scales step bytes apart (first: the row's first
+ * group, whose term the fold starts with). */
+static inline __attribute__((always_inline)) float fold_f32(const int32_t *isum, const uint8_t *scale, size_t step,
+                                                            const float *xs, uint32_t nb, float acc, int first) {
+    for (uint32_t j = 0; j < nb; j++) {
+        const float t = group_term(isum[j], rdf(scale + j * step), xs[j]);
+        acc = first && j == 0 ? t : acc + t;
+    }
+    return acc;
+}
+
+/* A row of ng whole groups of g codes with f32 scales (blocks of step bytes: the scale, the codes). */
+static inline __attribute__((always_inline)) float row_f32(const uint8_t *row, size_t step, const flm_act *xq,
+                                                           const float *xs, uint32_t g, uint32_t ng, int q8) {
+    int32_t isum[ISUM_BLOCK];
+    float acc = 0.0f;
+    for (uint32_t k = 0, nb; k < ng; k += nb) {
+        nb = ng - k < ISUM_BLOCK ? ng - k : ISUM_BLOCK;
+        isums(row + k * step + 4u, step, xq + (size_t)k * g, g, nb, q8, isum);
+        acc = fold_f32(isum, row + k * step, step, xs + k, nb, acc, k == 0);
+    }
+    return acc;
+}
+
+typedef float (*row_fn)(const uint8_t *row, const flm_act *xq, const float *xs, uint32_t ng);
+#ifdef FLM_VECTOR
+/* The common shapes, f32 scales and whole groups of a constant size: the whole row in one function
+ * (the dots, then the terms and the fold) compiled for this core's vectors. */
+#define ROW_F32(name, q8, G)                                                                          \
+    static FLM_CLONES float name(const uint8_t *row, const flm_act *xq, const float *xs, uint32_t ng) { \
+        return row_f32(row, 4u + ((q8) ? (G) : (G) / 2u), xq, xs, G, ng, q8);                          \
+    }
+ROW_F32(row_q8_32, 1, 32u)
+ROW_F32(row_q8_64, 1, 64u)
+ROW_F32(row_q8_128, 1, 128u)
+ROW_F32(row_q4_32, 0, 32u)
+ROW_F32(row_q4_64, 0, 64u)
+ROW_F32(row_q4_128, 0, 128u)
+
+static row_fn row_f32_for(uint32_t g, int q8) {
+    switch (g) {
+    case 32: return q8 ? row_q8_32 : row_q4_32;
+    case 64: return q8 ? row_q8_64 : row_q4_64;
+    case 128: return q8 ? row_q8_128 : row_q4_128;
+    default: return 0;
+    }
+}
+#else
+static row_fn row_f32_for(uint32_t g, int q8) { (void)g; (void)q8; return 0; }
+#endif
+
+/* A tensor's rows, fixed per matvec: a specialised row function, or the general walk over ng whole
+ * groups of g codes (group k's codes at first + k * step in a row) and a last group of tail
+ * elements (0: none), with f32 or fp16 scales. */
+typedef struct { row_fn fast; uint32_t g, ng, tail, q8, s16; size_t first, step; } row_plan;
+
+static row_plan plan_of(const flm_tensor *w, const int8_t *xq) {
+    const uint32_t g = w->group, ng = w->cols / g, tail = w->cols - ng * g, q8 = w->fmt == FLM_Q8;
+    const uint32_t code = ((q8 ? g : (g + 1u) / 2u) + 3u) & ~3u;   /* a group's codes, padded to 4 */
+    row_plan pl = {0, g, ng, tail, q8, w->scale16, 4u, 4u + code};
+    (void)xq;
+    if (w->scale16) {
+        pl.first = (2u * (ng + (tail != 0u)) + 3u) & ~3u;
+        pl.step = code;
+    } else if (!tail) {
+        pl.fast = row_f32_for(g, (int)q8);
+    }
+    return pl;
+}
+
+static float scale_of(const row_plan *pl, const uint8_t *row, uint32_t k) {
+    return pl->s16 ? rdh(row + 2u * k) : rdf(row + k * pl->step);
+}
+
+static float row_tuned(const flm_tensor *w, uint32_t r, const row_plan *pl, const flm_act *xq, const float *xs) {
+    const uint8_t *row = w->data + (size_t)r * w->stride, *codes = row + pl->first;
+    if (pl->fast) return pl->fast(row, xq, xs, pl->ng);
+    int32_t isum[ISUM_BLOCK];
+    float acc = 0.0f;
+    uint32_t k = 0;
+    for (uint32_t nb; k < pl->ng; k += nb) {
+        nb = pl->ng - k < ISUM_BLOCK ? pl->ng - k : ISUM_BLOCK;
+        (pl->q8 ? flm_isums_q8 : flm_isums_q4)(codes + k * pl->step, pl->step, xq + (size_t)k * pl->g, pl->g, nb, isum);
+        for (uint32_t j = 0; j < nb; j++) {
+            const float t = group_term(isum[j], scale_of(pl, row, k + j), xs[k + j]);
+            acc = k + j == 0 ? t : acc + t;
+        }
+    }
+    if (pl->tail) {
+        const uint8_t *c = codes + k * pl->step;
+        const flm_act *x = xq + (size_t)k * pl->g;
+        const float t = group_term(pl->q8 ? dot_q8((const int8_t *)c, x, pl->tail) : dot_q4(c, x, pl->tail),
+                                   scale_of(pl, row, k), xs[k]);
+        acc = k == 0 ? t : acc + t;
+    }
+    return acc;
+}
+#endif
+
+#ifdef FLM_VECTOR
+/* The activation codes widened once per call, on the stack (cores with SIMD run hosted: the native
+ * board), for the row kernels. */
+static void widen(const int8_t *xq, uint32_t n, flm_act *x) {
+    for (uint32_t i = 0; i < n; i++) x[i] = xq[i];
+}
+#define ROW_ACT(x, xq, n) flm_act x[n]; widen(xq, n, x)
+#else
+#define ROW_ACT(x, xq, n) const flm_act *x = xq
+#endif
 
 float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs) {
-    return row_tuned(w, r, whole_groups(w, xq), xq, xs);
+    const row_plan pl = plan_of(w, xq);
+    ROW_ACT(x, xq, w->cols);
+    return row_tuned(w, r, &pl, x, xs);
 }
 
 void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq, const float *xs, float *out) {
-    const uint32_t ng = whole_groups(w, xq);
-    for (uint32_t r = r0; r < r1; r++) out[r] = row_tuned(w, r, ng, xq, xs);
+    const row_plan pl = plan_of(w, xq);
+    ROW_ACT(x, xq, w->cols);
+    for (uint32_t r = r0; r < r1; r++) out[r] = row_tuned(w, r, &pl, x, xs);
 }
 
 void flm_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out) {

@@ -3,6 +3,17 @@
 #define FLM_KERNELS_H
 #include "blob.h"
 
+/* Activation codes as the group kernels read them: on cores with SIMD (x86 SSE2, Arm NEON) the int8
+ * codes of flm_quantize_act widened to int16 once per matvec, because gcc's and clang's vectorisers
+ * form the 16-bit multiply-add (SSE2 PMADDWD, NEON SMLAL) from 16-bit operands in memory; elsewhere
+ * the int8 codes themselves. */
+#if !defined(__ARM_ARCH_6M__) && (defined(__SSE2__) || defined(__ARM_NEON) || defined(__ARM_NEON__))
+#define FLM_VECTOR 1
+typedef int16_t flm_act;
+#else
+typedef int8_t flm_act;
+#endif
+
 /* Quantize x[n] to int8 codes per group of g: scale = amax/127, code = round-half-away(x*127/amax). */
 void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float *xs);
 /* out[r] = fold over groups of float(int32 group dot) * (wscale * xscale); xq/xs from flm_quantize_act
@@ -17,8 +28,14 @@ float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const fl
 void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out);
 /* One group's exact dot product of n codes (int8, or int4 two per byte, low nibble first) with n
  * activation codes: the tuned kernel of this core (Cortex-M0+ assembly, else portable C). */
-int32_t flm_dot_q8(const int8_t *w, const int8_t *x, uint32_t n);
-int32_t flm_dot_q4(const uint8_t *w, const int8_t *x, uint32_t n);
+int32_t flm_dot_q8(const int8_t *w, const flm_act *x, uint32_t n);
+int32_t flm_dot_q4(const uint8_t *w, const flm_act *x, uint32_t n);
+/* The integer part of a row: isum[k] = the exact dot of group k's g codes (at codes + k * step; q8, or
+ * q4 as in flm_dot_q4) with xq[k*g .. k*g + g), for k < ng. Every row kernel computes a row's group
+ * dots with these (vectorised where the core has SIMD), then scales and folds them per weight
+ * format in the reference's order. */
+void flm_isums_q8(const uint8_t *codes, size_t step, const flm_act *xq, uint32_t g, uint32_t ng, int32_t *isum);
+void flm_isums_q4(const uint8_t *codes, size_t step, const flm_act *xq, uint32_t g, uint32_t ng, int32_t *isum);
 /* Boot-time check: the tuned kernels against the scalar ones on a built-in tensor (q8 and q4, f32
  * and fp16 scales), bit for bit. 0 when they agree, -1 when not (the firmware then refuses to
  * generate). */
