@@ -58,7 +58,10 @@ static int32_t round_half_away(uint32_t mag) {
     return (int32_t)(((sig >> (157u - (mag >> 23))) + 1u) >> 1);
 }
 
-void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float *xs) {
+/* The codes of x[n] per group of g into q (int8_t or flm_act elements of `size` bytes: a constant
+ * once inlined), the scales into xs. */
+static inline __attribute__((always_inline)) void quantize(const float *x, uint32_t n, uint32_t g, void *q,
+                                                           size_t size, float *xs) {
     for (uint32_t s = 0, gi = 0; s < n; s += g, gi++) {
         uint32_t len = n - s < g ? n - s : g;
         uint32_t amax_bits = 0;
@@ -68,7 +71,7 @@ void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float 
         }
         if (amax_bits == 0u) {
             xs[gi] = 0.0f;
-            memset(xq + s, 0, len);
+            memset((uint8_t *)q + s * size, 0, len * size);
             continue;
         }
         const float amax = flm_f32_from_bits(amax_bits);
@@ -79,26 +82,39 @@ void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float 
             uint32_t b = flm_f32_bits(v), mag = b & 0x7fffffffu;
             /* clamp to +-127 before rounding (same codes for every finite v); NaN from a broken
              * model becomes 0, inf +-127, instead of an undefined float-to-int conversion */
-            int32_t q;
-            if (mag > 0x7f800000u) q = 0;
-            else if (mag > BITS_127) q = (b >> 31) ? -127 : 127;
-            else q = (b >> 31) ? -round_half_away(mag) : round_half_away(mag);
-            xq[s + i] = (int8_t)q;
+            int32_t c;
+            if (mag > 0x7f800000u) c = 0;
+            else if (mag > BITS_127) c = (b >> 31) ? -127 : 127;
+            else c = (b >> 31) ? -round_half_away(mag) : round_half_away(mag);
+            if (size == 1u) ((int8_t *)q)[s + i] = (int8_t)c;
+            else ((flm_act *)q)[s + i] = (flm_act)c;
         }
     }
+}
+
+void flm_quantize_act(const float *x, uint32_t n, uint32_t g, flm_act *xq, float *xs) {
+    quantize(x, n, g, xq, sizeof *xq, xs);
+}
+
+void flm_quantize_i8(const float *x, uint32_t n, uint32_t g, int8_t *q, float *xs) {
+#ifdef FLM_VECTOR
+    quantize(x, n, g, q, 1u, xs);
+#else
+    flm_quantize_act(x, n, g, q, xs);   /* flm_act is int8_t */
+#endif
 }
 
 /* ---- group dot products -------------------------------------------------------------------
  * The scalar kernels define the sums; the tuned ones must agree with them exactly (integer sums are
  * exact in any order), which flm_kernels_self_check verifies at boot. */
 
-static int32_t dot_q8_scalar(const int8_t *w, const int8_t *x, uint32_t n) {
+static int32_t dot_q8_scalar(const int8_t *w, const flm_act *x, uint32_t n) {
     int32_t s = 0;
     for (uint32_t i = 0; i < n; i++) s += (int32_t)w[i] * (int32_t)x[i];
     return s;
 }
 
-static int32_t dot_q4_scalar(const uint8_t *w, const int8_t *x, uint32_t n) {
+static int32_t dot_q4_scalar(const uint8_t *w, const flm_act *x, uint32_t n) {
     int32_t s = 0;
     for (uint32_t i = 0; i < n; i++) s += nib((uint32_t)w[i >> 1] >> (4u * (i & 1u))) * (int32_t)x[i];
     return s;
@@ -219,12 +235,12 @@ static inline float group_term(int32_t isum, float sc, float xs) { return (float
 #define FLM_GROUP_TERM group_term
 #endif
 
-typedef int32_t (*dot8_fn)(const int8_t *, const int8_t *, uint32_t);
-typedef int32_t (*dot4_fn)(const uint8_t *, const int8_t *, uint32_t);
+typedef int32_t (*dot8_fn)(const int8_t *, const flm_act *, uint32_t);
+typedef int32_t (*dot4_fn)(const uint8_t *, const flm_act *, uint32_t);
 typedef float (*term_fn)(int32_t, float, float);
 
 /* One output row: per group float(isum) * (wscale * xscale), folded left to right. */
-static inline __attribute__((always_inline)) float row_with(const flm_tensor *w, uint32_t r, const int8_t *xq,
+static inline __attribute__((always_inline)) float row_with(const flm_tensor *w, uint32_t r, const flm_act *xq,
                                                             const float *xs, dot8_fn d8, dot4_fn d4, term_fn tf) {
     const uint32_t g = w->group, cols = w->cols;
     row_reader rr = row_at(w, r);
@@ -334,87 +350,78 @@ static float row_fault(float v, int q8) { return flm_f32_from_bits(flm_f32_bits(
 
 /* The number of groups when the rows of w take the whole-row path, else 0: the shape tests (a
  * division each) once per matvec, not per row. */
-typedef uint32_t row_plan;
-static row_plan plan_of(const flm_tensor *w, const int8_t *xq) {
+static uint32_t whole_groups(const flm_tensor *w, const flm_act *xq) {
     const uint32_t g = w->group;
     return !w->scale16 && w->cols % g == 0u && g % 8u == 0u && !((uintptr_t)xq & 3u) ? w->cols / g : 0u;
 }
 
-static float row_tuned(const flm_tensor *w, uint32_t r, const row_plan *ng, const int8_t *xq, const float *xs) {
-    if (*ng) return ROW_WHOLE(w->data + (size_t)r * w->stride, xq, xs, *ng, w->group, w->fmt == FLM_Q8);
-    return row_with(w, r, xq, xs, dot_q8, dot_q4, FLM_GROUP_TERM);
+static void rows_tuned(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_act *xq, const float *xs, float *out) {
+    const uint32_t ng = whole_groups(w, xq);
+    for (uint32_t r = r0; r < r1; r++)
+        *out++ = ng ? ROW_WHOLE(w->data + (size_t)r * w->stride, xq, xs, ng, w->group, w->fmt == FLM_Q8)
+                    : row_with(w, r, xq, xs, dot_q8, dot_q4, FLM_GROUP_TERM);
 }
 #else
 /* The integer dots of a block of a row's groups first (vectorised), then their terms folded in the
  * reference's order: the float work per group stays group_term's, one add after another. */
 #define ISUM_BLOCK 32u   /* groups per block: the dots' array on the stack */
 
-/* acc continued by the terms of nb groups with f32 scales step bytes apart (first: the row's first
- * group, whose term the fold starts with). */
-static inline __attribute__((always_inline)) float fold_f32(const int32_t *isum, const uint8_t *scale, size_t step,
-                                                            const float *xs, uint32_t nb, float acc, int first) {
-    for (uint32_t j = 0; j < nb; j++) {
-        const float t = group_term(isum[j], rdf(scale + j * step), xs[j]);
-        acc = first && j == 0 ? t : acc + t;
-    }
-    return acc;
-}
-
 /* A row of ng whole groups of g codes with f32 scales (blocks of step bytes: the scale, the codes). */
-static inline __attribute__((always_inline)) float row_f32(const uint8_t *row, size_t step, const flm_act *xq,
+static inline __attribute__((always_inline)) float row_f32(const uint8_t *row, size_t step, const flm_act *x,
                                                            const float *xs, uint32_t g, uint32_t ng, int q8) {
     int32_t isum[ISUM_BLOCK];
     float acc = 0.0f;
     for (uint32_t k = 0, nb; k < ng; k += nb) {
         nb = ng - k < ISUM_BLOCK ? ng - k : ISUM_BLOCK;
-        isums(row + k * step + 4u, step, xq + (size_t)k * g, g, nb, q8, isum);
-        acc = fold_f32(isum, row + k * step, step, xs + k, nb, acc, k == 0);
+        isums(row + k * step + 4u, step, x + (size_t)k * g, g, nb, q8, isum);
+        uint32_t j = 0;
+        if (k == 0) acc = group_term(isum[j++], rdf(row), xs[0]);   /* the fold starts with the first term */
+        for (; j < nb; j++) acc = acc + group_term(isum[j], rdf(row + (k + j) * step), xs[k + j]);
     }
     return acc;
 }
 
-typedef float (*row_fn)(const uint8_t *row, const flm_act *xq, const float *xs, uint32_t ng);
 #ifdef FLM_VECTOR
-/* The common shapes, f32 scales and whole groups of a constant size: the whole row in one function
- * (the dots, then the terms and the fold) compiled for this core's vectors. */
-#define ROW_F32(name, q8, G)                                                                          \
-    static FLM_CLONES float name(const uint8_t *row, const flm_act *xq, const float *xs, uint32_t ng) { \
-        return row_f32(row, 4u + ((q8) ? (G) : (G) / 2u), xq, xs, G, ng, q8);                          \
+/* Rows [r0, r1) of a tensor of ng whole groups of a constant size G with f32 scales, into out[0..):
+ * each row's dots and fold, compiled for this core's vectors. */
+typedef void (*rows_fn)(const uint8_t *data, size_t stride, uint32_t r0, uint32_t r1, const flm_act *xq,
+                        const float *xs, uint32_t ng, float *out);
+#define ROWS_F32(name, q8, G)                                                                                   \
+    static FLM_CLONES void name(const uint8_t *data, size_t stride, uint32_t r0, uint32_t r1, const flm_act *xq, \
+                                const float *xs, uint32_t ng, float *out) {                                     \
+        for (uint32_t r = r0; r < r1; r++)                                                                      \
+            *out++ = row_f32(data + (size_t)r * stride, 4u + ((q8) ? (G) : (G) / 2u), xq, xs, (G), ng, q8);    \
     }
-ROW_F32(row_q8_32, 1, 32u)
-ROW_F32(row_q8_64, 1, 64u)
-ROW_F32(row_q8_128, 1, 128u)
-ROW_F32(row_q4_32, 0, 32u)
-ROW_F32(row_q4_64, 0, 64u)
-ROW_F32(row_q4_128, 0, 128u)
+ROWS_F32(rows_q8_32, 1, 32u)
+ROWS_F32(rows_q8_64, 1, 64u)
+ROWS_F32(rows_q8_128, 1, 128u)
+ROWS_F32(rows_q4_32, 0, 32u)
+ROWS_F32(rows_q4_64, 0, 64u)
+ROWS_F32(rows_q4_128, 0, 128u)
 
-static row_fn row_f32_for(uint32_t g, int q8) {
-    switch (g) {
-    case 32: return q8 ? row_q8_32 : row_q4_32;
-    case 64: return q8 ? row_q8_64 : row_q4_64;
-    case 128: return q8 ? row_q8_128 : row_q4_128;
+static inline rows_fn rows_for(const flm_tensor *w) {
+    if (w->scale16 || w->cols % w->group) return 0;
+    const int q8 = w->fmt == FLM_Q8;
+    switch (w->group) {
+    case 32: return q8 ? rows_q8_32 : rows_q4_32;
+    case 64: return q8 ? rows_q8_64 : rows_q4_64;
+    case 128: return q8 ? rows_q8_128 : rows_q4_128;
     default: return 0;
     }
 }
-#else
-static row_fn row_f32_for(uint32_t g, int q8) { (void)g; (void)q8; return 0; }
 #endif
 
-/* A tensor's rows, fixed per matvec: a specialised row function, or the general walk over ng whole
- * groups of g codes (group k's codes at first + k * step in a row) and a last group of tail
- * elements (0: none), with f32 or fp16 scales. */
-typedef struct { row_fn fast; uint32_t g, ng, tail, q8, s16; size_t first, step; } row_plan;
+/* Any shape: ng whole groups of g codes (group k's codes at first + k * step in a row) and a last
+ * group of tail elements (0: none), with f32 or fp16 scales; fixed per matvec. */
+typedef struct { uint32_t g, ng, tail, q8, s16; size_t first, step; } row_plan;
 
-static row_plan plan_of(const flm_tensor *w, const int8_t *xq) {
+static row_plan plan_of(const flm_tensor *w) {
     const uint32_t g = w->group, ng = w->cols / g, tail = w->cols - ng * g, q8 = w->fmt == FLM_Q8;
     const uint32_t code = ((q8 ? g : (g + 1u) / 2u) + 3u) & ~3u;   /* a group's codes, padded to 4 */
-    row_plan pl = {0, g, ng, tail, q8, w->scale16, 4u, 4u + code};
-    (void)xq;
+    row_plan pl = {g, ng, tail, q8, w->scale16, 4u, 4u + code};
     if (w->scale16) {
         pl.first = (2u * (ng + (tail != 0u)) + 3u) & ~3u;
         pl.step = code;
-    } else if (!tail) {
-        pl.fast = row_f32_for(g, (int)q8);
     }
     return pl;
 }
@@ -423,15 +430,14 @@ static float scale_of(const row_plan *pl, const uint8_t *row, uint32_t k) {
     return pl->s16 ? rdh(row + 2u * k) : rdf(row + k * pl->step);
 }
 
-static float row_tuned(const flm_tensor *w, uint32_t r, const row_plan *pl, const flm_act *xq, const float *xs) {
+static float row_any(const flm_tensor *w, uint32_t r, const row_plan *pl, const flm_act *x, const float *xs) {
     const uint8_t *row = w->data + (size_t)r * w->stride, *codes = row + pl->first;
-    if (pl->fast) return pl->fast(row, xq, xs, pl->ng);
     int32_t isum[ISUM_BLOCK];
     float acc = 0.0f;
     uint32_t k = 0;
     for (uint32_t nb; k < pl->ng; k += nb) {
         nb = pl->ng - k < ISUM_BLOCK ? pl->ng - k : ISUM_BLOCK;
-        (pl->q8 ? flm_isums_q8 : flm_isums_q4)(codes + k * pl->step, pl->step, xq + (size_t)k * pl->g, pl->g, nb, isum);
+        (pl->q8 ? flm_isums_q8 : flm_isums_q4)(codes + k * pl->step, pl->step, x + (size_t)k * pl->g, pl->g, nb, isum);
         for (uint32_t j = 0; j < nb; j++) {
             const float t = group_term(isum[j], scale_of(pl, row, k + j), xs[k + j]);
             acc = k + j == 0 ? t : acc + t;
@@ -439,44 +445,50 @@ static float row_tuned(const flm_tensor *w, uint32_t r, const row_plan *pl, cons
     }
     if (pl->tail) {
         const uint8_t *c = codes + k * pl->step;
-        const flm_act *x = xq + (size_t)k * pl->g;
-        const float t = group_term(pl->q8 ? dot_q8((const int8_t *)c, x, pl->tail) : dot_q4(c, x, pl->tail),
+        const flm_act *xt = x + (size_t)k * pl->g;
+        const float t = group_term(pl->q8 ? dot_q8((const int8_t *)c, xt, pl->tail) : dot_q4(c, xt, pl->tail),
                                    scale_of(pl, row, k), xs[k]);
         acc = k == 0 ? t : acc + t;
     }
     return acc;
 }
-#endif
 
+static __attribute__((noinline)) void rows_any(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_act *xq,
+                                               const float *xs, float *out) {
+    const row_plan pl = plan_of(w);
+    for (uint32_t r = r0; r < r1; r++) *out++ = row_any(w, r, &pl, xq, xs);
+}
+
+/* (the shape tests inline: a single row's call, the pruned head's, costs little more than the row) */
+static inline __attribute__((always_inline)) void rows_tuned(const flm_tensor *w, uint32_t r0, uint32_t r1,
+                                                             const flm_act *xq, const float *xs, float *out) {
 #ifdef FLM_VECTOR
-/* The activation codes widened once per call, on the stack (cores with SIMD run hosted: the native
- * board), for the row kernels. */
-static void widen(const int8_t *xq, uint32_t n, flm_act *x) {
-    for (uint32_t i = 0; i < n; i++) x[i] = xq[i];
+    const rows_fn fast = rows_for(w);
+    if (fast) {
+        fast(w->data, w->stride, r0, r1, xq, xs, w->cols / w->group, out);
+        return;
+    }
+#endif
+    rows_any(w, r0, r1, xq, xs, out);
 }
-#define ROW_ACT(x, xq, n) flm_act x[n]; widen(xq, n, x)
-#else
-#define ROW_ACT(x, xq, n) const flm_act *x = xq
 #endif
 
-float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs) {
-    const row_plan pl = plan_of(w, xq);
-    ROW_ACT(x, xq, w->cols);
-    return row_tuned(w, r, &pl, x, xs);
+float flm_matvec_row(const flm_tensor *w, uint32_t r, const flm_act *xq, const float *xs) {
+    float v;
+    rows_tuned(w, r, r + 1u, xq, xs, &v);
+    return v;
 }
 
-void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq, const float *xs, float *out) {
-    const row_plan pl = plan_of(w, xq);
-    ROW_ACT(x, xq, w->cols);
-    for (uint32_t r = r0; r < r1; r++) out[r] = row_tuned(w, r, &pl, x, xs);
+void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_act *xq, const float *xs, float *out) {
+    rows_tuned(w, r0, r1, xq, xs, out + r0);
 }
 
-void flm_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out) {
+void flm_matvec(const flm_tensor *w, const flm_act *xq, const float *xs, float *out) {
     flm_matvec_rows(w, 0, w->rows, xq, xs, out);
 }
 
 /* The default: every row on the calling core. */
-__attribute__((weak)) void hal_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out) {
+__attribute__((weak)) void hal_matvec(const flm_tensor *w, const flm_act *xq, const float *xs, float *out) {
     flm_matvec(w, xq, xs, out);
 }
 
@@ -497,9 +509,9 @@ static uint32_t sc_mix(uint32_t h) {
 
 int flm_kernels_self_check(void) {
     static uint8_t buf[SC_ROWS * SC_NG * (4u + SC_G)] __attribute__((aligned(4)));
-    static int8_t xq[SC_NG * SC_G] __attribute__((aligned(4)));
+    static flm_act xq[SC_NG * SC_G] __attribute__((aligned(4)));
     static const float xs[SC_NG] = {0.25f, -0.0078125f, 3.0f};
-    for (uint32_t i = 0; i < SC_NG * SC_G; i++) xq[i] = (int8_t)(i < 4u ? (i & 1u ? 127 : -127) : (int32_t)(sc_mix(i) % 255u) - 127);
+    for (uint32_t i = 0; i < SC_NG * SC_G; i++) xq[i] = (flm_act)(i < 4u ? (i & 1u ? 127 : -127) : (int32_t)(sc_mix(i) % 255u) - 127);
     for (uint32_t cols = SC_NG * SC_G - 3u; cols <= SC_NG * SC_G; cols += 3u) {
         for (uint32_t fmt = FLM_Q8; fmt <= FLM_Q4; fmt++) {
             for (uint32_t s16 = 0; s16 < 2u; s16++) {

@@ -3,10 +3,10 @@
 #define FLM_KERNELS_H
 #include "blob.h"
 
-/* Activation codes as the group kernels read them: on cores with SIMD (x86 SSE2, Arm NEON) the int8
- * codes of flm_quantize_act widened to int16 once per matvec, because gcc's and clang's vectorisers
- * form the 16-bit multiply-add (SSE2 PMADDWD, NEON SMLAL) from 16-bit operands in memory; elsewhere
- * the int8 codes themselves. */
+/* Activation codes (int8 values, -127..127) as the kernels read them: held in int16 on cores with SIMD
+ * (x86 SSE2, Arm NEON), because gcc's and clang's vectorisers form the 16-bit multiply-add (SSE2
+ * PMADDWD, NEON SMLAL) from 16-bit operands in memory; in int8 elsewhere. The engine's buffer holds
+ * 2 bytes a code on every target (one state layout, converter/footprint.py). */
 #if !defined(__ARM_ARCH_6M__) && (defined(__SSE2__) || defined(__ARM_NEON) || defined(__ARM_NEON__))
 #define FLM_VECTOR 1
 typedef int16_t flm_act;
@@ -14,16 +14,19 @@ typedef int16_t flm_act;
 typedef int8_t flm_act;
 #endif
 
-/* Quantize x[n] to int8 codes per group of g: scale = amax/127, code = round-half-away(x*127/amax). */
-void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float *xs);
+/* Quantize x[n] to int8 codes per group of g: scale = amax/127, code = round-half-away(x*127/amax),
+ * into flm_act codes (the input of a matvec or of attention's int8 scores) */
+void flm_quantize_act(const float *x, uint32_t n, uint32_t g, flm_act *xq, float *xs);
+/* or into int8_t codes (the int8 KV cache's rows): the same codes and scales. */
+void flm_quantize_i8(const float *x, uint32_t n, uint32_t g, int8_t *q, float *xs);
 /* out[r] = fold over groups of float(int32 group dot) * (wscale * xscale); xq/xs from flm_quantize_act
  * with the tensor's group size. All rows on the calling core (the engine calls hal_matvec). */
-void flm_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out);
+void flm_matvec(const flm_tensor *w, const flm_act *xq, const float *xs, float *out);
 /* Rows [r0, r1) of flm_matvec's output, bit for bit (for a hal_matvec that splits the rows). */
-void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq, const float *xs, float *out);
+void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_act *xq, const float *xs, float *out);
 /* Row r of flm_matvec's output, bit for bit (the pruned greedy head computes rows one at a time;
  * the tensor must be row-major). */
-float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs);
+float flm_matvec_row(const flm_tensor *w, uint32_t r, const flm_act *xq, const float *xs);
 /* Dequantize row r of a q8/q4 tensor into out[cols]: code * scale. */
 void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out);
 /* One group's exact dot product of n codes (int8, or int4 two per byte, low nibble first) with n

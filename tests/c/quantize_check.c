@@ -11,7 +11,7 @@
 
 int main(void) {
     static float x[N], xs[N / G];
-    static int8_t q[N];
+    static flm_act q[N];
     const uint64_t end = 2u * (0x42fe0000ull + 1u);   /* each magnitude up to 127.0f, and its negation */
     uint64_t bad = 0, k = 0;
     while (k < end) {
