@@ -263,8 +263,9 @@ static inline __attribute__((always_inline)) float row_with(const flm_tensor *w,
 #ifdef FLM_VECTOR
 /* Where the toolchain clones functions resolved at load time (x86-64 ELF, GNU ifunc: gcc, clang >= 14),
  * the vectorised loops are compiled twice from this same C, for the x86-64 baseline (SSE2) and for
- * AVX2, and the loader picks what this CPU runs; the boot self-check checks the one picked. */
-#if defined(__x86_64__) && defined(__ELF__) && defined(__linux__) && defined(__has_attribute) && !defined(NOCLONE)
+ * AVX2, and the loader picks what this CPU runs; the boot self-check checks the one picked.
+ * FLM_NO_CLONES builds the baseline alone (tests/test_kernels.py checks both). */
+#if defined(__x86_64__) && defined(__ELF__) && defined(__linux__) && defined(__has_attribute) && !defined(FLM_NO_CLONES)
 #if __has_attribute(target_clones)
 #define FLM_CLONES __attribute__((target_clones("avx2", "default")))
 #endif
@@ -366,6 +367,7 @@ static void rows_tuned(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_
  * reference's order: the float work per group stays group_term's, one add after another. */
 #define ISUM_BLOCK 32u   /* groups per block: the dots' array on the stack */
 
+#ifdef FLM_VECTOR
 /* A row of ng whole groups of g codes with f32 scales (blocks of step bytes: the scale, the codes). */
 static inline __attribute__((always_inline)) float row_f32(const uint8_t *row, size_t step, const flm_act *x,
                                                            const float *xs, uint32_t g, uint32_t ng, int q8) {
@@ -381,7 +383,6 @@ static inline __attribute__((always_inline)) float row_f32(const uint8_t *row, s
     return acc;
 }
 
-#ifdef FLM_VECTOR
 /* Rows [r0, r1) of a tensor of ng whole groups of a constant size G with f32 scales, into out[0..):
  * each row's dots and fold, compiled for this core's vectors. */
 typedef void (*rows_fn)(const uint8_t *data, size_t stride, uint32_t r0, uint32_t r1, const flm_act *xq,
@@ -494,42 +495,62 @@ __attribute__((weak)) void hal_matvec(const flm_tensor *w, const flm_act *xq, co
 
 /* ---- boot self-check ---------------------------------------------------------------------- */
 
-/* A built-in tensor of 3 rows in groups of 24 (the whole-row loops' odd step and a whole turn of
- * two, softfloat_m0.s), as q8 and q4 with f32 and fp16 scales: 72 columns
- * (whole groups: row_whole's path with f32 scales) and 69 (a short last group, odd for q4: the
- * tuned loops' scalar tails); pseudo-random codes, activations with -127 and 127 among them. */
+/* Built-in tensors of 3 rows and 3 groups of g, as q8 and q4 with f32 and fp16 scales, each with
+ * 3g columns (whole groups) and 3g - 3 (a short last group): g = 24 (the Cortex-M0+ whole-row
+ * loops' odd step and a whole turn of two, softfloat_m0.s), 23 (odd groups: q4 halves a byte), and
+ * on cores with SIMD the group sizes of the vectorised rows (32, 64, 128); pseudo-random codes,
+ * activations with -127 and 127 among them. Every row alone (flm_matvec_row) and all three at once
+ * (flm_matvec_rows) against the scalar kernels, bit for bit. */
 #define SC_ROWS 3u
-#define SC_G 24u
 #define SC_NG 3u
+#ifdef FLM_VECTOR
+static const uint32_t sc_groups[] = {24u, 23u, 32u, 64u, 128u};
+#define SC_GMAX 128u
+#else
+static const uint32_t sc_groups[] = {24u, 23u};
+#define SC_GMAX 24u
+#endif
 
 static uint32_t sc_mix(uint32_t h) {
     h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
     return h;
 }
 
+/* The tensor of group size g, format fmt, scales s16 and cols columns, filled into buf. */
+static flm_tensor sc_tensor(uint8_t *buf, uint32_t g, uint32_t fmt, uint32_t s16, uint32_t cols) {
+    const uint32_t code = ((fmt == FLM_Q8 ? g : (g + 1u) / 2u) + 3u) & ~3u;   /* a whole group's, padded */
+    const uint32_t stride = s16 ? ((2u * SC_NG + 3u) & ~3u) + SC_NG * code : SC_NG * (4u + code);
+    for (uint32_t i = 0; i < SC_ROWS * stride; i++) buf[i] = (uint8_t)sc_mix(i + 977u * fmt + 131u * g + cols);
+    for (uint32_t r = 0; r < SC_ROWS; r++) {   /* scales: 1.5 * 2^-k, f32 or fp16 */
+        uint8_t *p = buf + r * stride;
+        for (uint32_t k = 0; k < SC_NG; k++) {
+            if (s16) { p[2u * k] = 0; p[2u * k + 1u] = (uint8_t)(0x3eu - 4u * k); }
+            else { uint8_t *q = p + k * (4u + code); q[0] = q[1] = 0; q[2] = 0xc0u; q[3] = (uint8_t)(0x3fu - k); }
+        }
+    }
+    flm_tensor w = {buf, fmt, SC_ROWS, cols, g, stride, FLM_TIER_SRAM, SC_ROWS * stride, s16};
+    return w;
+}
+
 int flm_kernels_self_check(void) {
-    static uint8_t buf[SC_ROWS * SC_NG * (4u + SC_G)] __attribute__((aligned(4)));
-    static flm_act xq[SC_NG * SC_G] __attribute__((aligned(4)));
+    static uint8_t buf[SC_ROWS * SC_NG * (4u + SC_GMAX)] __attribute__((aligned(4)));
+    static flm_act xq[SC_NG * SC_GMAX] __attribute__((aligned(4)));
     static const float xs[SC_NG] = {0.25f, -0.0078125f, 3.0f};
-    for (uint32_t i = 0; i < SC_NG * SC_G; i++) xq[i] = (flm_act)(i < 4u ? (i & 1u ? 127 : -127) : (int32_t)(sc_mix(i) % 255u) - 127);
-    for (uint32_t cols = SC_NG * SC_G - 3u; cols <= SC_NG * SC_G; cols += 3u) {
-        for (uint32_t fmt = FLM_Q8; fmt <= FLM_Q4; fmt++) {
-            for (uint32_t s16 = 0; s16 < 2u; s16++) {
-                uint32_t code = fmt == FLM_Q8 ? SC_G : SC_G / 2u;
-                uint32_t stride = s16 ? ((2u * SC_NG + 3u) & ~3u) + SC_NG * code : SC_NG * (4u + code);
-                for (uint32_t i = 0; i < SC_ROWS * stride; i++) buf[i] = (uint8_t)sc_mix(i + 977u * fmt + cols);
-                for (uint32_t r = 0; r < SC_ROWS; r++) {   /* scales: 1.5 * 2^-k, f32 or fp16 */
-                    uint8_t *p = buf + r * stride;
-                    for (uint32_t k = 0; k < SC_NG; k++) {
-                        if (s16) { p[2u * k] = 0; p[2u * k + 1u] = (uint8_t)(0x3eu - 4u * k); }
-                        else { uint8_t *q = p + k * (4u + code); q[0] = q[1] = 0; q[2] = 0xc0u; q[3] = (uint8_t)(0x3fu - k); }
+    for (uint32_t i = 0; i < SC_NG * SC_GMAX; i++)
+        xq[i] = (flm_act)(i < 4u ? (i & 1u ? 127 : -127) : (int32_t)(sc_mix(i) % 255u) - 127);
+    for (uint32_t gi = 0; gi < sizeof sc_groups / sizeof sc_groups[0]; gi++) {
+        const uint32_t g = sc_groups[gi];
+        for (uint32_t cols = SC_NG * g - 3u; cols <= SC_NG * g; cols += 3u) {
+            for (uint32_t fmt = FLM_Q8; fmt <= FLM_Q4; fmt++) {
+                for (uint32_t s16 = 0; s16 < 2u; s16++) {
+                    const flm_tensor w = sc_tensor(buf, g, fmt, s16, cols);
+                    float all[SC_ROWS];
+                    flm_matvec_rows(&w, 0, SC_ROWS, xq, xs, all);
+                    for (uint32_t r = 0; r < SC_ROWS; r++) {
+                        const float one = flm_matvec_row(&w, r, xq, xs);
+                        const float ref = row_with(&w, r, xq, xs, dot_q8_scalar, dot_q4_scalar, group_term);
+                        if (memcmp(&one, &ref, 4) != 0 || memcmp(&all[r], &ref, 4) != 0) return -1;
                     }
-                }
-                flm_tensor w = {buf, fmt, SC_ROWS, cols, SC_G, stride, FLM_TIER_SRAM, SC_ROWS * stride, s16};
-                for (uint32_t r = 0; r < SC_ROWS; r++) {
-                    float fast = flm_matvec_row(&w, r, xq, xs);
-                    float ref = row_with(&w, r, xq, xs, dot_q8_scalar, dot_q4_scalar, group_term);
-                    if (memcmp(&fast, &ref, 4) != 0) return -1;
                 }
             }
         }
