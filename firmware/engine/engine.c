@@ -9,6 +9,8 @@ static size_t up8(size_t n) { return (n + 7u) & ~(size_t)7u; }
 /* Exact pruning of the greedy head (docs/formats.md section 3; converter/headprune.py). */
 #define PRUNE_MARGIN 0x1.02p+0f      /* 1 + 2^-7: covers every rounding of the bound test */
 #define PRUNE_FLOOR 0x1p-64f         /* below it nothing is pruned: no underflow can matter */
+#define PRUNE_AHEAD 4u               /* the scan's rows come in bound order, not memory order: each is
+                                      * fetched this many records ahead (a cache-miss chain otherwise) */
 
 static uint32_t kv_row_bytes(const flm_model *m) {
     return m->kv_fmt == FLM_KV_INT8 ? 4u + ((m->head_dim + 3u) & ~3u) : m->head_dim * 4u;
@@ -362,6 +364,7 @@ uint32_t flm_head_argmax(flm_state *s, flm_step_stats *st) {
             if (pb < best_bits) break;   /* p >= 0 and best > 0: p < best */
         }
         const uint32_t r = rec[2u * n];
+        if (n + PRUNE_AHEAD < m->n_out) flm_prefetch_row(w, rec[2u * (n + PRUNE_AHEAD)]);
         const float lg = flm_matvec_row(w, r, s->xq, s->xs);
         if (!n || lg > best || (lg == best && r < best_row)) {
             best = lg;
