@@ -42,9 +42,7 @@ static float next_scale(row_reader *rr) {
     return s;
 }
 
-/* The comparisons are on the floats' bits (the same outcomes as the float comparisons, without a
- * soft-float call each on cores without an FPU): |x| as x without its sign bit orders as an
- * unsigned integer, and NaN (above 0x7f800000 so) never becomes the maximum. */
+#ifndef FLM_VECTOR
 #define BITS_127 0x42fe0000u   /* 127.0f */
 /* (int32_t)(v + 0.5f) for the float v of bits mag in [+0, 127] (the reference's round_half_away;
  * -v with -0.5f gives its negation), on the bits: no soft-float add and conversion per code on
@@ -57,40 +55,74 @@ static int32_t round_half_away(uint32_t mag) {
     /* its bits from the halves' place up (v >= 0.5: exponent 126..133, a shift of 31..24), plus a half */
     return (int32_t)(((sig >> (157u - (mag >> 23))) + 1u) >> 1);
 }
+#endif
+
+#ifdef FLM_VECTOR
+/* Cores with vectors (and an FPU): the reference's own rounding, each loop one the vectoriser takes
+ * whole (a signed maximum over magnitudes below 2^31; clamps, conversions and stores per lane). */
+static inline __attribute__((always_inline)) uint32_t amax_bits_of(const float *restrict x, uint32_t len) {
+    int32_t m = 0;
+    for (uint32_t i = 0; i < len; i++) {
+        int32_t a = (int32_t)(flm_f32_bits(x[i]) & 0x7fffffffu);
+        a = a <= 0x7f800000 ? a : 0;   /* NaN is never the maximum */
+        m = a > m ? a : m;
+    }
+    return (uint32_t)m;
+}
+
+/* clamp to +-127 before rounding (the same codes for every finite v); NaN from a broken model
+ * becomes 0, inf +-127, instead of an undefined float-to-int conversion */
+#define CODES(T)                                                                                   \
+    for (uint32_t i = 0; i < len; i++) {                                                           \
+        float v = x[i] * inv;                                                                      \
+        v = v == v ? (v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v) : 0.0f;                     \
+        ((T *)q)[i] = (T)(int32_t)(v + (v < 0.0f ? -0.5f : 0.5f));                                 \
+    }
+#else
+/* The comparisons are on the floats' bits (the same outcomes as the float comparisons, without a
+ * soft-float call each on cores without an FPU): |x| as x without its sign bit orders as an
+ * unsigned integer, and NaN (above 0x7f800000 so) never becomes the maximum. */
+static inline __attribute__((always_inline)) uint32_t amax_bits_of(const float *x, uint32_t len) {
+    uint32_t amax_bits = 0;
+    for (uint32_t i = 0; i < len; i++) {
+        uint32_t a = flm_f32_bits(x[i]) & 0x7fffffffu;
+        if (a > amax_bits && a <= 0x7f800000u) amax_bits = a;
+    }
+    return amax_bits;
+}
+
+/* clamp to +-127 before rounding (same codes for every finite v); NaN from a broken model becomes
+ * 0, inf +-127, instead of an undefined float-to-int conversion */
+#define CODES(T)                                                                                   \
+    for (uint32_t i = 0; i < len; i++) {                                                           \
+        uint32_t b = flm_f32_bits(x[i] * inv), mag = b & 0x7fffffffu;                              \
+        int32_t c;                                                                                 \
+        if (mag > 0x7f800000u) c = 0;                                                              \
+        else if (mag > BITS_127) c = (b >> 31) ? -127 : 127;                                       \
+        else c = (b >> 31) ? -round_half_away(mag) : round_half_away(mag);                         \
+        ((T *)q)[i] = (T)c;                                                                        \
+    }
+#endif
 
 /* The codes of x[n] per group of g into q (int8_t or flm_act elements of `size` bytes: a constant
  * once inlined), the scales into xs. */
 static inline __attribute__((always_inline)) void quantize(const float *x, uint32_t n, uint32_t g, void *q,
                                                            size_t size, float *xs) {
-    for (uint32_t s = 0, gi = 0; s < n; s += g, gi++) {
-        uint32_t len = n - s < g ? n - s : g;
-        uint32_t amax_bits = 0;
-        for (uint32_t i = 0; i < len; i++) {
-            uint32_t a = flm_f32_bits(x[s + i]) & 0x7fffffffu;
-            if (a > amax_bits && a <= 0x7f800000u) amax_bits = a;
-        }
+    for (uint32_t s = 0, gi = 0; s < n; s += g, gi++, x += g, q = (uint8_t *)q + g * size) {
+        const uint32_t len = n - s < g ? n - s : g, amax_bits = amax_bits_of(x, len);
         if (amax_bits == 0u) {
             xs[gi] = 0.0f;
-            memset((uint8_t *)q + s * size, 0, len * size);
+            memset(q, 0, len * size);
             continue;
         }
         const float amax = flm_f32_from_bits(amax_bits);
         xs[gi] = amax / 127.0f;
-        float inv = 127.0f / amax;
-        for (uint32_t i = 0; i < len; i++) {
-            float v = x[s + i] * inv;
-            uint32_t b = flm_f32_bits(v), mag = b & 0x7fffffffu;
-            /* clamp to +-127 before rounding (same codes for every finite v); NaN from a broken
-             * model becomes 0, inf +-127, instead of an undefined float-to-int conversion */
-            int32_t c;
-            if (mag > 0x7f800000u) c = 0;
-            else if (mag > BITS_127) c = (b >> 31) ? -127 : 127;
-            else c = (b >> 31) ? -round_half_away(mag) : round_half_away(mag);
-            if (size == 1u) ((int8_t *)q)[s + i] = (int8_t)c;
-            else ((flm_act *)q)[s + i] = (flm_act)c;
-        }
+        const float inv = 127.0f / amax;
+        if (size == 1u) CODES(int8_t)
+        else CODES(flm_act)
     }
 }
+#undef CODES
 
 void flm_quantize_act(const float *x, uint32_t n, uint32_t g, flm_act *xq, float *xs) {
     quantize(x, n, g, xq, sizeof *xq, xs);
