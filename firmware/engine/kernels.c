@@ -1,5 +1,6 @@
 #include "kernels.h"
 #include "flm_math.h"
+#include <math.h>
 #include <string.h>
 
 /* A block's little-endian f32 scale; blocks start 4-byte aligned (docs/formats.md), so this is
@@ -58,25 +59,44 @@ static int32_t round_half_away(uint32_t mag) {
 #endif
 
 #ifdef FLM_VECTOR
-/* Cores with vectors (and an FPU): the reference's own rounding, each loop one the vectoriser takes
- * whole (a signed maximum over magnitudes below 2^31; clamps, conversions and stores per lane). */
+/* Cores with vectors (and an FPU): the reference's own rounding, in blocks of 8 elements, loops of
+ * a constant length that compilers vectorise at -O2 (a signed maximum per lane over magnitudes
+ * below 2^31; clamps, conversions and stores per lane), then the rest one by one. */
+#define QBLOCK 8u
+static inline __attribute__((always_inline)) int32_t mag_or_0(float v) {
+    const int32_t a = (int32_t)(flm_f32_bits(v) & 0x7fffffffu);
+    return a <= 0x7f800000 ? a : 0;   /* NaN is never the maximum */
+}
+
 static inline __attribute__((always_inline)) uint32_t amax_bits_of(const float *restrict x, uint32_t len) {
-    int32_t m = 0;
-    for (uint32_t i = 0; i < len; i++) {
-        int32_t a = (int32_t)(flm_f32_bits(x[i]) & 0x7fffffffu);
-        a = a <= 0x7f800000 ? a : 0;   /* NaN is never the maximum */
-        m = a > m ? a : m;
-    }
+    int32_t lane[QBLOCK] = {0}, m = 0;
+    uint32_t i = 0;
+    for (; i + QBLOCK <= len; i += QBLOCK, x += QBLOCK)
+        for (uint32_t k = 0; k < QBLOCK; k++) lane[k] = mag_or_0(x[k]) > lane[k] ? mag_or_0(x[k]) : lane[k];
+    for (uint32_t k = 0; k < QBLOCK; k++) m = lane[k] > m ? lane[k] : m;
+    for (; i < len; i++, x++) m = mag_or_0(*x) > m ? mag_or_0(*x) : m;
     return (uint32_t)m;
 }
 
 /* clamp to +-127 before rounding (the same codes for every finite v); NaN from a broken model
- * becomes 0, inf +-127, instead of an undefined float-to-int conversion */
+ * becomes 0, inf +-127, instead of an undefined float-to-int conversion. The clamp is masks on the
+ * bits (gcc vectorises no select of a value a float operation then takes under -ftrapping-math),
+ * then the reference's rounding, (int32_t)(v +- 0.5f). */
+static inline __attribute__((always_inline)) int32_t code_of(float v) {
+    const uint32_t b = flm_f32_bits(v), sign127 = (b & 0x80000000u) | 0x42fe0000u;   /* +-127.0f */
+    const int32_t mag = (int32_t)(b & 0x7fffffffu);
+    const uint32_t big = 0u - (uint32_t)(mag > 0x42fe0000), nan = 0u - (uint32_t)(mag > 0x7f800000);
+    v = flm_f32_from_bits(((b & ~big) | (sign127 & big)) & ~nan);
+    return (int32_t)(v + (isless(v, 0.0f) ? -0.5f : 0.5f));
+}
 #define CODES(T)                                                                                   \
-    for (uint32_t i = 0; i < len; i++) {                                                           \
-        float v = x[i] * inv;                                                                      \
-        v = v == v ? (v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v) : 0.0f;                     \
-        ((T *)q)[i] = (T)(int32_t)(v + (v < 0.0f ? -0.5f : 0.5f));                                 \
+    {                                                                                              \
+        T *restrict c = (T *)q;                                                                    \
+        const float *restrict v = x;                                                               \
+        uint32_t i = 0;                                                                            \
+        for (; i + QBLOCK <= len; i += QBLOCK, c += QBLOCK, v += QBLOCK)                           \
+            for (uint32_t k = 0; k < QBLOCK; k++) c[k] = (T)code_of(v[k] * inv);                   \
+        for (; i < len; i++) *c++ = (T)code_of(*v++ * inv);                                        \
     }
 #else
 /* The comparisons are on the floats' bits (the same outcomes as the float comparisons, without a
@@ -252,7 +272,7 @@ static inline int32_t hi4(uint32_t b) { return (int32_t)((b >> 4 & 15u) ^ 8u) - 
 #ifdef FLM_VECTOR
 /* Cores with vectors: up to 128 codes at a time unpacked into flm_act in element order (low nibble
  * first), then a dot like q8's, whose 16-bit multiply-add takes codes and activations pairwise as
- * they lie. The unpack stays a loop: unrolled whole (-O3, 16 bytes), gcc vectorises it no more. */
+ * they lie. */
 #define Q4_CHUNK 128u
 static inline __attribute__((always_inline)) int32_t dot_q4(const uint8_t *restrict w, const flm_act *restrict x,
                                                             uint32_t n) {
@@ -260,7 +280,6 @@ static inline __attribute__((always_inline)) int32_t dot_q4(const uint8_t *restr
     for (uint32_t i = 0; i < n; i += Q4_CHUNK, w += Q4_CHUNK / 2u, x += Q4_CHUNK) {
         const uint32_t m = (n - i < Q4_CHUNK ? n - i : Q4_CHUNK) / 2u;
         flm_act c[Q4_CHUNK];
-        _Pragma("GCC unroll 1")
         for (uint32_t j = 0; j < m; j++) {
             c[2u * j] = (flm_act)lo4(w[j]);
             c[2u * j + 1u] = (flm_act)hi4(w[j]);
