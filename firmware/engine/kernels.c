@@ -72,9 +72,15 @@ static inline __attribute__((always_inline)) uint32_t amax_bits_of(const float *
     int32_t lane[QBLOCK] = {0}, m = 0;
     uint32_t i = 0;
     for (; i + QBLOCK <= len; i += QBLOCK, x += QBLOCK)
-        for (uint32_t k = 0; k < QBLOCK; k++) lane[k] = mag_or_0(x[k]) > lane[k] ? mag_or_0(x[k]) : lane[k];
+        for (uint32_t k = 0; k < QBLOCK; k++) {
+            const int32_t a = mag_or_0(x[k]);
+            lane[k] = a > lane[k] ? a : lane[k];
+        }
     for (uint32_t k = 0; k < QBLOCK; k++) m = lane[k] > m ? lane[k] : m;
-    for (; i < len; i++, x++) m = mag_or_0(*x) > m ? mag_or_0(*x) : m;
+    for (; i < len; i++) {
+        const int32_t a = mag_or_0(*x++);
+        m = a > m ? a : m;
+    }
     return (uint32_t)m;
 }
 

@@ -42,13 +42,15 @@ void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out);
 int32_t flm_dot_q8(const int8_t *w, const flm_act *x, uint32_t n);
 int32_t flm_dot_q4(const uint8_t *w, const flm_act *x, uint32_t n);
 /* The integer part of a row: isum[k] = the exact dot of group k's g codes (at codes + k * step; q8, or
- * q4 as in flm_dot_q4) with xq[k*g .. k*g + g), for k < ng. Every row kernel computes a row's group
- * dots with these (vectorised where the core has SIMD), then scales and folds them per weight
- * format in the reference's order. */
+ * q4 as in flm_dot_q4) with xq[k*g .. k*g + g), for k < ng, with this core's tuned dots (on cores
+ * with SIMD vectorised, loops of a constant length for g = 32, 64, 128). A row kernel computes a
+ * block of its groups' dots this way, then scales and folds them by its weight format's rule in the
+ * reference's order (the general rows call these; the rows of the common shapes inline the same
+ * loops). */
 void flm_isums_q8(const uint8_t *codes, size_t step, const flm_act *xq, uint32_t g, uint32_t ng, int32_t *isum);
 void flm_isums_q4(const uint8_t *codes, size_t step, const flm_act *xq, uint32_t g, uint32_t ng, int32_t *isum);
-/* Boot-time check: the tuned kernels against the scalar ones on a built-in tensor (q8 and q4, f32
- * and fp16 scales), bit for bit. 0 when they agree, -1 when not (the firmware then refuses to
- * generate). */
+/* Boot-time check: the tuned rows against the scalar kernels on built-in tensors (q8 and q4, f32
+ * and fp16 scales, whole and short last groups, every group size with its own row kernel), bit for
+ * bit. 0 when they agree, -1 when not (the firmware then refuses to generate). */
 int flm_kernels_self_check(void);
 #endif
