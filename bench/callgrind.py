@@ -2,7 +2,7 @@
 same build, blob and prompt give the same counts on any load, unlike the host clock).
 
 The native board runs under ``valgrind --tool=callgrind`` collecting only inside the engine's step
-functions (app.c calls them once per step: ``flm_body``, ``flm_head`` / ``flm_head_argmax``,
+functions (app_generate.c calls them once per step: ``flm_body``, ``flm_head`` / ``flm_head_argmax``,
 ``flm_sample``, ``flm_slide``), so the protocol, the serial link and the idle loop count nothing.
 Two processes per format generate the same prompt, one stopping at its first token and one
 ``decode`` tokens later; their difference over ``decode`` is the instructions per decode token (at

@@ -28,7 +28,7 @@ const char *hal_board_name(void);
  * state regions placed there from it unless main()'s arena is in that tier (the state's home).
  * Returns the space and its size in *cap, or NULL with *cap = 0 where there is none: then tensors
  * staged in the arena's own tier share main()'s arena. Called once per tier at boot; the memory is
- * the app's from then on. A HAL without staging space need not define it (app.c has a weak
+ * the app's from then on. A HAL without staging space need not define it (app_layout.c has a weak
  * default returning NULL). */
 uint8_t *hal_tier_arena(uint32_t tier, size_t *cap);
 /* out = w's matvec (kernels.h flm_matvec), the engine's every matrix product goes through here: a

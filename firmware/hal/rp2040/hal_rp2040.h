@@ -1,6 +1,6 @@
 /* RP2040 bare-metal HAL: what the rest of the firmware sees besides hal.h.
  *
- * Force-included (-include) into every translation unit of an RP2040 build, so app.c's optional
+ * Force-included (-include) into every translation unit of an RP2040 build, so app_generate.c's optional
  * step hooks report each forward step to whoever watches the chip: on the emulated board the
  * harness (host/emu/harness.mjs) attributes the core's memory reads to steps with them; on a real
  * chip they are a few writes to the watchdog's scratch registers, which nothing else uses. */
