@@ -363,41 +363,40 @@ static inline __attribute__((always_inline)) void isums(const uint8_t *codes, si
         isum[k] = q8 ? dot_q8((const int8_t *)codes, x, g) : dot_q4(codes, x, g);
 }
 
-#define ISUMS(name, q8, G)                                                                                   \
-    static FLM_CLONES void name(const uint8_t *codes, size_t step, const flm_act *x, uint32_t ng, int32_t *isum) { \
-        isums(codes, step, x, G, ng, q8, isum);                                                                  \
-    }
 #ifdef FLM_VECTOR
-ISUMS(isums_q8_32, 1, 32u)
-ISUMS(isums_q8_64, 1, 64u)
-ISUMS(isums_q8_128, 1, 128u)
-ISUMS(isums_q4_32, 0, 32u)
-ISUMS(isums_q4_64, 0, 64u)
-ISUMS(isums_q4_128, 0, 128u)
+/* The shapes with their own instantiations, (format, q8, group size): loops of a constant length. */
+#define EACH_SHAPE(X) X(q8, 1, 32) X(q8, 1, 64) X(q8, 1, 128) X(q4, 0, 32) X(q4, 0, 64) X(q4, 0, 128)
+#define ISUMS(fmt, q8, G)                                                                                         \
+    static FLM_CLONES void isums_##fmt##_##G(const uint8_t *codes, size_t step, const flm_act *x, uint32_t ng,    \
+                                             int32_t *isum) {                                                     \
+        isums(codes, step, x, G##u, ng, q8, isum);                                                                \
+    }
+EACH_SHAPE(ISUMS)
+#undef ISUMS
 #endif
 
-void flm_isums_q8(const uint8_t *codes, size_t step, const flm_act *xq, uint32_t g, uint32_t ng, int32_t *isum) {
+/* The instantiation for group size g, or 0 (then the loops of the general length). */
+typedef void (*isums_fn)(const uint8_t *codes, size_t step, const flm_act *x, uint32_t ng, int32_t *isum);
+static isums_fn isums_for(uint32_t g, int q8) {
 #ifdef FLM_VECTOR
-    switch (g) {
-    case 32: isums_q8_32(codes, step, xq, ng, isum); return;
-    case 64: isums_q8_64(codes, step, xq, ng, isum); return;
-    case 128: isums_q8_128(codes, step, xq, ng, isum); return;
-    default: break;
-    }
+#define PICK(f, is_q8, G) if (g == G##u && q8 == is_q8) return isums_##f##_##G;
+    EACH_SHAPE(PICK)
+#undef PICK
 #endif
-    isums(codes, step, xq, g, ng, 1, isum);
+    (void)g, (void)q8;
+    return 0;
+}
+
+void flm_isums_q8(const uint8_t *codes, size_t step, const flm_act *xq, uint32_t g, uint32_t ng, int32_t *isum) {
+    const isums_fn f = isums_for(g, 1);
+    if (f) f(codes, step, xq, ng, isum);
+    else isums(codes, step, xq, g, ng, 1, isum);
 }
 
 void flm_isums_q4(const uint8_t *codes, size_t step, const flm_act *xq, uint32_t g, uint32_t ng, int32_t *isum) {
-#ifdef FLM_VECTOR
-    switch (g) {
-    case 32: isums_q4_32(codes, step, xq, ng, isum); return;
-    case 64: isums_q4_64(codes, step, xq, ng, isum); return;
-    case 128: isums_q4_128(codes, step, xq, ng, isum); return;
-    default: break;
-    }
-#endif
-    isums(codes, step, xq, g, ng, 0, isum);
+    const isums_fn f = isums_for(g, 0);
+    if (f) f(codes, step, xq, ng, isum);
+    else isums(codes, step, xq, g, ng, 0, isum);
 }
 
 /* ---- whole rows ------------------------------------------------------------------------------ */
@@ -467,28 +466,21 @@ static inline __attribute__((always_inline)) float row_f32(const uint8_t *row, s
  * each row's dots and fold, compiled for this core's vectors. */
 typedef void (*rows_fn)(const uint8_t *data, size_t stride, uint32_t r0, uint32_t r1, const flm_act *xq,
                         const float *xs, uint32_t ng, float *out);
-#define ROWS_F32(name, q8, G)                                                                                   \
-    static FLM_CLONES void name(const uint8_t *data, size_t stride, uint32_t r0, uint32_t r1, const flm_act *xq, \
-                                const float *xs, uint32_t ng, float *out) {                                     \
-        for (uint32_t r = r0; r < r1; r++)                                                                      \
-            *out++ = row_f32(data + (size_t)r * stride, 4u + ((q8) ? (G) : (G) / 2u), xq, xs, (G), ng, q8);    \
+#define ROWS_F32(fmt, q8, G)                                                                                     \
+    static FLM_CLONES void rows_##fmt##_##G(const uint8_t *data, size_t stride, uint32_t r0, uint32_t r1,          \
+                                            const flm_act *xq, const float *xs, uint32_t ng, float *out) {          \
+        for (uint32_t r = r0; r < r1; r++)                                                                       \
+            *out++ = row_f32(data + (size_t)r * stride, 4u + ((q8) ? G##u : G##u / 2u), xq, xs, G##u, ng, q8);  \
     }
-ROWS_F32(rows_q8_32, 1, 32u)
-ROWS_F32(rows_q8_64, 1, 64u)
-ROWS_F32(rows_q8_128, 1, 128u)
-ROWS_F32(rows_q4_32, 0, 32u)
-ROWS_F32(rows_q4_64, 0, 64u)
-ROWS_F32(rows_q4_128, 0, 128u)
+EACH_SHAPE(ROWS_F32)
+#undef ROWS_F32
 
 static inline rows_fn rows_for(const flm_tensor *w) {
     if (w->scale16 || w->cols % w->group) return 0;
-    const int q8 = w->fmt == FLM_Q8;
-    switch (w->group) {
-    case 32: return q8 ? rows_q8_32 : rows_q4_32;
-    case 64: return q8 ? rows_q8_64 : rows_q4_64;
-    case 128: return q8 ? rows_q8_128 : rows_q4_128;
-    default: return 0;
-    }
+#define PICK(f, is_q8, G) if (w->group == G##u && (w->fmt == FLM_Q8) == is_q8) return rows_##f##_##G;
+    EACH_SHAPE(PICK)
+#undef PICK
+    return 0;
 }
 #endif
 
