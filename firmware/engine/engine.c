@@ -40,7 +40,7 @@ static void layout(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_R
     s->sin = carve(&sc, m->head_dim / 2u * 4u);
     s->pu = carve(&sc, ple);
     s->pt = carve(&sc, ple);
-    s->xq = carve(&sc, wide);
+    s->xq = carve(&sc, wide * 2u);   /* flm_act codes: 2 bytes on SIMD cores, room for them everywhere */
     s->xs = carve(&sc, (wide / m->min_group + 1u) * 4u);   /* activation scales: one per group */
     s->logits = carve(&lg, m->n_out * 4u);
     s->probs = carve(&lg, m->n_out * 4u);
@@ -133,13 +133,13 @@ static void kv_put(const flm_state *s, uint8_t *row0, const float *v) {
     const uint32_t hd = m->head_dim;
     for (uint32_t h = 0; h < m->n_kv_heads; h++) {
         uint8_t *row = row0 + h * s->kv_row;
-        if (m->kv_fmt == FLM_KV_INT8) flm_quantize_act(v + h * hd, hd, hd, (int8_t *)(row + 4), (float *)(void *)row);
+        if (m->kv_fmt == FLM_KV_INT8) flm_quantize_i8(v + h * hd, hd, hd, (int8_t *)(row + 4), (float *)(void *)row);
         else memcpy(row, v + h * hd, hd * 4u);
     }
 }
 
 /* int8 KV: head h's query codes qc (scale qs) against a K row: float(sum qc*kc) * (qs * ks). */
-static float score_int8(const int8_t *qc, float qs, const uint8_t *row, uint32_t hd) {
+static float score_int8(const flm_act *qc, float qs, const uint8_t *row, uint32_t hd) {
     const int8_t *kc = (const int8_t *)(row + 4);
     int32_t isum = 0;
     for (uint32_t i = 0; i < hd; i++) isum += (int32_t)qc[i] * (int32_t)kc[i];
@@ -223,7 +223,7 @@ void flm_slide(flm_state *s, uint32_t n_drop, flm_step_stats *st) {
                     k[2 * i] = a * c + b * sn;
                     k[2 * i + 1] = b * c - a * sn;
                 }
-                if (i8) flm_quantize_act(k, hd, hd, (int8_t *)(dst + 4), (float *)(void *)dst);
+                if (i8) flm_quantize_i8(k, hd, hd, (int8_t *)(dst + 4), (float *)(void *)dst);
             }
         }
         memmove(kv_at(s, s->vc, l, 1u, 0), kv_at(s, s->vc, l, 1u + n_drop, 0), (size_t)moved * m->n_kv_heads * s->kv_row);
