@@ -348,19 +348,12 @@ const float *flm_head(flm_state *s, flm_step_stats *st) {
     return s->logits;
 }
 
-/* The first maximum of v[0..n), as the float loop `if (v[i] > v[best]) best = i` finds it (a NaN
- * first stays: every comparison with it fails; a later NaN never wins), on the floats' order. */
+/* The first maximum of v[0..n): a NaN first stays (every comparison with it fails), a later NaN
+ * never wins. */
 static uint32_t first_max(const float *v, uint32_t n) {
-    uint32_t best = 0, b = flm_f32_bits(v[0]);
-    if (flm_f32_nan(b)) return 0;
-    int32_t key = flm_f32_order(b);
-    for (uint32_t i = 1; i < n; i++) {
-        const uint32_t u = flm_f32_bits(v[i]);
-        if (!flm_f32_nan(u) && flm_f32_order(u) > key) {
-            best = i;
-            key = flm_f32_order(u);
-        }
-    }
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (flm_f32_gt(v[i], v[best])) best = i;
     return best;
 }
 
@@ -368,8 +361,8 @@ static uint32_t first_max(const float *v, uint32_t n) {
  * row's logit), then the tile of the largest U, then every other tile in stored order unless
  * U_t < best (U_t finite). A visited tile is a contiguous run of stored rows, computed as one block;
  * its rows' tokens come from the row -> token map, and the best row is the largest logit, the lowest
- * token among equal ones. Comparisons are on the floats' order (flm_f32_order: the float comparisons'
- * outcomes, NaN included). Returns the token; head_rows = the rows visited. */
+ * token among equal ones (flm_f32_gt/eq: the float comparisons, on the bits where there is no FPU).
+ * Returns the token; head_rows = the rows visited. */
 static uint32_t tile_scan(flm_state *s, float xm, flm_step_stats *st) {
     const flm_model *m = s->m;
     const uint32_t nt = m->n_tiles, n = m->n_out, mb = m->map_bytes;
@@ -382,28 +375,23 @@ static uint32_t tile_scan(flm_state *s, float xm, flm_step_stats *st) {
         memcpy(&r, rec + 8u * t + 4u, 4);
         s->idx[t] = flm_rd32(rec + 8u * t);
         s->probs[t] = s->probs[t] + r * xm;
-        const uint32_t u = flm_f32_bits(s->probs[t]), f = flm_f32_bits(s->probs[first]);
-        if (!flm_f32_nan(u) && !flm_f32_nan(f) && flm_f32_order(u) > flm_f32_order(f)) first = t;
+        if (flm_f32_gt(s->probs[t], s->probs[first])) first = t;
     }
     st->bytes[m->head_tiles.tier] += 8u * nt;
-    int32_t best = 0;               /* the best logit's order, unless best_nan */
-    uint32_t tok = 0, rows = 0, best_nan = 0;
+    float best = 0.0f;
+    uint32_t tok = 0, rows = 0;
     for (uint32_t k = 0; k <= nt; k++) {
         const uint32_t t = k ? k - 1u : first;
-        if (k) {   /* skipped only on a finite bound (an overflowed one proves nothing) */
-            const uint32_t u = flm_f32_bits(s->probs[t]);
-            if (t == first || ((u & 0x7fffffffu) < 0x7f800000u && !best_nan && flm_f32_order(u) < best)) continue;
-        }
+        /* skipped only on a finite bound (an overflowed one proves nothing) */
+        if (k && (t == first || (flm_f32_finite(s->probs[t]) && flm_f32_gt(best, s->probs[t])))) continue;
         const uint32_t a = s->idx[t], z = t + 1u < nt ? s->idx[t + 1u] : n;
         flm_matvec_rows(&m->head, a, z, s->xq, s->xs, s->logits);   /* logits indexed by stored row here */
         for (uint32_t i = a; i < z; i++) {
             const uint8_t *p = perm + mb * i;
             const uint32_t tk = mb == 2u ? (uint32_t)p[0] | (uint32_t)p[1] << 8 : flm_rd32(p);
-            const uint32_t u = flm_f32_bits(s->logits[i]);
-            const int32_t key = flm_f32_order(u);
-            if ((!rows && i == a) || (!flm_f32_nan(u) && !best_nan && (key > best || (key == best && tk < tok)))) {
-                best = key;
-                best_nan = flm_f32_nan(u);
+            const float lg = s->logits[i];
+            if ((!rows && i == a) || flm_f32_gt(lg, best) || (flm_f32_eq(lg, best) && tk < tok)) {
+                best = lg;
                 tok = tk;
             }
         }
