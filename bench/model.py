@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from converter import headcalib
 from converter.blob import write_blob
 from converter.ir import ModelConfig, ModelIR
 from converter.llama2c import write_llama2c_v2
@@ -30,10 +31,18 @@ def default_ir():
     return load_model(MODEL / "model.pt")
 
 
+def converted(ir, fmt: str, overrides=()):
+    """``ir`` quantized to ``fmt`` in groups of 32 with ``overrides``, and the greedy head's index
+    if the calibration keeps it: what ``flashlm convert`` makes (--head-index auto)."""
+    qm = quantize(ir, fmt, GROUP, list(overrides))
+    qm.head_index = headcalib.calibrate(qm)[0]
+    return qm
+
+
 @functools.cache
 def default_quant(fmt: str):
-    """The default model quantized to ``fmt`` (q8 / q4), group 32: what ``flashlm convert`` makes."""
-    return quantize(default_ir(), fmt, GROUP)
+    """The default model as ``flashlm convert --format fmt`` makes it (q8 / q4, group 32)."""
+    return converted(default_ir(), fmt)
 
 
 # The 15M-parameter llama2.c shape (stories15M: dim 288, 6 layers, 6 heads, vocab 32000, context 256)
@@ -41,13 +50,18 @@ SHAPE_15M = ModelConfig(dim=288, n_layers=6, n_heads=6, n_kv_heads=6, vocab_size
                         max_seq_len=256, tied=True)
 
 
+def random_ir(cfg: ModelConfig, seed: int = 0) -> ModelIR:
+    """``cfg`` with seeded random weights (N(0, 0.02), norms 1)."""
+    rng = np.random.default_rng(seed)
+    tensors = {n: (np.ones(s, np.float32) if len(s) == 1 else rng.standard_normal(s, np.float32) * 0.02)
+               for n, s in cfg.tensor_shapes().items()}
+    return ModelIR(cfg, tensors)
+
+
 @functools.cache
 def random_15m_ir() -> ModelIR:
-    """SHAPE_15M with seeded random weights (N(0, 0.02), norms 1): the speed comparisons' big model."""
-    rng = np.random.default_rng(0)
-    tensors = {n: (np.ones(s, np.float32) if len(s) == 1 else rng.standard_normal(s, np.float32) * 0.02)
-               for n, s in SHAPE_15M.tensor_shapes().items()}
-    return ModelIR(SHAPE_15M, tensors)
+    """SHAPE_15M with random weights: the speed comparisons' big model."""
+    return random_ir(SHAPE_15M)
 
 
 def llama15m_v2(work: Path, group_size: int = 32) -> Path:

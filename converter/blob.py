@@ -16,7 +16,7 @@ import numpy as np
 
 from . import headprune
 from .files import read_file
-from .ir import ModelConfig, ModelError, QTensor, Tokenizer
+from .ir import MAX_STOP_IDS, ModelConfig, ModelError, QTensor, StopIds, Tokenizer
 from .quantize import MAX_GROUP, MAX_GROUP_ROW, QuantModel
 from .tokenizer_enc import SECTION as ENC_SECTION, device_section
 
@@ -35,7 +35,7 @@ TIER_NAME = {v: k for k, v in TIER_CODE.items()}
 NONE_ID = 0xFFFFFFFF
 CONFIG_FMT = "<10I2f4I"        # 64-byte config block at offset 48 (v2: ple_dim, out_vocab, 2 reserved)
 PINNED_TO_FLASH = ("tokenizer", "ple.table")   # sections the firmware reads from flash only
-HEAD_PRUNE = "head.prune"      # the greedy head's pruning records (converter/headprune.py)
+STOP_SECTION = "tokenizer.stop"   # u32 n, u32 ids[n]: generation ends at any of these ids
 ENTRY_FMT = "<32s8I"
 
 
@@ -189,27 +189,55 @@ def decode_tokenizer(buf: bytes) -> list[bytes]:
     return [bytes(buf[base + offs[i]:base + offs[i + 1]]) for i in range(n)]
 
 
+def encode_stop_ids(stops: StopIds) -> bytes:
+    return struct.pack(f"<{1 + len(stops.ids)}I", len(stops.ids), *stops.ids)
+
+
+def decode_stop_ids(buf: bytes, vocab: int) -> tuple[int, ...]:
+    """The ids of a tokenizer.stop section, checked as the firmware checks them."""
+    n = struct.unpack_from("<I", buf)[0] if len(buf) >= 4 else None
+    if n is None or n > MAX_STOP_IDS or len(buf) != 4 + 4 * n:
+        raise BlobError(f"{STOP_SECTION} section of {len(buf)} bytes is not u32 n (at most {MAX_STOP_IDS}) "
+                        f"and n ids")
+    ids = struct.unpack_from(f"<{n}I", buf, 4)
+    if any(i >= vocab for i in ids):
+        raise BlobError(f"{STOP_SECTION}: stop id {max(ids)} is outside the vocabulary of {vocab}")
+    return ids
+
+
 def _sections(qm: QuantModel) -> list[tuple[str, str, int, int, int, bool, bytes]]:
-    """(name, fmt, rows, cols, group, format flags, data) in blob order: tokenizer (and its device
-    encoder's tables, tokenizer.enc), RoPE tables, tensors, the head's pruning records."""
+    """(name, fmt, rows, cols, group, format flags, data) in blob order: tokenizer (its stop ids,
+    tokenizer.stop, and its device encoder's tables, tokenizer.enc), RoPE tables, tensors, and with
+    a head index its centre rows and tiles (the head's rows then stored in tile order,
+    converter/headprune.py)."""
     c = qm.config
     tok = encode_tokenizer(qm.tokenizer, c.vocab_size)
-    out = [("tokenizer", "bytes", 1, len(tok), 0, False, tok)]
+    qm.stops.check(c.vocab_size)
+    stop = encode_stop_ids(qm.stops)
+    out = [("tokenizer", "bytes", 1, len(tok), 0, False, tok), (STOP_SECTION, "bytes", 1, len(stop), 0, False, stop)]
     enc, _ = device_section(qm.tokenizer, c)      # the device's text encoder, when it can have one
     if enc is not None:
         out.append((ENC_SECTION, "bytes", 1, len(enc), 0, False, enc))
     for name, t in (("rope.cos", qm.rope_cos), ("rope.sin", qm.rope_sin)):
         a = np.ascontiguousarray(t, "<f4")
         out.append((name, "f32", a.shape[0], a.shape[1], 0, False, a.tobytes()))
+    index = qm.head_index
+    head = "tok_embeddings" if c.tied else "output"
     for name in c.tensor_shapes():
         t = qm.tensors[name]
+        if index is not None and name == head:
+            t = headprune.stored_head(t, index)
         if isinstance(t, QTensor):
             out.append((name, t.fmt, t.shape[0], t.shape[1], t.group_size, scale_flags(t), encode_qtensor(t)))
         else:
             a = np.ascontiguousarray(t, "<f4").reshape(1, -1)
             out.append((name, "f32", 1, a.shape[1], 0, False, a.tobytes()))
-    prune = headprune.section_bytes(qm.head(), c.n_out)
-    out.append((HEAD_PRUNE, "bytes", 1, len(prune), 0, False, prune))
+    if index is not None:
+        cen = index.centroids
+        out.append((headprune.CENTROIDS, cen.fmt, cen.shape[0], cen.shape[1], cen.group_size, scale_flags(cen),
+                    encode_qtensor(cen)))
+        tiles = headprune.section_bytes(index, qm.head().shape[0])
+        out.append((headprune.SECTION, "bytes", 1, len(tiles), 0, False, tiles))
     return out
 
 
@@ -382,6 +410,7 @@ class BlobHeader:
     eos_id: int | None
     entries: list[Entry]
     state_tiers: int = 0          # where the engine's RAM buffers live (see unpack_state_tiers)
+    head_scan: object = None      # costmodel.HeadScan: the head index's header, if the blob has one
 
     @property
     def tiers(self) -> dict[str, str]:
@@ -443,7 +472,17 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
         entries.append(Entry(name, fname, rows, cols, g, TIER_NAME[tier], off, length, stride, s16, rs))
     return BlobHeader(version, total, crc, mhash, layout_id, cfg,
                       None if v[8] == NONE_ID else v[8], None if v[9] == NONE_ID else v[9], entries,
-                      state_tiers)
+                      state_tiers, _head_scan(blob, entries))
+
+
+def _head_scan(blob: bytes, entries: list[Entry]):
+    """The head index's header fields the planner uses (read_blob validates the rest)."""
+    from .costmodel import HeadScan
+    e = next((e for e in entries if e.name == headprune.SECTION and e.fmt == "bytes"), None)
+    if e is None or e.length < headprune.HEADER.size:
+        return None
+    n_tiles, mb, rows, tiles = headprune.HEADER.unpack_from(blob, e.offset)[:4]
+    return HeadScan(n_tiles, mb, rows, tiles)
 
 
 def read_header(path) -> BlobHeader:
@@ -460,7 +499,7 @@ def read_blob(path_or_bytes) -> QuantModel:
     h = parse_header(blob, what)
     c = h.config
     by = {e.name: e for e in h.entries}
-    want = set(c.tensor_shapes()) | {"tokenizer", "rope.cos", "rope.sin", HEAD_PRUNE}
+    want = set(c.tensor_shapes()) | {"tokenizer", STOP_SECTION, "rope.cos", "rope.sin"}
     missing = want - set(by)
     if missing:
         raise BlobError(f"{what}: missing tensors: {', '.join(sorted(missing)[:3])}")
@@ -490,8 +529,41 @@ def read_blob(path_or_bytes) -> QuantModel:
     if len(pieces) != c.vocab_size:
         raise BlobError(f"{what}: tokenizer has {len(pieces)} pieces, vocab is {c.vocab_size}")
     tok = Tokenizer(pieces, [0.0] * len(pieces), kind="blob", bos_id=h.bos_id, eos_id=h.eos_id)
-    qm = QuantModel(c, tensors, rope["rope.cos"], rope["rope.sin"], tok, source=what)
-    e = by[HEAD_PRUNE]
-    if blob[e.offset:e.offset + e.length] != headprune.section_bytes(qm.head(), c.n_out):
-        raise BlobError(f"{what}: {HEAD_PRUNE} does not match the output layer's rows (re-run flashlm convert)")
+    e = by[STOP_SECTION]
+    try:
+        stops = StopIds(decode_stop_ids(blob[e.offset:e.offset + e.length], c.vocab_size), f"the blob's {STOP_SECTION}")
+    except BlobError as err:
+        raise BlobError(f"{what}: {err}") from None
+    qm = QuantModel(c, tensors, rope["rope.cos"], rope["rope.sin"], tok, source=what, stops=stops)
+    qm.head_index = _read_head_index(blob, by, qm, what)
     return qm
+
+
+def _read_head_index(blob: bytes, by: dict, qm: QuantModel, what: str):
+    """The head index, if the blob has one, with the head's rows put back in token order; refused
+    unless its structure is sound (blob.c's checks) and every radius is exactly the one the rows
+    and centres give (a smaller one would break the scan's exactness)."""
+    names = {headprune.CENTROIDS, headprune.SECTION}
+    if not names & set(by):
+        return None
+    if not names <= set(by):
+        raise BlobError(f"{what}: {headprune.CENTROIDS} and {headprune.SECTION} come together")
+    c, head_name = qm.config, "tok_embeddings" if qm.config.tied else "output"
+    head, e = qm.tensors[head_name], by[headprune.CENTROIDS]
+    if e.fmt != "q8" or e.cols != c.dim or e.group_size != head.group_size or e.scale16 != head.scale16 \
+            or e.rowscale != head.rowscale:
+        raise BlobError(f"{what}: {headprune.CENTROIDS} must be q8 rows of dim {c.dim} in the head's groups "
+                        f"and scale kind")
+    cen = decode_qtensor(blob[e.offset:e.offset + e.length], "q8", e.rows, e.cols, e.group_size, e.scale16,
+                         e.rowscale)
+    e = by[headprune.SECTION]
+    try:
+        index = headprune.read_section(blob[e.offset:e.offset + e.length], c.n_out, head.shape[0], cen)
+    except ModelError as err:
+        raise BlobError(f"{what}: {err}") from None
+    qm.tensors[head_name] = head = headprune.token_order_head(head, index)
+    w = head.exact64(c.n_out)
+    tiles = [index.perm[a:b] for a, b in zip(index.starts, index.ends())]
+    if not np.array_equal(index.radius.view("<u4"), headprune.radii(w, tiles, cen).view("<u4")):
+        raise BlobError(f"{what}: {headprune.SECTION}: a tile radius is not the one its rows give (re-run flashlm convert)")
+    return index

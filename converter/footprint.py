@@ -1,5 +1,5 @@
 """RAM the engine needs for a model: KV cache, scratch and the prompt buffer — the same sums
-as flm_state_bytes() in firmware/engine/engine.c plus the app's prompt buffer (app.c)."""
+as flm_state_bytes() in firmware/engine/engine.c plus the app's prompt buffer (app_layout.c)."""
 from __future__ import annotations
 
 from .ir import ModelConfig
@@ -18,7 +18,7 @@ def arena_bytes(cfg: ModelConfig, min_group: int) -> int:
     return state_bytes(cfg, min_group) + cfg.max_seq_len * 4
 
 
-# ---- per-region sizes and staging (firmware/engine/engine.c layout(), app.c place()) -------------
+# ---- per-region sizes and staging (firmware/engine/engine.c layout(), app_layout.c app_place()) -------------
 
 REGIONS = ("kv", "logits", "scratch")   # FLM_REG_KV, FLM_REG_LOGITS, FLM_REG_SCRATCH
 
@@ -39,8 +39,9 @@ def region_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32") -> dict[str,
     wide = max(cfg.dim, cfg.hidden_dim, cfg.ple_dim)            # the longest matmul input
     kv = cfg.n_layers * cfg.max_seq_len * cfg.n_kv_heads * kv_row_bytes(cfg, kv)
     ple = cfg.n_layers * cfg.ple_dim * 4                         # per-layer inputs; table row / gate
+    # ... and the activation codes, 2 bytes each on every target (kernels.h flm_act), and their scales
     scratch = [cfg.dim * 4] * 4 + [cfg.max_seq_len * 4, cfg.hidden_dim * 4, cfg.hidden_dim * 4,
-                                   cfg.head_dim // 2 * 4, cfg.head_dim // 2 * 4, ple, ple, wide,
+                                   cfg.head_dim // 2 * 4, cfg.head_dim // 2 * 4, ple, ple, 2 * wide,
                                    (wide // min_group + 1) * 4]
     return {"kv": 2 * _up8(kv), "logits": 3 * _up8(cfg.n_out * 4),
             "scratch": sum(_up8(p) for p in scratch)}
@@ -52,7 +53,7 @@ def prompt_bytes(cfg: ModelConfig) -> int:
 
 def tier_needs(cfg: ModelConfig, min_group: int, staged: dict[str, list[int]],
                region_tiers: dict[str, str], kv: str = "f32") -> dict[str, int]:
-    """Bytes app.c's place() takes from each RAM tier: the tensors staged there (``staged[tier]``,
+    """Bytes app_layout.c's app_place() takes from each RAM tier: the tensors staged there (``staged[tier]``,
     each rounded up to 64 bytes), the state regions placed there (``region_tiers[region]``, a tier
     name; multiples of 8) and, with the scratch region, the prompt buffer (last, unrounded)."""
     need = {"psram": 0, "sram": 0}
@@ -78,7 +79,26 @@ def staging_bound(cfg: ModelConfig, min_group: int) -> int:
             total += _up64(shape[0] * 4)
         else:
             total += _up64(shape[0] * row_stride("q8", shape[1], min_group))
-    return total + 2 * _up64(cfg.max_seq_len * cfg.head_dim // 2 * 4) + _up64(8 * cfg.n_out)   # RoPE, head.prune
+    # RoPE, and a head index of at most one tile per head row: its centre rows and head.tiles
+    from .headprune import section_length
+    head_rows = cfg.vocab_size if cfg.tied else cfg.n_out
+    index = _up64(cfg.n_out * row_stride("q8", cfg.dim, min_group)) + _up64(section_length(cfg.n_out, cfg.n_out, head_rows))
+    return total + 2 * _up64(cfg.max_seq_len * cfg.head_dim // 2 * 4) + index
+
+
+def layout_needs(header, default: str = "sram") -> dict[str, int]:
+    """Bytes app.c's place() takes from each RAM tier for the blob ``header``'s own placement, the
+    state regions without a tier of their own going to ``default``."""
+    from .blob import kv_format, unpack_state_tiers
+    cfg = header.config
+    min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
+    regions = {r: (default if t == "default" else t) for r, t in unpack_state_tiers(header.state_tiers).items()}
+    staged: dict[str, list[int]] = {"psram": [], "sram": []}
+    used = (set(cfg.tensor_shapes()) | {"rope.cos", "rope.sin", "head.centroids", "head.tiles"}) - {"ple.table"}   # the table is never staged
+    for e in header.entries:
+        if e.tier in staged and e.name in used:
+            staged[e.tier].append(e.length)
+    return tier_needs(cfg, min_group, staged, regions, kv_format(header.state_tiers))
 
 
 def build_arenas(header, prof: dict) -> tuple[int, int]:
@@ -86,23 +106,15 @@ def build_arenas(header, prof: dict) -> tuple[int, int]:
 
     The native board reserves room for any placement in both its SRAM arena and its stand-in PSRAM,
     so LAYOUT can switch freely; a bare-metal build (``build = "arm-gcc"``, the emulated RP2040)
-    reserves its whole SRAM budget; other boards reserve what the blob's own layout needs (their
-    HAL's hal_tier_arena supplies staging space; a LAYOUT that needs more than there is is refused
-    by the device with the numbers)."""
-    from .blob import kv_format, unpack_state_tiers
+    reserves its whole SRAM budget; other boards reserve what the blob's own layout needs (the
+    PlatformIO boards choose the arena's tier with firmware.platformio.board_arena; a LAYOUT that
+    needs more than there is is refused by the device with the numbers)."""
     cfg = header.config
-    min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
     if prof.get("hal") == "native":
+        min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
         room = state_bytes(cfg, min_group) + prompt_bytes(cfg) + staging_bound(cfg, min_group)
         return room, room
-    default = "sram"
-    regions = {r: (default if t == "default" else t) for r, t in unpack_state_tiers(header.state_tiers).items()}
-    staged: dict[str, list[int]] = {"psram": [], "sram": []}
-    used = (set(cfg.tensor_shapes()) | {"rope.cos", "rope.sin", "head.prune"}) - {"ple.table"}   # the table is never staged
-    for e in header.entries:
-        if e.tier in staged and e.name in used:
-            staged[e.tier].append(e.length)
-    need = tier_needs(cfg, min_group, staged, regions, kv_format(header.state_tiers))
+    need = layout_needs(header)
     if prof.get("build") == "arm-gcc":   # a statically linked arena: reserve the whole SRAM budget,
         sram = prof.get("tiers", {}).get("sram", {})      # so LAYOUT can switch within it
         return max(need["sram"], int(sram.get("budget", 0))), need["psram"]

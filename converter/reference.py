@@ -172,7 +172,7 @@ class PackedMatrix:
 
     def first_rows(self, n: int) -> "PackedMatrix":
         """The matrix of rows [0, n) (a tied head over out_vocab rows)."""
-        return PackedMatrix(self.q.first_rows(n))
+        return PackedMatrix(self.q.take_rows(slice(0, n)))
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: np.float32) -> np.ndarray:
@@ -294,7 +294,7 @@ class Reference:
         else:   # codes and one scale per (layer, position, kv head) row
             self.kc, self.vc = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
             self.ks, self.vs = np.zeros(shape[:3], F), np.zeros(shape[:3], F)
-        self.prune = headprune.records(self.qm.head(), c.n_out)
+        self.index = qm.head_index
 
     def ple_inputs(self, token: int, x: np.ndarray) -> np.ndarray:
         """u [L, P]: each layer's per-layer input, from the embedding row x and the table row."""
@@ -375,9 +375,10 @@ class Reference:
         return self.head.matvec_q(*self.head_input(x))
 
     def argmax(self, x: np.ndarray) -> tuple[int, int]:
-        """The greedy token by the pruned scan, and the head rows it visited."""
+        """The greedy token by the head index's scan (the whole head without one), and the head
+        rows it computed."""
         xq, xs = self.head_input(x)
-        return headprune.scan(self.head.matvec_q(xq, xs), self.prune, xq, xs)
+        return headprune.scan(self.index, self.head.matvec_q(xq, xs), xq, xs)[:2]
 
     def forward(self, token: int, pos: int) -> np.ndarray:
         return self.logits(self.body(token, pos))
@@ -482,13 +483,14 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
     """What the device does for one GENERATE with these ``flags`` (FLAG_*): one record per forward
     step — pos (the cache position), in_id, out_id (NO_TOKEN for a prompt step whose output is
     unused), head_rows, logits (the whole output layer when the step computed it, else None) and
-    logits_crc (their crc32, else 0) — stopping on max tokens, EOS or a full context.
+    logits_crc (their crc32, else 0) — stopping on max tokens, any of the model's stop ids
+    (``qm.stops``) or a full context.
 
     Without FLAG_LOGITS/FLAG_ALL_LOGITS a prompt step whose output is unused skips the head
     (head_rows 0); the last prompt step and the generated ones compute it pruned when greedy,
     whole when sampling."""
     ref, rng = Reference(qm, kv), Rng(seed)
-    eos = qm.tokenizer.eos_id if qm.tokenizer is not None else None
+    stops = set(qm.stops.ids)
     every = bool(flags & (FLAG_LOGITS | FLAG_ALL_LOGITS))
     S = qm.config.max_seq_len
     steps, prompt = [], list(prompt_ids)
@@ -516,7 +518,7 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
             generated += 1
         steps.append(dict(pos=pos, in_id=tok, out_id=out, head_rows=rows, logits=logits,
                           logits_crc=zlib.crc32(logits.tobytes()) if logits is not None else 0))
-        if out == eos:
+        if out in stops:
             break
         tok, pos, step = nxt, pos + 1, step + 1
     return steps

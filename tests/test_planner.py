@@ -19,7 +19,7 @@ from converter.planner import NoFit, PlanError, plan, plan_layout
 from converter.quantize import quantize
 from converter.reference import FLAG_LOGITS, generate
 from host.protocol import Error, Hello, Layout
-from modelzoo import random_model
+from modelzoo import random_model, with_head_index
 from nativeboard import drain, expected_bytes_read, native_link, run
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
@@ -37,10 +37,13 @@ def test_board_profiles_have_the_documented_keys(name):
     for k in REQUIRED:
         assert k in prof, f"{name}: missing {k}"
     assert "flash" in prof["tiers"] and set(prof["tiers"]) <= {"flash", "psram", "sram"}
+    tm = C.tier_models(prof)
     for tier, t in prof["tiers"].items():
-        for k in ("capacity", "budget", "seq_read_MBps", "row_latency_us", "line_bytes"):
+        for k in ("capacity", "budget", "line_bytes"):
             assert k in t, f"{name}: tiers.{tier} lacks {k}"
-        assert 0 < t["budget"] <= t["capacity"] and t["seq_read_MBps"] > 0 and t["row_latency_us"] >= 0
+        # a tier's speed: its bandwidth and row latency, or the cycles one line fill takes (XIP flash)
+        assert ("line_cycles" in t) != ("seq_read_MBps" in t and "row_latency_us" in t), f"{name}: tiers.{tier}"
+        assert 0 < t["budget"] <= t["capacity"] and tm[tier].seq_read_MBps > 0 and tm[tier].row_latency_us >= 0
     if prof["build"] == "platformio":
         assert {"platform", "board", "framework"} <= set(prof["platformio"])
         assert prof["flash"]["method"] and 0 < prof["usb"]["vid"] < 65536 and 0 < prof["usb"]["pid"] < 65536
@@ -77,11 +80,12 @@ configs = st.builds(
 
 @st.composite
 def boards(draw):
-    def tier(lo, hi):
-        return dict(capacity=1 << 30, budget=draw(st.integers(lo, hi)),
-                    seq_read_MBps=draw(st.floats(1, 1000)), row_latency_us=draw(st.floats(0, 3)),
-                    line_bytes=draw(st.sampled_from([4, 8, 32, 64])))
-    tiers = {"flash": tier(1 << 12, 1 << 22), "sram": tier(1 << 10, 1 << 19)}
+    def tier(lo, hi, line_fill=False):
+        t = dict(capacity=1 << 30, budget=draw(st.integers(lo, hi)), line_bytes=draw(st.sampled_from([4, 8, 32, 64])))
+        if line_fill:       # an XIP flash given by the cycles of one line fill
+            return dict(t, line_cycles=draw(st.integers(8, 400)))
+        return dict(t, seq_read_MBps=draw(st.floats(1, 1000)), row_latency_us=draw(st.floats(0, 3)))
+    tiers = {"flash": tier(1 << 12, 1 << 22, draw(st.booleans())), "sram": tier(1 << 10, 1 << 19)}
     if draw(st.booleans()):
         tiers["psram"] = tier(1 << 12, 1 << 22)
     return dict(name="synthetic", clock_mhz=draw(st.integers(50, 500)), fpu=draw(st.booleans()),
@@ -206,19 +210,29 @@ def test_region_sizes_mirror_engine_state(blob_checker, tmp_path, cfg, g, data):
     assert sum(rb.values()) == state_bytes(cfg, min_group)
 
 
-def test_bytes_read_formula_matches_engine_test():
-    """Planner figures for the default layout against tests/test_engine.py's formula."""
-    _, ir = random_model(seed=5)
-    qm = quantize(ir, "q8", 32)
-    spec = ModelSpec.from_header(parse_header(build_blob(qm)))
-    n_out = qm.config.n_out
-    for pos in (0, 3, 47):
-        for head, rows, pruned in (("full", None, False), ("skip", 0, False), (17, 17, True), (None, n_out, True)):
-            p = C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), pos, head=head)
-            flash, psram, sram = expected_bytes_read(qm, pos, rows, pruned)
-            assert p.bytes_read == {"flash": flash, "psram": psram, "sram": sram}, (pos, head)
-    with pytest.raises(ModelError, match="head must be full, skip or a row count"):
-        C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), 0, head=n_out + 1)
+@pytest.mark.parametrize("tied", [True, False])
+def test_bytes_read_formula_matches_engine_test(tied):
+    """Planner figures for the default layout against tests/nativeboard.py's formula, with and
+    without a head index (greedy steps: the tile scan at the calibration's expected rows, or the
+    whole head)."""
+    _, ir = random_model(seed=5, tied=tied)
+    for qm in (quantize(ir, "q8", 32), with_head_index(quantize(ir, "q8", 32), 8)):
+        if qm.head_index is not None:
+            qm.head_index.expected_rows = 41.4      # as the calibration would have measured
+        spec = ModelSpec.from_header(parse_header(build_blob(qm)))
+        n_out = qm.config.n_out
+        cases = [("full", None, False), ("skip", 0, False), (n_out, n_out, True)]
+        cases += [(17, 17, True), (None, 41, True)] if qm.head_index else [(None, n_out, True)]
+        for pos in (0, 3, 47):
+            for head, rows, greedy in cases:
+                p = C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), pos, head=head)
+                flash, psram, sram = expected_bytes_read(qm, pos, rows, greedy)
+                assert p.bytes_read == {"flash": flash, "psram": psram, "sram": sram}, (pos, head)
+        with pytest.raises(ModelError, match="head must be full, skip or the rows of a greedy step"):
+            C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), 0, head=n_out + 1)
+        if qm.head_index is None:
+            with pytest.raises(ModelError, match="no head index"):
+                C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), 0, head=17)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,11 +285,12 @@ def test_ple_seed_shape_fits_esp32s3_n16r8_with_the_table_in_flash():
     # with the embedding pinned to flash, flash gives both gathered rows plus the head's stream
     fl = plan(spec, "esp32s3-n16r8", overrides=["embedding=flash"], head="full")
     assert fl.prediction.bytes_read["flash"] == 448 + 25353 * 52
-    # a greedy step is quoted at the pruned scan's upper bound: every row, each its own gather, + records
+    # a shape has no head index (it needs weights to calibrate): a greedy step computes the whole head
     up = plan(spec, "esp32s3-n16r8")
-    assert up.uses["tok_embeddings"].rows["output"] == 25353 and up.uses["head.prune"].read == {"output": 8 * 25353}
-    assert up.prediction.phase_us["output"] > pl.prediction.phase_us["output"]
-    assert "upper bound" in up.to_dict()["prediction"]["output_layer"]
+    assert spec.head_scan is None and "head.tiles" not in up.uses
+    assert up.uses["tok_embeddings"].read["output"] == 25353 * 52 and up.uses["tok_embeddings"].rows == {"embed": 1}
+    assert up.prediction.phase_us["output"] > pl.prediction.phase_us["output"]      # + its argmax
+    assert "the whole head and its argmax" in up.to_dict()["prediction"]["output_layer"]
     # a prediction for every phase, PLE included, within 3x of the published measurement
     pub = SHAPES["ple-28m"]["published"]
     ph = pl.prediction.phase_us

@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "blob.h"
+#include "kernels.h"
 
 /* Board start-up (clocks, UART, where the blob is); argc/argv only on the native board.
  * Returns 0, or non-zero when the board cannot run at all. */
@@ -27,12 +28,12 @@ const char *hal_board_name(void);
  * state regions placed there from it unless main()'s arena is in that tier (the state's home).
  * Returns the space and its size in *cap, or NULL with *cap = 0 where there is none: then tensors
  * staged in the arena's own tier share main()'s arena. Called once per tier at boot; the memory is
- * the app's from then on. A HAL without staging space need not define it (app.c has a weak
+ * the app's from then on. A HAL without staging space need not define it (app_layout.c has a weak
  * default returning NULL). */
 uint8_t *hal_tier_arena(uint32_t tier, size_t *cap);
 /* out = w's matvec (kernels.h flm_matvec), the engine's every matrix product goes through here: a
  * board may split the rows across its cores (flm_matvec_rows; rows are independent, so any split
  * is bit for bit the same) or use its SIMD unit for the group dots. A HAL need not define it
  * (kernels.c has a weak default running flm_matvec on the calling core). */
-void hal_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out);
+void hal_matvec(const flm_tensor *w, const flm_act *xq, const float *xs, float *out);
 #endif

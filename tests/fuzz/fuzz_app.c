@@ -1,5 +1,5 @@
 /* libFuzzer target: the device's frame receiver and command handling, exactly as the boards run
- * them (firmware/engine/app.c + protocol.c + the engine), on a fake HAL whose serial input is the
+ * them (firmware/engine/app*.c + protocol.c + the engine), on a fake HAL whose serial input is the
  * fuzz input. Built by tests/fuzz/run.py with ASan + UBSan.
  *
  * Input: byte 0 selects the mode, the rest is the host's byte stream.

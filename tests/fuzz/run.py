@@ -5,7 +5,7 @@
     python tests/fuzz/run.py --replay             # every committed seed and regression input once
 
 Targets: ``app`` (tests/fuzz/fuzz_app.c: frame receiver + command handling of firmware/engine/
-app.c, on a fake HAL) and ``blob`` (tests/fuzz/fuzz_blob.c: the blob reader, then the engine on
+app*.c, on a fake HAL) and ``blob`` (tests/fuzz/fuzz_blob.c: the blob reader, then the engine on
 what it accepts); ``app32`` and ``blob32`` are the same built with -m32, so size_t is 32 bits as on
 the boards (length arithmetic that wraps there but not on x86-64 is caught). Inputs: tests/fuzz/corpus/<target>/ (seeds, committed), tests/fuzz/regressions/
 <target>/ (inputs that once crashed, committed), build/fuzz/work/<target>/ (what the fuzzer finds,
@@ -48,7 +48,8 @@ def clang() -> str:
 def blob_path(build: Path = BUILD) -> Path:
     """The model fuzz_app boots (written by make_blob.py, with its siblings)."""
     p = build / "app_q8.flmb"
-    if not p.is_file() or p.stat().st_mtime < (HERE / "make_blob.py").stat().st_mtime:
+    writers = [HERE / "make_blob.py", *sorted((ROOT / "converter").glob("*.py"))]   # a blob of an older writer is stale
+    if not p.is_file() or p.stat().st_mtime < max(w.stat().st_mtime for w in writers):
         subprocess.run([sys.executable, str(HERE / "make_blob.py"), str(build)], check=True,
                        stdout=subprocess.DEVNULL)
     return p
@@ -64,7 +65,7 @@ def build(target: str, build: Path = BUILD) -> Path:
     build.mkdir(parents=True, exist_ok=True)
     srcs = [HERE / f"fuzz_{base(target)}.c"] + sorted(ENGINE.glob("*.c"))
     if base(target) == "blob":      # the reader and the engine only: no app, protocol or HAL
-        srcs = [s for s in srcs if s.name not in ("app.c", "protocol.c")]
+        srcs = [s for s in srcs if not s.name.startswith("app") and s.name != "protocol.c"]
     exe = build / f"fuzz_{target}"
     deps = srcs + sorted(ENGINE.glob("*.h")) + [Path(__file__)]
     if exe.is_file() and exe.stat().st_mtime >= max(p.stat().st_mtime for p in deps):

@@ -1,0 +1,171 @@
+/* What the device sends (ERROR, LOG, HELLO, TOKEN, LOGITS, DONE) and the frames it keeps for
+ * RESEND (docs/formats.md section 2.1). */
+#include "app_state.h"
+#include "hal.h"
+#include <string.h>
+
+#ifndef FLM_TOKEN_RING
+#define FLM_TOKEN_RING 32u               /* TOKEN frames kept for re-sending */
+#endif
+#define FLM_RESEND_MAX 32u               /* steps one RESEND may name */
+enum { GEN_NONE = 0, GEN_RUNNING = 1, GEN_ENDED = 2 };
+
+typedef struct {
+    uint32_t step, pos, in, out, crc;
+    flm_step_stats st;
+} flm_kept_token;
+
+static struct {
+    flm_kept_token ring[FLM_TOKEN_RING];   /* step s lives at ring[s % FLM_TOKEN_RING] */
+    uint32_t generation;                   /* GENERATEs accepted since boot */
+    uint32_t steps;                        /* TOKEN steps the current/last generation sent */
+    uint8_t state;                         /* GEN_* */
+    uint32_t done_steps, done_generated;   /* the DONE of the last generation */
+    uint8_t done_reason;
+    uint64_t done_total, done_phase[FLM_N_PHASES];
+} K;
+
+void app_send_error(uint16_t code, const char *text) {
+    flm_tx_begin(&flm_dev.tx, FLM_ERROR);
+    flm_tx_u16(&flm_dev.tx, code);
+    flm_tx_s16(&flm_dev.tx, text, app_slen(text));
+    flm_tx_end(&flm_dev.tx);
+}
+
+void app_send_log(const char *text) {
+    flm_tx_begin(&flm_dev.tx, FLM_LOG);
+    flm_tx_s16(&flm_dev.tx, text, app_slen(text));
+    flm_tx_end(&flm_dev.tx);
+}
+
+void app_send_hello(void) {
+    static const uint8_t zero[16];
+    const char *board = hal_board_name();
+    flm_tx_begin(&flm_dev.tx, FLM_HELLO);
+    flm_tx_u16(&flm_dev.tx, FLM_PROTO_VERSION);
+    flm_tx_u16(&flm_dev.tx, (uint16_t)((flm_dev.image_ok ? 1u : 0u) | 2u        /* bit1: answers RESEND */
+                                 | (app_text_encoder() ? 4u : 0u)));     /* bit2: encodes text */
+    flm_tx_put(&flm_dev.tx, flm_dev.image_ok ? flm_dev.model.model_hash : zero, 16);
+    flm_tx_u32(&flm_dev.tx, flm_dev.image_ok ? flm_dev.model.layout_id : 0u);
+    flm_tx_u32(&flm_dev.tx, flm_dev.image_ok ? flm_dev.model.vocab : 0u);
+    flm_tx_u32(&flm_dev.tx, flm_dev.image_ok ? flm_dev.model.n_out : 0u);
+    flm_tx_u32(&flm_dev.tx, flm_dev.image_ok ? flm_dev.model.seq_len : 0u);
+    flm_tx_u8(&flm_dev.tx, hal_clock_kind());
+    flm_tx_s8(&flm_dev.tx, FLM_FW_VERSION, app_slen(FLM_FW_VERSION));
+    flm_tx_s8(&flm_dev.tx, board, app_slen(board));
+    flm_tx_end(&flm_dev.tx);
+    if (!flm_dev.image_ok) app_send_error(flm_dev.kernels_ok ? FLM_E_BAD_IMAGE : FLM_E_SELF_CHECK, flm_dev.image_err);
+}
+
+uint16_t app_no_model_code(void) { return flm_dev.kernels_ok ? FLM_E_NO_MODEL : FLM_E_SELF_CHECK; }
+
+void app_report_bad_frames(void) {
+    if (flm_dev.rx.bad_frames != flm_dev.bad_seen) {
+        char t[64];
+        app_fmt2(t, sizeof t, "dropped ", flm_dev.rx.bad_frames - flm_dev.bad_seen, " corrupt frame(s), total ",
+             flm_dev.rx.bad_frames, "");
+        flm_dev.bad_seen = flm_dev.rx.bad_frames;
+        app_send_error(FLM_E_BAD_FRAME, t);
+    }
+}
+
+static void tx_token(const flm_kept_token *k) {
+    flm_tx_begin(&flm_dev.tx, FLM_TOKEN);
+    flm_tx_u32(&flm_dev.tx, k->step);
+    flm_tx_u32(&flm_dev.tx, k->pos);
+    flm_tx_u32(&flm_dev.tx, k->in);
+    flm_tx_u32(&flm_dev.tx, k->out);
+    for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u32(&flm_dev.tx, k->st.us[i]);
+    for (int i = 0; i < FLM_N_TIERS; i++) flm_tx_u32(&flm_dev.tx, k->st.bytes[i]);
+    flm_tx_u32(&flm_dev.tx, k->st.head_rows);
+    flm_tx_u32(&flm_dev.tx, k->crc);
+    uint32_t plen = 0;
+    const uint8_t *piece = k->out == FLM_NONE ? (const uint8_t *)"" : flm_piece(&flm_dev.model, k->out, &plen);
+    flm_tx_s8(&flm_dev.tx, (const char *)piece, plen);
+    flm_tx_end(&flm_dev.tx);
+}
+
+/* Send a TOKEN and keep it in the ring (steps of one generation are sent in order from 0). */
+void app_send_token(uint32_t step, uint32_t pos, uint32_t in, uint32_t out, const flm_step_stats *st,
+                       uint32_t crc) {
+    flm_kept_token *k = &K.ring[step % FLM_TOKEN_RING];
+    k->step = step; k->pos = pos; k->in = in; k->out = out; k->crc = crc; k->st = *st;
+    K.steps = step + 1u;
+    tx_token(k);
+}
+
+static void send_done(void) {
+    flm_tx_begin(&flm_dev.tx, FLM_DONE);
+    flm_tx_u32(&flm_dev.tx, K.done_steps);
+    flm_tx_u32(&flm_dev.tx, K.done_generated);
+    flm_tx_u8(&flm_dev.tx, K.done_reason);
+    flm_tx_u64(&flm_dev.tx, K.done_total);
+    for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u64(&flm_dev.tx, K.done_phase[i]);
+    flm_tx_end(&flm_dev.tx);
+}
+
+/* RESEND payload: u32 generation, u32 n, u32 step[n]; answered with the kept TOKEN frames (and
+ * the DONE for step FLM_NONE) of that generation, then RESENT listing what was not sent. */
+void app_resend(const uint8_t *p, size_t len) {
+    uint32_t n = len >= 8u ? flm_get_u32(p + 4) : 0u;
+    if (len < 8u || n > FLM_RESEND_MAX || len != 8u + 4u * (size_t)n) {
+        app_send_error(FLM_E_BAD_MESSAGE, "RESEND payload has the wrong length (at most 32 steps)");
+        return;
+    }
+    uint32_t gen = flm_get_u32(p), first = K.steps > FLM_TOKEN_RING ? K.steps - FLM_TOKEN_RING : 0u;
+    uint32_t miss[FLM_RESEND_MAX], n_miss = 0;
+    int ours = K.state != GEN_NONE && gen == K.generation;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t s = flm_get_u32(p + 8u + 4u * i);
+        if (ours && s == FLM_NONE && K.state == GEN_ENDED) send_done();
+        else if (ours && s != FLM_NONE && s >= first && s < K.steps) tx_token(&K.ring[s % FLM_TOKEN_RING]);
+        else miss[n_miss++] = s;
+    }
+    flm_tx_begin(&flm_dev.tx, FLM_RESENT);
+    flm_tx_u8(&flm_dev.tx, K.state);
+    flm_tx_u32(&flm_dev.tx, K.generation);
+    flm_tx_u32(&flm_dev.tx, K.steps);
+    flm_tx_u32(&flm_dev.tx, first);
+    flm_tx_u32(&flm_dev.tx, n_miss);
+    for (uint32_t i = 0; i < n_miss; i++) flm_tx_u32(&flm_dev.tx, miss[i]);
+    flm_tx_end(&flm_dev.tx);
+}
+
+void app_send_logits(uint32_t step, const float *logits) {
+    flm_tx_begin(&flm_dev.tx, FLM_LOGITS);
+    flm_tx_u32(&flm_dev.tx, step);
+    for (uint32_t i = 0; i < flm_dev.model.n_out; i++) flm_tx_f32(&flm_dev.tx, logits[i]);
+    flm_tx_end(&flm_dev.tx);
+}
+
+/* Between steps: answer PING and RESEND, refuse a second GENERATE, honour STOP. Returns 1 on STOP. */
+int app_stop_requested(void) {
+    int stop = 0, got;
+    while ((got = app_poll_frame())) {
+        if (got == 2) flm_dev.rx.bad_frames++;    /* a text line while a host generates: line noise */
+        else if (flm_dev.rx.type == FLM_STOP) stop = 1;
+        else if (flm_dev.rx.type == FLM_PING) app_send_hello();
+        else if (flm_dev.rx.type == FLM_RESEND) app_resend(flm_dev.rx.payload, flm_dev.rx.len);
+        else app_send_error(FLM_E_BUSY, "busy generating; send STOP first");
+    }
+    app_report_bad_frames();
+    return stop;
+}
+
+void app_ring_reset(void) { memset(&K, 0, sizeof K); }
+
+void app_ring_begin(void) {
+    K.generation++;
+    K.state = GEN_RUNNING;
+    K.steps = 0;
+}
+
+void app_ring_end(uint32_t steps, uint32_t generated, uint8_t reason, uint64_t total_us, const uint64_t phase_us[FLM_N_PHASES]) {
+    K.done_steps = steps;
+    K.done_generated = generated;
+    K.done_reason = reason;
+    K.done_total = total_us;
+    for (int i = 0; i < FLM_N_PHASES; i++) K.done_phase[i] = phase_us[i];
+    K.state = GEN_ENDED;
+    send_done();
+}

@@ -1,0 +1,88 @@
+/* What the files of the device app share (app.c: boot and the command loop; app_frames.c: frames
+ * and the RESEND ring; app_generate.c: GENERATE; app_console.c: received bytes, text prompts and
+ * the console; app_layout.c: placement; app_text.c: message text): the app's state and the
+ * functions each file offers the others. Not part of the engine's interface (app.h is). */
+#ifndef FLM_APP_STATE_H
+#define FLM_APP_STATE_H
+#include "engine.h"
+#include "protocol.h"
+#include "tokenize.h"
+#include <stddef.h>
+#include <stdint.h>
+
+#ifndef FLM_FW_VERSION
+#define FLM_FW_VERSION "0.1.0"
+#endif
+#ifndef FLM_RX_CAP
+#define FLM_RX_CAP 8192
+#endif
+/* at least room for a full RESEND (8 + 4 * FLM_RESEND_MAX bytes of payload, framed) */
+#define FLM_RXBUF_BYTES (FLM_RX_CAP > 192 ? FLM_RX_CAP : 192)
+
+#ifndef FLM_MAX_ENTRIES
+/* tensor-table entries a LAYOUT may address: at most 13 outside the layers (tokenizer, tokenizer.stop,
+ * tokenizer.enc, rope.cos, rope.sin, tok_embeddings, ple.table, ple.proj, ple.norm, norm, output,
+ * head.centroids, head.tiles) */
+#define FLM_MAX_ENTRIES (13 + 12 * FLM_MAX_LAYERS)
+#endif
+
+typedef struct { uint8_t *base; size_t cap, used; } flm_pool;
+
+typedef struct {
+    flm_model model;
+    flm_state state;
+    uint32_t *prompt;
+    flm_pool pool[FLM_N_TIERS];    /* [0]: main()'s arena; [psram], [sram]: the HAL's staging space */
+    uint32_t arena_tier;           /* tier of the arena main() gave: the state's default home */
+    uint8_t tiers[FLM_MAX_ENTRIES];   /* the placement in effect, one tier per table entry */
+    uint32_t state_tiers;
+    uint32_t staged[FLM_N_TIERS];  /* bytes of tensors copied into each tier */
+    int image_ok;
+    int kernels_ok;                /* the boot self-check passed (flm_kernels_self_check) */
+    char image_err[120];
+    flm_tx tx;
+    flm_rx rx;
+    uint32_t bad_seen;
+} flm_app;
+
+extern flm_app flm_dev;
+extern uint8_t flm_rxbuf[FLM_RXBUF_BYTES];
+
+/* app_text.c: message text without a C library's printf */
+size_t app_slen(const char *s);
+void app_scopy(char *dst, size_t cap, const char *src);
+void app_put_dec(char *buf, size_t *i, size_t cap, uint32_t v);   /* buf[*i..] += decimal(v) */
+void app_put_str(char *buf, size_t *i, size_t cap, const char *s);
+size_t app_fmt2(char *buf, size_t cap, const char *a, uint32_t x, const char *b, uint32_t y, const char *c);
+
+/* app_frames.c: what the device sends, and the ring of kept TOKEN frames (docs/formats.md 2.1) */
+void app_send_error(uint16_t code, const char *text);
+void app_send_log(const char *text);
+void app_send_hello(void);
+uint16_t app_no_model_code(void);      /* why a request needing the model is refused while !flm_dev.image_ok */
+void app_report_bad_frames(void);
+void app_resend(const uint8_t *p, size_t len);
+void app_ring_reset(void);             /* at boot: no generation yet */
+void app_ring_begin(void);             /* a GENERATE was accepted: a new generation, the ring starts empty */
+/* Send a TOKEN and keep it in the ring (steps of one generation are sent in order from 0). */
+void app_send_token(uint32_t step, uint32_t pos, uint32_t in, uint32_t out, const flm_step_stats *st, uint32_t crc);
+void app_send_logits(uint32_t step, const float *logits);
+/* The generation ended: keep its DONE and send it. */
+void app_ring_end(uint32_t steps, uint32_t generated, uint8_t reason, uint64_t total_us, const uint64_t phase_us[FLM_N_PHASES]);
+int app_stop_requested(void);          /* between steps: answer PING and RESEND, honour STOP (returns 1) */
+
+/* app_generate.c */
+void app_generate(const uint8_t *p, size_t len);
+
+/* app_console.c: received bytes become frames or console lines; text prompts */
+int app_poll_frame(void);              /* 1: a frame in flm_dev.rx, 2: a console line, 0: nothing yet */
+const flm_tokenizer *app_text_encoder(void);
+void app_generate_text(void);
+void app_text_session(void);
+void app_report_console(void);
+
+/* app_layout.c */
+int app_place(const uint8_t *tiers, uint32_t state_tiers, char *err, size_t en);
+void app_log_layout(const char *what);
+void app_set_layout(const uint8_t *p, size_t len);
+#endif
