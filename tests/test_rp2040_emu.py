@@ -108,13 +108,13 @@ def test_head_index_tile_scan_bit_exact_on_the_emulated_rp2040(case, tmp_path, b
     the reference), whole-head steps go through the row map into token order (the same logits),
     and the harness counts exactly the centre rows, records, rows and map entries the engine does."""
     if case == "q4-untied":
-        _, ir = random_model(seed=23, dim=64, n_heads=4, n_kv_heads=4, hidden_dim=96, tied=False, vocab_size=120)
+        _, ir = random_model(seed=23, dim=128, n_heads=4, n_kv_heads=4, hidden_dim=128, tied=False, vocab_size=120)
         qm = quantize(spread_head(ir, span=6.0), "q4", 32, ["output=q4:32"])
     else:
-        ir = random_ple_model(seed=24, dim=32, n_heads=2, n_kv_heads=2, hidden_dim=40, vocab_size=40, ple_dim=8,
+        ir = random_ple_model(seed=24, dim=32, n_heads=2, n_kv_heads=2, hidden_dim=64, vocab_size=40, ple_dim=32,
                               out_vocab=33, max_seq_len=40)
-        qm = quantize(spread_head(ir, span=6.0), "q8", 16)
-    with_head_index(qm, 4)
+        qm = quantize(spread_head(ir, span=6.0), "q8", 8)
+    with_head_index(qm, 4)    # (shapes of 4k groups: row-scaled rows without padding after the multipliers)
     assert padding_per_step(qm) == 0
     prompt = [1, 39, 3]
     with emu_link(qm, tmp_path, build_root) as (link, boot, board):
