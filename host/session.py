@@ -186,6 +186,30 @@ class Session(Collector, Recovery):
                 self.logs.append(m.text)
         raise LinkTimeout(f"{self.name} did not answer LAYOUT within {timeout:g} s")
 
+    # -- golden check ----------------------------------------------------------------------
+    def selftest(self, timeout: float | None = None):
+        """SELFTEST: the board runs every step of its image's golden check (docs/formats.md 1.3) and
+        answers a LOG, then HELLO with the result; returns that Hello. ERROR raises DeviceError,
+        silence LinkTimeout."""
+        timeout = self.frame_timeout if timeout is None else timeout
+        self._send(P.SelfTest())
+        deadline, logged = time.monotonic() + timeout, False
+        while (left := deadline - time.monotonic()) > 0:
+            fr = self._recv(left)
+            if fr is None:
+                break
+            m = fr.msg
+            if isinstance(m, P.Log):
+                self.logs.append(m.text)
+                logged = logged or "golden" in m.text   # the check's own LOG: its HELLO comes next
+            elif isinstance(m, P.Hello) and logged:    # (a HELLO before it answered an earlier PING)
+                self.hello = m
+                return m
+            elif isinstance(m, P.Error):
+                raise DeviceError(f"{self.hello.board if self.hello else self.name} refused SELFTEST: "
+                                  f"{_error_text(m)}", m)
+        raise LinkTimeout(f"{self.name} did not finish SELFTEST within {timeout:g} s")
+
     # -- generation ------------------------------------------------------------------------
     def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_p: float = 0.0,
                  seed: int = 0, on_token: Callable | None = None, send_logits: bool = False,
