@@ -151,3 +151,20 @@ def test_linked_with_the_scripts_wraps_the_engine_calls_the_soft_float(projects,
     ours = link(env.d["LINKFLAGS"][0], "ours.elf")
     assert not [s for t, s in ours if s.startswith("__wrap___aeabi_f")]
     assert {"__aeabi_fadd", "__aeabi_fmul", "__aeabi_fdiv", "flm_group_term"} <= {s for t, s in ours if t == "T"}
+
+
+def test_libgcc_soft_fp_is_ieee_exact_but_for_nan_to_int(tmp_path):
+    """Evidence for the ESP32-C3 (rv32imc, no FPU: its float operations are libgcc's soft-fp, which
+    ESP-IDF takes from the chip's ROM): GCC's soft-fp built for the Cortex-M0+, run on the emulated
+    RP2040 against the host's IEEE arithmetic over the same operands as flashlm's soft-float (add,
+    sub, mul, div, compares, int-to-float, float-to-int; subnormals, ties, overflow, infinities).
+    It rounds to nearest even and keeps subnormals; only a NaN converted to an integer differs
+    (INT_MAX, not 0), which the engine never does: it converts values it has clamped."""
+    import bench.kernels as K
+    from emuboard import require_emulator
+    require_emulator()
+    with K.Probe(K.build_probe(tmp_path, "libgcc"), tmp_path) as p:
+        bad = K.check_float(p, per_mode=20000)
+    operands = [int(line.split("(")[1].split(",")[0], 16) for line in bad]
+    assert bad and all(line.startswith("f2iz(") for line in bad), bad[:5]
+    assert all(((a << 1) & 0xFFFFFFFF) > 0xFF000000 for a in operands), bad[:5]
