@@ -81,28 +81,35 @@ def staging_bound(cfg: ModelConfig, min_group: int) -> int:
     return total + 2 * _up64(cfg.max_seq_len * cfg.head_dim // 2 * 4) + _up64(8 * cfg.n_out)   # RoPE, head.prune
 
 
-def build_arenas(header, prof: dict) -> tuple[int, int]:
-    """(FLM_ARENA_BYTES, FLM_PSRAM_ARENA_BYTES) for a build of ``prof`` running the blob ``header``.
-
-    The native board reserves room for any placement in both its SRAM arena and its stand-in PSRAM,
-    so LAYOUT can switch freely; a bare-metal build (``build = "arm-gcc"``, the emulated RP2040)
-    reserves its whole SRAM budget; other boards reserve what the blob's own layout needs (their
-    HAL's hal_tier_arena supplies staging space; a LAYOUT that needs more than there is is refused
-    by the device with the numbers)."""
+def layout_needs(header, default: str = "sram") -> dict[str, int]:
+    """Bytes app.c's place() takes from each RAM tier for the blob ``header``'s own placement, the
+    state regions without a tier of their own going to ``default``."""
     from .blob import kv_format, unpack_state_tiers
     cfg = header.config
     min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
-    if prof.get("hal") == "native":
-        room = state_bytes(cfg, min_group) + prompt_bytes(cfg) + staging_bound(cfg, min_group)
-        return room, room
-    default = "sram"
     regions = {r: (default if t == "default" else t) for r, t in unpack_state_tiers(header.state_tiers).items()}
     staged: dict[str, list[int]] = {"psram": [], "sram": []}
     used = (set(cfg.tensor_shapes()) | {"rope.cos", "rope.sin", "head.prune"}) - {"ple.table"}   # the table is never staged
     for e in header.entries:
         if e.tier in staged and e.name in used:
             staged[e.tier].append(e.length)
-    need = tier_needs(cfg, min_group, staged, regions, kv_format(header.state_tiers))
+    return tier_needs(cfg, min_group, staged, regions, kv_format(header.state_tiers))
+
+
+def build_arenas(header, prof: dict) -> tuple[int, int]:
+    """(FLM_ARENA_BYTES, FLM_PSRAM_ARENA_BYTES) for a build of ``prof`` running the blob ``header``.
+
+    The native board reserves room for any placement in both its SRAM arena and its stand-in PSRAM,
+    so LAYOUT can switch freely; a bare-metal build (``build = "arm-gcc"``, the emulated RP2040)
+    reserves its whole SRAM budget; other boards reserve what the blob's own layout needs (the
+    PlatformIO boards choose the arena's tier with firmware.platformio.board_arena; a LAYOUT that
+    needs more than there is is refused by the device with the numbers)."""
+    cfg = header.config
+    if prof.get("hal") == "native":
+        min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
+        room = state_bytes(cfg, min_group) + prompt_bytes(cfg) + staging_bound(cfg, min_group)
+        return room, room
+    need = layout_needs(header)
     if prof.get("build") == "arm-gcc":   # a statically linked arena: reserve the whole SRAM budget,
         sram = prof.get("tiers", {}).get("sram", {})      # so LAYOUT can switch within it
         return max(need["sram"], int(sram.get("budget", 0))), need["psram"]

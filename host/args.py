@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+from pathlib import Path
 
 
 class Parser(argparse.ArgumentParser):
@@ -55,6 +57,44 @@ def seconds(s: str) -> float:
     if v <= 0:
         raise argparse.ArgumentTypeError(f"{s} must be more than 0 seconds")
     return v
+
+
+def _check_writable(s: str, folder: Path) -> None:
+    """Refuse the output s unless the existing directory ``folder`` takes new files. Tried, not
+    guessed from permission bits: root passes those, and /proc or a read-only mount still refuse."""
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {s}: {folder} is not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write {s}: folder {folder}: {e.strerror or e}") from None
+
+
+def output_file(s: str) -> Path:
+    """A file flashlm will write (--json, --csv, --png): its folder must exist and take files, so a
+    mistake is caught before any work, and no folder is created that the user did not ask for."""
+    p = Path(s)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{s} is a directory; give a file name")
+    if not parent.exists():
+        raise argparse.ArgumentTypeError(f"cannot write {s}: folder {parent} does not exist")
+    _check_writable(s, parent)
+    return p
+
+
+def output_dir(s: str) -> Path:
+    """A folder flashlm will create or fill (-o): a file there, or an ancestor that takes no new
+    folders, is refused before any work."""
+    p = Path(s)
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{s} is a file; give a folder")
+    base = p
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    _check_writable(s, base)
+    return p
 
 
 def add_generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from .cmd_build import ensure_native_binary
 from .cmd_convert import convert
-from .cmd_run import emulated_board, emulated_boards, run
+from .cmd_run import check_virtual_board, run
 from .errors import UserError
 from .model_dir import load_manifest
 
@@ -14,9 +14,7 @@ DEFAULT_MODEL = REPO_ROOT / "models" / "default" / "model.pt"
 
 
 def cmd_demo(args, console) -> int:
-    if args.board != "native" and not emulated_board(args.board):
-        raise UserError(f"the demo runs on a virtual board (native, {', '.join(emulated_boards())}); "
-                        f"for {args.board}, use build + run --port")
+    check_virtual_board(args.board)
     model = DEFAULT_MODEL
     if not model.is_file():
         raise UserError(f"the default model {model} is not there (make it with "

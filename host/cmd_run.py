@@ -48,11 +48,7 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
         ids, tok = text_prompt(prompt, prompt_ids, model_dir, manifest)
     else:
         ids, tok = encode_prompt(argparse.Namespace(prompt=prompt, prompt_ids=prompt_ids), model_dir, manifest)
-    emulated = emulated_board(board)
-    if board is not None and board != "native" and not emulated:
-        raise UserError(f"--board {board}: flashlm can only start the virtual boards (native, "
-                        f"{', '.join(emulated_boards())}); flash a real board with 'flashlm build --board {board}' "
-                        f"and pass --port")
+    emulated = check_virtual_board(board) if board is not None else None
 
     prompt_text, piece_of = "", None
     if tok is not None:
@@ -196,6 +192,26 @@ def emulated_boards() -> list[str]:
     return [b for b in board_names() if emulated_board(b)]
 
 
+def check_virtual_board(board: str) -> str | None:
+    """Refuse, before any work, a board flashlm cannot start here: an unknown name, a real board
+    (flash it and use --port) or an emulator that is not installed. Returns its emulator or None
+    (native)."""
+    if board == "native":
+        return None
+    from converter.boards import load_board
+    load_board(board)                  # unknown: a one-line error listing the known boards
+    emulated = emulated_board(board)
+    if not emulated:
+        raise UserError(f"--board {board} is a real board: flashlm starts only the virtual ones (native, "
+                        f"{', '.join(emulated_boards())}); flash it ('flashlm build --board {board}', "
+                        f"'flashlm flash') and pass --port")
+    from .virtual import emulator_missing
+    why = emulator_missing()
+    if why:
+        raise UserError(f"--board {board}: {why}")
+    return emulated
+
+
 def cmd_run(args, console) -> int:
     if args.prompt is None and args.prompt_ids is None:
         raise UserError("give a prompt: --prompt TEXT or --prompt-ids 1,2,3")
@@ -211,9 +227,7 @@ def cmd_run(args, console) -> int:
 
 def cmd_serve(args, console) -> int:
     import time
-    emulated = emulated_board(args.board)
-    if args.board != "native" and not emulated:
-        raise UserError(f"--board {args.board} is not a virtual board (native, {', '.join(emulated_boards())})")
+    emulated = check_virtual_board(args.board)
     model_dir, manifest = load_manifest(args.model)
     image = ensure_native_binary(console, model_dir, manifest, board=args.board)
     blob = model_dir / manifest["blob"]

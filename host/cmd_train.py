@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 from .args import Parser
-from .console import step
 
 
 def cmd_eval(args, console) -> int:
@@ -14,8 +13,14 @@ def cmd_eval(args, console) -> int:
     from rich.table import Table
 
     from .report import atomic_write_bytes
-    rep = evaluate(args.model, targets=args.targets or None, group_size=args.group_size, text=args.text,
-                   progress=lambda what: step(console, f"scoring {what}"))
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("predictions"),
+                  TimeRemainingColumn(), console=console) as bar:
+        def progress(what: str, total: int):
+            task = bar.add_task(f"scoring {what}", total=total)
+            return lambda done: bar.update(task, completed=done)
+        rep = evaluate(args.model, targets=args.targets or None, group_size=args.group_size, text=args.text,
+                       progress=progress)
     split = rep["param_split"]
     console.print(f"{rep['checkpoint']}: {rep['n_params']:,} parameters"
                   + (f" (PLE table {split['table']:,}, core {split['core']:,})" if split["table"] else ""),

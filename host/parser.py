@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .args import Parser, add_generation_args, nonneg_int, positive_int, seconds
+from .args import Parser, add_generation_args, nonneg_int, output_dir, output_file, positive_int, seconds
 from .cmd_build import cmd_build, cmd_flash
 from .cmd_convert import cmd_convert
 from .cmd_demo import cmd_demo
@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("convert", help="checkpoint -> quantized flash image + manifest")
     c.add_argument("checkpoint", metavar="CHECKPOINT")
     c.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json or llama2.c tokenizer.bin")
-    c.add_argument("-o", "--output", metavar="OUTDIR", default="out/model")
+    c.add_argument("-o", "--output", metavar="OUTDIR", type=output_dir, default="out/model")
     c.add_argument("--format", choices=("q8", "q4"), default="q8")
     c.add_argument("--group-size", type=positive_int, default=32, metavar="N")
     c.add_argument("--quant", action="append", default=[], metavar="PATTERN=FMT[:G]",
@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="render and build the firmware for a board")
     b.add_argument("--board", default="native")
     b.add_argument("--model", metavar="OUTDIR", help="model directory the firmware is sized for")
-    b.add_argument("-o", "--output", metavar="BUILDDIR")
+    b.add_argument("-o", "--output", metavar="BUILDDIR", type=output_dir,
+                   help="where to build (default: OUTDIR/build/BOARD)")
     b.set_defaults(func=cmd_build)
 
     r = sub.add_parser("run", help="generate on a board and show per-token timing")
@@ -43,9 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--port", metavar="PATH", help="serial port of a flashed board")
     r.add_argument("--model", metavar="OUTDIR", required=True)
     add_generation_args(r, max_tokens=32)
-    r.add_argument("--json", metavar="FILE")
-    r.add_argument("--csv", metavar="FILE")
-    r.add_argument("--png", metavar="FILE")
+    r.add_argument("--json", metavar="FILE", type=output_file)
+    r.add_argument("--csv", metavar="FILE", type=output_file)
+    r.add_argument("--png", metavar="FILE", type=output_file)
     r.add_argument("--encode-on", choices=("host", "device"), default="host",
                    help="who turns --prompt into token ids: the host (default) or the board (its image's "
                         "device tokenizer; the same ids)")
@@ -71,9 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_commands(sub)
 
     sv = sub.add_parser("serve", help="start a virtual board (native, rp2040-emu) and print its port")
-    sv.add_argument("--board", default="rp2040-emu")
+    sv.add_argument("--board", default="native", help="native (default) or rp2040-emu (needs 'make emu-deps')")
     sv.add_argument("--model", metavar="OUTDIR", required=True)
-    sv.add_argument("--counts", metavar="FILE", help="rp2040-emu: write the harness's per-step read counts here")
+    sv.add_argument("--counts", metavar="FILE", type=output_file, help="rp2040-emu: write the harness's per-step read counts here")
     sv.add_argument("--timeout", type=seconds, default=10.0, metavar="S")
     sv.set_defaults(func=cmd_serve)
 
@@ -87,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--board", default="native")
     d.add_argument("--prompt", default=DEFAULT_PROMPT)
     d.add_argument("--max-tokens", type=positive_int, default=48, metavar="N")
-    d.add_argument("-o", "--output", default="out/demo", metavar="OUTDIR")
+    d.add_argument("-o", "--output", default="out/demo", metavar="OUTDIR", type=output_dir)
     d.add_argument("--timeout", type=seconds, default=10.0, metavar="S")
     d.set_defaults(func=cmd_demo)
 
@@ -99,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--text", metavar="FILE", help="held-out text (default: eval.txt beside the checkpoint)")
     e.add_argument("--group-size", type=positive_int, default=32, metavar="N",
                    help="quantization group size (default %(default)s, as convert)")
-    e.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    e.add_argument("--json", metavar="FILE", type=output_file, help="also write the results as JSON")
     e.set_defaults(func=cmd_eval)
 
     t = sub.add_parser("train", help="train a small model (options: flashlm train --help)", add_help=False)

@@ -14,7 +14,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from .args import add_generation_args, nonneg_int, positive_int
+from .args import add_generation_args, nonneg_int, output_file, positive_int
 from .errors import UserError
 from .model_dir import load_manifest
 
@@ -168,10 +168,12 @@ def memory_map_png(plan, path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, MultipleLocator
 
     tiers = [t for t in ("flash", "psram", "sram") if t in plan.budget]
-    fig, axes = plt.subplots(len(tiers), 1, figsize=(11, 1.3 + 1.25 * len(tiers)), squeeze=False)
+    fig, axes = plt.subplots(len(tiers), 1, figsize=(11, 1.9 + 1.35 * len(tiers)), squeeze=False)
     sizes = _state_sizes(plan)
+    present = set()
     for ax, tier in zip(axes[:, 0], tiers):
         x = 0.0
         segs = []
@@ -186,6 +188,7 @@ def memory_map_png(plan, path) -> Path:
                 if rt == tier:
                     segs.append((r, r, sizes[r], False))
         for name, kind, n, pale in segs:
+            present.add(kind if kind in KIND_COLORS else "other")
             ax.barh(0, n, left=x, height=0.6, color=KIND_COLORS.get(kind, "#999999"),
                     alpha=0.25 if pale else 0.95, edgecolor="white", linewidth=0.3)
             x += n
@@ -198,16 +201,19 @@ def memory_map_png(plan, path) -> Path:
         ax.set_ylabel(tier, rotation=0, ha="right", va="center")
         ax.set_title(f"{tier}: {_mb(x)} of {_mb(bud)} budget"
                      + (" (pale: staged copies read from RAM)" if tier == "flash" else ""), fontsize=9, loc="left")
-        ax.ticklabel_format(axis="x", style="plain")
-    kinds = sorted({k for k in KIND_COLORS if k != "other"})
-    fig.legend(handles=[Patch(color=KIND_COLORS[k], label=k) for k in kinds], loc="lower center",
-               ncol=len(kinds), fontsize=8, frameon=False)
+        span = max(bud, x) * 1.02          # ticks a power of two bytes apart, at most eight
+        ax.xaxis.set_major_locator(MultipleLocator(1 << max(0, int(span / 8 - 1).bit_length())))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _mb(v) if v else "0"))
+    axes[-1, 0].set_xlabel("bytes placed in the tier (the dashed line: its budget)")
+    kinds = [k for k in KIND_COLORS if k in present]
+    ncol = min(len(kinds), 7)
+    fig.legend(handles=[Patch(color=KIND_COLORS[k], label=k.replace("_", " ")) for k in kinds], loc="lower center",
+               ncol=ncol, fontsize=8, frameon=False)
     p = plan.prediction
     fig.suptitle(f"{plan.board}: layout {plan.layout_id}, predicted {p.tok_s:.2f} tok/s at position {plan.pos} "
                  f"(prediction)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    fig.tight_layout(rect=(0, 0.04 + 0.035 * -(-len(kinds) // ncol), 1, 0.95))
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
@@ -218,40 +224,53 @@ def _state_sizes(plan) -> dict:
     return state_sizes(plan.spec, plan.kv)
 
 
-def compare_png(entries, path) -> Path:
-    """Stacked per-phase µs per token, one group per (board, layout): predicted, and measured when
-    there is one. ``entries``: list of dict(label, predicted: {phase: µs}, measured: {phase: µs}|None)."""
+def compare_png(entries, path, key: dict | None = None) -> Path:
+    """Stacked per-phase ms per token, one group per (board, layout): predicted (hatched), and
+    measured (solid) when there is one. ``entries``: list of dict(label, predicted: {phase: µs},
+    measured: {phase: µs}|None); ``key``: short layout name -> the layout it stands for, printed
+    under the bars."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     from .report import PHASE_COLORS
     phases = list(PHASE_LABEL)
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(entries) + 2), 4.8))
-    xs, labels = [], []
+    measured_any = any(e.get("measured") is not None for e in entries)
+    fig, ax = plt.subplots(figsize=(max(7.5, 1.7 * len(entries) * (2 if measured_any else 1) + 3.5), 5.2))
+    xs, labels, top, used = [], [], 0.0, set()
     for i, e in enumerate(entries):
         bars = [("predicted", e["predicted"], "//")]
         if e.get("measured") is not None:
             bars.append(("measured", e["measured"], None))
         for j, (kind, vals, hatch) in enumerate(bars):
-            x = i * 3 + j
+            x = i * (3 if measured_any else 1.3) + j
             bottom = 0.0
             for ph in phases:
                 v = float(vals.get(ph, 0.0)) / 1000.0
-                ax.bar(x, v, bottom=bottom, color=PHASE_COLORS[ph], hatch=hatch, edgecolor="white",
-                       label=PHASE_LABEL[ph] if (i == 0 and j == 0) else None)
+                if v > 0:
+                    used.add(ph)
+                ax.bar(x, v, bottom=bottom, color=PHASE_COLORS[ph], hatch=hatch, edgecolor="white")
                 bottom += v
+            top = max(top, bottom)
             xs.append(x)
-            labels.append(f"{e['label']}\n{kind}")
+            labels.append(f"{e['label']}\n{kind}" if measured_any else e["label"])
     ax.set_xticks(xs)
-    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylim(0, (top or 1.0) * 1.08)      # the tallest bar whole
     ax.set_ylabel("ms per token")
-    ax.legend(fontsize=8)
-    ax.set_title("layouts side by side: predicted (hatched, from board profiles) and measured (device clock)",
-                 fontsize=9)
-    fig.tight_layout()
+    handles = [Patch(color=PHASE_COLORS[ph], label=PHASE_LABEL[ph]) for ph in phases if ph in used]
+    handles.append(Patch(facecolor="white", edgecolor="0.3", hatch="//", label="predicted (board profile)"))
+    if measured_any:
+        handles.append(Patch(facecolor="0.5", label="measured (device clock)"))
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title("layouts side by side: " + ("predicted and measured" if measured_any else
+                                             "predicted from the board profiles (nothing measured)"), fontsize=10)
+    if key:
+        fig.text(0.01, 0.01, "   ".join(f"{k} = {v}" for k, v in key.items()), fontsize=8, ha="left", va="bottom",
+                 wrap=True)
+    fig.tight_layout(rect=(0, 0.06 if key else 0, 1, 1))
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
@@ -312,10 +331,9 @@ def cmd_plan(args, console) -> int:
     pl = _plan_or_explain(console, spec, args.board, overrides=places, base=base, kv=args.kv, pos=args.pos,
                           line=args.line)
     print_plan(console, pl, collapse=not args.all)
-    png = Path(args.png) if args.png else (
-        (info["model_dir"] if info["kind"] == "dir" else Path("out")) / f"plan-{pl.board}.png")
-    memory_map_png(pl, png)
-    console.print(f"[green]wrote[/] memory map {png}")
+    if args.png:
+        memory_map_png(pl, args.png)
+        console.print(f"[green]wrote[/] memory map {args.png}")
     if args.json:
         from .report import atomic_write_bytes
         atomic_write_bytes(args.json, (json.dumps(pl.to_dict(), indent=1) + "\n").encode())
@@ -401,11 +419,9 @@ def cmd_compare(args, console) -> int:
             entries.append(dict(label=f"{boards[0]}\n{names[lay]}",
                                 predicted=r["predicted"] if ok else dict(pl.prediction.phase_us),
                                 measured=r["measured"] if ok else None))
-    if entries:
-        png = Path(args.png) if args.png else (
-            (info["model_dir"] if info["kind"] == "dir" else Path("out")) / "compare.png")
-        compare_png(entries, png)
-        console.print(f"[green]wrote[/] {png}")
+    if entries and args.png:
+        compare_png(entries, args.png, key={short: lay for lay, short in names.items()})
+        console.print(f"[green]wrote[/] {args.png}")
     if args.json:
         from .report import atomic_write_bytes
         out = {"layouts": names, "predicted": {f"{b}/{lay}": pl.to_dict() for (b, lay), pl in plans.items()},
@@ -466,7 +482,7 @@ def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict
     from contextlib import ExitStack
 
     from .cmd_build import ensure_native_binary
-    from .cmd_run import emulated_board
+    from .cmd_run import check_virtual_board
     from .protocol import Link
     from .session import Session, open_port
     if info["kind"] != "dir":
@@ -487,9 +503,7 @@ def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict
     todo = {lay: plans[(board, lay)] for lay in layouts if (board, lay) in plans}
     with ExitStack() as stack:
         if args.port is None:
-            emulated = emulated_board(board)
-            if board != "native" and not emulated:
-                raise UserError(f"--run on {board}: flash it and pass --port (only virtual boards start here)")
+            emulated = check_virtual_board(board)   # a real board: flash it and pass --port
             binary = ensure_native_binary(console, model_dir, manifest, board=board)
             blob = model_dir / manifest["blob"]
             if emulated:
@@ -547,8 +561,9 @@ def add_commands(sub) -> None:
         p.add_argument("--quant", action="append", default=[], metavar="PATTERN=FMT[:G]")
         p.add_argument("--scales", choices=("f32", "f16"), default="f32", help="for a checkpoint: scale precision")
         p.add_argument("--tokenizer", metavar="PATH")
-        p.add_argument("--png", metavar="FILE")
-        p.add_argument("--json", metavar="FILE")
+        p.add_argument("--png", metavar="FILE", type=output_file, help="write a PNG (plan: the memory map; compare: "
+                       "the layouts side by side)")
+        p.add_argument("--json", metavar="FILE", type=output_file)
 
     p = sub.add_parser("plan", help="place a model's tensors on a board's memory tiers; predict per-token cost")
     model_opts(p)
