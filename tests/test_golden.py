@@ -147,6 +147,28 @@ def test_native_board_reports_the_first_step_of_a_wrong_golden(fault, tmp_path):
         assert done.reason == "max_tokens"
 
 
+def test_a_build_without_the_boot_check_says_not_run_until_selftest(tmp_path):
+    qm = MODELS["q8-tied"]()
+    blob = tmp_path / "model.flmb"
+    blob.write_bytes(build_blob(qm))
+    fw = build_firmware("native", tmp_path / "fw", blob)
+    cfg = fw.project_dir / "flm_config.h"
+    cfg.write_text(cfg.read_text() + "#define FLM_GOLDEN_AT_BOOT 0\n")
+    subprocess.run(["make", "-s", "-B", "-C", str(fw.project_dir)], check=True, capture_output=True)
+    with start_native_board(fw.binary, blob) as b:
+        port = serial.Serial(b.port, 115200, timeout=0.05)
+        try:
+            link = Link(port)
+            link.send(Ping())
+            h0 = recv_until(link, lambda m: isinstance(m, Hello))[-1]
+            h, _ = hello_after(link, SelfTest())
+        finally:
+            port.close()
+    assert (h0.golden, h0.golden_checked, h0.golden_total) == ("not_run", 0, golden.STEPS)
+    assert h0.bit_exact.startswith("not checked yet") and "--selftest" in h0.bit_exact
+    assert (h.golden, h.golden_checked) == ("exact", golden.STEPS)
+
+
 def first_differing_step(link, qm, prompt, kv="f32") -> int | None:
     """Run the golden prompt with ALL_LOGITS on a board: the first step whose logits CRC or token
     differs from the reference's (None: all equal)."""
