@@ -16,7 +16,7 @@ import numpy as np
 
 from . import golden, headprune
 from .files import read_file
-from .ir import ModelConfig, ModelError, QTensor, Tokenizer
+from .ir import MAX_STOP_IDS, ModelConfig, ModelError, QTensor, StopIds, Tokenizer
 from .quantize import QuantModel
 from .tokenizer_enc import SECTION as ENC_SECTION, device_section
 
@@ -35,6 +35,7 @@ NONE_ID = 0xFFFFFFFF
 CONFIG_FMT = "<10I2f4I"        # 64-byte config block at offset 48 (v2: ple_dim, out_vocab, 2 reserved)
 PINNED_TO_FLASH = ("tokenizer", "ple.table", golden.SECTION)   # sections the firmware reads from flash only
 HEAD_PRUNE = "head.prune"      # the greedy head's pruning records (converter/headprune.py)
+STOP_SECTION = "tokenizer.stop"   # u32 n, u32 ids[n]: generation ends at any of these ids
 ENTRY_FMT = "<32s8I"
 
 
@@ -170,13 +171,32 @@ def decode_tokenizer(buf: bytes) -> list[bytes]:
     return [bytes(buf[base + offs[i]:base + offs[i + 1]]) for i in range(n)]
 
 
+def encode_stop_ids(stops: StopIds) -> bytes:
+    return struct.pack(f"<{1 + len(stops.ids)}I", len(stops.ids), *stops.ids)
+
+
+def decode_stop_ids(buf: bytes, vocab: int) -> tuple[int, ...]:
+    """The ids of a tokenizer.stop section, checked as the firmware checks them."""
+    n = struct.unpack_from("<I", buf)[0] if len(buf) >= 4 else None
+    if n is None or n > MAX_STOP_IDS or len(buf) != 4 + 4 * n:
+        raise BlobError(f"{STOP_SECTION} section of {len(buf)} bytes is not u32 n (at most {MAX_STOP_IDS}) "
+                        f"and n ids")
+    ids = struct.unpack_from(f"<{n}I", buf, 4)
+    if any(i >= vocab for i in ids):
+        raise BlobError(f"{STOP_SECTION}: stop id {max(ids)} is outside the vocabulary of {vocab}")
+    return ids
+
+
 def _sections(qm: QuantModel, golden_fault: int | None = None) -> list[tuple[str, str, int, int, int, bool, bytes]]:
-    """(name, fmt, rows, cols, group, scale16, data) in blob order: tokenizer (and its device
-    encoder's tables, tokenizer.enc), RoPE tables, tensors, the head's pruning records, the golden
-    check (converter/golden.py; ``golden_fault``: a test's deliberately wrong step)."""
+    """(name, fmt, rows, cols, group, scale16, data) in blob order: tokenizer (its stop ids,
+    tokenizer.stop, and its device encoder's tables, tokenizer.enc), RoPE tables, tensors, the
+    head's pruning records, the golden check (converter/golden.py; ``golden_fault``: a test's
+    deliberately wrong step)."""
     c = qm.config
     tok = encode_tokenizer(qm.tokenizer, c.vocab_size)
-    out = [("tokenizer", "bytes", 1, len(tok), 0, False, tok)]
+    qm.stops.check(c.vocab_size)
+    stop = encode_stop_ids(qm.stops)
+    out = [("tokenizer", "bytes", 1, len(tok), 0, False, tok), (STOP_SECTION, "bytes", 1, len(stop), 0, False, stop)]
     enc, _ = device_section(qm.tokenizer, c)      # the device's text encoder, when it can have one
     if enc is not None:
         out.append((ENC_SECTION, "bytes", 1, len(enc), 0, False, enc))
@@ -438,7 +458,7 @@ def read_blob(path_or_bytes) -> QuantModel:
     h = parse_header(blob, what)
     c = h.config
     by = {e.name: e for e in h.entries}
-    want = set(c.tensor_shapes()) | {"tokenizer", "rope.cos", "rope.sin", HEAD_PRUNE}
+    want = set(c.tensor_shapes()) | {"tokenizer", STOP_SECTION, "rope.cos", "rope.sin", HEAD_PRUNE}
     missing = want - set(by)
     if missing:
         raise BlobError(f"{what}: missing tensors: {', '.join(sorted(missing)[:3])}")
@@ -468,7 +488,12 @@ def read_blob(path_or_bytes) -> QuantModel:
     if len(pieces) != c.vocab_size:
         raise BlobError(f"{what}: tokenizer has {len(pieces)} pieces, vocab is {c.vocab_size}")
     tok = Tokenizer(pieces, [0.0] * len(pieces), kind="blob", bos_id=h.bos_id, eos_id=h.eos_id)
-    qm = QuantModel(c, tensors, rope["rope.cos"], rope["rope.sin"], tok, source=what)
+    e = by[STOP_SECTION]
+    try:
+        stops = StopIds(decode_stop_ids(blob[e.offset:e.offset + e.length], c.vocab_size), f"the blob's {STOP_SECTION}")
+    except BlobError as err:
+        raise BlobError(f"{what}: {err}") from None
+    qm = QuantModel(c, tensors, rope["rope.cos"], rope["rope.sin"], tok, source=what, stops=stops)
     e = by[HEAD_PRUNE]
     if blob[e.offset:e.offset + e.length] != headprune.section_bytes(qm.head(), c.n_out):
         raise BlobError(f"{what}: {HEAD_PRUNE} does not match the output layer's rows (re-run flashlm convert)")

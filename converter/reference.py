@@ -422,13 +422,14 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
     """What the device does for one GENERATE with these ``flags`` (FLAG_*): one record per forward
     step — pos (the cache position), in_id, out_id (NO_TOKEN for a prompt step whose output is
     unused), head_rows, logits (the whole output layer when the step computed it, else None) and
-    logits_crc (their crc32, else 0) — stopping on max tokens, EOS or a full context.
+    logits_crc (their crc32, else 0) — stopping on max tokens, any of the model's stop ids
+    (``qm.stops``) or a full context.
 
     Without FLAG_LOGITS/FLAG_ALL_LOGITS a prompt step whose output is unused skips the head
     (head_rows 0); the last prompt step and the generated ones compute it pruned when greedy,
     whole when sampling."""
     ref, rng = Reference(qm, kv), Rng(seed)
-    eos = qm.tokenizer.eos_id if qm.tokenizer is not None else None
+    stops = set(qm.stops.ids)
     every = bool(flags & (FLAG_LOGITS | FLAG_ALL_LOGITS))
     S = qm.config.max_seq_len
     steps, prompt = [], list(prompt_ids)
@@ -456,7 +457,7 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
             generated += 1
         steps.append(dict(pos=pos, in_id=tok, out_id=out, head_rows=rows, logits=logits,
                           logits_crc=zlib.crc32(logits.tobytes()) if logits is not None else 0))
-        if out == eos:
+        if out in stops:
             break
         tok, pos, step = nxt, pos + 1, step + 1
     return steps

@@ -49,8 +49,9 @@ def _print_quality(console, rep: dict) -> None:
 
 
 def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32, quant=(),
-            report=True, scales="f32", kv="f32") -> dict:
-    """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest."""
+            report=True, scales="f32", kv="f32", context=None) -> dict:
+    """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest.
+    ``context``: the positions the converted model holds (default: the checkpoint's)."""
     from dataclasses import asdict
 
     ckpt = Path(checkpoint)
@@ -69,7 +70,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
     outdir = Path(outdir)
     step(console, f"loading {ckpt}")
     with console.status(f"loading {ckpt.name}"):
-        ir = load_model(str(ckpt), tokenizer_path=str(tokenizer) if tokenizer else None)
+        ir = load_model(str(ckpt), tokenizer_path=str(tokenizer) if tokenizer else None, context=context)
     c = ir.config
     split = c.param_split()
     console.print(f"  dim {c.dim}, {c.n_layers} layers, {c.n_heads}/{c.n_kv_heads} heads, hidden {c.hidden_dim}, "
@@ -96,6 +97,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
     enc, enc_about = device_section(qm.tokenizer, c)     # the same call build_blob made
     console.print(f"  device tokenizer (text prompts encoded on the board): "
                   f"{enc_about if enc is not None else 'none, ' + enc_about}", markup=False, soft_wrap=True)
+    console.print(f"  stop ids: {qm.stops.describe()}", markup=False, soft_wrap=True)
     from converter.blob import read_golden
     g = read_golden((outdir / BLOB_NAME).read_bytes())
     console.print(f"  golden check (the board repeats the reference's steps): prompt {list(g.prompt)}, "
@@ -118,6 +120,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         "source": str(qm.source or ir.source or ckpt),
         "quality": "quality.json" if rep is not None else None,
         "device_tokenizer": enc_about,
+        "stop_ids": list(qm.stops.ids), "stop_source": qm.stops.source,
     }
     if rep is not None:
         atomic_write_bytes(outdir / "quality.json", (json.dumps(rep, indent=1) + "\n").encode())
@@ -131,5 +134,5 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
 def cmd_convert(args, console) -> int:
     convert(console, args.checkpoint, args.output, tokenizer=args.tokenizer, fmt=args.format,
             group_size=args.group_size, quant=args.quant, scales=args.scales, report=not args.no_report,
-            kv=args.kv)
+            kv=args.kv, context=args.ctx)
     return 0

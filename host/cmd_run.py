@@ -162,6 +162,12 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
             raise
 
     R.print_summary(console, result)
+    if result.done is not None and result.done.reason == "eos" and result.tokens:
+        last = result.tokens[-1].out_id
+        piece = piece_of(last) if piece_of is not None else None
+        console.print(f"ended by stop id {last}" + (f" {piece!r}" if piece is not None else "")
+                      + f" (the model's stop ids: {manifest.get('stop_ids', '?')}, {manifest.get('stop_source', '?')})",
+                      markup=False, soft_wrap=True)
     for ev in result.recoveries:
         console.print(f"[yellow]recovered[/] after {ev['after']} ({ev['reason']}): {ev['action']}",
                       soft_wrap=True, highlight=False)

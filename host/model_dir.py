@@ -53,9 +53,14 @@ def load_model_tokenizer(model_dir: Path, manifest: dict, required: bool):
             raise UserError(f"tokenizer {path} is missing; re-run 'flashlm convert'")
         return None
     from converter.tokenizer import load_tokenizer
-    if not required:
-        try:
-            return load_tokenizer(path)
-        except Exception:
-            return None
-    return load_tokenizer(path)
+    try:
+        tok = load_tokenizer(path)
+    except Exception:
+        if required:
+            raise
+        return None
+    cfg = manifest.get("config") or {}      # BOS/EOS as convert chose them (also from tokenizer_config.json)
+    for key in ("bos_id", "eos_id"):
+        if key in cfg and (cfg[key] is None or isinstance(cfg[key], int)):
+            setattr(tok, key, cfg[key])
+    return tok

@@ -17,7 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     c = sub.add_parser("convert", help="checkpoint -> quantized flash image + manifest")
-    c.add_argument("checkpoint", metavar="CHECKPOINT")
+    c.add_argument("checkpoint", metavar="CHECKPOINT",
+                   help="llama2.c or flashlm checkpoint, or a Hugging Face folder (config.json, safetensors)")
     c.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json or llama2.c tokenizer.bin")
     c.add_argument("-o", "--output", metavar="OUTDIR", type=output_dir, default="out/model")
     c.add_argument("--format", choices=("q8", "q4"), default="q8")
@@ -28,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="group scales as f32, or rounded to fp16 (half the scale bytes)")
     c.add_argument("--kv", choices=("f32", "int8"), default="f32",
                    help="KV cache format recorded in the blob (int8: a scale and int8 codes per row)")
+    c.add_argument("--ctx", "--context", type=positive_int, metavar="N", dest="ctx",
+                   help="context length of the converted model (default: the checkpoint's, e.g. a Hugging Face "
+                        "max_position_embeddings); at most the checkpoint's")
     c.add_argument("--no-report", action="store_true", help="skip the quality report")
     c.set_defaults(func=cmd_convert)
 

@@ -3,7 +3,7 @@ predicted to cost there, and (``compare --run``) what it measures, layout by lay
 switched with LAYOUT frames instead of reflashing.
 
 MODEL may be a model directory written by ``flashlm convert`` (manifest.json + model.flmb), a
-``.flmb`` blob, a checkpoint (llama2.c / flashlm ``.pt``), which is quantized in memory with
+``.flmb`` blob, a checkpoint (llama2.c / flashlm ``.pt`` / a Hugging Face folder), which is quantized in memory with
 ``--format/--group-size/--quant/--scales`` as ``convert`` would, or ``shape:NAME``, a named shape
 from converter/shapes.py planned with its own recipe (``--quant`` applies on top).
 """
@@ -32,18 +32,21 @@ KIND_COLORS = {"embedding": "#4c72b0", "head": "#c44e52", "head_prune": "#e8a0a2
 SHAPE_PREFIX = "shape:"
 
 
-def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=None, scales: str = "f32"):
-    """(ModelSpec, info) for a model dir, a blob, a checkpoint or a named shape. ``info`` says
-    which, and holds the model dir / manifest / blob path where there is one."""
+def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=None, scales: str = "f32",
+              context: int | None = None):
+    """(ModelSpec, info) for a model dir, a blob, a checkpoint (a Hugging Face folder too) or a
+    named shape. ``info`` says which, and holds the model dir / manifest / blob path where there is
+    one. ``context``: a checkpoint is loaded holding that many positions."""
     from converter.blob import read_header
     from converter.costmodel import ModelSpec
+    from converter.hf_import import is_hf_dir
 
     if str(model).startswith(SHAPE_PREFIX):
         from converter.shapes import shape_spec
         spec = shape_spec(str(model)[len(SHAPE_PREFIX):])
         return (spec.with_formats(list(quant)) if quant else spec), dict(kind="shape")
     p = Path(model)
-    if p.is_dir() or p.name == "manifest.json":
+    if (p.is_dir() and not is_hf_dir(p)) or p.name == "manifest.json":
         d, manifest = load_manifest(p)
         blob = d / manifest["blob"]
         h = read_header(blob)
@@ -53,7 +56,7 @@ def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=
         from converter.shapes import SHAPES
         raise UserError(f"{p} does not exist (give a model directory from 'flashlm convert', a .flmb "
                         f"blob, a checkpoint or a shape: {', '.join(SHAPE_PREFIX + n for n in sorted(SHAPES))})")
-    with p.open("rb") as f:
+    with (p / "config.json" if p.is_dir() else p).open("rb") as f:
         magic = f.read(4)
     if magic == b"FLMB":
         h = read_header(p)
@@ -63,7 +66,7 @@ def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=
     tok = tokenizer
     if tok is None and (p.parent / "tokenizer.json").is_file() and p.suffix == ".pt":
         tok = p.parent / "tokenizer.json"
-    ir = load_model(str(p), tokenizer_path=str(tok) if tok else None)
+    ir = load_model(str(p), tokenizer_path=str(tok) if tok else None, context=context)
     qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=list(quant or ()), scales=scales)
     return ModelSpec.from_quant(qm, str(p)), dict(kind="checkpoint", qm=qm, path=p)
 
@@ -324,7 +327,8 @@ def _plan_or_explain(console, spec, board, **kw):
 
 def cmd_plan(args, console) -> int:
     from converter.planner import parse_layout
-    spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer, args.scales)
+    spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer, args.scales,
+                           args.ctx)
     if args.ctx:
         spec = spec.with_context(args.ctx)
     base, places = parse_layout(",".join(["auto" if not args.flash_only else "flash"] + list(args.place)))
@@ -380,7 +384,8 @@ def _side_by_side(console, title: str, columns: list[tuple[str, list[str]]]) -> 
 
 def cmd_compare(args, console) -> int:
     from converter.planner import PlanError, plan_layout
-    spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer, args.scales)
+    spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer, args.scales,
+                           args.ctx)
     if args.ctx:
         spec = spec.with_context(args.ctx)
     boards = args.board or ["native"]

@@ -246,7 +246,7 @@ void app_text_session(void) {
         if (pos + 1u < n) { tok = flm_dev.prompt[pos + 1u]; continue; }   /* prefill: no output layer */
         tok = flm_head_argmax(&flm_dev.state, &st);                       /* greedy: the pruned scan */
         generated++;
-        if (tok == m->eos) { end = "end of text"; break; }
+        if (flm_is_stop(m, tok)) { end = "end of text"; break; }
         uint32_t plen;
         const uint8_t *piece = flm_piece(m, tok, &plen);
         console_put(piece, plen);

@@ -88,7 +88,7 @@ void app_generate(const uint8_t *p, size_t len) {
         if (flags & GEN_LOGITS) app_send_logits(step, logits);
         for (int i = 0; i < FLM_N_PHASES; i++) tot[i] += st.us[i];
         step++;
-        if (out != FLM_NONE && out == m->eos) { reason = REASON_EOS; break; }
+        if (out != FLM_NONE && flm_is_stop(m, out)) { reason = REASON_EOS; break; }
         if (app_stop_requested()) { reason = REASON_STOPPED; break; }
         tok = next;
         pos++;

@@ -21,9 +21,10 @@
 #define FLM_RXBUF_BYTES (FLM_RX_CAP > 192 ? FLM_RX_CAP : 192)
 
 #ifndef FLM_MAX_ENTRIES
-/* tensor-table entries a LAYOUT may address: at most 12 outside the layers (tokenizer, tokenizer.enc,
- * rope.cos, rope.sin, tok_embeddings, ple.table, ple.proj, ple.norm, norm, output, head.prune, golden) */
-#define FLM_MAX_ENTRIES (12 + 12 * FLM_MAX_LAYERS)
+/* tensor-table entries a LAYOUT may address: at most 13 outside the layers (tokenizer, tokenizer.stop,
+ * tokenizer.enc, rope.cos, rope.sin, tok_embeddings, ple.table, ple.proj, ple.norm, norm, output,
+ * head.prune, golden) */
+#define FLM_MAX_ENTRIES (13 + 12 * FLM_MAX_LAYERS)
 #endif
 
 typedef struct { uint8_t *base; size_t cap, used; } flm_pool;
