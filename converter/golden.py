@@ -44,7 +44,7 @@ def prompt_ids(vocab_size: int, max_seq_len: int) -> list[int]:
 
 
 def compute(qm: QuantModel, steps: int = STEPS, boot_steps: int = BOOT_STEPS) -> Golden:
-    """Run the reference: ``steps`` forward steps (fewer when the context or EOS ends them) per KV
+    """Run the reference: ``steps`` forward steps (fewer when the context or a stop id ends them) per KV
     format."""
     c = qm.config
     prompt = prompt_ids(c.vocab_size, c.max_seq_len)
