@@ -2,7 +2,7 @@
 logits CRCs into the blob, the firmware repeats the steps at boot, after a LAYOUT and on SELFTEST
 and says in HELLO whether it is bit-exact with the reference. Broken on purpose: a blob whose golden
 CRC is wrong at a chosen step, a native build with fused multiply-adds, an emulated RP2040 whose
-soft-float flushes subnormals to zero (as the boot ROM's does) — each board says "no" with the step
+soft-float flushes subnormals to zero (as the boot ROM's may) — each board says "no" with the step
 where its own logits first leave the reference's."""
 import struct
 import subprocess
@@ -237,7 +237,7 @@ def test_emulated_rp2040_is_bit_exact_and_reports_a_wrong_golden(tmp_path, emu_r
 
 
 def test_emulated_rp2040_with_a_flush_to_zero_soft_float_is_not_bit_exact(tmp_path):
-    """The boot ROM's float routines flush subnormals; a model whose embedding rows are subnormal
+    """The boot ROM's float routines may flush subnormals; a model whose embedding rows are subnormal
     (the residual stream starts below 2^-126) shows it at once."""
     from emuboard import require_emulator
     require_emulator()

@@ -59,9 +59,11 @@ static uint32_t pack(uint32_t sign, int32_t e, uint32_t m) {
     return r;
 }
 
-/* FLM_FAULT_FTZ (tests/test_golden.py only): a build that flushes subnormal operands and results to
- * zero, as the RP2040 boot ROM's float routines do; the golden check must see the difference. The
- * assembly hands every subnormal operand and result to these functions, so this covers them all. */
+/* FLM_FAULT_FTZ (tests/test_golden.py only): a build that flushes subnormals to zero, as the RP2040
+ * boot ROM's float routines may; the golden check must see the difference. The assembly hands every
+ * subnormal operand to these functions, so every subnormal operand is flushed, and so are the
+ * subnormal results computed here (a few underflowing sums and products the fast paths finish
+ * themselves are not: they are flushed when they are next used). */
 #ifdef FLM_FAULT_FTZ
 #define FTZ(x) ((x) & 0x7f800000u ? (x) : (x) & SIGN)
 #else
