@@ -65,7 +65,7 @@ def emu_run(qm, work: Path, new_tokens: int = 12) -> dict:
     blob, fw = blob_and_firmware(qm, BOARD, work)
     m = re.search(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s", fw.size_text, re.M)
     with start_emulated_board(fw.binary, blob) as board, session(board.port) as s:
-        h = s.selftest(timeout=600)
+        checked = s.selftest(timeout=600)
         golden = golden_ms(s.logs)
         board.read_counts()
         res = s.generate(prompt_ids(qm), new_tokens)
@@ -106,9 +106,9 @@ def emu_run(qm, work: Path, new_tokens: int = 12) -> dict:
         image_text_bytes=int(m.group(1)) if m else 0, image_bss_bytes=int(m.group(3)) if m else 0,
         blob_bytes=blob.stat().st_size,
         # the golden check (emulated ms): its boot steps (when the boot LOG reached the host) and all
-        golden_boot_ms=next((ms for n, ms in golden.items() if n < h.golden_checked), None),
-        golden_selftest_ms=golden.get(h.golden_checked), golden_steps=h.golden_checked,
-        golden_bit_exact=int(h.golden == "exact"))
+        golden_boot_ms=next((ms for n, ms in golden.items() if n < checked.golden_checked), None),
+        golden_selftest_ms=golden.get(checked.golden_checked), golden_steps=checked.golden_checked,
+        golden_bit_exact=int(checked.golden == "exact"))
 
 
 def section(work: Path) -> dict:
