@@ -4,6 +4,7 @@ and says in HELLO whether it is bit-exact with the reference. Broken on purpose:
 CRC is wrong at a chosen step, a native build with fused multiply-adds, an emulated RP2040 whose
 soft-float flushes subnormals to zero (as the boot ROM's may) — each board says "no" with the step
 where its own logits first leave the reference's."""
+import contextlib
 import struct
 import subprocess
 import zlib
@@ -17,7 +18,7 @@ from converter.blob import BlobError, build_blob, parse_header, read_golden, ret
 from converter.quantize import quantize
 from converter.reference import FLAG_ALL_LOGITS, KV_FORMATS, NO_TOKEN, generate
 from firmware.build import build_firmware
-from host.protocol import Hello, Layout, Link, Log, Ping, SelfTest, Token
+from host.protocol import Hello, Layout, Link, Log, Ping, SelfTest
 from host.virtual import start_emulated_board, start_native_board
 from modelzoo import random_model, random_ple_model
 from nativeboard import assert_steps_match, native_link, recv_until, run
@@ -35,6 +36,28 @@ def hello_after(link, send) -> tuple[Hello, list]:
     msgs = recv_until(link, lambda m: (seen.append(m) or True) and isinstance(m, Hello)
                       and any(isinstance(x, Log) and "golden" in x.text for x in seen), timeout=120)
     return msgs[-1], [m.text for m in msgs if isinstance(m, Log)]
+
+
+@contextlib.contextmanager
+def rebuilt_board(qm, tmp_path, board="native", define=None, make_args=()):
+    """A board running qm with a firmware build changed on purpose (a #define appended to its
+    config header, or make variables); yields (link, boot HELLO, blob bytes)."""
+    blob = tmp_path / "model.flmb"
+    blob.write_bytes(build_blob(qm))
+    fw = build_firmware(board, tmp_path / "fw", blob)
+    if define:
+        cfg = fw.project_dir / "flm_config.h"
+        cfg.write_text(cfg.read_text() + f"#define {define}\n")
+    subprocess.run(["make", "-s", "-B", "-C", str(fw.project_dir), *make_args], check=True, capture_output=True)
+    start = start_native_board if board == "native" else start_emulated_board
+    with start(fw.binary, blob) as b:
+        port = serial.Serial(b.port, 115200, timeout=0.05)
+        try:
+            link = Link(port)
+            link.send(Ping())
+            yield link, recv_until(link, lambda m: isinstance(m, Hello), timeout=120)[-1], blob.read_bytes()
+        finally:
+            port.close()
 
 
 def patch_section(blob: bytes, name: str, data: bytes) -> bytes:
@@ -148,22 +171,8 @@ def test_native_board_reports_the_first_step_of_a_wrong_golden(fault, tmp_path):
 
 
 def test_a_build_without_the_boot_check_says_not_run_until_selftest(tmp_path):
-    qm = MODELS["q8-tied"]()
-    blob = tmp_path / "model.flmb"
-    blob.write_bytes(build_blob(qm))
-    fw = build_firmware("native", tmp_path / "fw", blob)
-    cfg = fw.project_dir / "flm_config.h"
-    cfg.write_text(cfg.read_text() + "#define FLM_GOLDEN_AT_BOOT 0\n")
-    subprocess.run(["make", "-s", "-B", "-C", str(fw.project_dir)], check=True, capture_output=True)
-    with start_native_board(fw.binary, blob) as b:
-        port = serial.Serial(b.port, 115200, timeout=0.05)
-        try:
-            link = Link(port)
-            link.send(Ping())
-            h0 = recv_until(link, lambda m: isinstance(m, Hello))[-1]
-            h, _ = hello_after(link, SelfTest())
-        finally:
-            port.close()
+    with rebuilt_board(MODELS["q8-tied"](), tmp_path, define="FLM_GOLDEN_AT_BOOT 0") as (link, h0, _):
+        h, _ = hello_after(link, SelfTest())
     assert (h0.golden, h0.golden_checked, h0.golden_total) == ("not_run", 0, golden.STEPS)
     assert h0.bit_exact.startswith("not checked yet") and "--selftest" in h0.bit_exact
     assert (h.golden, h.golden_checked) == ("exact", golden.STEPS)
@@ -192,22 +201,10 @@ def fma_supported() -> bool:
 def test_native_build_with_fused_multiply_add_is_not_bit_exact(tmp_path):
     """What a board compiler that contracts a*b+c does (the reason for -ffp-contract=off)."""
     qm = MODELS["q8-tied"]()
-    blob = tmp_path / "model.flmb"
-    blob.write_bytes(build_blob(qm))
-    fw = build_firmware("native", tmp_path / "fw", blob)
-    subprocess.run(["make", "-s", "-B", "-C", str(fw.project_dir),
-                    "CFLAGS=-std=c99 -O2 -Wall -Wextra -Werror -ffp-contract=fast -mfma"], check=True,
-                   capture_output=True)
-    with start_native_board(fw.binary, blob) as b:
-        port = serial.Serial(b.port, 115200, timeout=0.05)
-        try:
-            link = Link(port)
-            link.send(Ping())
-            h0 = recv_until(link, lambda m: isinstance(m, Hello))[-1]
-            h, _ = hello_after(link, SelfTest())
-            first = first_differing_step(link, qm, list(read_golden(blob.read_bytes()).prompt))
-        finally:
-            port.close()
+    fma = "CFLAGS=-std=c99 -O2 -Wall -Wextra -Werror -ffp-contract=fast -mfma"
+    with rebuilt_board(qm, tmp_path, make_args=[fma]) as (link, h0, blob):
+        h, _ = hello_after(link, SelfTest())
+        first = first_differing_step(link, qm, list(read_golden(blob).prompt))
     assert first is not None
     assert h.golden == "differs" and h.golden_first_diff == first
     assert h0.golden == ("differs" if first < golden.BOOT_STEPS else "exact")
@@ -244,19 +241,6 @@ def test_emulated_rp2040_with_a_flush_to_zero_soft_float_is_not_bit_exact(tmp_pa
     _, ir = random_model(seed=7)
     ir.tensors["tok_embeddings"] = (ir.tensors["tok_embeddings"] * np.float32(2.0 ** -140)).astype(np.float32)
     qm = quantize(ir, "q8", 32)
-    blob = tmp_path / "model.flmb"
-    blob.write_bytes(build_blob(qm))
-    fw = build_firmware("rp2040-emu", tmp_path / "fw", blob)
-    cfg = fw.project_dir / "flm_config.h"
-    cfg.write_text(cfg.read_text() + "#define FLM_FAULT_FTZ 1\n")
-    subprocess.run(["make", "-s", "-C", str(fw.project_dir)], check=True, capture_output=True)
-    with start_emulated_board(fw.binary, blob) as b:
-        port = serial.Serial(b.port, 115200, timeout=0.05)
-        try:
-            link = Link(port)
-            link.send(Ping())
-            h0 = recv_until(link, lambda m: isinstance(m, Hello), timeout=120)[-1]
-            first = first_differing_step(link, qm, list(read_golden(blob.read_bytes()).prompt))
-        finally:
-            port.close()
+    with rebuilt_board(qm, tmp_path, "rp2040-emu", define="FLM_FAULT_FTZ 1") as (link, h0, blob):
+        first = first_differing_step(link, qm, list(read_golden(blob).prompt))
     assert first is not None and h0.golden == "differs" and h0.golden_first_diff == first
