@@ -4,7 +4,6 @@ and says in HELLO whether it is bit-exact with the reference. Broken on purpose:
 CRC is wrong at a chosen step, a native build with fused multiply-adds, an emulated RP2040 whose
 soft-float flushes subnormals to zero (as the boot ROM's may) — each board says "no" with the step
 where its own logits first leave the reference's."""
-import contextlib
 import struct
 import subprocess
 import zlib
@@ -17,11 +16,9 @@ from converter import golden
 from converter.blob import BlobError, build_blob, parse_header, read_golden, retier_blob, with_kv
 from converter.quantize import quantize
 from converter.reference import FLAG_ALL_LOGITS, KV_FORMATS, NO_TOKEN, generate
-from firmware.build import build_firmware
-from host.protocol import Hello, Layout, Link, Log, Ping, SelfTest
-from host.virtual import start_emulated_board, start_native_board
+from host.protocol import Hello, Layout, Log, SelfTest
 from modelzoo import random_model, random_ple_model
-from nativeboard import assert_steps_match, native_link, recv_until, run
+from nativeboard import assert_steps_match, native_link, rebuilt_board, recv_until, run
 
 MODELS = {
     "q8-tied": lambda: quantize(random_model(seed=3)[1], "q8", 32),
@@ -36,28 +33,6 @@ def hello_after(link, send) -> tuple[Hello, list]:
     msgs = recv_until(link, lambda m: (seen.append(m) or True) and isinstance(m, Hello)
                       and any(isinstance(x, Log) and "golden" in x.text for x in seen), timeout=120)
     return msgs[-1], [m.text for m in msgs if isinstance(m, Log)]
-
-
-@contextlib.contextmanager
-def rebuilt_board(qm, tmp_path, board="native", define=None, make_args=()):
-    """A board running qm with a firmware build changed on purpose (a #define appended to its
-    config header, or make variables); yields (link, boot HELLO, blob bytes)."""
-    blob = tmp_path / "model.flmb"
-    blob.write_bytes(build_blob(qm))
-    fw = build_firmware(board, tmp_path / "fw", blob)
-    if define:
-        cfg = fw.project_dir / "flm_config.h"
-        cfg.write_text(cfg.read_text() + f"#define {define}\n")
-    subprocess.run(["make", "-s", "-B", "-C", str(fw.project_dir), *make_args], check=True, capture_output=True)
-    start = start_native_board if board == "native" else start_emulated_board
-    with start(fw.binary, blob) as b:
-        port = serial.Serial(b.port, 115200, timeout=0.05)
-        try:
-            link = Link(port)
-            link.send(Ping())
-            yield link, recv_until(link, lambda m: isinstance(m, Hello), timeout=120)[-1], blob.read_bytes()
-        finally:
-            port.close()
 
 
 def patch_section(blob: bytes, name: str, data: bytes) -> bytes:
