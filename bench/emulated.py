@@ -77,12 +77,12 @@ def xip_per_token(h: list[dict], flash_bytes: int, device_us: float) -> dict:
 
 
 def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True) -> dict:
-    """One generation of the prompt and ``new_tokens`` on the emulated RP2040 (deterministic: one run),
-    after a SELFTEST (every golden step)."""
+    """One generation of the prompt and ``new_tokens`` on the emulated RP2040 (deterministic: one run);
+    with the XIP model, after a SELFTEST (every golden step)."""
     blob, fw = blob_and_firmware(qm, BOARD, work)
     m = re.search(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s", fw.size_text, re.M)
     with start_emulated_board(fw.binary, blob, xip_model=xip_model) as board, session(board.port) as s:
-        checked = s.selftest(timeout=600)
+        checked = s.selftest(timeout=600) if xip_model else None
         golden = golden_ms(s.logs)
         board.read_counts()
         res = s.generate(prompt_ids(qm), new_tokens)
