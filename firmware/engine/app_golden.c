@@ -85,6 +85,7 @@ static void run_steps(const golden_block *b, uint32_t n) {
         if (want_out != FLM_NONE) pruned = flm_head_argmax(s, &st);     /* what a greedy GENERATE step computes */
         const float *logits = flm_head(s, &st);
         crc = flm_crc32_update(0, logits, (size_t)n_out * 4u);
+        /* greedy (temperature 0): the first maximum; no RNG or scratch is touched */
         out = want_out == FLM_NONE ? FLM_NONE : flm_sample(logits, n_out, 0.0f, 0.0f, 0, 0, 0);
         g->checked = (uint16_t)(k + 1u);
         if (crc != flm_rd32(r + 8) || out != want_out || (want_out != FLM_NONE && pruned != want_out)) {
