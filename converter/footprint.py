@@ -39,8 +39,9 @@ def region_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32") -> dict[str,
     wide = max(cfg.dim, cfg.hidden_dim, cfg.ple_dim)            # the longest matmul input
     kv = cfg.n_layers * cfg.max_seq_len * cfg.n_kv_heads * kv_row_bytes(cfg, kv)
     ple = cfg.n_layers * cfg.ple_dim * 4                         # per-layer inputs; table row / gate
+    # ... and the activation codes, 2 bytes each on every target (kernels.h flm_act), and their scales
     scratch = [cfg.dim * 4] * 4 + [cfg.max_seq_len * 4, cfg.hidden_dim * 4, cfg.hidden_dim * 4,
-                                   cfg.head_dim // 2 * 4, cfg.head_dim // 2 * 4, ple, ple, wide,
+                                   cfg.head_dim // 2 * 4, cfg.head_dim // 2 * 4, ple, ple, 2 * wide,
                                    (wide // min_group + 1) * 4]
     return {"kv": 2 * _up8(kv), "logits": 3 * _up8(cfg.n_out * 4),
             "scratch": sum(_up8(p) for p in scratch)}

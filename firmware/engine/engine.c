@@ -9,6 +9,8 @@ static size_t up8(size_t n) { return (n + 7u) & ~(size_t)7u; }
 /* Exact pruning of the greedy head (docs/formats.md section 3; converter/headprune.py). */
 #define PRUNE_MARGIN 0x1.02p+0f      /* 1 + 2^-7: covers every rounding of the bound test */
 #define PRUNE_FLOOR 0x1p-64f         /* below it nothing is pruned: no underflow can matter */
+#define PRUNE_AHEAD 4u               /* the scan's rows come in bound order, not memory order: each is
+                                      * fetched this many records ahead (a cache-miss chain otherwise) */
 
 static uint32_t kv_row_bytes(const flm_model *m) {
     return m->kv_fmt == FLM_KV_INT8 ? 4u + ((m->head_dim + 3u) & ~3u) : m->head_dim * 4u;
@@ -40,7 +42,7 @@ static void layout(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_R
     s->sin = carve(&sc, m->head_dim / 2u * 4u);
     s->pu = carve(&sc, ple);
     s->pt = carve(&sc, ple);
-    s->xq = carve(&sc, wide);
+    s->xq = carve(&sc, wide * 2u);   /* flm_act codes: 2 bytes on SIMD cores, room for them everywhere */
     s->xs = carve(&sc, (wide / m->min_group + 1u) * 4u);   /* activation scales: one per group */
     s->logits = carve(&lg, m->n_out * 4u);
     s->probs = carve(&lg, m->n_out * 4u);
@@ -133,13 +135,13 @@ static void kv_put(const flm_state *s, uint8_t *row0, const float *v) {
     const uint32_t hd = m->head_dim;
     for (uint32_t h = 0; h < m->n_kv_heads; h++) {
         uint8_t *row = row0 + h * s->kv_row;
-        if (m->kv_fmt == FLM_KV_INT8) flm_quantize_act(v + h * hd, hd, hd, (int8_t *)(row + 4), (float *)(void *)row);
+        if (m->kv_fmt == FLM_KV_INT8) flm_quantize_i8(v + h * hd, hd, hd, (int8_t *)(row + 4), (float *)(void *)row);
         else memcpy(row, v + h * hd, hd * 4u);
     }
 }
 
 /* int8 KV: head h's query codes qc (scale qs) against a K row: float(sum qc*kc) * (qs * ks). */
-static float score_int8(const int8_t *qc, float qs, const uint8_t *row, uint32_t hd) {
+static float score_int8(const flm_act *qc, float qs, const uint8_t *row, uint32_t hd) {
     const int8_t *kc = (const int8_t *)(row + 4);
     int32_t isum = 0;
     for (uint32_t i = 0; i < hd; i++) isum += (int32_t)qc[i] * (int32_t)kc[i];
@@ -223,7 +225,7 @@ void flm_slide(flm_state *s, uint32_t n_drop, flm_step_stats *st) {
                     k[2 * i] = a * c + b * sn;
                     k[2 * i + 1] = b * c - a * sn;
                 }
-                if (i8) flm_quantize_act(k, hd, hd, (int8_t *)(dst + 4), (float *)(void *)dst);
+                if (i8) flm_quantize_i8(k, hd, hd, (int8_t *)(dst + 4), (float *)(void *)dst);
             }
         }
         memmove(kv_at(s, s->vc, l, 1u, 0), kv_at(s, s->vc, l, 1u + n_drop, 0), (size_t)moved * m->n_kv_heads * s->kv_row);
@@ -362,6 +364,7 @@ uint32_t flm_head_argmax(flm_state *s, flm_step_stats *st) {
             if (pb < best_bits) break;   /* p >= 0 and best > 0: p < best */
         }
         const uint32_t r = rec[2u * n];
+        if (n + PRUNE_AHEAD < m->n_out) flm_prefetch_row(w, rec[2u * (n + PRUNE_AHEAD)]);
         const float lg = flm_matvec_row(w, r, s->xq, s->xs);
         if (!n || lg > best || (lg == best && r < best_row)) {
             best = lg;

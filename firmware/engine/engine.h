@@ -2,6 +2,7 @@
 #ifndef FLM_ENGINE_H
 #define FLM_ENGINE_H
 #include "blob.h"
+#include "kernels.h"
 
 /* Phases, in the protocol's order: embed = everything before layer 0 (embedding row; with PLE the
  * table row, ple.proj and the per-layer inputs), ple = each layer's PLE gate/proj/norm/residual. */
@@ -20,7 +21,7 @@ typedef struct {
     uint8_t *kc, *vc;               /* KV cache: one row per (layer, position, kv head), m->kv_fmt */
     uint32_t kv_row;                /* bytes of a row: f32 head_dim*4; int8 f32 scale + head_dim codes, padded to 4 */
     size_t kv_bytes;                /* bytes of the KV region, from kc to the end of vc */
-    int8_t *xq;
+    flm_act *xq;                    /* activation codes (kernels.h) */
     uint32_t *idx;
     uint32_t kv_tier;               /* where the KV cache lives (the arena's tier) */
 } flm_state;

@@ -11,7 +11,7 @@ float flm_sqrtf(float x);  /* correctly rounded, like IEEE sqrt, for x >= 0 */
 float flm_silu(float x);   /* x / (1 + exp(-x)) */
 float flm_gelu(float x);   /* tanh-approximation GELU: x / (1 + exp(-2u)), u = K0 x + K1 x^3 */
 /* The engine's float loops, rounded element by element in this order (a HAL may supply faster ones,
- * bit for bit the same: the defaults are weak). n >= 1. */
+ * bit for bit the same: the defaults are weak). n >= 1; o and v do not overlap. */
 float flm_dot_f32(const float *a, const float *b, uint32_t n);        /* ((a0 b0 + a1 b1) + a2 b2) ... */
 void flm_axpy_f32(float *o, float a, const float *v, uint32_t n);    /* o[i] = o[i] + a * v[i] */
 #endif

@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "blob.h"
+#include "kernels.h"
 
 /* Board start-up (clocks, UART, where the blob is); argc/argv only on the native board.
  * Returns 0, or non-zero when the board cannot run at all. */
@@ -34,5 +35,5 @@ uint8_t *hal_tier_arena(uint32_t tier, size_t *cap);
  * board may split the rows across its cores (flm_matvec_rows; rows are independent, so any split
  * is bit for bit the same) or use its SIMD unit for the group dots. A HAL need not define it
  * (kernels.c has a weak default running flm_matvec on the calling core). */
-void hal_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out);
+void hal_matvec(const flm_tensor *w, const flm_act *xq, const float *xs, float *out);
 #endif

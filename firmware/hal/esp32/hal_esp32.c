@@ -62,7 +62,7 @@ static void map_blob(void) {
 
 static struct {
     const flm_tensor *w;
-    const int8_t *xq;
+    const flm_act *xq;
     const float *xs;
     float *out;
     uint32_t r0;
@@ -79,7 +79,7 @@ static void matvec_worker(void *arg) {
     }
 }
 
-void hal_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out) {
+void hal_matvec(const flm_tensor *w, const flm_act *xq, const float *xs, float *out) {
     if (!worker || w->rows < SPLIT_MIN_ROWS) {
         flm_matvec(w, xq, xs, out);
         return;
