@@ -24,8 +24,11 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run the emul
 * predicted — the planner's predicted ms per phase on the ESP32-S3 N16R8 and Pico profiles for the
   default model and the ple-28m shape, and ple-28m beside its published measurement
   (bench/predict.py, bench/ple_seed.py);
-* speed — bench.speed's short mode: whole vs pruned head, prefill with and without the head, int8
+* speed — bench.speed's short mode: whole vs greedy head, prefill with and without the head, int8
   vs f32 KV cache, on the native board and the emulated RP2040 (bench/speed.py);
+* head_index — bench.headindex: convert's head-index decision on every shipped model and the 15M
+  llama2.c shape, head rows visited, and the output phase with the index and without it (native µs,
+  callgrind instructions, emulated RP2040 cycles) (bench/headindex.py);
 * ple_vs_dense — the shipped PLE model beside its equal-core dense twin: fp32 eval loss over
   all of eval.txt and the Pico plan's predicted bytes per token (bench/ple_vs_dense.py);
 * convert — load + quantize + blob time of a ~15M-parameter random llama2.c checkpoint.
@@ -50,7 +53,8 @@ from typing import Callable
 
 from rich.console import Console
 
-from . import callgrind, convert, emulated, kernels, native, native15m, ple_seed, ple_vs_dense, predict, speed, xip
+from . import (callgrind, convert, emulated, headindex, kernels, native, native15m, ple_seed, ple_vs_dense, predict, speed,
+               xip)
 from .model import ROOT, default_ir
 from .report import print_report
 
@@ -74,6 +78,7 @@ SECTIONS = [
     Section("native15m", native15m.section),
     Section("predicted", predict.section),
     Section("speed", speed.section, emulated=True),
+    Section("head_index", headindex.section, emulated=True),
     Section("ple_vs_dense", ple_vs_dense.section),
     Section("convert", convert.section),
 ]

@@ -48,7 +48,7 @@ def predictor(blob: Path, board: str):
 
 
 def _head(t) -> str | int:
-    """The output layer a step computed, as the planner names it (greedy: pruned rows, or skipped)."""
+    """The output layer a step computed, as the planner names it (greedy: its rows, or skipped)."""
     return "skip" if t.head_rows == 0 else int(t.head_rows)
 
 

@@ -4,15 +4,18 @@
   deterministic, the difference of two runs) on the 15M-parameter llama2.c shape
   (bench.model.SHAPE_15M, seeded random weights) written by our own llama2.c v2 writer (Q8_0,
   groups of 32) and imported as it is (its codes and scales kept, not re-quantized): with the
-  pruned greedy head and with ``--all-logits`` (every step's whole head), as ``flashlm build``
+  greedy head (the "pruned" figures: the tile scan where convert keeps a head index; on these
+  random weights it leaves it out, so the whole head and its argmax) and with ``--all-logits``
+  (every step's whole head, the argmax in sampling), as ``flashlm build``
   makes it (the loader picks the AVX2 clone of the row kernels on a CPU with AVX2) and as the
   x86-64 baseline alone (FLM_NO_CLONES); beside runq.c's 57.7M per token (built -O3,
   single-threaded, callgrind on the same shape): THE ISSUE'S MEASUREMENT, NOT MEASURED IN THIS RUN
   (llama2.c is neither built here nor committed);
 * native tok/s on the host clock for every shipped model (models/default, ple, ple-dense at q8,
-  group 32: what ``flashlm convert`` makes) and the 15M shape, pruned head vs ``--all-logits``,
-  the two generating the same prompt in alternating rounds (per decode step the fastest round
-  counts, bench/speed.py ``fastest``), and the head rows the pruned scan visited.
+  group 32, the head index convert keeps: what ``flashlm convert`` makes) and the 15M shape,
+  greedy head vs ``--all-logits``, the two generating the same prompt in alternating rounds (per
+  decode step the fastest round counts, bench/speed.py ``fastest``), and the head rows the greedy
+  steps visited.
 """
 from __future__ import annotations
 
@@ -21,11 +24,10 @@ import subprocess
 from pathlib import Path
 
 from converter.load import load_model
-from converter.quantize import quantize
 from host.virtual import start_native_board
 
 from . import callgrind
-from .model import GROUP, ROOT, blob_and_firmware, llama15m_v2, prompt_ids, session
+from .model import ROOT, blob_and_firmware, converted, llama15m_v2, prompt_ids, session
 from .speed import fastest
 
 RUNQ_IR_PER_TOKEN = 57.7e6     # issue 12: runq.c -O3, callgrind, 201-step minus 1-step run, over 200
@@ -38,9 +40,10 @@ ROUNDS, NEW_TOKENS = 3, 64     # host clock
 
 def model_15m(work: Path):
     """The 15M checkpoint through our v2 writer, loaded and 'quantized' as flashlm convert would:
-    every matrix must arrive as the file's Q8_0 tensor itself."""
+    every matrix must arrive as the file's Q8_0 tensor itself (and the head index calibrated: on these
+    random weights convert leaves it out, so greedy steps compute the whole head)."""
     ir = load_model(llama15m_v2(work))
-    qm = quantize(ir, "q8", GROUP)
+    qm = converted(ir, "q8")
     kept = [n for n, t in qm.tensors.items() if hasattr(t, "codes")]
     assert all(qm.tensors[n] is ir.tensors[n] for n in kept), "the Q8_0 checkpoint was re-quantized"
     return qm, len(kept)
@@ -97,7 +100,7 @@ def section(work: Path) -> dict:
             ir[f"{build}_{head}"] = instructions(binary, blob, IDS_15M, d, head == "all_logits")
     speed = {"15M": tok_per_s(blob, fw.binary, IDS_15M)}
     for name in SHIPPED:
-        m = quantize(load_model(ROOT / "models" / name / "model.pt"), "q8", GROUP)
+        m = converted(load_model(ROOT / "models" / name / "model.pt"), "q8")
         b, f = blob_and_firmware(m, "native", work / name)
         speed[name] = tok_per_s(b, f.binary, prompt_ids(m))
     per = {k: v["ir_per_decode_token"] for k, v in ir.items()}

@@ -34,7 +34,6 @@ TIER_NAME = {v: k for k, v in TIER_CODE.items()}
 NONE_ID = 0xFFFFFFFF
 CONFIG_FMT = "<10I2f4I"        # 64-byte config block at offset 48 (v2: ple_dim, out_vocab, 2 reserved)
 PINNED_TO_FLASH = ("tokenizer", "ple.table", golden.SECTION)   # sections the firmware reads from flash only
-HEAD_PRUNE = "head.prune"      # the greedy head's pruning records (converter/headprune.py)
 STOP_SECTION = "tokenizer.stop"   # u32 n, u32 ids[n]: generation ends at any of these ids
 ENTRY_FMT = "<32s8I"
 
@@ -189,8 +188,9 @@ def decode_stop_ids(buf: bytes, vocab: int) -> tuple[int, ...]:
 
 def _sections(qm: QuantModel, golden_fault: int | None = None) -> list[tuple[str, str, int, int, int, bool, bytes]]:
     """(name, fmt, rows, cols, group, scale16, data) in blob order: tokenizer (its stop ids,
-    tokenizer.stop, and its device encoder's tables, tokenizer.enc), RoPE tables, tensors, the
-    head's pruning records, the golden check (converter/golden.py; ``golden_fault``: a test's
+    tokenizer.stop, and its device encoder's tables, tokenizer.enc), RoPE tables, tensors, with
+    a head index its centre rows and tiles (the head's rows then stored in tile order,
+    converter/headprune.py), and the golden check (converter/golden.py; ``golden_fault``: a test's
     deliberately wrong step)."""
     c = qm.config
     tok = encode_tokenizer(qm.tokenizer, c.vocab_size)
@@ -203,15 +203,23 @@ def _sections(qm: QuantModel, golden_fault: int | None = None) -> list[tuple[str
     for name, t in (("rope.cos", qm.rope_cos), ("rope.sin", qm.rope_sin)):
         a = np.ascontiguousarray(t, "<f4")
         out.append((name, "f32", a.shape[0], a.shape[1], 0, False, a.tobytes()))
+    index = qm.head_index
+    head = "tok_embeddings" if c.tied else "output"
     for name in c.tensor_shapes():
         t = qm.tensors[name]
+        if index is not None and name == head:
+            t = headprune.stored_head(t, index)
         if isinstance(t, QTensor):
             out.append((name, t.fmt, t.shape[0], t.shape[1], t.group_size, t.scale16, encode_qtensor(t)))
         else:
             a = np.ascontiguousarray(t, "<f4").reshape(1, -1)
             out.append((name, "f32", 1, a.shape[1], 0, False, a.tobytes()))
-    prune = headprune.section_bytes(qm.head(), c.n_out)
-    out.append((HEAD_PRUNE, "bytes", 1, len(prune), 0, False, prune))
+    if index is not None:
+        cen = index.centroids
+        out.append((headprune.CENTROIDS, cen.fmt, cen.shape[0], cen.shape[1], cen.group_size, cen.scale16,
+                    encode_qtensor(cen)))
+        tiles = headprune.section_bytes(index, qm.head().shape[0])
+        out.append((headprune.SECTION, "bytes", 1, len(tiles), 0, False, tiles))
     gold = golden.section_bytes(qm, golden_fault)
     out.append((golden.SECTION, "bytes", 1, len(gold), 0, False, gold))
     return out
@@ -381,6 +389,7 @@ class BlobHeader:
     eos_id: int | None
     entries: list[Entry]
     state_tiers: int = 0          # where the engine's RAM buffers live (see unpack_state_tiers)
+    head_scan: object = None      # costmodel.HeadScan: the head index's header, if the blob has one
 
     @property
     def tiers(self) -> dict[str, str]:
@@ -441,7 +450,17 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
         entries.append(Entry(name, fname, rows, cols, g, TIER_NAME[tier], off, length, stride, s16))
     return BlobHeader(version, total, crc, mhash, layout_id, cfg,
                       None if v[8] == NONE_ID else v[8], None if v[9] == NONE_ID else v[9], entries,
-                      state_tiers)
+                      state_tiers, _head_scan(blob, entries))
+
+
+def _head_scan(blob: bytes, entries: list[Entry]):
+    """The head index's header fields the planner uses (read_blob validates the rest)."""
+    from .costmodel import HeadScan
+    e = next((e for e in entries if e.name == headprune.SECTION and e.fmt == "bytes"), None)
+    if e is None or e.length < headprune.HEADER.size:
+        return None
+    n_tiles, mb, rows, tiles = headprune.HEADER.unpack_from(blob, e.offset)[:4]
+    return HeadScan(n_tiles, mb, rows, tiles)
 
 
 def read_header(path) -> BlobHeader:
@@ -458,7 +477,7 @@ def read_blob(path_or_bytes) -> QuantModel:
     h = parse_header(blob, what)
     c = h.config
     by = {e.name: e for e in h.entries}
-    want = set(c.tensor_shapes()) | {"tokenizer", STOP_SECTION, "rope.cos", "rope.sin", HEAD_PRUNE}
+    want = set(c.tensor_shapes()) | {"tokenizer", STOP_SECTION, "rope.cos", "rope.sin"}
     missing = want - set(by)
     if missing:
         raise BlobError(f"{what}: missing tensors: {', '.join(sorted(missing)[:3])}")
@@ -494,9 +513,7 @@ def read_blob(path_or_bytes) -> QuantModel:
     except BlobError as err:
         raise BlobError(f"{what}: {err}") from None
     qm = QuantModel(c, tensors, rope["rope.cos"], rope["rope.sin"], tok, source=what, stops=stops)
-    e = by[HEAD_PRUNE]
-    if blob[e.offset:e.offset + e.length] != headprune.section_bytes(qm.head(), c.n_out):
-        raise BlobError(f"{what}: {HEAD_PRUNE} does not match the output layer's rows (re-run flashlm convert)")
+    qm.head_index = _read_head_index(blob, by, qm, what)
     read_golden(blob, h, what)
     return qm
 
@@ -514,3 +531,30 @@ def read_golden(blob: bytes, h: BlobHeader | None = None, what: str = "blob") ->
                              h.config.max_seq_len)
     except ModelError as err:
         raise BlobError(f"{what}: {err}") from None
+
+
+def _read_head_index(blob: bytes, by: dict, qm: QuantModel, what: str):
+    """The head index, if the blob has one, with the head's rows put back in token order; refused
+    unless its structure is sound (blob.c's checks) and every radius is exactly the one the rows
+    and centres give (a smaller one would break the scan's exactness)."""
+    names = {headprune.CENTROIDS, headprune.SECTION}
+    if not names & set(by):
+        return None
+    if not names <= set(by):
+        raise BlobError(f"{what}: {headprune.CENTROIDS} and {headprune.SECTION} come together")
+    c, head_name = qm.config, "tok_embeddings" if qm.config.tied else "output"
+    head, e = qm.tensors[head_name], by[headprune.CENTROIDS]
+    if e.fmt != "q8" or e.cols != c.dim or e.group_size != head.group_size or e.scale16 != head.scale16:
+        raise BlobError(f"{what}: {headprune.CENTROIDS} must be q8 rows of dim {c.dim} in the head's groups")
+    cen = decode_qtensor(blob[e.offset:e.offset + e.length], "q8", e.rows, e.cols, e.group_size, e.scale16)
+    e = by[headprune.SECTION]
+    try:
+        index = headprune.read_section(blob[e.offset:e.offset + e.length], c.n_out, head.shape[0], cen)
+    except ModelError as err:
+        raise BlobError(f"{what}: {err}") from None
+    qm.tensors[head_name] = head = headprune.token_order_head(head, index)
+    w = headprune.dequantized(head, c.n_out)
+    tiles = [index.perm[a:b] for a, b in zip(index.starts, index.ends())]
+    if not np.array_equal(index.radius.view("<u4"), headprune.radii(w, tiles, cen).view("<u4")):
+        raise BlobError(f"{what}: {headprune.SECTION}: a tile radius is not the one its rows give (re-run flashlm convert)")
+    return index

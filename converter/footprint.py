@@ -79,7 +79,11 @@ def staging_bound(cfg: ModelConfig, min_group: int) -> int:
             total += _up64(shape[0] * 4)
         else:
             total += _up64(shape[0] * row_stride("q8", shape[1], min_group))
-    return total + 2 * _up64(cfg.max_seq_len * cfg.head_dim // 2 * 4) + _up64(8 * cfg.n_out)   # RoPE, head.prune
+    # RoPE, and a head index of at most one tile per head row: its centre rows and head.tiles
+    from .headprune import section_length
+    head_rows = cfg.vocab_size if cfg.tied else cfg.n_out
+    index = _up64(cfg.n_out * row_stride("q8", cfg.dim, min_group)) + _up64(section_length(cfg.n_out, cfg.n_out, head_rows))
+    return total + 2 * _up64(cfg.max_seq_len * cfg.head_dim // 2 * 4) + index
 
 
 def layout_needs(header, default: str = "sram") -> dict[str, int]:
@@ -90,7 +94,7 @@ def layout_needs(header, default: str = "sram") -> dict[str, int]:
     min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
     regions = {r: (default if t == "default" else t) for r, t in unpack_state_tiers(header.state_tiers).items()}
     staged: dict[str, list[int]] = {"psram": [], "sram": []}
-    used = (set(cfg.tensor_shapes()) | {"rope.cos", "rope.sin", "head.prune"}) - {"ple.table"}   # the table is never staged
+    used = (set(cfg.tensor_shapes()) | {"rope.cos", "rope.sin", "head.centroids", "head.tiles"}) - {"ple.table"}   # the table is never staged
     for e in header.entries:
         if e.tier in staged and e.name in used:
             staged[e.tier].append(e.length)

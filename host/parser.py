@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--ctx", "--context", type=positive_int, metavar="N", dest="ctx",
                    help="context length of the converted model (default: the checkpoint's, e.g. a Hugging Face "
                         "max_position_embeddings); at most the checkpoint's")
+    c.add_argument("--head-index", choices=("auto", "on", "off"), default="auto",
+                   help="the greedy head's tile index: auto keeps it when calibration shows it pays, on always, off never")
     c.add_argument("--no-report", action="store_true", help="skip the quality report")
     c.set_defaults(func=cmd_convert)
 

@@ -244,7 +244,7 @@ void app_text_session(void) {
         memset(&st, 0, sizeof st);
         flm_body(&flm_dev.state, tok, pos, &st);
         if (pos + 1u < n) { tok = flm_dev.prompt[pos + 1u]; continue; }   /* prefill: no output layer */
-        tok = flm_head_argmax(&flm_dev.state, &st);                       /* greedy: the pruned scan */
+        tok = flm_head_argmax(&flm_dev.state, &st);                       /* greedy: the tile scan */
         generated++;
         if (flm_is_stop(m, tok)) { end = "end of text"; break; }
         uint32_t plen;

@@ -21,10 +21,10 @@
 #define FLM_RXBUF_BYTES (FLM_RX_CAP > 192 ? FLM_RX_CAP : 192)
 
 #ifndef FLM_MAX_ENTRIES
-/* tensor-table entries a LAYOUT may address: at most 13 outside the layers (tokenizer, tokenizer.stop,
+/* tensor-table entries a LAYOUT may address: at most 14 outside the layers (tokenizer, tokenizer.stop,
  * tokenizer.enc, rope.cos, rope.sin, tok_embeddings, ple.table, ple.proj, ple.norm, norm, output,
- * head.prune, golden) */
-#define FLM_MAX_ENTRIES (13 + 12 * FLM_MAX_LAYERS)
+ * head.centroids, head.tiles, golden) */
+#define FLM_MAX_ENTRIES (14 + 12 * FLM_MAX_LAYERS)
 #endif
 
 typedef struct { uint8_t *base; size_t cap, used; } flm_pool;

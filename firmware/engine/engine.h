@@ -49,10 +49,12 @@ void flm_state_init_regions(flm_state *s, const flm_model *m, uint8_t *const bas
  * adds its phases' times and byte counts to st (zeroed by the caller), the head sets head_rows. */
 /* Token at pos (< seq_len) through every layer; its K and V rows are stored at pos. */
 void flm_body(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st);
-/* Final RMSNorm and the whole output layer: returns the logits[n_out]; head_rows = n_out. */
+/* Final RMSNorm and the whole output layer: returns the logits[n_out] in token order (with a head
+ * index through its row -> token map); head_rows = n_out. */
 const float *flm_head(flm_state *s, flm_step_stats *st);
-/* Final RMSNorm and the greedy output layer, pruned exactly (docs/formats.md section 3): returns
- * the full scan's first maximum; head_rows = the head.prune records visited. */
+/* Final RMSNorm and the greedy output layer: the full scan's first maximum (for finite logits),
+ * by the head index's tile scan (docs/formats.md section 3; head_rows = the rows of the tiles it
+ * visited), or without an index by the whole head (head_rows = n_out). */
 uint32_t flm_head_argmax(flm_state *s, flm_step_stats *st);
 /* Sliding window: keep position 0, drop positions [1, 1 + n_drop), move the cached rows of
  * [1 + n_drop, seq_len) down by n_drop (K rows rotated back by n_drop positions). Timed as attention. */

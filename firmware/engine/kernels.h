@@ -22,19 +22,12 @@ void flm_quantize_i8(const float *x, uint32_t n, uint32_t g, int8_t *q, float *x
 /* out[r] = fold over groups of float(int32 group dot) * (wscale * xscale); xq/xs from flm_quantize_act
  * with the tensor's group size. All rows on the calling core (the engine calls hal_matvec). */
 void flm_matvec(const flm_tensor *w, const flm_act *xq, const float *xs, float *out);
-/* Rows [r0, r1) of flm_matvec's output, bit for bit (for a hal_matvec that splits the rows). */
+/* Rows [r0, r1) of flm_matvec's output, bit for bit (for a hal_matvec that splits the rows, and the
+ * greedy head's tile scan: a tile is a run of rows). */
 void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_act *xq, const float *xs, float *out);
-/* Row r of flm_matvec's output, bit for bit (the pruned greedy head computes rows one at a time;
- * the tensor must be row-major). */
+/* Row r of flm_matvec's output, bit for bit (the boot self-check compares rows one at a time; the
+ * tensor must be row-major). */
 float flm_matvec_row(const flm_tensor *w, uint32_t r, const flm_act *xq, const float *xs);
-/* A hint that row r of w is read soon (the pruned head's scan, whose rows come in no memory order):
- * its cache lines (64 bytes or more) are requested now where the core has a prefetch instruction;
- * nothing else. */
-static inline void flm_prefetch_row(const flm_tensor *w, uint32_t r) {
-    const uint8_t *p = w->data + (size_t)r * w->stride, *end = p + w->stride;
-    for (; p < end; p += 64) __builtin_prefetch(p);
-    __builtin_prefetch(end - 1);
-}
 /* Dequantize row r of a q8/q4 tensor into out[cols]: code * scale. */
 void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out);
 /* One group's exact dot product of n codes (int8, or int4 two per byte, low nibble first) with n

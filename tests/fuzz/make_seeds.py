@@ -19,7 +19,7 @@ from make_blob import FUZZ_MODEL, models  # noqa: E402
 from host import protocol as P  # noqa: E402
 
 REC, RAW_KIND, LAYOUT_AUTO = 1, 0xFF, 0xFE
-N_ENTRIES = 18     # table entries of FUZZ_MODEL's blob (checked in app_seeds)
+N_ENTRIES = 19     # table entries of FUZZ_MODEL's blob, head index and golden included (checked in app_seeds)
 
 
 def rec(kind: int, payload: bytes = b"") -> bytes:
