@@ -21,6 +21,19 @@
 
 enum { FADD, FSUB, FMUL, FDIV, FCMPEQ, FCMPLT, FCMPLE, FCMPGT, FCMPGE, I2F, UI2F, F2IZ, GTERM, RSCALE, QCODE, NOP };
 
+#ifdef FLM_GROUP_TERM   /* softfloat_m0.s's (through hal_rp2040.h) */
+float flm_group_term(int32_t isum, float sc, float xs);
+#else                   /* built on libgcc's soft-float (bench/kernels.py build_probe): the plain expressions */
+static float flm_group_term(int32_t isum, float sc, float xs) { return (float)isum * (sc * xs); }
+static float flm_rs_scale(int32_t acc, float s, float x) { return (float)acc * (s * x); }
+static void flm_quant_codes_m0(const float *x, uint32_t n, float inv, int8_t *q) {
+    for (uint32_t i = 0; i < n; i++) {
+        const float v = x[i] * inv;
+        q[i] = (int8_t)(v != v ? 0 : v > 127.0f ? 127 : v < -127.0f ? -127 : (int32_t)(v + (v < 0.0f ? -0.5f : 0.5f)));
+    }
+}
+#endif
+
 #define SYST_CSR (*(volatile uint32_t *)0xe000e010u)
 #define SYST_RVR (*(volatile uint32_t *)0xe000e014u)
 #define SYST_CVR (*(volatile uint32_t *)0xe000e018u)

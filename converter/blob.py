@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import headprune
+from . import golden, headprune
 from .files import read_file
 from .ir import MAX_STOP_IDS, ModelConfig, ModelError, QTensor, StopIds, Tokenizer
 from .quantize import MAX_GROUP, MAX_GROUP_ROW, QuantModel
@@ -34,7 +34,7 @@ TIER_CODE = {"flash": 0, "psram": 1, "sram": 2}
 TIER_NAME = {v: k for k, v in TIER_CODE.items()}
 NONE_ID = 0xFFFFFFFF
 CONFIG_FMT = "<10I2f4I"        # 64-byte config block at offset 48 (v2: ple_dim, out_vocab, 2 reserved)
-PINNED_TO_FLASH = ("tokenizer", "ple.table")   # sections the firmware reads from flash only
+PINNED_TO_FLASH = ("tokenizer", "ple.table", golden.SECTION)   # sections the firmware reads from flash only
 STOP_SECTION = "tokenizer.stop"   # u32 n, u32 ids[n]: generation ends at any of these ids
 ENTRY_FMT = "<32s8I"
 
@@ -205,11 +205,12 @@ def decode_stop_ids(buf: bytes, vocab: int) -> tuple[int, ...]:
     return ids
 
 
-def _sections(qm: QuantModel) -> list[tuple[str, str, int, int, int, bool, bytes]]:
+def _sections(qm: QuantModel, golden_fault: int | None = None) -> list[tuple[str, str, int, int, int, int, bytes]]:
     """(name, fmt, rows, cols, group, format flags, data) in blob order: tokenizer (its stop ids,
-    tokenizer.stop, and its device encoder's tables, tokenizer.enc), RoPE tables, tensors, and with
+    tokenizer.stop, and its device encoder's tables, tokenizer.enc), RoPE tables, tensors, with
     a head index its centre rows and tiles (the head's rows then stored in tile order,
-    converter/headprune.py)."""
+    converter/headprune.py), and the golden check (converter/golden.py; ``golden_fault``: a test's
+    deliberately wrong step)."""
     c = qm.config
     tok = encode_tokenizer(qm.tokenizer, c.vocab_size)
     qm.stops.check(c.vocab_size)
@@ -238,6 +239,8 @@ def _sections(qm: QuantModel) -> list[tuple[str, str, int, int, int, bool, bytes
                     encode_qtensor(cen)))
         tiles = headprune.section_bytes(index, qm.head().shape[0])
         out.append((headprune.SECTION, "bytes", 1, len(tiles), 0, False, tiles))
+    gold = golden.section_bytes(qm, golden_fault)
+    out.append((golden.SECTION, "bytes", 1, len(gold), 0, False, gold))
     return out
 
 
@@ -322,14 +325,15 @@ def layout_id_of(tier_codes, state_tiers: int = 0) -> int:
 
 
 def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None,
-               state: dict[str, str] | int | None = None, kv: str = "f32") -> bytes:
+               state: dict[str, str] | int | None = None, kv: str = "f32", golden_fault: int | None = None) -> bytes:
     """Serialize; ``tiers`` maps tensor name -> tier (default: everything read from flash);
     ``state`` places the engine's RAM buffers (``kv``, ``logits``, ``scratch``) on psram/sram;
-    ``kv`` is the KV cache's format (f32, int8)."""
+    ``kv`` is the KV cache's format (f32, int8); ``golden_fault`` (tests only): the golden check's
+    CRC of that step is wrong, so a board reports the step as the first that differs."""
     tiers = tiers or {}
     check_pinned(tiers)
     state_tiers = pack_state_tiers(state, kv)
-    secs = _sections(qm)
+    secs = _sections(qm, golden_fault)
     if any(len(s[0]) > 31 for s in secs):
         raise BlobError("a tensor name is longer than 31 bytes")
     table_off = HEADER_SIZE
@@ -536,7 +540,23 @@ def read_blob(path_or_bytes) -> QuantModel:
         raise BlobError(f"{what}: {err}") from None
     qm = QuantModel(c, tensors, rope["rope.cos"], rope["rope.sin"], tok, source=what, stops=stops)
     qm.head_index = _read_head_index(blob, by, qm, what)
+    read_golden(blob, h, what)
     return qm
+
+
+def read_golden(blob: bytes, h: BlobHeader | None = None, what: str = "blob") -> golden.Golden | None:
+    """The blob's golden check (converter/golden.py), validated; None for a blob without one."""
+    h = h or parse_header(blob, what)
+    e = next((e for e in h.entries if e.name == golden.SECTION), None)
+    if e is None:
+        return None
+    if e.fmt != "bytes":
+        raise BlobError(f"{what}: the {golden.SECTION} section is not a bytes section")
+    try:
+        return golden.decode(blob[e.offset:e.offset + e.length], h.config.vocab_size, h.config.n_out,
+                             h.config.max_seq_len)
+    except ModelError as err:
+        raise BlobError(f"{what}: {err}") from None
 
 
 def _read_head_index(blob: bytes, by: dict, qm: QuantModel, what: str):

@@ -101,6 +101,11 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
     console.print(f"  device tokenizer (text prompts encoded on the board): "
                   f"{enc_about if enc is not None else 'none, ' + enc_about}", markup=False, soft_wrap=True)
     console.print(f"  stop ids: {qm.stops.describe()}", markup=False, soft_wrap=True)
+    from converter.blob import read_golden
+    g = read_golden((outdir / BLOB_NAME).read_bytes())
+    console.print(f"  golden check (the board repeats the reference's steps): prompt {list(g.prompt)}, "
+                  + ", ".join(f"{len(r)} steps with the {kv} KV cache" for kv, r in g.blocks.items())
+                  + f"; {g.boot_steps} at boot", markup=False, soft_wrap=True)
     cfg = asdict(c)
     t = qm.tokenizer
     cfg["bos_id"] = t.bos_id if t is not None else None

@@ -11,7 +11,7 @@ import numpy as np
 
 from .cobs import MAX_PAYLOAD, ProtocolError, encode_raw_frame
 
-PROTO_VERSION = 2
+PROTO_VERSION = 3
 
 
 class MsgType(enum.IntEnum):
@@ -21,6 +21,7 @@ class MsgType(enum.IntEnum):
     STOP = 0x04
     RESEND = 0x05
     GENERATE_TEXT = 0x06
+    SELFTEST = 0x07
     HELLO = 0x81
     TOKEN = 0x82
     DONE = 0x83
@@ -57,6 +58,13 @@ HELLO_FLAG_TEXT = 0x4         # the device encodes text prompts (GENERATE_TEXT, 
 RESEND_MAX = 32               # steps one RESEND may name
 RESEND_DONE = 0xFFFFFFFF      # the step number that asks for the generation's DONE
 RESENT_STATES = ("idle", "generating", "ended")
+GOLDEN_STATES = ("none", "not_run", "exact", "differs")   # HELLO's golden check (docs/formats.md 1.3)
+GOLDEN_NO_STEP = 0xFFFF
+
+
+@dataclass(frozen=True)
+class SelfTest:
+    """Run every step of the image's golden check now; the device answers LOG and HELLO."""
 
 
 @dataclass(frozen=True)
@@ -157,10 +165,25 @@ class Hello:
     board: str
     can_resend: bool = False  # HELLO flag bit1
     can_encode: bool = False  # HELLO flag bit2
+    golden: str = "none"      # the golden check: one of GOLDEN_STATES (version 3)
+    golden_checked: int = 0   # steps compared
+    golden_total: int = 0     # steps the image's golden holds for the KV format in effect
+    golden_first_diff: int | None = None   # the first step that differs
 
     @property
     def clock_name(self) -> str:
         return CLOCKS[self.clock] if 0 <= self.clock < len(CLOCKS) else f"clock {self.clock}"
+
+    @property
+    def bit_exact(self) -> str:
+        """"yes", "no (first step that differs: N)", or why the board cannot say."""
+        if self.golden == "exact":
+            return f"yes ({self.golden_checked} of {self.golden_total} golden steps)"
+        if self.golden == "differs":
+            return f"no (first step that differs: {self.golden_first_diff})"
+        if self.golden == "not_run":
+            return f"not checked yet ({self.golden_total} golden steps; flashlm run --selftest runs them)"
+        return "not checked (the image has no golden check for this KV format; re-run flashlm convert)"
 
 
 @dataclass(frozen=True)
@@ -278,12 +301,17 @@ def _enc_hello(m: Hello) -> bytes:
         sizes = struct.pack("<IIIB", m.layout_id, m.vocab_size, m.max_seq_len, m.clock)
     else:
         sizes = struct.pack("<IIIIB", m.layout_id, m.vocab_size, m.out_vocab, m.max_seq_len, m.clock)
+    golden = b""
+    if m.proto_version >= 3:
+        first = GOLDEN_NO_STEP if m.golden_first_diff is None else m.golden_first_diff
+        golden = struct.pack("<BHHH", GOLDEN_STATES.index(m.golden), m.golden_checked, m.golden_total, first)
     return (
         struct.pack("<HH", m.proto_version, flags)
         + model_hash
         + sizes
         + _s8(m.fw_version)
         + _s8(m.board)
+        + golden
     )
 
 
@@ -331,6 +359,7 @@ def _enc_resent(m: Resent) -> bytes:
 
 _ENCODERS: dict[type, tuple[MsgType, Callable[[Any], bytes]]] = {
     Ping: (MsgType.PING, lambda m: b""),
+    SelfTest: (MsgType.SELFTEST, lambda m: b""),
     Generate: (MsgType.GENERATE, _enc_generate),
     GenerateText: (MsgType.GENERATE_TEXT, _enc_generate_text),
     Layout: (MsgType.LAYOUT, lambda m: struct.pack("<3I", m.layout_id, m.state_tiers, len(m.tiers))
@@ -446,9 +475,15 @@ def _dec_hello(r: _Reader) -> Hello:
     else:
         layout_id, vocab, out_vocab, max_seq, clock = r.unpack("IIIIB")
     fw, board = _text(r.s8()), _text(r.s8())
+    golden, checked, total, first = 0, 0, 0, GOLDEN_NO_STEP
+    if version >= 3:
+        golden, checked, total, first = r.unpack("BHHH")
+        if golden >= len(GOLDEN_STATES):
+            raise ProtocolError(f"HELLO golden state {golden} is unknown")
     r.end()
     return Hello(version, bool(flags & HELLO_FLAG_IMAGE_OK), model_hash, layout_id, vocab, out_vocab,
-                 max_seq, clock, fw, board, bool(flags & HELLO_FLAG_RESEND), bool(flags & HELLO_FLAG_TEXT))
+                 max_seq, clock, fw, board, bool(flags & HELLO_FLAG_RESEND), bool(flags & HELLO_FLAG_TEXT),
+                 GOLDEN_STATES[golden], checked, total, None if first == GOLDEN_NO_STEP else first)
 
 
 def _dec_token(r: _Reader) -> Token:
@@ -523,6 +558,7 @@ def _dec_resent(r: _Reader) -> Resent:
 
 _DECODERS: dict[int, Callable[[_Reader], Message]] = {
     MsgType.PING: _dec_empty(Ping),
+    MsgType.SELFTEST: _dec_empty(SelfTest),
     MsgType.GENERATE: _dec_generate,
     MsgType.GENERATE_TEXT: _dec_generate_text,
     MsgType.LAYOUT: _dec_layout,

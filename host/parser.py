@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="verification mode: every step computes the whole output layer (no prefill skip, no pruning)")
     r.add_argument("--kv", choices=("f32", "int8"),
                    help="switch the board's KV cache format first (a LAYOUT; default: the blob's)")
+    r.add_argument("--selftest", action="store_true",
+                   help="run every step of the image's golden check first (SELFTEST; the boot check runs a few)")
     r.set_defaults(func=cmd_run)
 
     f = sub.add_parser("flash", help="build and upload a PlatformIO project from 'build', then write the blob")

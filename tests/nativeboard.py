@@ -1,7 +1,9 @@
-"""Run a QuantModel on the native virtual board: blob, build (cached per model shape), pty, Link."""
+"""Run a QuantModel on the native virtual board: blob, build (cached per model shape), pty, Link;
+and a board (native or emulated) whose firmware is built wrong on purpose."""
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import time
 import zlib
 from pathlib import Path
@@ -9,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import serial
 
-from converter.blob import write_blob
+from converter.blob import build_blob, write_blob
 from converter.reference import NO_TOKEN
 from firmware.build import build_firmware
 from host.protocol import Done, Error, Generate, Hello, Link, Logits, Ping, Token
-from host.virtual import start_native_board
+from host.virtual import start_emulated_board, start_native_board
 
 _builds: dict = {}
 
@@ -44,6 +46,28 @@ def native_link(qm, tmp: Path, build_root: Path, blob_bytes: bytes | None = None
             link.send(Ping())
             boot = recv_until(link, lambda m: isinstance(m, Hello))
             yield link, boot
+        finally:
+            port.close()
+
+
+@contextlib.contextmanager
+def rebuilt_board(qm, tmp_path, board="native", define=None, make_args=()):
+    """A board running qm with a firmware build changed on purpose (a #define appended to its
+    config header, or make variables); yields (link, boot HELLO, blob bytes)."""
+    blob = tmp_path / "model.flmb"
+    blob.write_bytes(build_blob(qm))
+    fw = build_firmware(board, tmp_path / "fw", blob)
+    if define:
+        cfg = fw.project_dir / "flm_config.h"
+        cfg.write_text(cfg.read_text() + f"#define {define}\n")
+    subprocess.run(["make", "-s", "-B", "-C", str(fw.project_dir), *make_args], check=True, capture_output=True)
+    start = start_native_board if board == "native" else start_emulated_board
+    with start(fw.binary, blob) as b:
+        port = serial.Serial(b.port, 115200, timeout=0.05)
+        try:
+            link = Link(port)
+            link.send(Ping())
+            yield link, recv_until(link, lambda m: isinstance(m, Hello), timeout=120)[-1], blob.read_bytes()
         finally:
             port.close()
 

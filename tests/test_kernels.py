@@ -11,19 +11,16 @@ import subprocess
 
 import numpy as np
 import pytest
-import serial
 
 import bench.kernels as kernels
-from converter.blob import encode_qtensor, row_stride, write_blob
+from converter.blob import encode_qtensor, row_stride
 from converter.ir import QTensor
 from converter.quantize import quantize
 from converter.reference import PackedMatrix
 from emuboard import require_emulator
-from firmware.build import build_firmware
-from host.protocol import Error, Hello, Link, Ping
-from host.virtual import start_emulated_board, start_native_board
+from host.protocol import Error
 from modelzoo import random_model
-from nativeboard import recv_until, run
+from nativeboard import rebuilt_board, recv_until, run
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
@@ -148,24 +145,8 @@ def test_wrong_tuned_kernel_is_refused_at_boot(board, tmp_path):
     if board == "rp2040-emu":
         require_emulator()
     _, ir = random_model(seed=3)
-    qm = quantize(ir, "q8", 32)
-    blob = tmp_path / "model.flmb"
-    write_blob(qm, blob)
-    fw = build_firmware(board, tmp_path / "fw", blob)
-    cfg = fw.project_dir / "flm_config.h"
-    cfg.write_text(cfg.read_text() + "#define FLM_FAULT_TUNED_KERNEL 1\n")
-    subprocess.run(["make", "-s", "-C", str(fw.project_dir)], check=True, capture_output=True)
-    start = start_native_board if board == "native" else start_emulated_board
-    with start(fw.binary, blob) as b:
-        port = serial.Serial(b.port, 115200, timeout=0.05)
-        try:
-            link = Link(port)
-            link.send(Ping())
-            boot = recv_until(link, lambda m: isinstance(m, Error))
-            hello = [m for m in boot if isinstance(m, Hello)][-1]
-            err = boot[-1]
-            assert not hello.image_ok and err.name == "self_check" and "self-check failed" in err.text
-            toks, _, done = run(link, [1, 2, 3], 2)
-        finally:
-            port.close()
+    with rebuilt_board(quantize(ir, "q8", 32), tmp_path, board, define="FLM_FAULT_TUNED_KERNEL 1") as (link, hello, _):
+        err = recv_until(link, lambda m: isinstance(m, Error))[-1]
+        assert not hello.image_ok and err.name == "self_check" and "self-check failed" in err.text
+        toks, _, done = run(link, [1, 2, 3], 2)
     assert toks == [] and isinstance(done, Error) and done.name == "self_check"

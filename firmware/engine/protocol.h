@@ -5,11 +5,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FLM_PROTO_VERSION 2u
+#define FLM_PROTO_VERSION 3u
 
 enum flm_msg {
     FLM_PING = 0x01, FLM_GENERATE = 0x02, FLM_LAYOUT = 0x03, FLM_STOP = 0x04, FLM_RESEND = 0x05,
-    FLM_GENERATE_TEXT = 0x06,
+    FLM_GENERATE_TEXT = 0x06, FLM_SELFTEST = 0x07,
     FLM_HELLO = 0x81, FLM_TOKEN = 0x82, FLM_DONE = 0x83, FLM_ERROR = 0x84,
     FLM_LOGITS = 0x85, FLM_LOG = 0x86, FLM_RESENT = 0x87
 };
