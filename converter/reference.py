@@ -246,7 +246,9 @@ def attend_int8(q: np.ndarray, kc: np.ndarray, ks: np.ndarray, vc: np.ndarray, v
         with np.errstate(over="ignore", invalid="ignore"):
             n = to_fixed(isum.astype(F) * (ks[:, kh] * c))
         p = softmax_q15(n)
-        w = p.astype(F) * vs[:, kh]
+        with np.errstate(over="ignore", invalid="ignore"):
+            w = p.astype(F) * vs[:, kh]
+        w = np.where(np.isfinite(w), w, F(0))      # a broken model's inf/NaN scales weigh nothing
         wmax = F(w.max())
         if not wmax > 0:
             continue

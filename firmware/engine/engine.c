@@ -152,8 +152,10 @@ static int32_t to_fixed(float v) {
     return b >> 31 ? -n : n;
 }
 
-/* The integer nearest to w 2^-e (ties away) for a float w >= 0 whose quotient is at most 2^23. */
+/* The integer nearest to w 2^-e (ties away) for a float w >= 0 whose quotient is at most 2^23; 0 for
+ * an infinite or NaN w (a broken model's V scale), as the reference. */
 static int32_t round_scaled(uint32_t wb, int32_t e) {
+    if (wb >= 0x7f800000u) return 0;
     const uint32_t eb = wb >> 23, sig = eb ? (wb & 0x7fffffu) | 0x800000u : wb;
     const int32_t s = (int32_t)(eb ? eb : 1u) - 150 - e;       /* w 2^-e = sig 2^s */
     if (s >= 0) return (int32_t)(sig << s);
