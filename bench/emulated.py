@@ -15,7 +15,9 @@ and q4, decode and prefill apart, and decode again with the XIP model off.
 * the planner's predicted µs per phase beside the emulated ones (rp2040-emu's flash tier: one
   line fill of ``line_cycles`` per 8 bytes, the harness's XIP model's cost);
 * with the XIP model off (rp2040js as is: a flash read costs what an SRAM read costs): cycles per
-  decode token and per phase;
+  decode token and per phase; and so for the default q8 model in issue 12's format too (f32 scales
+  per group, f32 KV cache and float attention: what its 19.6M cycles per token were measured on),
+  beside convert's default (row scales, int8 KV cache, integer attention);
 * the time the device tokenizer takes to encode text prompts (GENERATE_TEXT's LOG line);
 * the golden check's time at boot and on SELFTEST (its LOG line, the firmware's clock).
 """
@@ -76,10 +78,10 @@ def xip_per_token(h: list[dict], flash_bytes: int, device_us: float) -> dict:
                 flash_MBps_while_stalled=flash_bytes / data_stall_us, flash_MBps_per_token=flash_bytes / device_us)
 
 
-def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True) -> dict:
-    """One generation of the prompt and ``new_tokens`` on the emulated RP2040 (deterministic: one run);
-    with the XIP model, after a SELFTEST (every golden step)."""
-    blob, fw = blob_and_firmware(qm, BOARD, work)
+def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: str = "int8") -> dict:
+    """One generation of the prompt and ``new_tokens`` on the emulated RP2040 (deterministic: one run)
+    with the KV cache ``kv``; with the XIP model, after a SELFTEST (every golden step)."""
+    blob, fw = blob_and_firmware(qm, BOARD, work, kv=kv)
     m = re.search(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s", fw.size_text, re.M)
     with start_emulated_board(fw.binary, blob, xip_model=xip_model) as board, session(board.port) as s:
         checked = s.selftest(timeout=600) if xip_model else None
@@ -143,8 +145,16 @@ def section(work: Path) -> dict:
     out = {f"rp2040_emu_{fmt}": emu_run(default_quant(fmt), work / f"emu-{fmt}") for fmt in FORMATS}
     out.update({f"rp2040_emu_{fmt}_xip_off": emu_run(default_quant(fmt), work / f"emu-{fmt}", xip_model=False)
                 for fmt in FORMATS})
-    e8, e4 = out["rp2040_emu_q8"], out["rp2040_emu_q4"]
+    # issue 12's format: f32 scales per group, f32 KV cache (float attention), XIP model off
+    out["rp2040_emu_q8_f32_scales_f32_kv_xip_off"] = base = emu_run(default_quant("q8", "f32"), work / "emu-q8-f32",
+                                                                     xip_model=False, kv="f32")
+    e8, e4, off = out["rp2040_emu_q8"], out["rp2040_emu_q4"], out["rp2040_emu_q8_xip_off"]
     out["ratios"] = {
+        "emulated q8 cycles per decode token / issue 12's target (10M), XIP model off": off["cycles_per_token"] / 10e6,
+        "emulated q8 cycles per decode token, row scales + int8 KV / f32 scales + f32 KV, XIP model off":
+            off["cycles_per_token"] / base["cycles_per_token"],
+        "emulated q8 attention cycles, integer (int8 KV) / float (f32 KV), XIP model off":
+            off["phase_cycles_median"]["attention"] / base["phase_cycles_median"]["attention"],
         **{f"emulated {fmt} cycles per decode token, XIP model on/off": out[f"rp2040_emu_{fmt}"]["cycles_per_token"]
            / out[f"rp2040_emu_{fmt}_xip_off"]["cycles_per_token"] for fmt in FORMATS},
         **{f"emulator speed, instruction Mcycles per wall s (host clock), XIP model on/off, {fmt}":

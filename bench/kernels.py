@@ -5,10 +5,12 @@ A probe firmware (bench/rp2040_probe.c in place of the app's main.c; the same en
 soft-float and compiler flags as the real firmware) times, with the Cortex-M0+'s SysTick counting
 processor clock cycles (rp2040js's per-instruction cycle counts):
 
-* the matvec (flm_matvec: group dots, scales, float fold) in cycles per weight, q8 and q4, groups
-  of 32 and 128, f32 scales; the integer group dots alone over the same bytes (one call of
-  flm_dot_q8 / flm_dot_q4 per group, so a call's cost per group included; the matvec inlines
-  them); the activation quantization (flm_quantize_act) per input element;
+* the matvec (flm_matvec) in cycles per weight, q8 and q4, groups of 32 and 128, row-scaled (the
+  default format: integer group dots, an integer fold, one float scaling per row) and with f32
+  scales per group (group dots, a float term each, a float fold); the integer group dots alone over
+  the same bytes (one call of flm_dot_q8 / flm_dot_q4 per group, so a call's cost per group
+  included; the matvec inlines them); the activation quantization (flm_quantize_act) per input
+  element;
 * each soft-float entry point (__aeabi_fadd ...) in cycles per call, the cost of a call to an
   empty function subtracted.
 
@@ -222,10 +224,12 @@ def measure(work: Path) -> dict:
         for fmt, fname in ((Q8, "q8"), (Q4, "q4")):
             for g in (32, 128):
                 n = cols * rows
-                mv[f"{fname}_g{g}"] = dict(matvec=p.matvec_cycles(0, fmt, g, cols, rows) / n,
+                mv[f"{fname}_g{g}"] = dict(matvec_row_scaled=p.matvec_cycles(0, fmt, g, cols, rows, 2) / n,
+                                           matvec=p.matvec_cycles(0, fmt, g, cols, rows) / n,
                                            dot_only=p.matvec_cycles(1, fmt, g, cols, rows) / n)
         out["cycles_per_weight"] = mv
-        out["cycles_per_weight_shape"] = f"{rows} rows x {cols} columns, f32 scales, codes in SRAM"
+        out["cycles_per_weight_shape"] = (f"{rows} rows x {cols} columns, codes in SRAM; matvec: f32 scales per "
+                                          "group, matvec_row_scaled: row scales (the default)")
         out["quantize_act_cycles_per_element"] = {f"g{g}": p.matvec_cycles(2, Q8, g, cols, 8) / (8 * cols)
                                                   for g in (32, 128)}
         count = 4096
@@ -238,7 +242,14 @@ def section(work: Path) -> dict:
     """make bench's kernels section: measure() and the ratios it shows within one run."""
     k = measure(work)
     mv = k["cycles_per_weight"]
+    rs = {g: mv[f"q8_g{g}"]["matvec_row_scaled"] for g in (32, 128)}
     return {"kernels": k, "ratios": {
+        # issue 12's targets: an int8 matvec at <= 6 cycles per weight at g32, <= 4 at g128
+        "kernels q8 row-scaled cycles per weight / issue 12's target, g32 (6)": rs[32] / 6.0,
+        "kernels q8 row-scaled cycles per weight / issue 12's target, g128 (4)": rs[128] / 4.0,
+        **{f"kernels q8 row-scaled / f32-scaled cycles per weight, g{g}": rs[g] / mv[f"q8_g{g}"]["matvec"]
+           for g in (32, 128)},
+        "kernels q4/q8 row-scaled cycles per weight, g32": mv["q4_g32"]["matvec_row_scaled"] / rs[32],
         "kernels q4/q8 cycles per weight, g32": mv["q4_g32"]["matvec"] / mv["q8_g32"]["matvec"],
         "kernels g128/g32 cycles per weight, q8": mv["q8_g128"]["matvec"] / mv["q8_g32"]["matvec"],
         "kernels int dot share of the q8 g32 matvec": mv["q8_g32"]["dot_only"] / mv["q8_g32"]["matvec"]}}
@@ -252,7 +263,8 @@ def main() -> None:
     print(f"boot self-check: {'ok' if res['self_check'] == 0 else 'FAILED'}")
     print(f"matvec cycles per weight ({res['cycles_per_weight_shape']}):")
     for k, v in res["cycles_per_weight"].items():
-        print(f"  {k:8s} matvec {v['matvec']:6.2f}   group dots alone {v['dot_only']:6.2f}")
+        print(f"  {k:8s} matvec row-scaled {v['matvec_row_scaled']:6.2f}   f32 scales {v['matvec']:6.2f}   "
+              f"group dots alone {v['dot_only']:6.2f}")
     for k, v in res["quantize_act_cycles_per_element"].items():
         print(f"  quantize_act {k}: {v:6.2f} cycles per element")
     print("soft-float cycles per call (beyond an empty call):")

@@ -31,18 +31,20 @@ def default_ir():
     return load_model(MODEL / "model.pt")
 
 
-def converted(ir, fmt: str, overrides=()):
-    """``ir`` quantized to ``fmt`` in groups of 32 with ``overrides``, and the greedy head's index
-    if the calibration keeps it: what ``flashlm convert`` makes (--head-index auto)."""
-    qm = quantize(ir, fmt, GROUP, list(overrides))
+def converted(ir, fmt: str, overrides=(), scales: str | None = None):
+    """``ir`` quantized to ``fmt`` in groups of 32 with ``overrides`` (and ``scales``, convert's
+    --scales), and the greedy head's index if the calibration keeps it: what ``flashlm convert``
+    makes (--head-index auto)."""
+    qm = quantize(ir, fmt, GROUP, list(overrides), scales=scales)
     qm.head_index = headcalib.calibrate(qm)[0]
     return qm
 
 
 @functools.cache
-def default_quant(fmt: str):
-    """The default model as ``flashlm convert --format fmt`` makes it (q8 / q4, group 32)."""
-    return converted(default_ir(), fmt)
+def default_quant(fmt: str, scales: str | None = None):
+    """The default model as ``flashlm convert --format fmt [--scales scales]`` makes it (q8 / q4,
+    group 32)."""
+    return converted(default_ir(), fmt, scales=scales)
 
 
 # The 15M-parameter llama2.c shape (stories15M: dim 288, 6 layers, 6 heads, vocab 32000, context 256)

@@ -36,18 +36,22 @@ RAM_TIERS = ("psram", "sram")
 ALIGN = 64
 HEADER_SIZE, ENTRY_SIZE = 112, 64
 
-# [EST] float operations per call of the engine's own functions (flm_math.c): expf is a range
-# reduction plus a degree-6 polynomial, sqrt a few Newton steps, silu = x / (1 + exp(-x)),
+# Float operations per call of the engine's own functions (flm_math.c), in units of an add or a
+# multiply: expf is one multiply, then integers (a rounding on the bits, a table entry interpolated,
+# the exponent packed) [EST 2]; a division [EMU 3: bench.kernels' soft-float fdiv 177 cycles against
+# fadd/fmul 60-71 on the emulated RP2040]; sqrt a few Newton steps [EST]; silu = x / (1 + exp(-x)),
 # gelu = x / (1 + exp(-2u)) with u = x (K0 + K1 x^2).
-FLOPS_EXP = 16
+FLOPS_EXP = 2
 FLOPS_SQRT = 20
-FLOPS_DIV = 10
+FLOPS_DIV = 3
 FLOPS_GELU = 6 + FLOPS_EXP + FLOPS_DIV
-Q4_MAC_FACTOR = 1.5      # [EST] nibble unpacking per multiply-accumulate
-# compute defaults for a profile without [compute], by chip: RP2040 from our calibration on the
-# rp2040-emu board (boards/pico.toml [EMU]: rp2040js cycle counts of the engine with its assembly
-# kernels and own soft-float, fitted to the emulated per-phase cycles of models/default q8 and q4)
-CHIP_COMPUTE = {"RP2040": (2.7, 68.0)}
+Q4_MAC_FACTOR = 1.5      # [EST] a q4 multiply-accumulate against a q8 one: nibble unpacking (portable C)
+# Compute defaults for a profile without [compute], by chip: (cycles per MAC, per float operation,
+# q4 MAC factor). RP2040: our calibration on the rp2040-emu board (boards/pico.toml [EMU]): the q4
+# factor is bench.kernels' row-scaled q4/q8 cycles per weight (4.18 / 5.88 at g32: two q4 codes a
+# MULS), the other two a least-squares fit to the emulated per-phase cycles of models/default q8
+# and q4 (row scales, int8 KV, the head index; XIP model off: what compute alone costs)
+CHIP_COMPUTE = {"RP2040": (5.3, 61.0, 0.71)}
 
 
 def _up64(n: int) -> int:
@@ -390,17 +394,27 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
     cfg = spec.config
     comp = prof.get("compute", {})
     fpu = bool(prof.get("fpu", True))
-    d_mac, d_flop = CHIP_COMPUTE.get(prof.get("chip"), (4.0, 2.0 if fpu else 50.0))
+    d_mac, d_flop, d_q4 = CHIP_COMPUTE.get(prof.get("chip"), (4.0, 2.0 if fpu else 50.0, Q4_MAC_FACTOR))
     cpm = float(comp.get("cycles_per_mac", d_mac))
     cpf = float(comp.get("cycles_per_flop", d_flop))
+    q4f = float(comp.get("q4_mac_factor", d_q4))
     by = spec.by_name()
     d, hd, hid = cfg.dim, cfg.head_dim, cfg.hidden_dim
 
     def matvec(w: TensorSpec) -> float:
+        """The activation quantization (per element a product and a code rounded on the bits; per
+        group two divisions), the rows' multiply-accumulates, per row the scaling: per group a term
+        (conversion, two products) and an add, or row-scaled one integer multiply-add per group and
+        three float operations per row (kernels.c row_rs)."""
         groups = -(-w.cols // w.group)
-        macs = w.rows * w.cols * (Q4_MAC_FACTOR if w.fmt == "q4" else 1.0)
-        flops = w.rows * groups * 4 + w.cols * 5 + groups * 2 * FLOPS_DIV   # scales; act quantization
-        return macs * cpm + flops * cpf
+        act_groups = 1 if w.rowscale else groups
+        macs = w.rows * w.cols * (q4f if w.fmt == "q4" else 1.0)
+        if w.rowscale:
+            macs += w.rows * groups
+            flops = w.rows * 3
+        else:
+            flops = w.rows * groups * 4
+        return macs * cpm + (flops + w.cols * 2 + act_groups * 2 * FLOPS_DIV) * cpf
 
     def rms(n: int) -> float:
         return (4 * n + FLOPS_SQRT + FLOPS_DIV) * cpf
@@ -422,10 +436,13 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
         c += (d // 2 + cfg.kv_dim // 2) * 6 * cpf                                     # RoPE
         if kv == "f32":     # scores, softmax, weighted sum
             c += cfg.n_heads * (t * hd * 2 + t * (FLOPS_EXP + 4) + FLOPS_DIV + t * hd * 2) * cpf
-        else:               # int8: query quantized per head, integer scores, (a*vs) * code sums;
-            c += cfg.n_heads * (t * hd * cpm + (hd * 5 + 2 * FLOPS_DIV + t * 3 + t * (FLOPS_EXP + 4)
-                                                + FLOPS_DIV + t * (1 + hd * 3)) * cpf)
-            c += 2 * cfg.kv_dim * 5 * cpf                                             # K, V rows quantized
+        else:               # int8 (engine.c attend_int8_head): the query quantized per head; per position
+            # an int8 dot, its score (a conversion, two products), an integer exp (~8 integer ops),
+            # w_t (a product) and its rounding, an int8 row times an integer added; per output a
+            # conversion and a product; per head 1 / sum p and its product
+            c += cfg.n_heads * ((2 * t * hd + 8 * t) * cpm
+                                + (hd * 2 + 2 * FLOPS_DIV + t * 4 + hd * 2 + FLOPS_DIV + 1) * cpf)
+            c += 2 * cfg.kv_dim * 2 * cpf + 2 * cfg.n_kv_heads * 2 * FLOPS_DIV * cpf  # K, V rows quantized
         c += d * cpf                                                                  # residual
         out["attention"] += c
         f = rms(d) + sum(matvec(by[p + w]) for w in ("ffn.w1", "ffn.w3", "ffn.w2"))

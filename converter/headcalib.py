@@ -10,7 +10,7 @@ the whole head on three cost measures, because which one dominates depends on th
 * bytes read (flash/PSRAM-bound boards): centre rows + tile records + visited rows and their map
   entries, against every row;
 * compute on a core with an FPU and on one without (the RP2040's soft float: a float operation
-  costs 25x a multiply-accumulate), with converter/costmodel.py's cycles per MAC and per float
+  costs about 12x a multiply-accumulate), with converter/costmodel.py's cycles per MAC and per float
   operation: centre rows, two float operations per tile (U_t), visited rows, and integer work per
   tile and row (the tests and the row map: a MAC's worth each), against every row and the argmax.
 
@@ -34,7 +34,7 @@ from .costmodel import CHIP_COMPUTE, Q4_MAC_FACTOR
 TILE_SIZES = (8, 16, 32, 64)
 MIN_GAIN = 0.05
 STEPS, RUNS = 96, 6
-MEASURES = {"bytes": None, "compute (FPU)": (4.0, 2.0), "compute (no FPU, RP2040)": CHIP_COMPUTE["RP2040"]}
+MEASURES = {"bytes": None, "compute (FPU)": (4.0, 2.0, Q4_MAC_FACTOR), "compute (no FPU, RP2040)": CHIP_COMPUTE["RP2040"]}
 
 
 @dataclass
@@ -98,9 +98,11 @@ def costs(head, n_out: int, index: hp.HeadIndex, rows: float, tiles: float) -> d
             full = n_out * stride
             pruned = nt * cstride + hp.TILE.itemsize * nt + rows * (stride + mb)
         else:
-            mac, flop = cm
-            row = dim * mac * (Q4_MAC_FACTOR if head.fmt == "q4" else 1.0) + 3 * groups * flop
-            crow = dim * mac + 3 * groups * flop
+            mac, flop, q4f = cm
+            # a row's scaling: per group a float term, or row-scaled an integer one and 3 floats a row
+            scaling = groups * mac + 3 * flop if head.rowscale else 3 * groups * flop
+            row = dim * mac * (q4f if head.fmt == "q4" else 1.0) + scaling
+            crow = dim * mac + scaling
             full = n_out * (row + mac)          # + the argmax's integer compare per row
             pruned = dim * mac + nt * (crow + 2 * flop + 2 * mac) + rows * (row + 2 * mac) + tiles * mac
         out[name] = pruned / full

@@ -182,9 +182,8 @@ def test_predictions_monotone_in_bytes_moved(cfg, prof, data):
     victims = [t for t in spec.tensors if t.kind in ("attention", "ffn", "head", "embedding", "norm")]
     v = data.draw(st.sampled_from(victims))
     grow = data.draw(st.integers(1, 10000))
-    grown = ModelSpec(spec.config, tuple(C.TensorSpec(t.name, t.fmt, t.rows, t.cols, t.group,
-                                                      t.length + (grow if t is v else 0),
-                                                      t.row_stride + (grow if t is v and t.kind == "embedding" else 0))
+    grown = ModelSpec(spec.config, tuple(dataclasses.replace(t, length=t.length + (grow if t is v else 0),
+                                                             row_stride=t.row_stride + (grow if t is v and t.kind == "embedding" else 0))
                                          for t in spec.tensors))
     c = C.predict(grown, prof, tiers, regions, pos)
     assert sum(c.memory_us.values()) >= sum(a.memory_us.values()) and c.total_us >= a.total_us
@@ -297,9 +296,10 @@ def test_ple_seed_shape_fits_esp32s3_n16r8_with_the_table_in_flash():
     assert set(ph) == set(C.PHASES) and all(v > 0 for v in ph.values())
     for k, ms in pub["phase_ms"].items():
         assert ms / 3 < ph[k] / 1000 < ms * 3, k
-    # f32 scales do not fit the 15.66 MB blob partition; fp16 scales are what makes it fit
+    # f32 scales do not fit the 15.66 MB blob partition; fp16 (or row) scales are what makes it fit
     with pytest.raises(NoFit, match="flash short by"):
-        plan(ModelSpec.from_config(c, "q4", 128, ["head=q4"]), "esp32s3-n16r8", suggest=False)
+        plan(ModelSpec.from_config(c, "q4", 128, ["head=q4"], scales="f32"), "esp32s3-n16r8", suggest=False)
+    plan(ModelSpec.from_config(c, "q4", 128, ["head=q4"], scales="row"), "esp32s3-n16r8", suggest=False)
     for place in ("ple.table=psram", "ple.*=sram"):
         with pytest.raises(PlanError, match="ple.table stays in flash") as e:
             plan(spec, "esp32s3-n16r8", overrides=[place])

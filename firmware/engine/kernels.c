@@ -837,9 +837,9 @@ static int sc_codes_agree(void) {
 }
 #endif
 
-int flm_kernels_self_check(void) {
-    static uint8_t buf[SC_ROWS * SC_NG * (4u + SC_GMAX)] __attribute__((aligned(4)));
-    static flm_act xq[SC_NG * SC_GMAX] __attribute__((aligned(4)));
+int flm_kernels_self_check(void) {   /* (its buffers on the stack: no SRAM kept for a boot-time check) */
+    uint8_t buf[SC_ROWS * SC_NG * (4u + SC_GMAX)] __attribute__((aligned(4)));
+    flm_act xq[SC_NG * SC_GMAX] __attribute__((aligned(4)));
     static const float xs[SC_NG] = {0.25f, -0.0078125f, 3.0f};
 #ifndef FLM_VECTOR
     if (!sc_codes_agree()) return -1;
