@@ -559,19 +559,39 @@ flm_group_term:
     mov r5, r11
     .endm
 
-    .macro ROW name, step, half, end
-    .section .text.\name,"ax",%progbits
-    .global \name
-    .type \name, %function
-    .thumb_func
-\name:
+@ saves r4-r11 and lr; \n more words of locals at [sp]
+    .macro ENTER9 n
     push {r4, r5, r6, r7, lr}
     mov r4, r8
     mov r5, r9
     mov r6, r10
     mov r7, r11
     push {r4, r5, r6, r7}
-    sub sp, #12                 @ code_bytes, &xs[ng] and a pad: the stack stays 8-byte aligned
+    sub sp, #(4 * \n)
+    .endm
+
+    .macro LEAVE9 n
+    add sp, #(4 * \n)
+    pop {r4, r5, r6, r7}
+    mov r8, r4
+    mov r9, r5
+    mov r10, r6
+    mov r11, r7
+    pop {r4, r5, r6, r7, pc}
+    .endm
+
+@ A function \name in its own section, entered by ENTER9 \n
+    .macro FUNC9 name, n
+    .section .text.\name,"ax",%progbits
+    .global \name
+    .type \name, %function
+    .thumb_func
+\name:
+    ENTER9 \n
+    .endm
+
+    .macro ROW name, step, half, end
+    FUNC9 \name, 3  @ code_bytes, &xs[ng] and a pad: the stack stays 8-byte aligned
     ldr r4, [sp, #48]           @ code_bytes, above the 12 words
     str r4, [sp, #0]
     lsls r3, r3, #2
@@ -593,13 +613,7 @@ flm_group_term:
     beq 25f
     b 20b                       @ (a group is beyond a conditional branch's reach)
 25: mov r0, r9
-    add sp, #12
-    pop {r4, r5, r6, r7}
-    mov r8, r4
-    mov r9, r5
-    mov r10, r6
-    mov r11, r7
-    pop {r4, r5, r6, r7, pc}
+    LEAVE9 3
     .size \name, . - \name
     .endm
 
@@ -653,27 +667,6 @@ flm_group_term:
     asrs r6, r6, #24
     muls r6, r3
     add r9, r6
-    .endm
-
-@ saves r4-r11 and lr; \n more words of locals at [sp]
-    .macro ENTER9 n
-    push {r4, r5, r6, r7, lr}
-    mov r4, r8
-    mov r5, r9
-    mov r6, r10
-    mov r7, r11
-    push {r4, r5, r6, r7}
-    sub sp, #(4 * \n)
-    .endm
-
-    .macro LEAVE9 n
-    add sp, #(4 * \n)
-    pop {r4, r5, r6, r7}
-    mov r8, r4
-    mov r9, r5
-    mov r10, r6
-    mov r11, r7
-    pop {r4, r5, r6, r7, pc}
     .endm
 
 
@@ -931,6 +924,36 @@ flm_group_term:
     str r4, [r3, #24]
     .endm
 
+@ The job's next n rows (r4 = the job, r5 = its rows left, n of them or more): rows left -= n, r0 =
+@ the first row (also at [sp, #12]), r1 = the second when n = 2; the job's row pointer moves on.
+    .macro JOB_TAKE n
+    subs r5, #\n
+    str r5, [r4, #8]
+    ldr r0, [r4, #0]
+    ldr r6, [r4, #4]            @ stride
+    .if \n == 2
+    adds r1, r0, r6
+    adds r6, r1, r6
+    .else
+    adds r6, r0, r6
+    .endif
+    str r6, [r4, #0]
+    str r0, [sp, #12]
+    .endm
+
+@ A driver's entry: r4-r11 saved, 4 words of locals, the job (r0) at [sp, #8].
+    .macro JOB_DRIVER name
+    FUNC9 \name, 4
+    str r0, [sp, #8]
+    .endm
+
+@ RS_OUT of the pass's first row ([sp, #12]) with the acc in register acc.
+    .macro PASS_OUT acc
+    mov r0, \acc
+    ldr r1, [sp, #12]
+    RS_OUT
+    .endm
+
 @ float flm_rs_scale(int32_t acc, float s, float x) = (float)acc * (s * x), RS_FINISH as a function
 @ (bench/kernels.py checks it against NumPy).
     .section .text.flm_rs_scale,"ax",%progbits
@@ -946,13 +969,7 @@ flm_rs_scale:
 @ void flm_rs_rows_q8_m0(flm_rs_job *j): two rows a pass (each activation word loaded and
 @ sign-extended once for both), an odd last one alone. Locals: [sp] = g, [sp, #4] = codes end
 @ (Q8P_BODY), [sp, #8] = the job, [sp, #12] = the pass's first row.
-    .section .text.flm_rs_rows_q8_m0,"ax",%progbits
-    .global flm_rs_rows_q8_m0
-    .type flm_rs_rows_q8_m0, %function
-    .thumb_func
-flm_rs_rows_q8_m0:
-    ENTER9 4
-    str r0, [sp, #8]
+    JOB_DRIVER flm_rs_rows_q8_m0
 20: ldr r4, [sp, #8]
     ldr r5, [r4, #8]            @ rows left
     cmp r5, #1
@@ -961,21 +978,12 @@ flm_rs_rows_q8_m0:
     b 21f                       @ (the blocks are beyond a conditional branch's reach)
 24: b 22f
 23: LEAVE9 4
-21: subs r5, #2                 @ a pair
-    str r5, [r4, #8]
-    ldr r0, [r4, #0]
-    ldr r6, [r4, #4]            @ stride
-    adds r1, r0, r6
-    adds r6, r1, r6
-    str r6, [r4, #0]
-    str r0, [sp, #12]
+21: JOB_TAKE 2                  @ a pair
     ldr r2, [r4, #12]
     ldr r3, [r4, #16]
     Q8P_BODY
     mov r11, lr                 @ row b's acc (RS_FINISH may call out)
-    mov r0, r12
-    ldr r1, [sp, #12]
-    RS_OUT
+    PASS_OUT r12
     ldr r3, [sp, #8]
     ldr r1, [sp, #12]
     ldr r3, [r3, #4]
@@ -990,38 +998,22 @@ flm_rs_rows_q8_m0:
     ldr r1, [r4, #12]
     ldr r2, [r4, #16]
     Q8S_BODY
-    mov r0, r9
-    ldr r1, [sp, #12]
-    RS_OUT
+    PASS_OUT r9
     b 20b
     .size flm_rs_rows_q8_m0, . - flm_rs_rows_q8_m0
 
 @ void flm_rs_rows_q4_m0(flm_rs_job *j): j->x is the lanes (kernels.c rows_rs_lanes). Locals as above.
-    .section .text.flm_rs_rows_q4_m0,"ax",%progbits
-    .global flm_rs_rows_q4_m0
-    .type flm_rs_rows_q4_m0, %function
-    .thumb_func
-flm_rs_rows_q4_m0:
-    ENTER9 4
-    str r0, [sp, #8]
+    JOB_DRIVER flm_rs_rows_q4_m0
 20: ldr r4, [sp, #8]
     ldr r5, [r4, #8]
     cmp r5, #0
     bne 21f
     LEAVE9 4
-21: subs r5, #1
-    str r5, [r4, #8]
-    ldr r0, [r4, #0]
-    ldr r6, [r4, #4]
-    adds r6, r0, r6
-    str r6, [r4, #0]
-    str r0, [sp, #12]
+21: JOB_TAKE 1
     ldr r1, [r4, #12]
     ldr r2, [r4, #16]
     Q4_BODY
-    mov r0, r12
-    ldr r1, [sp, #12]
-    RS_OUT
+    PASS_OUT r12
     b 20b
     .ltorg
     .size flm_rs_rows_q4_m0, . - flm_rs_rows_q4_m0
@@ -1136,33 +1128,9 @@ __aeabi_fdiv:
 8:
     .endm
 
-@ saves r4-r11 (and r3: the stack stays 8-byte aligned for the calls)
-    .macro SAVE8
-    push {r4, r5, r6, r7, lr}
-    mov r4, r8
-    mov r5, r9
-    mov r6, r10
-    mov r7, r11
-    push {r3, r4, r5, r6, r7}
-    .endm
-
-    .macro RESTORE8
-    pop {r3, r4, r5, r6, r7}
-    mov r8, r4
-    mov r9, r5
-    mov r10, r6
-    mov r11, r7
-    pop {r4, r5, r6, r7, pc}
-    .endm
-
 @ float flm_dot_f32(const float *a, const float *b, uint32_t n), n >= 1:
 @ a[0] * b[0], then s = s + a[i] * b[i] for i = 1..n-1
-    .section .text.flm_dot_f32,"ax",%progbits
-    .global flm_dot_f32
-    .type flm_dot_f32, %function
-    .thumb_func
-flm_dot_f32:
-    SAVE8
+    FUNC9 flm_dot_f32, 1  @ (a word of pad: the stack stays 8-byte aligned for the calls)
     movs r6, r0
     movs r7, r1
     lsls r2, r2, #2
@@ -1182,16 +1150,11 @@ flm_dot_f32:
     cmp r6, r8
     bne 6b
     mov r0, r9
-    RESTORE8
+    LEAVE9 1
     .size flm_dot_f32, . - flm_dot_f32
 
 @ void flm_axpy_f32(float *o, float a, const float *v, uint32_t n), n >= 1: o[i] = o[i] + a * v[i]
-    .section .text.flm_axpy_f32,"ax",%progbits
-    .global flm_axpy_f32
-    .type flm_axpy_f32, %function
-    .thumb_func
-flm_axpy_f32:
-    SAVE8
+    FUNC9 flm_axpy_f32, 1  @ (a word of pad: the stack stays 8-byte aligned for the calls)
     movs r6, r0
     movs r7, r2
     mov r9, r1                  @ a
@@ -1207,18 +1170,13 @@ flm_axpy_f32:
     stm r6!, {r0}
     cmp r6, r8
     bne 6b
-    RESTORE8
+    LEAVE9 1
     .size flm_axpy_f32, . - flm_axpy_f32
 
 @ void flm_quant_codes_m0(const float *x, uint32_t n, float inv, int8_t *q), n >= 1: kernels.c
 @ flm_quantize_act's codes of one group, q[i] = code(x[i] * inv): the product as __aeabi_fmul forms
 @ it (MULF), then on its bits NaN -> 0, beyond 127 -> +-127, else round_half_away (flm_math.h).
-    .section .text.flm_quant_codes_m0,"ax",%progbits
-    .global flm_quant_codes_m0
-    .type flm_quant_codes_m0, %function
-    .thumb_func
-flm_quant_codes_m0:
-    SAVE8
+    FUNC9 flm_quant_codes_m0, 1  @ (a word of pad: the stack stays 8-byte aligned for the calls)
     movs r6, r0                 @ x
     movs r7, r3                 @ q
     mov r9, r2                  @ inv
@@ -1267,7 +1225,7 @@ flm_quant_codes_m0:
     adds r7, #1
     cmp r6, r8
     bne 6b
-    RESTORE8
+    LEAVE9 1
     .ltorg
     .size flm_quant_codes_m0, . - flm_quant_codes_m0
 
@@ -1275,12 +1233,7 @@ flm_quant_codes_m0:
 
 @ void flm_dot2_q8_m0(const int8_t *a, const int8_t *b, const int8_t *x, uint32_t n, int32_t out[2]):
 @ two dots sharing x (two positions' keys against a query), n a multiple of 8, word-aligned.
-    .section .text.flm_dot2_q8_m0,"ax",%progbits
-    .global flm_dot2_q8_m0
-    .type flm_dot2_q8_m0, %function
-    .thumb_func
-flm_dot2_q8_m0:
-    ENTER9 0
+    FUNC9 flm_dot2_q8_m0, 0
     subs r1, r1, r0
     subs r1, #4                 @ b's word from a's pointer after its load
     adds r3, r0, r3
