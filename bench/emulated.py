@@ -17,7 +17,8 @@ and q4, decode and prefill apart, and decode again with the XIP model off.
 * with the XIP model off (rp2040js as is: a flash read costs what an SRAM read costs): cycles per
   decode token and per phase; and so for the default q8 model in issue 12's format too (f32 scales
   per group, f32 KV cache and float attention: what its 19.6M cycles per token were measured on),
-  beside convert's default (row scales, int8 KV cache, integer attention);
+  beside convert's default (row scales, int8 KV cache, integer attention), and the default's
+  weights with the f32 KV cache (the attention phase then differs by the attention alone);
 * the time the device tokenizer takes to encode text prompts (GENERATE_TEXT's LOG line);
 * the golden check's time at boot and on SELFTEST (its LOG line, the firmware's clock).
 """
@@ -148,13 +149,19 @@ def section(work: Path) -> dict:
     # issue 12's format: f32 scales per group, f32 KV cache (float attention), XIP model off
     out["rp2040_emu_q8_f32_scales_f32_kv_xip_off"] = base = emu_run(default_quant("q8", "f32"), work / "emu-q8-f32",
                                                                      xip_model=False, kv="f32")
+    # the same row-scaled weights with the f32 KV cache: the attention phase's difference is the
+    # attention itself (its projections are the same matvecs)
+    out["rp2040_emu_q8_f32_kv_xip_off"] = fkv = emu_run(default_quant("q8"), work / "emu-q8-f32kv", xip_model=False,
+                                                        kv="f32")
     e8, e4, off = out["rp2040_emu_q8"], out["rp2040_emu_q4"], out["rp2040_emu_q8_xip_off"]
     out["ratios"] = {
         "emulated q8 cycles per decode token / issue 12's target (10M), XIP model off": off["cycles_per_token"] / 10e6,
         "emulated q8 cycles per decode token, row scales + int8 KV / f32 scales + f32 KV, XIP model off":
             off["cycles_per_token"] / base["cycles_per_token"],
-        "emulated q8 attention cycles, integer (int8 KV) / float (f32 KV), XIP model off":
+        "emulated q8 attention phase cycles, default / issue 12's format, XIP model off":
             off["phase_cycles_median"]["attention"] / base["phase_cycles_median"]["attention"],
+        "emulated q8 attention phase cycles, int8 KV (integer) / f32 KV (float), row scales, XIP model off":
+            off["phase_cycles_median"]["attention"] / fkv["phase_cycles_median"]["attention"],
         **{f"emulated {fmt} cycles per decode token, XIP model on/off": out[f"rp2040_emu_{fmt}"]["cycles_per_token"]
            / out[f"rp2040_emu_{fmt}_xip_off"]["cycles_per_token"] for fmt in FORMATS},
         **{f"emulator speed, instruction Mcycles per wall s (host clock), XIP model on/off, {fmt}":
