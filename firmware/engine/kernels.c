@@ -118,7 +118,7 @@ static int8_t act_code(float x, float inv) {
 static void act_codes(const float *x, uint32_t n, float inv, int8_t *q) {
     for (uint32_t i = 0; i < n; i++) q[i] = act_code(x[i], inv);
 }
-#ifndef FLM_QUANT_CODES   /* a HAL's, bit for bit act_codes (hal_rp2040.h) */
+#ifndef FLM_QUANT_CODES   /* a HAL's, bit for bit act_codes (softfloat_m0.h) */
 #define FLM_QUANT_CODES act_codes
 #endif
 #define CODES(T) FLM_QUANT_CODES(x, len, inv, (int8_t *)q);   /* flm_act is int8_t here */
@@ -343,7 +343,7 @@ static void axpy_scalar(int32_t *acc, const int8_t *v, int32_t w, uint32_t n) {
 }
 
 void flm_dot2_q8(const int8_t *a, const int8_t *b, const flm_act *x, uint32_t n, int32_t out[2]) {
-#ifdef FLM_DOT2_Q8   /* a HAL's (hal_rp2040.h), for whole steps of 8 */
+#ifdef FLM_DOT2_Q8   /* a HAL's (softfloat_m0.h), for whole steps of 8 */
     if (!(n & 7u)) {
         FLM_DOT2_Q8(a, b, x, n, out);
         out[0] = TUNED(out[0]);
@@ -521,20 +521,7 @@ static uint32_t whole_groups(const flm_tensor *w, const flm_act *xq) {
     return !w->scale16 && w->n_groups * g == w->cols && g % 8u == 0u && !((uintptr_t)xq & 3u) ? w->n_groups : 0u;
 }
 
-static void rows_rs(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_act *xq, const float *xs, float *out);
-
-static void rows_tuned(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_act *xq, const float *xs, float *out) {
-    if (w->rowscale) {
-        rows_rs(w, r0, r1, xq, xs, out);
-        return;
-    }
-    const uint32_t ng = whole_groups(w, xq);
-    for (uint32_t r = r0; r < r1; r++)
-        *out++ = ng ? ROW_WHOLE(w->data + (size_t)r * w->stride, xq, xs, ng, w->group, w->fmt == FLM_Q8)
-                    : row_with(w, r, xq, xs, dot_q8, dot_q4, FLM_GROUP_TERM);
-}
-
-#ifdef FLM_RS_ROWS_Q8   /* a HAL's row-scaled rows, bit for bit row_rs (hal_rp2040.h) */
+#ifdef FLM_RS_ROWS_Q8   /* a HAL's row-scaled rows, bit for bit row_rs (softfloat_m0.h) */
 /* The q4 kernel's activations (softfloat_m0.s Q4L_WORD), on the stack: per sub-block of 32 columns
  * a start value, minus the share of the codes' offset 8, then per 8 columns (x_j << 16) + x_{j+4},
  * j = 0..3. Up to LANE_COLS columns: 2,176 bytes of the RP2040's 8 KB stack floor. */
@@ -584,6 +571,17 @@ static void rows_rs(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_act
     }
 #endif
     for (uint32_t r = r0; r < r1; r++) *out++ = row_rs(w, r, xq, xs, dot_q8, dot_q4o);
+}
+
+static void rows_tuned(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_act *xq, const float *xs, float *out) {
+    if (w->rowscale) {
+        rows_rs(w, r0, r1, xq, xs, out);
+        return;
+    }
+    const uint32_t ng = whole_groups(w, xq);
+    for (uint32_t r = r0; r < r1; r++)
+        *out++ = ng ? ROW_WHOLE(w->data + (size_t)r * w->stride, xq, xs, ng, w->group, w->fmt == FLM_Q8)
+                    : row_with(w, r, xq, xs, dot_q8, dot_q4, FLM_GROUP_TERM);
 }
 #else
 /* The integer dots of a block of a row's groups first (vectorised), then their terms folded in the

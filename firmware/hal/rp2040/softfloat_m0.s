@@ -624,7 +624,7 @@ flm_group_term:
 @ acc = sum_g k_g * (sum_{c in g} code_c * x_c), exact in an int32 for the shapes kernels.c sends
 @ here (|acc| < 2^31: at most 518 columns of q8, 1024 of q4), then float(acc) * (S * X) inline. A
 @ row: f32 S, u8 k[ng] padded to 4, then ng groups of g codes; geom = ng | g << 16 (g a multiple
-@ of 8; of 32 for q4). The drivers take a job (hal_rp2040.h flm_rs_job: row, stride, n, x or
+@ of 8; of 32 for q4). The drivers take a job (softfloat_m0.h flm_rs_job: row, stride, n, x or
 @ lanes, geom, X, out at offsets 0..24) and write out[0, n).
 
 @ 4 q8 codes of two rows (words r5, r6) times 4 activations (word r3) into r8 (row a), r9 (row b);
