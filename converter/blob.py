@@ -223,12 +223,17 @@ KV_CODE = {"f32": 0, "int8": 1}
 KV_NAME = {v: k for k, v in KV_CODE.items()}
 
 
-def pack_state_tiers(state: dict[str, str] | int | None, kv: str = "f32") -> int:
-    """Header field ``state_tiers`` from {"kv": "psram", ...} (missing or "default": the board's arena)
-    and the KV cache format ``kv`` (f32 or int8); an int is taken as the whole field."""
+BATCH_SHIFT = 16                              # state_tiers bits 16-23: the batch (0 stands for 1)
+MAX_BATCH = 255
+
+
+def pack_state_tiers(state: dict[str, str] | int | None, kv: str = "f32", batch: int = 1) -> int:
+    """Header field ``state_tiers`` from {"kv": "psram", ...} (missing or "default": the board's arena),
+    the KV cache format ``kv`` (f32 or int8) and the batch (the most tokens one forward pass runs);
+    an int is taken as the whole field."""
     if isinstance(state, int):
         return state
-    v = with_kv(0, kv)
+    v = with_batch(with_kv(0, kv), batch)
     if state is None:
         return v
     for i, region in enumerate(STATE_REGIONS):
@@ -246,6 +251,19 @@ def with_kv(state_tiers: int, kv: str) -> int:
     if kv not in KV_CODE:
         raise BlobError(f"KV cache format must be f32 or int8, got {kv!r}")
     return (state_tiers & ~(0xF << KV_SHIFT)) | (KV_CODE[kv] << KV_SHIFT)
+
+
+def with_batch(state_tiers: int, batch: int) -> int:
+    """A state_tiers field with its batch replaced (1 is written as 0, so a batch of one leaves the
+    field, and so the layout id, as it was before batches existed)."""
+    if not 1 <= int(batch) <= MAX_BATCH:
+        raise BlobError(f"batch must be 1..{MAX_BATCH} tokens per forward pass, got {batch}")
+    return (state_tiers & ~(0xFF << BATCH_SHIFT)) | ((int(batch) if batch > 1 else 0) << BATCH_SHIFT)
+
+
+def batch_of(state_tiers: int) -> int:
+    """The batch a header's (or LAYOUT's) state_tiers field names."""
+    return ((state_tiers >> BATCH_SHIFT) & 0xFF) or 1
 
 
 def kv_format(state_tiers: int) -> str:
@@ -270,13 +288,13 @@ def layout_id_of(tier_codes, state_tiers: int = 0) -> int:
 
 
 def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None,
-               state: dict[str, str] | int | None = None, kv: str = "f32") -> bytes:
+               state: dict[str, str] | int | None = None, kv: str = "f32", batch: int = 1) -> bytes:
     """Serialize; ``tiers`` maps tensor name -> tier (default: everything read from flash);
     ``state`` places the engine's RAM buffers (``kv``, ``logits``, ``scratch``) on psram/sram;
-    ``kv`` is the KV cache's format (f32, int8)."""
+    ``kv`` is the KV cache's format (f32, int8); ``batch`` the most tokens one forward pass runs."""
     tiers = tiers or {}
     check_pinned(tiers)
-    state_tiers = pack_state_tiers(state, kv)
+    state_tiers = pack_state_tiers(state, kv, batch)
     secs = _sections(qm)
     if any(len(s[0]) > 31 for s in secs):
         raise BlobError("a tensor name is longer than 31 bytes")
@@ -309,7 +327,7 @@ def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None,
 
 
 def retier_blob(blob: bytes, tiers: dict[str, str] | None = None,
-                state: dict[str, str] | int | None = None, kv: str = "f32") -> bytes:
+                state: dict[str, str] | int | None = None, kv: str = "f32", batch: int = 1) -> bytes:
     """The same blob with a new placement: every table entry's tier (``tiers`` by name, others
     flash), the header's state_tiers (regions and KV format), layout_id and CRC rewritten; data and
     model hash unchanged."""
@@ -328,16 +346,17 @@ def retier_blob(blob: bytes, tiers: dict[str, str] | None = None,
             raise BlobError(f"unknown tier {t!r} for {e.name}")
         codes.append(TIER_CODE[t])
         struct.pack_into("<I", out, table_off + i * ENTRY_SIZE + 48, TIER_CODE[t])
-    st = pack_state_tiers(state, kv)
+    st = pack_state_tiers(state, kv, batch)
     struct.pack_into("<I", out, 32, layout_id_of(codes, st))
     struct.pack_into("<I", out, 44, st)
     struct.pack_into("<I", out, 12, zlib.crc32(memoryview(out)[16:]))
     return bytes(out)
 
 
-def write_blob(qm: QuantModel, path, tiers: dict[str, str] | None = None, kv: str = "f32") -> BlobInfo:
+def write_blob(qm: QuantModel, path, tiers: dict[str, str] | None = None, kv: str = "f32",
+               batch: int = 1) -> BlobInfo:
     path = Path(path)
-    blob = build_blob(qm, tiers, kv=kv)
+    blob = build_blob(qm, tiers, kv=kv, batch=batch)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(blob)
     tmp.replace(path)
@@ -392,7 +411,7 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
         cfg.validate()
     except (ModelError, ZeroDivisionError) as e:
         raise BlobError(f"{what}: bad model config in header: {e}") from None
-    if state_tiers >> (KV_SHIFT + 4) or (state_tiers >> KV_SHIFT) & 0xF not in KV_NAME or any(
+    if state_tiers >> (BATCH_SHIFT + 8) or (state_tiers >> KV_SHIFT) & 0xF not in KV_NAME or any(
             ((state_tiers >> (4 * i)) & 0xF) not in (STATE_DEFAULT, TIER_CODE["psram"], TIER_CODE["sram"])
             for i in range(len(STATE_REGIONS))):
         raise BlobError(f"{what}: bad state_tiers 0x{state_tiers:x} in header")

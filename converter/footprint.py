@@ -9,13 +9,13 @@ def _up8(n: int) -> int:
     return (n + 7) & ~7
 
 
-def state_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32") -> int:
-    return sum(region_bytes(cfg, min_group, kv).values())
+def state_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32", batch: int = 1) -> int:
+    return sum(region_bytes(cfg, min_group, kv, batch).values())
 
 
-def arena_bytes(cfg: ModelConfig, min_group: int) -> int:
+def arena_bytes(cfg: ModelConfig, min_group: int, batch: int = 1) -> int:
     """The engine's RAM for any placement of the model (an f32 KV cache is the larger format)."""
-    return state_bytes(cfg, min_group) + cfg.max_seq_len * 4
+    return state_bytes(cfg, min_group, batch=batch) + cfg.max_seq_len * 4
 
 
 # ---- per-region sizes and staging (firmware/engine/engine.c layout(), app_layout.c app_place()) -------------
@@ -33,17 +33,28 @@ def kv_row_bytes(cfg: ModelConfig, kv: str = "f32") -> int:
     return cfg.head_dim * 4 if kv == "f32" else 4 + ((cfg.head_dim + 3) & ~3)
 
 
-def region_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32") -> dict[str, int]:
-    """Bytes of each state region, as flm_state_region_bytes() with KV format ``kv`` (f32, int8);
-    they sum to state_bytes()."""
+def region_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32", batch: int = 1) -> dict[str, int]:
+    """Bytes of each state region, as flm_state_region_bytes() with KV format ``kv`` (f32, int8) and
+    a batch of ``batch`` tokens per forward pass (activations and logits per token; with more than one,
+    two copies of a weight row); they sum to state_bytes()."""
     wide = max(cfg.dim, cfg.hidden_dim, cfg.ple_dim)            # the longest matmul input
     kv = cfg.n_layers * cfg.max_seq_len * cfg.n_kv_heads * kv_row_bytes(cfg, kv)
-    ple = cfg.n_layers * cfg.ple_dim * 4                         # per-layer inputs; table row / gate
-    scratch = [cfg.dim * 4] * 4 + [cfg.max_seq_len * 4, cfg.hidden_dim * 4, cfg.hidden_dim * 4,
-                                   cfg.head_dim // 2 * 4, cfg.head_dim // 2 * 4, ple, ple, wide,
-                                   (wide // min_group + 1) * 4]
-    return {"kv": 2 * _up8(kv), "logits": 3 * _up8(cfg.n_out * 4),
+    ple = cfg.n_layers * cfg.ple_dim * 4                         # per-layer inputs of a token
+    t = batch
+    scratch = [t * cfg.dim * 4] * 4 + [cfg.max_seq_len * 4, t * cfg.hidden_dim * 4, t * cfg.hidden_dim * 4,
+                                       t * (cfg.head_dim // 2) * 4, t * (cfg.head_dim // 2) * 4, t * ple,
+                                       max(t, cfg.n_layers) * cfg.ple_dim * 4,   # a table row, or the gates
+                                       t * _up8(wide), t * (wide // min_group + 1) * 4]
+    if t > 1:
+        scratch += [row_copy_bytes(wide, min_group)] * 2
+    return {"kv": 2 * _up8(kv), "logits": _up8(t * cfg.n_out * 4) + 2 * _up8(cfg.n_out * 4),
             "scratch": sum(_up8(p) for p in scratch)}
+
+
+def row_copy_bytes(wide: int, min_group: int) -> int:
+    """engine.c row_copy_bytes: room for a copy of any weight row of at most ``wide`` columns in groups of
+    at least ``min_group`` (q8 with f32 scales, each group's codes padded to 4)."""
+    return wide + 7 * (wide // min_group + 1) + 3
 
 
 def prompt_bytes(cfg: ModelConfig) -> int:
@@ -51,7 +62,7 @@ def prompt_bytes(cfg: ModelConfig) -> int:
 
 
 def tier_needs(cfg: ModelConfig, min_group: int, staged: dict[str, list[int]],
-               region_tiers: dict[str, str], kv: str = "f32") -> dict[str, int]:
+               region_tiers: dict[str, str], kv: str = "f32", batch: int = 1) -> dict[str, int]:
     """Bytes app_layout.c's app_place() takes from each RAM tier: the tensors staged there (``staged[tier]``,
     each rounded up to 64 bytes), the state regions placed there (``region_tiers[region]``, a tier
     name; multiples of 8) and, with the scratch region, the prompt buffer (last, unrounded)."""
@@ -59,7 +70,7 @@ def tier_needs(cfg: ModelConfig, min_group: int, staged: dict[str, list[int]],
     for tier, lengths in staged.items():
         if tier in need:
             need[tier] += sum(_up64(n) for n in lengths)
-    rb = region_bytes(cfg, min_group, kv)
+    rb = region_bytes(cfg, min_group, kv, batch)
     for r in REGIONS:
         need[region_tiers[r]] += rb[r]
     need[region_tiers["scratch"]] += prompt_bytes(cfg)
@@ -89,11 +100,12 @@ def build_arenas(header, prof: dict) -> tuple[int, int]:
     reserves its whole SRAM budget; other boards reserve what the blob's own layout needs (their
     HAL's hal_tier_arena supplies staging space; a LAYOUT that needs more than there is is refused
     by the device with the numbers)."""
-    from .blob import kv_format, unpack_state_tiers
+    from .blob import batch_of, kv_format, unpack_state_tiers
     cfg = header.config
     min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
+    batch = batch_of(header.state_tiers)
     if prof.get("hal") == "native":
-        room = state_bytes(cfg, min_group) + prompt_bytes(cfg) + staging_bound(cfg, min_group)
+        room = state_bytes(cfg, min_group, batch=batch) + prompt_bytes(cfg) + staging_bound(cfg, min_group)
         return room, room
     default = "sram"
     regions = {r: (default if t == "default" else t) for r, t in unpack_state_tiers(header.state_tiers).items()}
@@ -102,7 +114,7 @@ def build_arenas(header, prof: dict) -> tuple[int, int]:
     for e in header.entries:
         if e.tier in staged and e.name in used:
             staged[e.tier].append(e.length)
-    need = tier_needs(cfg, min_group, staged, regions, kv_format(header.state_tiers))
+    need = tier_needs(cfg, min_group, staged, regions, kv_format(header.state_tiers), batch)
     if prof.get("build") == "arm-gcc":   # a statically linked arena: reserve the whole SRAM budget,
         sram = prof.get("tiers", {}).get("sram", {})      # so LAYOUT can switch within it
         return max(need["sram"], int(sram.get("budget", 0))), need["psram"]

@@ -144,6 +144,11 @@ class PackedMatrix:
         terms = isum.astype(F) * (self.scales * xs[None, :])
         return fold(terms, axis=1)
 
+    def matmul(self, xs: np.ndarray) -> np.ndarray:
+        """The matvec of each of several inputs xs [T, cols] -> [T, rows]: the engine's multi-token
+        product (each weight row read once for all T), every token's arithmetic its matvec's."""
+        return np.stack([self.matvec(x) for x in xs])
+
     def row(self, r: int) -> np.ndarray:
         g = np.arange(self.cols) // self.group_size
         return self.q.codes[r].astype(F) * self.scales[r, g]
@@ -283,28 +288,36 @@ class Reference:
         self.ks[:, dst] = scales.reshape(k.shape[:-1])
         self.vc[:, dst], self.vs[:, dst] = self.vc[:, src], self.vs[:, src]
 
+    def body_many(self, tokens, pos: int) -> np.ndarray:
+        """Tokens at positions pos, pos + 1, ... through every layer together, as the engine's
+        multi-token pass (flm_body_many): their residual streams x [T, dim]. Every token's arithmetic
+        is the one-token pass's; each layer stores the K and V rows of all T before token i attends
+        positions up to pos + i (causal: it never reads a later token's rows)."""
+        c, m, v = self.cfg, self.mats, self.vecs
+        hd, n = c.head_dim, len(tokens)
+        cos, sin = self.qm.rope_cos[pos:pos + n], self.qm.rope_sin[pos:pos + n]
+        x = np.stack([m["tok_embeddings"].row(t) for t in tokens])
+        u = [self.ple_inputs(t, x[i]) for i, t in enumerate(tokens)] if c.ple_dim else None
+        for layer in range(c.n_layers):
+            p = f"layers.{layer}."
+            xb = np.stack([rmsnorm(xi, v[p + "attn_norm"], self.eps) for xi in x])
+            q = [rope(qi, c.n_heads, hd, cos[i], sin[i]) for i, qi in enumerate(m[p + "attn.wq"].matmul(xb))]
+            k = [rope(ki, c.n_kv_heads, hd, cos[i], sin[i]) for i, ki in enumerate(m[p + "attn.wk"].matmul(xb))]
+            for i, vi in enumerate(m[p + "attn.wv"].matmul(xb)):
+                self._store(layer, pos + i, k[i], vi)
+            att = np.stack([self._attend(layer, q[i], pos + i) for i in range(n)])
+            x = x + m[p + "attn.wo"].matmul(att)
+            xb = np.stack([rmsnorm(xi, v[p + "ffn_norm"], self.eps) for xi in x])
+            hb = silu(m[p + "ffn.w1"].matmul(xb)) * m[p + "ffn.w3"].matmul(xb)
+            x = x + m[p + "ffn.w2"].matmul(hb)
+            if u is not None:
+                h = gelu(m[p + "ple.gate"].matmul(x)) * np.stack([ui[layer] for ui in u])
+                x = x + np.stack([rmsnorm(yi, v[p + "ple.norm"], self.eps) for yi in m[p + "ple.proj"].matmul(h)])
+        return x
+
     def body(self, token: int, pos: int) -> np.ndarray:
         """Token at pos through every layer (its K and V rows stored): the residual stream x."""
-        c, m, v = self.cfg, self.mats, self.vecs
-        hd = c.head_dim
-        cos, sin = self.qm.rope_cos[pos], self.qm.rope_sin[pos]
-        x = m["tok_embeddings"].row(token)
-        u = self.ple_inputs(token, x) if c.ple_dim else None
-        for i in range(c.n_layers):
-            p = f"layers.{i}."
-            xb = rmsnorm(x, v[p + "attn_norm"], self.eps)
-            q = rope(m[p + "attn.wq"].matvec(xb), c.n_heads, hd, cos, sin)
-            k = rope(m[p + "attn.wk"].matvec(xb), c.n_kv_heads, hd, cos, sin)
-            self._store(i, pos, k, m[p + "attn.wv"].matvec(xb))
-            att = self._attend(i, q, pos)
-            x = x + m[p + "attn.wo"].matvec(att)
-            xb = rmsnorm(x, v[p + "ffn_norm"], self.eps)
-            hb = silu(m[p + "ffn.w1"].matvec(xb)) * m[p + "ffn.w3"].matvec(xb)
-            x = x + m[p + "ffn.w2"].matvec(hb)
-            if u is not None:
-                h = gelu(m[p + "ple.gate"].matvec(x)) * u[i]
-                x = x + rmsnorm(m[p + "ple.proj"].matvec(h), v[p + "ple.norm"], self.eps)
-        return x
+        return self.body_many([token], pos)[0]
 
     def head_input(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The final RMSNorm of x, quantized for the head: (codes, scales)."""

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import jinja2
 
+from converter.blob import batch_of
 from converter.footprint import arena_bytes
 
 from . import uf2
@@ -289,12 +290,12 @@ def _board_header(prof: dict, tier: int, extra: dict) -> str:
     return "\n".join(lines + ["#endif", ""])
 
 
-def render_platformio(prof: dict, out: Path, blob: bytes, config, min_group: int) -> dict:
+def render_platformio(prof: dict, out: Path, blob: bytes, config, min_group: int, batch: int = 1) -> dict:
     """Write the PlatformIO files into the project ``render_project`` made; returns flashlm.json's data."""
     if "platformio" not in prof or not all(k in prof["platformio"] for k in ("platform", "board", "framework")):
         raise BuildError(f"board {prof['name']}'s profile needs [platformio] platform, board and framework")
     out = Path(out)
-    need = arena_bytes(config, min_group)
+    need = arena_bytes(config, min_group, batch)
     tier = arena_tier(prof, need)
     env_name = prof["name"]
     ctx = dict(board=prof, pio=prof["platformio"], env=env_name, fw_version=FW_VERSION,
@@ -378,7 +379,7 @@ def cross_compile(prof: dict, out: Path) -> str:
 
 def build_platformio(board: str, prof: dict, out: Path, blob, header, min_group: int) -> BuildResult:
     data = Path(blob).read_bytes()
-    info = render_platformio(prof, out, data, header.config, min_group)
+    info = render_platformio(prof, out, data, header.config, min_group, batch_of(header.state_tiers))
     where = (f"blob {len(data):,} bytes in partition '{BLOB_PARTITION}' at {info['blob_offset']:#x}" if is_esp(prof)
              else f"blob {len(data):,} bytes at XIP {uf2.XIP_BASE + info['blob_offset']:#x} ({UF2_FILE})")
     lines = [f"PlatformIO project for {prof['name']} ({prof['platformio']['board']}, "

@@ -242,8 +242,11 @@ def _print_quality(console, rep: dict) -> None:
                       f"[bold]{rep.get('kl_mean', float('nan')):.5f}[/] nats")
 
 
+DEFAULT_BATCH = 4   # tokens per forward pass convert records: prefill chunks, speculative verification
+
+
 def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32, quant=(),
-            report=True, scales="f32", kv="f32") -> dict:
+            report=True, scales="f32", kv="f32", batch=DEFAULT_BATCH) -> dict:
     """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest."""
     from dataclasses import asdict
 
@@ -282,7 +285,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         _print_quality(console, rep)
     outdir.mkdir(parents=True, exist_ok=True)
     _step(console, f"writing {outdir / BLOB_NAME}")
-    info = write_blob(qm, outdir / BLOB_NAME, kv=kv)
+    info = write_blob(qm, outdir / BLOB_NAME, kv=kv, batch=batch)
     tok_name = _write_tokenizer(ir, tokenizer, outdir)
     if tok_name is None:
         console.print("  [yellow]no tokenizer: runs of this model need --prompt-ids[/]")
@@ -304,6 +307,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         "quantization": {"default_format": fmt, "group_size": group_size, "overrides": list(quant or ()),
                          "scales": scales},
         "kv": kv,
+        "batch": batch,
         "source": str(qm.source or ir.source or ckpt),
         "quality": "quality.json" if rep is not None else None,
         "device_tokenizer": enc_about,
@@ -320,7 +324,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
 def cmd_convert(args, console) -> int:
     convert(console, args.checkpoint, args.output, tokenizer=args.tokenizer, fmt=args.format,
             group_size=args.group_size, quant=args.quant, scales=args.scales, report=not args.no_report,
-            kv=args.kv)
+            kv=args.kv, batch=args.batch)
     return 0
 
 
@@ -750,6 +754,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="group scales as f32, or rounded to fp16 (half the scale bytes)")
     c.add_argument("--kv", choices=("f32", "int8"), default="f32",
                    help="KV cache format recorded in the blob (int8: a scale and int8 codes per row)")
+    c.add_argument("--batch", type=_positive_int, default=DEFAULT_BATCH, metavar="T",
+                   help=f"the most tokens one forward pass runs, recorded in the blob: prefill in chunks of T, "
+                        f"speculative drafts up to T-1; scratch RAM grows with T (default {DEFAULT_BATCH})")
     c.add_argument("--no-report", action="store_true", help="skip the quality report")
     c.set_defaults(func=cmd_convert)
 

@@ -111,7 +111,7 @@ def print_plan(console, plan, collapse: bool = True) -> None:
     p = plan.prediction
     c = plan.config
     head = (f"[bold]{plan.board}[/] ({plan.prof.get('description', '')}): context {c.max_seq_len}, KV {plan.kv}, "
-            f"layout {plan.layout_id}" + (f", base {plan.base}" if plan.base != "auto" else ""))
+            f"batch {plan.batch}, layout {plan.layout_id}" + (f", base {plan.base}" if plan.base != "auto" else ""))
     console.print(head, soft_wrap=True)
     rows = plan.rows()
     if collapse:
@@ -286,9 +286,9 @@ def apply_plan(console, info: dict, plan) -> None:
     atomic_write_bytes(blob_path, new)
     nh = B.parse_header(new, str(blob_path))
     manifest.update(blob_size=len(new), blob_crc=nh.crc, model_hash=bytes(nh.model_hash).hex(),
-                    layout_id=nh.layout_id, kv=plan.kv)
+                    layout_id=nh.layout_id, kv=plan.kv, batch=plan.batch)
     manifest["config"]["max_seq_len"] = nh.config.max_seq_len
-    manifest["layout"] = {"board": plan.board, "layout_id": nh.layout_id, "kv": plan.kv,
+    manifest["layout"] = {"board": plan.board, "layout_id": nh.layout_id, "kv": plan.kv, "batch": plan.batch,
                           "regions": dict(plan.regions),
                           "overrides": [o.text for o in plan.overrides], "base": plan.base}
     atomic_write_bytes(d / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
@@ -307,6 +307,14 @@ def _plan_or_explain(console, spec, board, **kw):
         raise _user_error()(str(e)) from None
 
 
+def plan_batch(args, info) -> int:
+    """--batch, else the batch the model's blob header names, else 1."""
+    from converter.blob import batch_of
+    if args.batch:
+        return args.batch
+    return batch_of(info["header"].state_tiers) if "header" in info else 1
+
+
 def cmd_plan(args, console) -> int:
     from converter.planner import parse_layout
     spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer, args.scales)
@@ -314,7 +322,7 @@ def cmd_plan(args, console) -> int:
         spec = spec.with_context(args.ctx)
     base, places = parse_layout(",".join(["auto" if not args.flash_only else "flash"] + list(args.place)))
     pl = _plan_or_explain(console, spec, args.board, overrides=places, base=base, kv=args.kv, pos=args.pos,
-                          line=args.line)
+                          line=args.line, batch=plan_batch(args, info))
     print_plan(console, pl, collapse=not args.all)
     png = Path(args.png) if args.png else (
         (info["model_dir"] if info["kind"] == "dir" else Path("out")) / f"plan-{pl.board}.png")
@@ -380,7 +388,8 @@ def cmd_compare(args, console) -> int:
         cols = []
         for lay in layouts:
             try:
-                pl = plan_layout(spec, b, lay, kv=args.kv, pos=args.pos, line=args.line, suggest=False)
+                pl = plan_layout(spec, b, lay, kv=args.kv, pos=args.pos, line=args.line, suggest=False,
+                                 batch=plan_batch(args, info))
             except PlanError as e:   # does not fit, or an override this board cannot honour
                 console.print(f"  {b} {names[lay]}: refused: {e}", soft_wrap=True)
                 continue
@@ -546,6 +555,9 @@ def add_commands(sub, positive_int, nonneg_int, add_generation_args) -> None:
         p.add_argument("--ctx", type=positive_int, metavar="N", help="plan for a shorter context than the model's")
         p.add_argument("--kv", choices=("f32", "int8"), default="f32",
                        help="KV cache format (int8: a scale and int8 codes per row; --apply records it)")
+        p.add_argument("--batch", type=positive_int, metavar="T",
+                       help="the most tokens one forward pass runs (batched prefill, speculative verification); "
+                            "scratch RAM grows with it (default: the model's own, else 1; --apply records it)")
         p.add_argument("--pos", type=nonneg_int, metavar="P", help="position to quote per-token figures at (default: mid-context)")
         p.add_argument("--line", type=positive_int, metavar="BYTES", help="cache line size (boards with seq_read_MBps_by_line)")
         p.add_argument("--format", choices=("q8", "q4"), default="q8", help="for a checkpoint: quantize like convert")

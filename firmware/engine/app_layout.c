@@ -53,7 +53,8 @@ int app_place(const uint8_t *tiers, uint32_t state_tiers, char *err, size_t en) 
     flm_model *m = &flm_dev.model;
     flm_tensor *x;
     flm_blob_retier(m, tiers);
-    m->kv_fmt = (state_tiers >> FLM_KV_SHIFT) & 15u;   /* before the region sizes: they depend on it */
+    m->kv_fmt = (state_tiers >> FLM_KV_SHIFT) & 15u;   /* before the region sizes: they depend on both */
+    m->batch = flm_batch_of(state_tiers);
     m->ple_table.tier = FLM_TIER_FLASH;   /* a gather of one row per token: read in place, never staged */
     /* bytes per pool: tensors 64-aligned (cache lines), then the regions (multiples of 8), then the
      * prompt buffer last, so an arena of exactly state + prompt holds the default placement */
