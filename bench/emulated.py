@@ -64,7 +64,7 @@ def emu_run(qm, work: Path, new_tokens: int = 12) -> dict:
     last = dec[-1]
     emu_us = {p: _median(t.us[i] for t in dec) for i, p in enumerate(PHASES)}
     device_us = _median(sum(t.us) for t in dec)
-    pred_us = {p: _median(x.phase_us[p] for x in pred) for p in PHASES}
+    pred_us = {p: _median(x.phase_us.get(p, 0.0) for x in pred) for p in PHASES}   # (draft: not predicted)
     return dict(
         clock=res.clock, decode_steps=len(dec),
         cycles_per_token=_median(c["cycles"] for c in h),

@@ -33,7 +33,8 @@ TIER_CODE = {"flash": 0, "psram": 1, "sram": 2}
 TIER_NAME = {v: k for k, v in TIER_CODE.items()}
 NONE_ID = 0xFFFFFFFF
 CONFIG_FMT = "<10I2f4I"        # 64-byte config block at offset 48 (v2: ple_dim, out_vocab, 2 reserved)
-PINNED_TO_FLASH = ("tokenizer", "ple.table")   # sections the firmware reads from flash only
+PINNED_TO_FLASH = ("tokenizer", "ple.table", "draft")   # sections the firmware reads from flash only
+DRAFT = "draft"                # the draft model of speculative decoding: a blob in the blob (section 1.4)
 HEAD_PRUNE = "head.prune"      # the greedy head's pruning records (converter/headprune.py)
 ENTRY_FMT = "<32s8I"
 
@@ -170,9 +171,10 @@ def decode_tokenizer(buf: bytes) -> list[bytes]:
     return [bytes(buf[base + offs[i]:base + offs[i + 1]]) for i in range(n)]
 
 
-def _sections(qm: QuantModel) -> list[tuple[str, str, int, int, int, bool, bytes]]:
+def _sections(qm: QuantModel, batch: int = 1) -> list[tuple[str, str, int, int, int, bool, bytes]]:
     """(name, fmt, rows, cols, group, scale16, data) in blob order: tokenizer (and its device
-    encoder's tables, tokenizer.enc), RoPE tables, tensors, the head's pruning records."""
+    encoder's tables, tokenizer.enc), RoPE tables, tensors, the draft model (a blob of its own, its
+    passes as long as the model's), the head's pruning records."""
     c = qm.config
     tok = encode_tokenizer(qm.tokenizer, c.vocab_size)
     out = [("tokenizer", "bytes", 1, len(tok), 0, False, tok)]
@@ -189,6 +191,9 @@ def _sections(qm: QuantModel) -> list[tuple[str, str, int, int, int, bool, bytes
         else:
             a = np.ascontiguousarray(t, "<f4").reshape(1, -1)
             out.append((name, "f32", 1, a.shape[1], 0, False, a.tobytes()))
+    if qm.draft is not None:
+        d = build_blob(qm.draft.qm, kv=qm.draft.kv, batch=batch)
+        out.append((DRAFT, "bytes", 1, len(d), 0, False, d))
     prune = headprune.section_bytes(qm.head(), c.n_out)
     out.append((HEAD_PRUNE, "bytes", 1, len(prune), 0, False, prune))
     return out
@@ -295,7 +300,7 @@ def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None,
     tiers = tiers or {}
     check_pinned(tiers)
     state_tiers = pack_state_tiers(state, kv, batch)
-    secs = _sections(qm)
+    secs = _sections(qm, batch_of(state_tiers))
     if any(len(s[0]) > 31 for s in secs):
         raise BlobError("a tensor name is longer than 31 bytes")
     table_off = HEADER_SIZE
@@ -484,6 +489,16 @@ def read_blob(path_or_bytes) -> QuantModel:
         raise BlobError(f"{what}: tokenizer has {len(pieces)} pieces, vocab is {c.vocab_size}")
     tok = Tokenizer(pieces, [0.0] * len(pieces), kind="blob", bos_id=h.bos_id, eos_id=h.eos_id)
     qm = QuantModel(c, tensors, rope["rope.cos"], rope["rope.sin"], tok, source=what)
+    if DRAFT in by:
+        from .draft import Draft, check_pair
+        e = by[DRAFT]
+        inner = blob[e.offset:e.offset + e.length]
+        dq = read_blob(inner)
+        check_pair(qm, dq, pieces=False)
+        if dq.config.max_seq_len != c.max_seq_len:
+            raise BlobError(f"{what}: the draft model's context {dq.config.max_seq_len} is not the model's "
+                            f"{c.max_seq_len}")
+        qm.draft = Draft(dq, kv_format(parse_header(inner).state_tiers))
     e = by[HEAD_PRUNE]
     if blob[e.offset:e.offset + e.length] != headprune.section_bytes(qm.head(), c.n_out):
         raise BlobError(f"{what}: {HEAD_PRUNE} does not match the output layer's rows (re-run flashlm convert)")

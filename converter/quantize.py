@@ -31,6 +31,7 @@ class QuantModel:
     tokenizer: Tokenizer | None
     recipe: dict[str, str] = field(default_factory=dict)   # name -> "q8:32" / "q4:128:f16" / "f32"
     source: str = ""
+    draft: object = None   # converter.draft.Draft: a small model proposing tokens for speculative decoding
 
     def head(self) -> QTensor:
         return self.tensors["tok_embeddings" if self.config.tied else "output"]  # type: ignore

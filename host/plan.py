@@ -448,12 +448,13 @@ def measure_layouts(sess, plans: dict, prompt_ids, max_tokens: int, temperature=
         except DeviceError as e:
             out[name] = dict(error=str(e))
             continue
-        res = sess.generate(prompt_ids, max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        # one-token passes: what the planner predicts step by step
+        res = sess.generate(prompt_ids, max_tokens, temperature=temperature, top_p=top_p, seed=seed, batch=1)
         sampling = "greedy" if temperature <= 0 else "temperature"
         gen = res.generated_steps
         preds = {t.step: pl.predict_at(t.pos, sampling, step_head(t, sampling)) for t in res.tokens}
         measured = {ph: mean(t.us[i] for t in gen) for i, ph in enumerate(PHASES)} if gen else {}
-        predicted = {ph: mean(preds[t.step].phase_us[ph] for t in gen) for ph in PHASES} if gen else {}
+        predicted = {ph: mean(preds[t.step].phase_us.get(ph, 0.0) for t in gen) for ph in PHASES} if gen else {}  # (draft: not predicted, 0)
         tiers = ("flash", "psram", "sram")
         mbytes = {k: mean(t.bytes_read[i] for t in gen) for i, k in enumerate(tiers)} if gen else {}
         pbytes = {k: mean(preds[t.step].bytes_read[k] for t in gen) for k in tiers} if gen else {}

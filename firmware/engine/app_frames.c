@@ -11,8 +11,8 @@
 enum { GEN_NONE = 0, GEN_RUNNING = 1, GEN_ENDED = 2 };
 
 typedef struct {
-    uint32_t step, pos, in, out, crc;
-    flm_step_stats st;
+    uint32_t step, pos, in, out, head_rows, crc;
+    flm_pass pass;
 } flm_kept_token;
 
 static struct {
@@ -20,9 +20,7 @@ static struct {
     uint32_t generation;                   /* GENERATEs accepted since boot */
     uint32_t steps;                        /* TOKEN steps the current/last generation sent */
     uint8_t state;                         /* GEN_* */
-    uint32_t done_steps, done_generated;   /* the DONE of the last generation */
-    uint8_t done_reason;
-    uint64_t done_total, done_phase[FLM_N_PHASES];
+    flm_done done;                         /* the DONE of the last generation */
 } K;
 
 void app_send_error(uint16_t code, const char *text) {
@@ -53,6 +51,7 @@ void app_send_hello(void) {
     flm_tx_u8(&flm_dev.tx, hal_clock_kind());
     flm_tx_s8(&flm_dev.tx, FLM_FW_VERSION, app_slen(FLM_FW_VERSION));
     flm_tx_s8(&flm_dev.tx, board, app_slen(board));
+    flm_tx_u8(&flm_dev.tx, (uint8_t)(flm_dev.image_ok ? flm_dev.model.batch : 0u));   /* tokens per forward pass */
     flm_tx_end(&flm_dev.tx);
     if (!flm_dev.image_ok) app_send_error(flm_dev.kernels_ok ? FLM_E_BAD_IMAGE : FLM_E_SELF_CHECK, flm_dev.image_err);
 }
@@ -70,37 +69,48 @@ void app_report_bad_frames(void) {
 }
 
 static void tx_token(const flm_kept_token *k) {
+    const flm_pass *ps = &k->pass;
     flm_tx_begin(&flm_dev.tx, FLM_TOKEN);
     flm_tx_u32(&flm_dev.tx, k->step);
     flm_tx_u32(&flm_dev.tx, k->pos);
     flm_tx_u32(&flm_dev.tx, k->in);
     flm_tx_u32(&flm_dev.tx, k->out);
-    for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u32(&flm_dev.tx, k->st.us[i]);
-    for (int i = 0; i < FLM_N_TIERS; i++) flm_tx_u32(&flm_dev.tx, k->st.bytes[i]);
-    flm_tx_u32(&flm_dev.tx, k->st.head_rows);
+    for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u32(&flm_dev.tx, ps->st.us[i]);
+    for (int i = 0; i < FLM_N_TIERS; i++) flm_tx_u32(&flm_dev.tx, ps->st.bytes[i]);
+    flm_tx_u32(&flm_dev.tx, k->head_rows);
     flm_tx_u32(&flm_dev.tx, k->crc);
+    flm_tx_u8(&flm_dev.tx, (uint8_t)(k->step - ps->first));   /* the step's place in its pass */
+    flm_tx_u8(&flm_dev.tx, ps->len);
+    flm_tx_u8(&flm_dev.tx, ps->used);
+    flm_tx_u8(&flm_dev.tx, ps->kind);
     uint32_t plen = 0;
     const uint8_t *piece = k->out == FLM_NONE ? (const uint8_t *)"" : flm_piece(&flm_dev.model, k->out, &plen);
     flm_tx_s8(&flm_dev.tx, (const char *)piece, plen);
     flm_tx_end(&flm_dev.tx);
 }
 
-/* Send a TOKEN and keep it in the ring (steps of one generation are sent in order from 0). */
-void app_send_token(uint32_t step, uint32_t pos, uint32_t in, uint32_t out, const flm_step_stats *st,
-                       uint32_t crc) {
+void app_send_token(uint32_t step, uint32_t pos, uint32_t in, uint32_t out, uint32_t head_rows, uint32_t crc,
+                    const flm_pass *ps) {
     flm_kept_token *k = &K.ring[step % FLM_TOKEN_RING];
-    k->step = step; k->pos = pos; k->in = in; k->out = out; k->crc = crc; k->st = *st;
+    k->step = step; k->pos = pos; k->in = in; k->out = out; k->head_rows = head_rows; k->crc = crc; k->pass = *ps;
     K.steps = step + 1u;
     tx_token(k);
 }
 
 static void send_done(void) {
+    const flm_done *d = &K.done;
     flm_tx_begin(&flm_dev.tx, FLM_DONE);
-    flm_tx_u32(&flm_dev.tx, K.done_steps);
-    flm_tx_u32(&flm_dev.tx, K.done_generated);
-    flm_tx_u8(&flm_dev.tx, K.done_reason);
-    flm_tx_u64(&flm_dev.tx, K.done_total);
-    for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u64(&flm_dev.tx, K.done_phase[i]);
+    flm_tx_u32(&flm_dev.tx, d->steps);
+    flm_tx_u32(&flm_dev.tx, d->generated);
+    flm_tx_u8(&flm_dev.tx, d->reason);
+    flm_tx_u64(&flm_dev.tx, d->total_us);
+    for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u64(&flm_dev.tx, d->phase_us[i]);
+    flm_tx_u32(&flm_dev.tx, d->passes);
+    flm_tx_u32(&flm_dev.tx, d->verify_passes);
+    flm_tx_u32(&flm_dev.tx, d->drafted);
+    flm_tx_u32(&flm_dev.tx, d->accepted);
+    for (int i = 0; i < FLM_N_TIERS; i++) flm_tx_u64(&flm_dev.tx, d->bytes[i]);
+    for (int i = 0; i < FLM_N_TIERS; i++) flm_tx_u64(&flm_dev.tx, d->draft_bytes[i]);
     flm_tx_end(&flm_dev.tx);
 }
 
@@ -160,12 +170,8 @@ void app_ring_begin(void) {
     K.steps = 0;
 }
 
-void app_ring_end(uint32_t steps, uint32_t generated, uint8_t reason, uint64_t total_us, const uint64_t phase_us[FLM_N_PHASES]) {
-    K.done_steps = steps;
-    K.done_generated = generated;
-    K.done_reason = reason;
-    K.done_total = total_us;
-    for (int i = 0; i < FLM_N_PHASES; i++) K.done_phase[i] = phase_us[i];
+void app_ring_end(const flm_done *d) {
+    K.done = *d;
     K.state = GEN_ENDED;
     send_done();
 }

@@ -47,6 +47,24 @@ typedef struct {
 extern flm_app flm_dev;
 extern uint8_t flm_rxbuf[FLM_RXBUF_BYTES];
 
+/* A forward pass of a generation, as every TOKEN frame of the steps it produced carries it
+ * (docs/formats.md section 2.4): prompt steps in chunks, a decode step, or a verification of drafts. */
+enum { FLM_PASS_ONE = 0, FLM_PASS_PREFILL = 1, FLM_PASS_VERIFY = 2 };
+typedef struct {
+    uint32_t first;                    /* the step of its first token */
+    uint8_t len, used, kind;           /* tokens it ran, steps it produced, FLM_PASS_* */
+    flm_step_stats st;                 /* its µs per phase (proposing its drafts: FLM_PH_DRAFT) and bytes
+                                        * per tier, drafting's included (head_rows: per step) */
+    uint32_t draft_bytes[FLM_N_TIERS]; /* of which proposing its drafts read (DONE keeps the split) */
+} flm_pass;
+
+/* A generation's DONE. */
+typedef struct {
+    uint32_t steps, generated, passes, verify_passes, drafted, accepted;
+    uint8_t reason;
+    uint64_t total_us, phase_us[FLM_N_PHASES], bytes[FLM_N_TIERS], draft_bytes[FLM_N_TIERS];
+} flm_done;
+
 /* app_text.c: message text without a C library's printf */
 size_t app_slen(const char *s);
 void app_scopy(char *dst, size_t cap, const char *src);
@@ -63,11 +81,12 @@ void app_report_bad_frames(void);
 void app_resend(const uint8_t *p, size_t len);
 void app_ring_reset(void);             /* at boot: no generation yet */
 void app_ring_begin(void);             /* a GENERATE was accepted: a new generation, the ring starts empty */
-/* Send a TOKEN and keep it in the ring (steps of one generation are sent in order from 0). */
-void app_send_token(uint32_t step, uint32_t pos, uint32_t in, uint32_t out, const flm_step_stats *st, uint32_t crc);
+/* Send a TOKEN of pass ps and keep it in the ring (steps of one generation are sent in order from 0). */
+void app_send_token(uint32_t step, uint32_t pos, uint32_t in, uint32_t out, uint32_t head_rows, uint32_t crc,
+                    const flm_pass *ps);
 void app_send_logits(uint32_t step, const float *logits);
 /* The generation ended: keep its DONE and send it. */
-void app_ring_end(uint32_t steps, uint32_t generated, uint8_t reason, uint64_t total_us, const uint64_t phase_us[FLM_N_PHASES]);
+void app_ring_end(const flm_done *d);
 int app_stop_requested(void);          /* between steps: answer PING and RESEND, honour STOP (returns 1) */
 
 /* app_generate.c */
@@ -79,6 +98,11 @@ const flm_tokenizer *app_text_encoder(void);
 void app_generate_text(void);
 void app_text_session(void);
 void app_report_console(void);
+
+/* app_speculate.c: proposing drafts (docs/formats.md section 2.4) */
+/* Prompt lookup: k drafts into ctx[pos+1..pos+k] from the most recent earlier occurrence of the
+ * context's last 3, 2 or 1 tokens ctx[..pos]; returns k, or 0 when nothing matches. */
+uint32_t app_lookup_drafts(uint32_t *ctx, uint32_t pos, uint32_t k);
 
 /* app_layout.c */
 int app_place(const uint8_t *tiers, uint32_t state_tiers, char *err, size_t en);

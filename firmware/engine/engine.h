@@ -5,8 +5,9 @@
 #include "blob.h"
 
 /* Phases, in the protocol's order: embed = everything before layer 0 (embedding row; with PLE the
- * table row, ple.proj and the per-layer inputs), ple = each layer's PLE gate/proj/norm/residual. */
-enum { FLM_PH_EMBED, FLM_PH_ATTN, FLM_PH_FFN, FLM_PH_PLE, FLM_PH_OUTPUT, FLM_PH_SAMPLE, FLM_N_PHASES };
+ * table row, ple.proj and the per-layer inputs), ple = each layer's PLE gate/proj/norm/residual,
+ * draft = proposing the drafts a verifying pass checks (the app's; the engine's passes add none). */
+enum { FLM_PH_EMBED, FLM_PH_ATTN, FLM_PH_FFN, FLM_PH_PLE, FLM_PH_OUTPUT, FLM_PH_SAMPLE, FLM_PH_DRAFT, FLM_N_PHASES };
 
 typedef struct {
     uint32_t us[FLM_N_PHASES];      /* from hal_time_us */

@@ -27,18 +27,19 @@ def rec(kind: int, payload: bytes = b"") -> bytes:
     return bytes([kind, len(payload)]) + payload
 
 
-def gen(prompt, max_new, temp=0.0, top_p=0.0, seed=0, flags=0) -> bytes:
-    return struct.pack(f"<IffQII{len(prompt)}I", max_new, temp, top_p, seed, flags, len(prompt), *prompt)
+def gen(prompt, max_new, temp=0.0, top_p=0.0, seed=0, flags=0, batch=0, spec=0, k=0) -> bytes:
+    return struct.pack(f"<IffQIBBBBI{len(prompt)}I", max_new, temp, top_p, seed, flags, batch, spec, k, 0, len(prompt),
+                       *prompt)
 
 
-def gen_text(text: bytes, max_new, temp=0.0, top_p=0.0, seed=0, flags=0) -> bytes:
-    return struct.pack("<IffQIH", max_new, temp, top_p, seed, flags, len(text)) + text
+def gen_text(text: bytes, max_new, temp=0.0, top_p=0.0, seed=0, flags=0, batch=0, spec=0, k=0) -> bytes:
+    return struct.pack("<IffQIBBBBH", max_new, temp, top_p, seed, flags, batch, spec, k, 0, len(text)) + text
 
 
 def lf_frame() -> bytes:
     """A GENERATE whose COBS code byte is LF (first 0x00 nine bytes in): what a console line end
     held back must not swallow."""
-    payload = struct.pack("<IIfQII", 0x01010101, 0x3F000101, 0.0, 0, 0, 1) + struct.pack("<I", 5)
+    payload = struct.pack("<IIfQIBBBBI", 0x01010101, 0x3F000101, 0.0, 0, 0, 0, 0, 0, 0, 1) + struct.pack("<I", 5)
     frame = P.encode_raw_frame(P.MsgType.GENERATE, 0x0101, payload)
     assert frame[0] == 0x0A
     return frame
@@ -61,7 +62,11 @@ def app_seeds() -> dict[str, bytes]:
     s["generate_busy"] = bytes([REC]) + rec(2, gen([3], 5)) + rec(2, gen([3], 5)) + rec(3, b"")
     s["generate_bad"] = bytes([REC]) + b"".join(rec(2, p) for p in (
         b"", gen([], 3), gen([V], 3), gen([1] * (C + 1), 3), gen([1, 2], 3)[:-2], gen([0], 0),
-        struct.pack("<IffQII", 3, float("nan"), float("inf"), 0, 0, 1) + b"\x01\0\0\0"))
+        struct.pack("<IffQIBBBBI", 3, float("nan"), float("inf"), 0, 0, 0, 0, 0, 0, 1) + b"\x01\0\0\0",
+        gen([1, 2], 3, batch=200), gen([1, 2], 3, spec=7), gen([1, 2], 3)[:28] + b"\x01" + gen([1, 2], 3)[29:]))
+    # batched prefill: the board's batch, passes of 2 and of 1, a prompt longer than the batch with logits
+    s["generate_batched"] = bytes([REC]) + rec(2, gen([1, 2, 3, 4, 5, 6], 3, batch=2)) + rec(2, gen([1] * 7, 2)) \
+        + rec(2, gen([2, 3, 4], 2, flags=1, batch=1)) + rec(2, gen([5, 6, 7, 8, 9], 2, 0.8, 0.9, 3, flags=4))
     s["resend_status"] = bytes([REC]) + rec(5, resend(0, [0xFFFE0001]))
     s["generate_resend"] = (bytes([REC]) + rec(2, gen([1, 2, 3], 9)) + rec(5, resend(1, [0, 2, 5, 0xFFFFFFFF]))
                             + rec(5, resend(1, list(range(32)))) + rec(5, resend(7, [1])) + rec(5, b"\x01\0\0\0\x40\0\0\0"))
@@ -116,7 +121,7 @@ def app_seeds() -> dict[str, bytes]:
 def blob_seeds() -> dict[str, bytes]:
     s = {}
     for name, blob in models().items():
-        for mode in (0, 3, 7, 15, 31, 39):
+        for mode in (0, 3, 7, 15, 31, 39, 71):
             s[f"{name}_m{mode}"] = bytes([mode]) + blob
     return s
 
