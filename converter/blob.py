@@ -448,6 +448,16 @@ def read_header(path) -> BlobHeader:
     return parse_header(read_file(path, "a .flmb blob", BlobError), str(path))
 
 
+def draft_header_of(path, header: BlobHeader) -> BlobHeader | None:
+    """The header of the blob file's draft model (its section ``draft``), or None without one."""
+    e = next((e for e in header.entries if e.name == DRAFT), None)
+    if e is None:
+        return None
+    with open(path, "rb") as f:
+        f.seek(e.offset)
+        return parse_header(f.read(e.length), f"{path}: draft")
+
+
 def read_blob(path_or_bytes) -> QuantModel:
     """Decode a blob back into the QuantModel it holds (checks everything parse_header checks)."""
     if isinstance(path_or_bytes, (bytes, bytearray)):

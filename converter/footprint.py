@@ -92,20 +92,32 @@ def staging_bound(cfg: ModelConfig, min_group: int) -> int:
     return total + 2 * _up64(cfg.max_seq_len * cfg.head_dim // 2 * 4) + _up64(8 * cfg.n_out)   # RoPE, head.prune
 
 
-def build_arenas(header, prof: dict) -> tuple[int, int]:
+def draft_state_bytes(draft_header) -> int:
+    """RAM the draft model's state takes (its three regions, in the scratch region's tier after the
+    prompt buffer: app_speculate.c app_draft_place), from its blob's header; 0 without a draft."""
+    if draft_header is None:
+        return 0
+    from .blob import batch_of, kv_format
+    g = min(e.group_size for e in draft_header.entries if e.fmt in ("q8", "q4"))
+    return state_bytes(draft_header.config, g, kv_format(draft_header.state_tiers), batch_of(draft_header.state_tiers))
+
+
+def build_arenas(header, prof: dict, draft_header=None) -> tuple[int, int]:
     """(FLM_ARENA_BYTES, FLM_PSRAM_ARENA_BYTES) for a build of ``prof`` running the blob ``header``.
 
     The native board reserves room for any placement in both its SRAM arena and its stand-in PSRAM,
     so LAYOUT can switch freely; a bare-metal build (``build = "arm-gcc"``, the emulated RP2040)
     reserves its whole SRAM budget; other boards reserve what the blob's own layout needs (their
     HAL's hal_tier_arena supplies staging space; a LAYOUT that needs more than there is is refused
-    by the device with the numbers)."""
+    by the device with the numbers). A draft model's state (``draft_header``: its blob's header) is
+    reserved too, in the scratch region's tier."""
     from .blob import batch_of, kv_format, unpack_state_tiers
     cfg = header.config
     min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
     batch = batch_of(header.state_tiers)
+    draft = draft_state_bytes(draft_header)
     if prof.get("hal") == "native":
-        room = state_bytes(cfg, min_group, batch=batch) + prompt_bytes(cfg) + staging_bound(cfg, min_group)
+        room = state_bytes(cfg, min_group, batch=batch) + prompt_bytes(cfg) + staging_bound(cfg, min_group) + draft
         return room, room
     default = "sram"
     regions = {r: (default if t == "default" else t) for r, t in unpack_state_tiers(header.state_tiers).items()}
@@ -115,6 +127,7 @@ def build_arenas(header, prof: dict) -> tuple[int, int]:
         if e.tier in staged and e.name in used:
             staged[e.tier].append(e.length)
     need = tier_needs(cfg, min_group, staged, regions, kv_format(header.state_tiers), batch)
+    need[regions["scratch"]] += draft
     if prof.get("build") == "arm-gcc":   # a statically linked arena: reserve the whole SRAM budget,
         sram = prof.get("tiers", {}).get("sram", {})      # so LAYOUT can switch within it
         return max(need["sram"], int(sram.get("budget", 0))), need["psram"]

@@ -452,11 +452,43 @@ def lookup_drafts(ctx: list[int], pos: int, k: int) -> list[int]:
     return []
 
 
+class DraftProposer:
+    """The draft model's side of speculative decoding (firmware/engine/app_speculate.c): its own cache,
+    kept in step with the context — it holds the context's positions [0, pos) — catching up in passes
+    of up to ``batch`` tokens before it proposes; its greedy tokens are the drafts."""
+
+    def __init__(self, draft, batch: int):
+        self.ref = Reference(draft.qm, draft.kv)
+        self.batch = max(1, batch)
+        self.pos = 0
+
+    def propose(self, ctx: list[int], pos: int, k: int) -> list[int]:
+        while self.pos <= pos:
+            n = min(self.batch, pos + 1 - self.pos)
+            xs = self.ref.body_many(ctx[self.pos:self.pos + n], self.pos)
+            self.pos += n
+        d = [self.ref.argmax(xs[-1])[0]]
+        while len(d) < k:
+            x = self.ref.body(d[-1], pos + len(d))
+            self.pos = pos + len(d) + 1
+            d.append(self.ref.argmax(x)[0])
+        return d
+
+    def accepted(self, pos: int, used: int) -> None:
+        """A verifying pass at pos produced `used` steps: rows after them are not the context's."""
+        self.pos = min(self.pos, pos + used)
+
+    def slide(self, n_drop: int) -> None:
+        self.ref.slide(n_drop)
+        self.pos = self.pos - n_drop if self.pos > 1 + n_drop else min(self.pos, 1)
+
+
 def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float = 0.0,
              top_p: float = 0.0, seed: int = 0, flags: int = 0, kv: str = "f32", batch: int = 1,
              speculate: str = "none", draft_k: int = 0) -> list[dict]:
     """What the device does for one GENERATE with these ``flags`` (FLAG_*), prefill passes of up to
-    ``batch`` tokens and ``speculate`` ("none", "lookup") with up to ``draft_k`` drafts a pass: one
+    ``batch`` tokens and ``speculate`` ("none", "lookup", "draft": qm.draft's greedy tokens,
+    DraftProposer) with up to ``draft_k`` drafts a pass: one
     record per step — pos (the cache position), in_id, out_id (NO_TOKEN for a prompt step whose
     output is unused), head_rows, logits (the whole output layer when the step computed it, else
     None), logits_crc (their crc32, else 0) and the forward pass it came from (chunk: its first step,
@@ -473,11 +505,14 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
     the pass verifies them: it runs the last token and the drafts, computes every token's whole head,
     and produces steps while each step's argmax equals the next draft (and is not EOS), plus the
     step after the last accepted draft — so the tokens are plain greedy decoding's, one for one."""
-    if speculate not in ("none", "lookup"):
-        raise ValueError(f"speculate must be none or lookup, got {speculate!r}")
+    if speculate not in ("none", "lookup", "draft"):
+        raise ValueError(f"speculate must be none, lookup or draft, got {speculate!r}")
     if speculate != "none" and temperature > 0:
         raise ValueError("speculative decoding verifies greedy tokens only (temperature 0)")
+    if speculate == "draft" and qm.draft is None:
+        raise ValueError("speculate='draft' needs a model carrying a draft (converter.draft.attach)")
     ref, rng = Reference(qm, kv), Rng(seed)
+    drafter = DraftProposer(qm.draft, batch) if speculate == "draft" else None
     eos = qm.tokenizer.eos_id if qm.tokenizer is not None else None
     every = bool(flags & (FLAG_LOGITS | FLAG_ALL_LOGITS))
     S = qm.config.max_seq_len
@@ -490,6 +525,8 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
                 break
             n_drop = (S - 1) // 2
             ref.slide(n_drop)
+            if drafter is not None:
+                drafter.slide(n_drop)
             pos = S - n_drop
             ctx[1:pos] = ctx[1 + n_drop:S]
         step = len(steps)
@@ -498,7 +535,7 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
             ctx[pos] = tok
         if step + 1 >= len(prompt) and speculate != "none":
             k = min(draft_k, max_new_tokens - generated - 1, S - 1 - pos)
-            drafts = lookup_drafts(ctx, pos, k) if k > 0 else []
+            drafts = [] if k <= 0 else drafter.propose(ctx, pos, k) if drafter else lookup_drafts(ctx, pos, k)
             ctx[pos + 1:pos + 1 + len(drafts)] = drafts
             n += len(drafts)
         xs = ref.body_many(ctx[pos:pos + n], pos)
@@ -514,6 +551,8 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
                                   chunk=step, chunk_len=n, chunk_used=used, kind=PASS_VERIFY))
             generated += used
             tok, out = outs[used - 1], outs[used - 1]
+            if drafter is not None:
+                drafter.accepted(pos, used)
             pos += used
             if out == eos:
                 break

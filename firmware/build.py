@@ -11,7 +11,7 @@ import jinja2
 
 from converter.boards import load_board
 from converter.footprint import arena_bytes, build_arenas
-from converter.blob import read_header
+from converter.blob import draft_header_of, read_header
 from converter.tokenizer_enc import section_info
 from converter.ir import ModelConfig
 
@@ -36,10 +36,12 @@ def engine_sources() -> list[str]:
     return sorted(p.name for p in ENGINE_DIR.glob("*.c"))
 
 
-def render_project(board: str, out_dir, config: ModelConfig, min_group: int, header=None, text_bytes: int = 0) -> Path:
+def render_project(board: str, out_dir, config: ModelConfig, min_group: int, header=None, text_bytes: int = 0,
+                   draft_header=None) -> Path:
     """Write a complete project for ``board`` sized for a model of ``config`` into out_dir
     (with ``header``, the blob's BlobHeader, sized for its placement too; ``text_bytes``: the
-    longest text prompt the device encoder takes, which the receive buffer must hold)."""
+    longest text prompt the device encoder takes, which the receive buffer must hold;
+    ``draft_header``: its draft model's, whose state is reserved too)."""
     prof = load_board(board)
     out = Path(out_dir)
     src = out / "src"
@@ -57,7 +59,8 @@ def render_project(board: str, out_dir, config: ModelConfig, min_group: int, hea
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(FW_DIR / "templates"),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     c = config
-    arena, psram_arena = (arena_bytes(c, min_group), 0) if header is None else build_arenas(header, prof)
+    arena, psram_arena = ((arena_bytes(c, min_group), 0) if header is None
+                          else build_arenas(header, prof, draft_header))
     n_entries = len(header.entries) if header is not None else 0
     ctx = dict(board=prof, fw_version=FW_VERSION, max_layers=c.n_layers,
                arena_bytes=arena, psram_arena_bytes=psram_arena,
@@ -79,7 +82,7 @@ def build_firmware(board: str, out_dir, blob) -> BuildResult:
     min_group = min(e.group_size for e in h.entries if e.fmt in ("q8", "q4"))
     enc = section_info(blob, h)
     out = render_project(board, out_dir, h.config, min_group, h,
-                         enc.text_capacity(h.config.max_seq_len) if enc is not None else 0)
+                         enc.text_capacity(h.config.max_seq_len) if enc is not None else 0, draft_header_of(blob, h))
     if prof.get("build") == "arm-gcc":
         from .build_arm import build_arm
         return build_arm(board, prof, out, blob, h, min_group)

@@ -246,7 +246,7 @@ DEFAULT_BATCH = 4   # tokens per forward pass convert records: prefill chunks, s
 
 
 def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32, quant=(),
-            report=True, scales="f32", kv="f32", batch=DEFAULT_BATCH) -> dict:
+            report=True, scales="f32", kv="f32", batch=DEFAULT_BATCH, draft=None) -> dict:
     """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest."""
     from dataclasses import asdict
 
@@ -283,6 +283,8 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         with console.status("running both models"):
             rep = Q.quality_report(ir, qm)
         _print_quality(console, rep)
+    if draft is not None:
+        qm = attach_draft(console, qm, draft, fmt, group_size, scales)
     outdir.mkdir(parents=True, exist_ok=True)
     _step(console, f"writing {outdir / BLOB_NAME}")
     info = write_blob(qm, outdir / BLOB_NAME, kv=kv, batch=batch)
@@ -308,6 +310,8 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
                          "scales": scales},
         "kv": kv,
         "batch": batch,
+        "draft": None if qm.draft is None else {"source": str(qm.draft.qm.source), "kv": qm.draft.kv,
+                                                "config": asdict(qm.draft.qm.config)},
         "source": str(qm.source or ir.source or ckpt),
         "quality": "quality.json" if rep is not None else None,
         "device_tokenizer": enc_about,
@@ -324,8 +328,27 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
 def cmd_convert(args, console) -> int:
     convert(console, args.checkpoint, args.output, tokenizer=args.tokenizer, fmt=args.format,
             group_size=args.group_size, quant=args.quant, scales=args.scales, report=not args.no_report,
-            kv=args.kv, batch=args.batch)
+            kv=args.kv, batch=args.batch, draft=args.draft)
     return 0
+
+
+def attach_draft(console, qm, draft, fmt, group_size, scales):
+    """qm carrying the draft model at ``draft`` (a checkpoint, or a `flashlm train` folder),
+    quantized like qm: what `flashlm run --speculate draft` proposes tokens with."""
+    from converter.draft import attach
+    from converter.load import load_model
+    from converter.quantize import quantize
+    path = Path(draft)
+    if path.is_dir():
+        path = path / "model.pt"
+    if not path.exists():
+        raise UserError(f"draft model {draft} does not exist (a checkpoint, or a flashlm train folder)")
+    _step(console, f"adding the draft model {path}")
+    d = quantize(load_model(str(path)), default_format=fmt, group_size=group_size, scales=scales)
+    out = attach(qm, d)
+    c = out.draft.qm.config
+    console.print(f"  draft: dim {c.dim}, {c.n_layers} layers, {c.n_params():,} parameters, KV cache {out.draft.kv}")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -765,6 +788,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--batch", type=_positive_int, default=DEFAULT_BATCH, metavar="T",
                    help=f"the most tokens one forward pass runs, recorded in the blob: prefill in chunks of T, "
                         f"speculative drafts up to T-1; scratch RAM grows with T (default {DEFAULT_BATCH})")
+    c.add_argument("--draft", metavar="DIR",
+                   help="a small model of the same tokenizer (checkpoint or flashlm train folder) to carry in the "
+                        "image for speculative decoding (flashlm run --speculate draft)")
     c.add_argument("--no-report", action="store_true", help="skip the quality report")
     c.set_defaults(func=cmd_convert)
 

@@ -54,6 +54,7 @@ GENERATE_FLAG_ALL_LOGITS = 0x4  # every step computes the whole output layer (ne
 HELLO_FLAG_IMAGE_OK = 0x1
 HELLO_FLAG_RESEND = 0x2       # the device keeps recent TOKEN frames and answers RESEND
 HELLO_FLAG_TEXT = 0x4         # the device encodes text prompts (GENERATE_TEXT, the text console)
+HELLO_FLAG_DRAFT = 0x8        # the device holds a draft model it can speculate with (version 3)
 RESEND_MAX = 32               # steps one RESEND may name
 RESEND_DONE = 0xFFFFFFFF      # the step number that asks for the generation's DONE
 RESENT_STATES = ("idle", "generating", "ended")
@@ -168,6 +169,7 @@ class Hello:
     can_resend: bool = False  # HELLO flag bit1
     can_encode: bool = False  # HELLO flag bit2
     batch: int = 1            # the most tokens one forward pass runs (version 3)
+    can_draft: bool = False   # HELLO flag bit3 (version 3)
 
     @property
     def clock_name(self) -> str:
@@ -306,7 +308,7 @@ def _enc_hello(m: Hello) -> bytes:
     if len(model_hash) != 16:
         raise ProtocolError(f"HELLO model_hash must be 16 bytes, got {len(model_hash)}")
     flags = ((HELLO_FLAG_IMAGE_OK if m.image_ok else 0) | (HELLO_FLAG_RESEND if m.can_resend else 0)
-             | (HELLO_FLAG_TEXT if m.can_encode else 0))
+             | (HELLO_FLAG_TEXT if m.can_encode else 0) | (HELLO_FLAG_DRAFT if m.can_draft else 0))
     if m.proto_version == 1:   # version 1 had no out_vocab (what an old board sends)
         if m.out_vocab != m.vocab_size:
             raise ProtocolError("HELLO version 1 cannot carry an out_vocab other than vocab_size")
@@ -496,7 +498,8 @@ def _dec_hello(r: _Reader) -> Hello:
     (batch,) = r.unpack("B") if version >= 3 else (1,)
     r.end()
     return Hello(version, bool(flags & HELLO_FLAG_IMAGE_OK), model_hash, layout_id, vocab, out_vocab,
-                 max_seq, clock, fw, board, bool(flags & HELLO_FLAG_RESEND), bool(flags & HELLO_FLAG_TEXT), batch)
+                 max_seq, clock, fw, board, bool(flags & HELLO_FLAG_RESEND), bool(flags & HELLO_FLAG_TEXT), batch,
+                 bool(flags & HELLO_FLAG_DRAFT))
 
 
 def _dec_token(r: _Reader) -> Token:

@@ -20,9 +20,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=_tokens, metavar="T",
                    help="tokens per prefill pass, at most the board's batch (HELLO; flashlm convert/plan --batch); "
                         "default: the board's")
-    p.add_argument("--speculate", choices=("lookup",),
+    p.add_argument("--speculate", choices=("lookup", "draft"),
                    help="speculative decoding, greedy-exact: drafts from prompt lookup (n-gram matches in the "
-                        "context), verified several at a time by one forward pass")
+                        "context) or from the image's draft model (flashlm convert --draft), verified several at a "
+                        "time by one forward pass")
     p.add_argument("--draft-k", type=_tokens, metavar="K",
                    help="drafts per verifying pass (default: the board's batch minus one)")
 
@@ -36,6 +37,9 @@ def check(hello, batch: int | None, speculate: str | None = None, draft_k: int |
     if draft_k and not speculate:
         return "--draft-k needs --speculate"
     if speculate:
+        if speculate == "draft" and not hello.can_draft:
+            return (f"--speculate draft: board {hello.board} has no draft model ready (convert the model with "
+                    f"--draft DIR, and check the boot LOG: its state may not fit the board's RAM)")
         if temperature > 0:
             return ("--speculate verifies greedy tokens only: use --temperature 0 (exact speculative sampling "
                     "is not implemented)")

@@ -301,3 +301,80 @@ def test_cli_run_batch_and_speculate(tmp_path, capsys):
         rc = main(["run", "--board", "native", "--model", str(out), "--prompt-ids", ids, "--max-tokens", "2"] + args)
         err = capsys.readouterr().err
         assert rc == 2 and why in err and err.count("\n") == 1, err
+
+
+# ---------------------------------------------------------------------------------------------
+# the draft model: a small model of the same vocabulary, carried in the image
+
+def with_draft(qm, seed=20, kv="int8"):
+    from converter.draft import attach
+    _, ird = random_model(seed=seed, dim=24, n_heads=2, n_kv_heads=1, hidden_dim=32, n_layers=1,
+                          vocab_size=qm.config.vocab_size, max_seq_len=16)
+    return attach(qm, quantize(ird, "q8", 8), kv=kv)
+
+
+def test_draft_travels_in_the_blob_and_refuses_another_vocabulary():
+    from converter.blob import DRAFT, build_blob, parse_header, read_blob
+    from converter.draft import attach
+    from converter.ir import ModelError
+    qm, _ = model("q8-gqa")
+    qd = with_draft(qm)
+    blob = build_blob(qd, batch=4)
+    h = parse_header(blob)
+    assert [e.name for e in h.entries][-2:] == [DRAFT, "head.prune"]
+    back = read_blob(blob)
+    assert back.draft.kv == "int8" and back.draft.qm.config.max_seq_len == qm.config.max_seq_len
+    d = next(e for e in h.entries if e.name == DRAFT)
+    assert parse_header(blob[d.offset:d.offset + d.length]).state_tiers >> 16 == 4     # the model's batch
+    assert h.model_hash != parse_header(build_blob(qm, batch=4)).model_hash             # the pair is the model
+    _, other = random_model(seed=3, vocab_size=50)
+    with pytest.raises(ModelError, match="vocabulary"):
+        attach(qm, quantize(other, "q8", 8))
+
+
+@pytest.mark.parametrize("name,kv", [("q8-gqa", "int8"), ("ple-f16", "f32")])
+def test_draft_model_speculation_on_the_native_board(name, kv, tmp_path, build_root):
+    """The draft model's greedy tokens as drafts: the device's steps equal the reference's, whose
+    tokens are plain greedy decoding's; HELLO says the board can draft."""
+    from converter.reference import FLAG_SLIDE, generate
+    from nativeboard import assert_steps_match, native_link, run
+    qm, mkv = model(name)
+    qd = with_draft(qm, kv=kv)
+    prompt = [int(i) for i in np.random.default_rng(10).integers(0, qm.config.vocab_size, 7)]
+    plain = generate(qm, prompt, 30, kv=mkv, flags=FLAG_SLIDE)
+    with native_link(qd, tmp_path, build_root, kv=mkv, batch=4) as (link, boot):
+        assert boot[-1].can_draft
+        for k in (1, 3):
+            ref = generate(qd, prompt, 30, kv=mkv, batch=4, speculate="draft", draft_k=k, flags=FLAG_SLIDE)
+            toks, _, done = run(link, prompt, 30, logits=False, speculate="draft", draft_k=k, slide=True)
+            assert_steps_match(toks, ref)
+            assert greedy_ids(ref) == greedy_ids(plain) and done.verify_passes > 0
+            assert sum(done.draft_bytes) > 0 and done.phase_us[6] >= 0
+    with native_link(qm, tmp_path, build_root, kv=mkv, batch=4) as (link, boot):   # no draft in the image
+        assert not boot[-1].can_draft
+        err = run(link, prompt, 3, speculate="draft")[2]
+        assert err.name == "bad_message" and "no draft model" in err.text
+
+
+def test_draft_model_speculation_on_the_emulated_rp2040(tmp_path):
+    """On the Cortex-M0+: greedy-exact, and the harness's count of what each pass read (the draft's
+    weights in flash and its KV cache in SRAM included) equals the engine's."""
+    from converter.reference import generate
+    from emuboard import emu_link, require_emulator
+    from nativeboard import assert_steps_match, run
+    from test_rp2040_emu import padding_per_step
+    require_emulator()
+    qm, _ = model("q8-gqa")
+    qd = with_draft(qm)
+    assert padding_per_step(qm) == 0 and padding_per_step(qd.draft.qm) == 0
+    prompt = [5, 9, 2, 7, 1]
+    with emu_link(qd, tmp_path, tmp_path / "b", batch=4) as (link, boot, board):
+        assert boot[-1].can_draft
+        board.read_counts()
+        ref = generate(qd, prompt, 10, batch=4, speculate="draft", draft_k=3)
+        toks, _, done = run(link, prompt, 10, logits=False, speculate="draft", draft_k=3)
+        counts = {c["step"]: c for c in board.read_counts()}
+    assert_steps_match(toks, ref)
+    assert greedy_ids(ref) == greedy_ids(generate(qm, prompt, 10)) and done.verify_passes > 0
+    assert all(counts[t.step]["bytes"] == list(t.bytes_read) for t in toks if t.step == t.chunk)
+    assert sum(done.draft_bytes) > 0 and done.draft_bytes[2] > 0         # its weights, and its KV cache in SRAM

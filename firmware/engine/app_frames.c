@@ -42,7 +42,8 @@ void app_send_hello(void) {
     flm_tx_begin(&flm_dev.tx, FLM_HELLO);
     flm_tx_u16(&flm_dev.tx, FLM_PROTO_VERSION);
     flm_tx_u16(&flm_dev.tx, (uint16_t)((flm_dev.image_ok ? 1u : 0u) | 2u        /* bit1: answers RESEND */
-                                 | (app_text_encoder() ? 4u : 0u)));     /* bit2: encodes text */
+                                 | (app_text_encoder() ? 4u : 0u)        /* bit2: encodes text */
+                                 | (flm_dev.image_ok && flm_dev.draft_ok ? 8u : 0u)));   /* bit3: a draft model */
     flm_tx_put(&flm_dev.tx, flm_dev.image_ok ? flm_dev.model.model_hash : zero, 16);
     flm_tx_u32(&flm_dev.tx, flm_dev.image_ok ? flm_dev.model.layout_id : 0u);
     flm_tx_u32(&flm_dev.tx, flm_dev.image_ok ? flm_dev.model.vocab : 0u);

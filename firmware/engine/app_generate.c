@@ -12,12 +12,15 @@
 #define FLM_STEP_BEGIN(step, state) ((void)0)
 #define FLM_STEP_END(step) ((void)0)
 #endif
+#ifndef FLM_STEP_STATE   /* another state's cache a pass reads (the draft model's) */
+#define FLM_STEP_STATE(state) ((void)0)
+#endif
 
 enum { REASON_MAX_TOKENS = 0, REASON_EOS = 1, REASON_CONTEXT = 2, REASON_STOPPED = 3 };
 /* GENERATE flags (docs/formats.md section 2) */
 enum { GEN_LOGITS = 1u, GEN_SLIDE = 2u, GEN_ALL_LOGITS = 4u, GEN_FLAGS = 7u };
 #define GEN_HEAD 28u          /* GENERATE's fixed fields before n_prompt; GENERATE_TEXT's before its text */
-enum { SPEC_NONE = 0u, SPEC_LOOKUP = 1u };   /* GENERATE speculate: where drafts come from */
+enum { SPEC_NONE = 0u, SPEC_LOOKUP = 1u, SPEC_DRAFT = 2u };   /* GENERATE speculate: where drafts come from */
 
 /* One generation's settings and running totals. */
 static struct {
@@ -111,8 +114,9 @@ void app_generate(const uint8_t *p, size_t len) {
         app_send_error(FLM_E_BAD_MESSAGE, t);
         return;
     }
-    if (speculate > SPEC_LOOKUP || p[27]) {
-        app_send_error(FLM_E_BAD_MESSAGE, "GENERATE: speculate must be 0 (none) or 1 (prompt lookup), the byte after draft_k 0");
+    if (speculate > SPEC_DRAFT || p[27]) {
+        app_send_error(FLM_E_BAD_MESSAGE, "GENERATE: speculate must be 0 (none), 1 (prompt lookup) or 2 (the draft "
+                                          "model), the byte after draft_k 0");
         return;
     }
     if (temperature != temperature || temperature - temperature != 0.0f || top_p != top_p) {
@@ -133,6 +137,10 @@ void app_generate(const uint8_t *p, size_t len) {
         app_fmt2(t, sizeof t, "speculative decoding: ", draft_k, " draft(s) need a batch of one more; this placement's is ",
                  m->batch, "");
         app_send_error(FLM_E_BAD_MESSAGE, t);
+        return;
+    }
+    if (speculate == SPEC_DRAFT && !flm_dev.draft_ok) {
+        app_send_error(FLM_E_BAD_MESSAGE, flm_dev.draft_why);
         return;
     }
     if (n > m->seq_len) {
@@ -162,6 +170,7 @@ void app_generate(const uint8_t *p, size_t len) {
     /* LOGITS implies ALL_LOGITS: every step computes the whole head, never pruned or skipped */
     G.every = (flags & (GEN_LOGITS | GEN_ALL_LOGITS)) != 0;
     G.greedy = !(temperature > 0.0f);
+    app_draft_reset();
     /* the prompt buffer holds the context from here on: ctx[q] = the id at cache position q (and a
      * verification's drafts after the last known one) */
     uint32_t *ctx = flm_dev.prompt;
@@ -179,7 +188,13 @@ void app_generate(const uint8_t *p, size_t len) {
         flm_pass ps;
         memset(&ps, 0, sizeof ps);
         if (G.d.steps >= n) ctx[pos] = tok;   /* a generated token's pass (ctx holds the prompt's) */
+        if (G.speculate == SPEC_DRAFT) FLM_STEP_STATE(&flm_dev.dstate);
         FLM_STEP_BEGIN(G.d.steps, &flm_dev.state);   /* the mark covers proposing drafts and the pass */
+        if (n_drop && G.speculate == SPEC_DRAFT) {
+            uint64_t td = hal_time_us();
+            app_draft_slide(n_drop, &ps.st, ps.draft_bytes);
+            ps.st.us[FLM_PH_DRAFT] += (uint32_t)(hal_time_us() - td);
+        }
         /* prompt steps whose output is unused run in chunks (up to the prompt's last token); after
          * them a pass runs the last token and the drafts proposed for it, if any; a pass never
          * crosses the context's end */
@@ -193,12 +208,14 @@ void app_generate(const uint8_t *p, size_t len) {
             if (k > left) k = left;
             if (k > room) k = room;
             uint64_t td = hal_time_us();
-            k = k ? app_lookup_drafts(ctx, pos, k) : 0u;
-            ps.st.us[FLM_PH_DRAFT] = (uint32_t)(hal_time_us() - td);
+            if (k) k = G.speculate == SPEC_DRAFT ? app_draft_propose(ctx, pos, k, &ps.st, ps.draft_bytes)
+                                                 : app_lookup_drafts(ctx, pos, k);
+            ps.st.us[FLM_PH_DRAFT] += (uint32_t)(hal_time_us() - td);
             len += k;
             ps.kind = k ? FLM_PASS_VERIFY : FLM_PASS_ONE;
         }
         uint32_t out, steps = run_pass(ctx, pos, len, n_drop, &ps, &out);
+        if (G.speculate == SPEC_DRAFT) app_draft_accepted(pos, steps);
         pos += steps;
         if (out != FLM_NONE) tok = out;
         if (out != FLM_NONE && out == m->eos) { reason = REASON_EOS; break; }
