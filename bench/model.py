@@ -64,11 +64,12 @@ def prompt_ids(qm) -> list[int]:
     return encode(qm.tokenizer, PROMPT)
 
 
-def blob_and_firmware(qm, board: str, work: Path):
-    """Write the blob into ``work`` and build ``board``'s firmware for it: (blob path, BuildResult)."""
+def blob_and_firmware(qm, board: str, work: Path, batch: int = 1):
+    """Write the blob (passes of up to ``batch`` tokens) into ``work`` and build ``board``'s firmware
+    for it: (blob path, BuildResult)."""
     work.mkdir(parents=True, exist_ok=True)
     blob = work / "model.flmb"
-    write_blob(qm, blob)
+    write_blob(qm, blob, batch=batch)
     return blob, build_firmware(board, work / f"fw-{board}", blob)
 
 

@@ -30,7 +30,10 @@ def models() -> dict[str, bytes]:
                     kind="llama2c", bos_id=1, eos_id=2)
     _, ir = random_model(**FUZZ_MODEL)
     ir = dataclasses.replace(ir, tokenizer=tok)
-    out["app_q8"] = build_blob(quantize(ir, "q8", 8), batch=4)       # prefill in passes of up to 4
+    from converter.draft import attach
+    _, small = random_model(**{**FUZZ_MODEL, "seed": 11, "dim": 8, "n_layers": 1})
+    draft = quantize(small, "q8", 8)                             # speculative decoding's draft model
+    out["app_q8"] = build_blob(attach(quantize(ir, "q8", 8), draft), batch=4)   # prefill in passes of up to 4
     _, ir2 = random_model(**{**FUZZ_MODEL, "seed": 8, "tied": False, "n_layers": 2, "n_kv_heads": 2})
     out["untied_q4"] = build_blob(quantize(ir2, "q4", 6, ["tok_embeddings=q8:16"]))
     out["placed"] = build_blob(quantize(ir, "q8", 8), tiers={"layers.0.ffn.w1": "psram", "norm": "sram"})
