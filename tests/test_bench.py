@@ -131,3 +131,20 @@ def test_run_merges_sections_and_their_ratios():
     assert r["a"] == {"x": 1} and r["b"] == {"x": 1}
     assert r["ratios"] == {"a ratio": 0.5, "b ratio": 0.5} and set(r["bench_wall_s"]) == {"a", "b"}
     assert r["default_model"]["params"] > 0
+
+
+def test_passes_figures_print_and_flag_tokens_that_differ(capsys):
+    import bench.passes as passes
+    pre = {f"T{t}": {"tokens": 16, "passes": 16 // t, "us_per_token": 100.0 / t ** 0.5,
+                     "flash_bytes_per_token": 800_000 / t, "cycles_per_token": 2e7} for t in (1, 4, 8)}
+    spec = {"none": {"acceptance": None, "accepted": 0, "drafted": 0, "tokens_per_verify_pass": None,
+                     "tok_per_s": 6.0, "us_per_token": 160_000.0, "cycles_per_token": 2e7,
+                     "bytes_per_token": {"flash": 950_000.0}, "same_tokens_as_plain": 1},
+            "lookup": {"acceptance": 0.25, "accepted": 3, "drafted": 12, "tokens_per_verify_pass": 1.75,
+                       "tok_per_s": 4.0, "us_per_token": 250_000.0, "cycles_per_token": 3e7,
+                       "bytes_per_token": {"flash": 600_000.0}, "same_tokens_as_plain": 0}}
+    passes.print_passes({"rp2040-emu": {"clock": "emulated timer", "prefill": {"default": pre},
+                                        "speculation": {"default": spec}}})
+    out = capsys.readouterr().out
+    assert "T=8: 100,000 B (20.00 M cycles)" in out and "acceptance 25 % (3/12), 1.75 tokens per verifying pass" in out
+    assert out.count("TOKENS DIFFER FROM PLAIN DECODING") == 1
