@@ -36,12 +36,14 @@ def test_parse_totals():
 
 
 def test_decode_figures_divide_the_difference():
-    incl = lambda body, head: {"flm_body": body, "flm_head": 0, "flm_head_argmax": head, "flm_sample": 0, "flm_slide": 0}
+    incl = lambda body, head: {"flm_body_many": body, "flm_head": 0, "flm_head_all": 0, "flm_head_argmax": head,
+                               "flm_sample": 0, "flm_slide": 0}
     first = dict(total=1000, inclusive=incl(900, 100), self={"a": 600, "b": 400, "same": 5})
     longer = dict(total=5000, inclusive=incl(4500, 500), self={"a": 3000, "b": 1995, "same": 5, "new": 5})
     f = decode_figures(first, longer, decode=4, prompt_len=3)
     assert f["ir_per_decode_token"] == 1000
-    assert f["inclusive_per_decode_token"]["flm_body"] == 900 and f["inclusive_per_decode_token"]["flm_head_argmax"] == 100
+    assert f["inclusive_per_decode_token"]["flm_body_many"] == 900
+    assert f["inclusive_per_decode_token"]["flm_head_argmax"] == 100
     assert f["self_per_decode_token"] == {"a": 600, "b": 398.75, "new": 1.25}    # unchanged functions left out
     assert f["ir_per_prefill_step"] == 300
 
@@ -78,7 +80,7 @@ def fake_results(scale: float) -> dict:
                               predicted_over_emulated_token=0.9, bytes_per_token=by, bytes_per_token_harness=by,
                               bytes_per_token_predicted=by, bytes_per_token_at_pos=34),
         "callgrind_native_q8": dict(ir_per_decode_token=scale * 7e6, ir_per_prefill_step=scale * 6e6,
-                                    inclusive_per_decode_token={"flm_body": 6e6, "flm_head_argmax": 1e6},
+                                    inclusive_per_decode_token={"flm_body_many": 6e6, "flm_head_argmax": 1e6},
                                     self_per_decode_token={"flm_matvec_row": 5e6}, prompt_tokens=23, decode_tokens=32),
         "predicted": {"pico": {"default_q8": dict(fits=1, phase_ms=ph, total_ms=21.0, tok_per_s=47.6, bytes_per_token=by),
                                "ple_28m": dict(fits=0, why="flash short by 13.1 MB")}},

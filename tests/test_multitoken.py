@@ -48,9 +48,9 @@ def test_reference_multi_token_pass_equals_one_token_pass(name):
 
 def chunk_bytes(qm, kv, pos, n, head=True):
     """(flash, psram, sram) bytes one pass of n tokens at positions pos.. reads, all in flash and the
-    KV cache in SRAM: every matrix once, every norm once (ple.norm once per layer), per token its
-    embedding row, PLE table row and RoPE rows, and its attention's K and V rows; with ``head``, the
-    final norm and every head row once for all n tokens."""
+    KV cache in SRAM: every matrix once; per token every norm (ple.norm once per layer), its embedding
+    row, PLE table row and RoPE rows, and its attention's K and V rows; with ``head``, per token the
+    final norm, and every head row once for all n tokens."""
     c = qm.config
     h = parse_header(build_blob(qm, kv=kv))
     by = {e.name: e for e in h.entries}
@@ -59,7 +59,7 @@ def chunk_bytes(qm, kv, pos, n, head=True):
     mats = sum(e.length for e in h.entries if e.fmt in ("q8", "q4") and e.name not in gathered)
     norms = 2 * c.n_layers * c.dim * 4 + c.n_layers * (c.ple_dim + c.dim) * 4 * bool(c.ple_dim)
     per_token = by["tok_embeddings"].row_stride + (by["ple.table"].row_stride if c.ple_dim else 0) + c.head_dim * 4
-    flash = mats + norms + n * per_token + ((c.dim * 4 + c.n_out * out.row_stride) if head else 0)
+    flash = mats + n * (norms + per_token) + ((n * c.dim * 4 + c.n_out * out.row_stride) if head else 0)
     row = c.head_dim * 4 if kv == "f32" else 4 + c.head_dim
     return flash, 0, sum(c.n_layers * c.n_heads * 2 * (p + 1) * row for p in range(pos, pos + n))
 

@@ -10,9 +10,10 @@
 #define FLM_RESEND_MAX 32u               /* steps one RESEND may name */
 enum { GEN_NONE = 0, GEN_RUNNING = 1, GEN_ENDED = 2 };
 
-typedef struct {
+typedef struct {   /* a TOKEN frame's fields: the step's, then its pass's */
     uint32_t step, pos, in, out, head_rows, crc;
-    flm_pass pass;
+    uint32_t us[FLM_N_PHASES], bytes[FLM_N_TIERS];
+    uint8_t index, len, used, kind;
 } flm_kept_token;
 
 static struct {
@@ -70,20 +71,19 @@ void app_report_bad_frames(void) {
 }
 
 static void tx_token(const flm_kept_token *k) {
-    const flm_pass *ps = &k->pass;
     flm_tx_begin(&flm_dev.tx, FLM_TOKEN);
     flm_tx_u32(&flm_dev.tx, k->step);
     flm_tx_u32(&flm_dev.tx, k->pos);
     flm_tx_u32(&flm_dev.tx, k->in);
     flm_tx_u32(&flm_dev.tx, k->out);
-    for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u32(&flm_dev.tx, ps->st.us[i]);
-    for (int i = 0; i < FLM_N_TIERS; i++) flm_tx_u32(&flm_dev.tx, ps->st.bytes[i]);
+    for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u32(&flm_dev.tx, k->us[i]);
+    for (int i = 0; i < FLM_N_TIERS; i++) flm_tx_u32(&flm_dev.tx, k->bytes[i]);
     flm_tx_u32(&flm_dev.tx, k->head_rows);
     flm_tx_u32(&flm_dev.tx, k->crc);
-    flm_tx_u8(&flm_dev.tx, (uint8_t)(k->step - ps->first));   /* the step's place in its pass */
-    flm_tx_u8(&flm_dev.tx, ps->len);
-    flm_tx_u8(&flm_dev.tx, ps->used);
-    flm_tx_u8(&flm_dev.tx, ps->kind);
+    flm_tx_u8(&flm_dev.tx, k->index);
+    flm_tx_u8(&flm_dev.tx, k->len);
+    flm_tx_u8(&flm_dev.tx, k->used);
+    flm_tx_u8(&flm_dev.tx, k->kind);
     uint32_t plen = 0;
     const uint8_t *piece = k->out == FLM_NONE ? (const uint8_t *)"" : flm_piece(&flm_dev.model, k->out, &plen);
     flm_tx_s8(&flm_dev.tx, (const char *)piece, plen);
@@ -93,7 +93,11 @@ static void tx_token(const flm_kept_token *k) {
 void app_send_token(uint32_t step, uint32_t pos, uint32_t in, uint32_t out, uint32_t head_rows, uint32_t crc,
                     const flm_pass *ps) {
     flm_kept_token *k = &K.ring[step % FLM_TOKEN_RING];
-    k->step = step; k->pos = pos; k->in = in; k->out = out; k->head_rows = head_rows; k->crc = crc; k->pass = *ps;
+    k->step = step; k->pos = pos; k->in = in; k->out = out; k->head_rows = head_rows; k->crc = crc;
+    memcpy(k->us, ps->st.us, sizeof k->us);
+    memcpy(k->bytes, ps->st.bytes, sizeof k->bytes);
+    k->index = (uint8_t)(step - ps->first);   /* the step's place in its pass */
+    k->len = ps->len; k->used = ps->used; k->kind = ps->kind;
     K.steps = step + 1u;
     tx_token(k);
 }

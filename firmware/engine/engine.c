@@ -102,9 +102,9 @@ int flm_state_init(flm_state *s, const flm_model *m, uint8_t *arena, size_t cap,
     return 0;
 }
 
-/* RMSNorm of n vectors x + t * stride (each of n_dim) into o + t * stride, the weights read once for
- * all of them: first each vector's x * inv, then the products by the weights, weight by weight (the
- * reference's (x * inv) * w per element). o may be x. */
+/* RMSNorm of n vectors x + t * stride (each of n_dim) into o + t * stride (o may be x). The weights,
+ * a few hundred bytes, are read once per vector: one fused loop each, as fast as the one-token
+ * engine's (a pass's matrices are what a multi-token pass reads once). */
 static void rmsnorm(float *o, const float *x, uint32_t stride, const flm_tensor *w, uint32_t n_dim, uint32_t n,
                     float eps, flm_step_stats *st) {
     const float *g = (const float *)(const void *)w->data;
@@ -114,13 +114,9 @@ static void rmsnorm(float *o, const float *x, uint32_t stride, const flm_tensor 
         float ss = flm_dot_f32(xt, xt, n_dim);
         ss = ss / (float)n_dim + eps;
         float inv = 1.0f / flm_sqrtf(ss);
-        for (uint32_t i = 0; i < n_dim; i++) ot[i] = xt[i] * inv;
+        for (uint32_t i = 0; i < n_dim; i++) ot[i] = (xt[i] * inv) * g[i];
     }
-    for (uint32_t i = 0; i < n_dim; i++) {
-        const float gi = g[i];
-        for (uint32_t t = 0; t < n; t++) o[(size_t)t * stride + i] = o[(size_t)t * stride + i] * gi;
-    }
-    st->bytes[w->tier] += n_dim * 4u;
+    st->bytes[w->tier] += n * n_dim * 4u;
 }
 
 /* out + t * out_stride = w times the quantized x + t * x_stride, for the n tokens t whose codes and
