@@ -113,7 +113,7 @@ PRESETS: dict[str, Preset] = {
     # the shipped draft of models/default (models/default/draft): proposes tokens that the default
     # model verifies several at a time (flashlm convert --draft, flashlm run --speculate draft)
     "draft": Preset(
-        config=_DRAFT_DEFAULT, steps=3000, batch_size=32, lr=4e-3, warmup=100, eval_every=500, ckpt_every=500,
+        config=_DRAFT_DEFAULT, steps=1500, batch_size=32, lr=4e-3, warmup=100, eval_every=500, ckpt_every=500,
         tokenizer_of="models/default",
         description="draft of the default model (its tokenizer): dim 48, 2 layers, 2/1 heads, FFN 128; "
                     f"{param_summary(_DRAFT_DEFAULT)}"),
