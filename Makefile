@@ -40,6 +40,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -e '.[dev]'
 	touch $@
 
+# demo: the native board; 'make emu-deps' adds the emulated RP2040 (flashlm demo --board rp2040-emu)
 demo: system-deps $(STAMP)
 	$(BIN)/flashlm demo
 

@@ -34,7 +34,7 @@ from converter import evaluate
 from converter.footprint import kv_row_bytes
 from converter.quantize import quantize
 from converter.tokenizer import encode
-from host.cli import kv_layout
+from host.cmd_run import kv_layout
 from host.virtual import start_emulated_board, start_native_board
 
 from .model import MODEL, PROMPT, ROOT, blob_and_firmware, default_ir, default_quant, session

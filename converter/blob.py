@@ -16,7 +16,7 @@ import numpy as np
 
 from . import headprune
 from .files import read_file
-from .ir import ModelConfig, ModelError, QTensor, Tokenizer
+from .ir import MAX_STOP_IDS, ModelConfig, ModelError, QTensor, StopIds, Tokenizer
 from .quantize import QuantModel
 from .tokenizer_enc import SECTION as ENC_SECTION, device_section
 
@@ -36,6 +36,7 @@ CONFIG_FMT = "<10I2f4I"        # 64-byte config block at offset 48 (v2: ple_dim,
 PINNED_TO_FLASH = ("tokenizer", "ple.table", "draft")   # sections the firmware reads from flash only
 DRAFT = "draft"                # the draft model of speculative decoding: a blob in the blob (section 1.4)
 HEAD_PRUNE = "head.prune"      # the greedy head's pruning records (converter/headprune.py)
+STOP_SECTION = "tokenizer.stop"   # u32 n, u32 ids[n]: generation ends at any of these ids
 ENTRY_FMT = "<32s8I"
 
 
@@ -171,13 +172,31 @@ def decode_tokenizer(buf: bytes) -> list[bytes]:
     return [bytes(buf[base + offs[i]:base + offs[i + 1]]) for i in range(n)]
 
 
+def encode_stop_ids(stops: StopIds) -> bytes:
+    return struct.pack(f"<{1 + len(stops.ids)}I", len(stops.ids), *stops.ids)
+
+
+def decode_stop_ids(buf: bytes, vocab: int) -> tuple[int, ...]:
+    """The ids of a tokenizer.stop section, checked as the firmware checks them."""
+    n = struct.unpack_from("<I", buf)[0] if len(buf) >= 4 else None
+    if n is None or n > MAX_STOP_IDS or len(buf) != 4 + 4 * n:
+        raise BlobError(f"{STOP_SECTION} section of {len(buf)} bytes is not u32 n (at most {MAX_STOP_IDS}) "
+                        f"and n ids")
+    ids = struct.unpack_from(f"<{n}I", buf, 4)
+    if any(i >= vocab for i in ids):
+        raise BlobError(f"{STOP_SECTION}: stop id {max(ids)} is outside the vocabulary of {vocab}")
+    return ids
+
+
 def _sections(qm: QuantModel, batch: int = 1) -> list[tuple[str, str, int, int, int, bool, bytes]]:
-    """(name, fmt, rows, cols, group, scale16, data) in blob order: tokenizer (and its device
-    encoder's tables, tokenizer.enc), RoPE tables, tensors, the draft model (a blob of its own, its
-    passes as long as the model's), the head's pruning records."""
+    """(name, fmt, rows, cols, group, scale16, data) in blob order: tokenizer (its stop ids,
+    tokenizer.stop, and its device encoder's tables, tokenizer.enc), RoPE tables, tensors, the draft
+    model (a blob of its own, its passes as long as the model's), the head's pruning records."""
     c = qm.config
     tok = encode_tokenizer(qm.tokenizer, c.vocab_size)
-    out = [("tokenizer", "bytes", 1, len(tok), 0, False, tok)]
+    qm.stops.check(c.vocab_size)
+    stop = encode_stop_ids(qm.stops)
+    out = [("tokenizer", "bytes", 1, len(tok), 0, False, tok), (STOP_SECTION, "bytes", 1, len(stop), 0, False, stop)]
     enc, _ = device_section(qm.tokenizer, c)      # the device's text encoder, when it can have one
     if enc is not None:
         out.append((ENC_SECTION, "bytes", 1, len(enc), 0, False, enc))
@@ -381,6 +400,7 @@ class BlobHeader:
     eos_id: int | None
     entries: list[Entry]
     state_tiers: int = 0          # where the engine's RAM buffers live (see unpack_state_tiers)
+    draft: "BlobHeader | None" = None   # the header of its draft model's blob (section draft), if any
 
     @property
     def tiers(self) -> dict[str, str]:
@@ -439,23 +459,15 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
         elif fname == "f32" and length != rows * cols * 4:
             raise BlobError(f"{what}: tensor {name}: length {length} != {rows}x{cols} f32")
         entries.append(Entry(name, fname, rows, cols, g, TIER_NAME[tier], off, length, stride, s16))
+    d = next((e for e in entries if e.name == DRAFT), None)
+    draft = parse_header(blob[d.offset:d.offset + d.length], f"{what}: draft model", check_crc) if d else None
     return BlobHeader(version, total, crc, mhash, layout_id, cfg,
                       None if v[8] == NONE_ID else v[8], None if v[9] == NONE_ID else v[9], entries,
-                      state_tiers)
+                      state_tiers, draft)
 
 
 def read_header(path) -> BlobHeader:
     return parse_header(read_file(path, "a .flmb blob", BlobError), str(path))
-
-
-def draft_header_of(path, header: BlobHeader) -> BlobHeader | None:
-    """The header of the blob file's draft model (its section ``draft``), or None without one."""
-    e = next((e for e in header.entries if e.name == DRAFT), None)
-    if e is None:
-        return None
-    with open(path, "rb") as f:
-        f.seek(e.offset)
-        return parse_header(f.read(e.length), f"{path}: draft")
 
 
 def read_blob(path_or_bytes) -> QuantModel:
@@ -468,7 +480,7 @@ def read_blob(path_or_bytes) -> QuantModel:
     h = parse_header(blob, what)
     c = h.config
     by = {e.name: e for e in h.entries}
-    want = set(c.tensor_shapes()) | {"tokenizer", "rope.cos", "rope.sin", HEAD_PRUNE}
+    want = set(c.tensor_shapes()) | {"tokenizer", STOP_SECTION, "rope.cos", "rope.sin", HEAD_PRUNE}
     missing = want - set(by)
     if missing:
         raise BlobError(f"{what}: missing tensors: {', '.join(sorted(missing)[:3])}")
@@ -498,17 +510,21 @@ def read_blob(path_or_bytes) -> QuantModel:
     if len(pieces) != c.vocab_size:
         raise BlobError(f"{what}: tokenizer has {len(pieces)} pieces, vocab is {c.vocab_size}")
     tok = Tokenizer(pieces, [0.0] * len(pieces), kind="blob", bos_id=h.bos_id, eos_id=h.eos_id)
-    qm = QuantModel(c, tensors, rope["rope.cos"], rope["rope.sin"], tok, source=what)
-    if DRAFT in by:
+    e = by[STOP_SECTION]
+    try:
+        stops = StopIds(decode_stop_ids(blob[e.offset:e.offset + e.length], c.vocab_size), f"the blob's {STOP_SECTION}")
+    except BlobError as err:
+        raise BlobError(f"{what}: {err}") from None
+    qm = QuantModel(c, tensors, rope["rope.cos"], rope["rope.sin"], tok, source=what, stops=stops)
+    if h.draft is not None:
         from .draft import Draft, check_pair
         e = by[DRAFT]
-        inner = blob[e.offset:e.offset + e.length]
-        dq = read_blob(inner)
+        dq = read_blob(blob[e.offset:e.offset + e.length])
         check_pair(qm, dq, pieces=False)
         if dq.config.max_seq_len != c.max_seq_len:
             raise BlobError(f"{what}: the draft model's context {dq.config.max_seq_len} is not the model's "
                             f"{c.max_seq_len}")
-        qm.draft = Draft(dq, kv_format(parse_header(inner).state_tiers))
+        qm.draft = Draft(dq, kv_format(h.draft.state_tiers))
     e = by[HEAD_PRUNE]
     if blob[e.offset:e.offset + e.length] != headprune.section_bytes(qm.head(), c.n_out):
         raise BlobError(f"{what}: {HEAD_PRUNE} does not match the output layer's rows (re-run flashlm convert)")

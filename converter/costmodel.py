@@ -161,7 +161,8 @@ class ModelSpec:
         s16 = scales == "f16"
         est = tokenizer_bytes is None
         tok = tokenizer_bytes if tokenizer_bytes is not None else 8 + 4 * (cfg.vocab_size + 1) + 8 * cfg.vocab_size
-        ts = [TensorSpec("tokenizer", "bytes", 1, tok, 0, tok, tok)]
+        ts = [TensorSpec("tokenizer", "bytes", 1, tok, 0, tok, tok),
+              TensorSpec("tokenizer.stop", "bytes", 1, 8, 0, 8, 8)]      # one stop id
         hd2 = cfg.head_dim // 2
         for name in ("rope.cos", "rope.sin"):
             ts.append(TensorSpec(name, "f32", cfg.max_seq_len, hd2, 0, cfg.max_seq_len * hd2 * 4, hd2 * 4))

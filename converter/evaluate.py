@@ -71,8 +71,9 @@ def windows(n_pred: int, T: int):
     return [(s, min(T, n_pred - s)) for s in range(0, n_pred, T)]
 
 
-def fp32_logits(ir: ModelIR, stream: np.ndarray, n_pred: int) -> np.ndarray:
-    """The PyTorch model's logits [n_pred, n_out] for inputs stream[:n_pred]."""
+def fp32_logits(ir: ModelIR, stream: np.ndarray, n_pred: int, tick=None) -> np.ndarray:
+    """The PyTorch model's logits [n_pred, n_out] for inputs stream[:n_pred]; ``tick(done)`` after
+    each window."""
     import torch
 
     from .torch_import import ir_to_module
@@ -81,19 +82,23 @@ def fp32_logits(ir: ModelIR, stream: np.ndarray, n_pred: int) -> np.ndarray:
     with torch.no_grad():
         for s, n in windows(n_pred, ir.config.max_seq_len):
             out.append(model(torch.from_numpy(stream[s:s + n])[None])[0].numpy())
+            if tick:
+                tick(s + n)
     return np.concatenate(out)
 
 
-def reference_logits(qm, stream: np.ndarray, n_pred: int, kv: str = "f32") -> np.ndarray:
+def reference_logits(qm, stream: np.ndarray, n_pred: int, kv: str = "f32", tick=None) -> np.ndarray:
     """The reference's logits [n_pred, n_out] with a ``kv`` ("f32" / "int8") cache, one token at a
     time (the KV cache is overwritten from position 0 in each window, and attention reads only
-    positions up to the current one)."""
+    positions up to the current one); ``tick(done)`` after each token."""
     from .reference import Reference
     ref = Reference(qm, kv)
     out = np.empty((n_pred, qm.config.n_out), np.float32)
     for s, n in windows(n_pred, qm.config.max_seq_len):
         for pos in range(n):
             out[s + pos] = ref.forward(int(stream[s + pos]), pos)
+            if tick:
+                tick(s + pos + 1)
     return out
 
 
@@ -108,8 +113,9 @@ def score(logits: np.ndarray, targets: np.ndarray) -> float:
 def evaluate(path: str | os.PathLike, targets: int | None = 4096, group_size: int = 32,
              text: str | os.PathLike | None = None, progress=None) -> dict:
     """Loss, perplexity and bits/char of fp32, int8 and int4 over the first ``targets`` predictions
-    (None: all of them), and the quantized models' top-1 agreement with fp32.  ``progress(label)``
-    is called before each model runs."""
+    (None: all of them), and the quantized models' top-1 agreement with fp32.  ``progress(label,
+    total)`` is called before each model runs and returns None or ``tick(done)``, called as its
+    predictions are made."""
     from .quantize import quantize
 
     src = locate(path, text)
@@ -134,17 +140,17 @@ def evaluate(path: str | os.PathLike, targets: int | None = 4096, group_size: in
                          top1_agreement=None if top1 is None else float(np.mean(am == top1))))
         return am
 
-    if progress:
-        progress("fp32 (PyTorch)")
-    top1 = row("fp32", "PyTorch fp32", fp32_logits(ir, stream, n_pred), None)
+    def start(label: str):
+        return progress(label, n_pred) if progress else None
+
+    top1 = row("fp32", "PyTorch fp32", fp32_logits(ir, stream, n_pred, start("fp32 (PyTorch)")), None)
     for label, fmt in FORMATS.items():
         qm = quantize(ir, fmt, group_size)
         # the gathered tensors the recipe keeps in another format (q4: the embedding q8; the table q4)
         other = [n for n in ("tok_embeddings", "output", "ple.table") if not qm.recipe.get(n, fmt).startswith(fmt)]
         recipe = f"{fmt} g{group_size}" + "".join(f", {n} {qm.recipe[n]}" for n in other)
-        if progress:
-            progress(f"{label} ({recipe}, NumPy reference)")
-        row(label, recipe, reference_logits(qm, stream, n_pred), top1)
+        tick = start(f"{label} ({recipe}, NumPy reference)")
+        row(label, recipe, reference_logits(qm, stream, n_pred, tick=tick), top1)
     split = c.param_split()
     return dict(checkpoint=str(src.checkpoint), eval_text=str(src.eval_text), n_params=c.n_params(),
                 param_split=split, targets=int(keep.sum()), targets_window=n_pred, targets_available=available,

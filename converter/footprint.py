@@ -102,32 +102,41 @@ def draft_state_bytes(draft_header) -> int:
     return state_bytes(draft_header.config, g, kv_format(draft_header.state_tiers), batch_of(draft_header.state_tiers))
 
 
-def build_arenas(header, prof: dict, draft_header=None) -> tuple[int, int]:
-    """(FLM_ARENA_BYTES, FLM_PSRAM_ARENA_BYTES) for a build of ``prof`` running the blob ``header``.
-
-    The native board reserves room for any placement in both its SRAM arena and its stand-in PSRAM,
-    so LAYOUT can switch freely; a bare-metal build (``build = "arm-gcc"``, the emulated RP2040)
-    reserves its whole SRAM budget; other boards reserve what the blob's own layout needs (their
-    HAL's hal_tier_arena supplies staging space; a LAYOUT that needs more than there is is refused
-    by the device with the numbers). A draft model's state (``draft_header``: its blob's header) is
-    reserved too, in the scratch region's tier."""
+def layout_needs(header, default: str = "sram") -> dict[str, int]:
+    """Bytes app_layout.c's app_place() takes from each RAM tier for the blob ``header``'s own
+    placement (its batch, and its draft model's state, included), the state regions without a tier
+    of their own going to ``default``."""
     from .blob import batch_of, kv_format, unpack_state_tiers
     cfg = header.config
     min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
-    batch = batch_of(header.state_tiers)
-    draft = draft_state_bytes(draft_header)
-    if prof.get("hal") == "native":
-        room = state_bytes(cfg, min_group, batch=batch) + prompt_bytes(cfg) + staging_bound(cfg, min_group) + draft
-        return room, room
-    default = "sram"
     regions = {r: (default if t == "default" else t) for r, t in unpack_state_tiers(header.state_tiers).items()}
     staged: dict[str, list[int]] = {"psram": [], "sram": []}
     used = (set(cfg.tensor_shapes()) | {"rope.cos", "rope.sin", "head.prune"}) - {"ple.table"}   # the table is never staged
     for e in header.entries:
         if e.tier in staged and e.name in used:
             staged[e.tier].append(e.length)
-    need = tier_needs(cfg, min_group, staged, regions, kv_format(header.state_tiers), batch)
-    need[regions["scratch"]] += draft
+    need = tier_needs(cfg, min_group, staged, regions, kv_format(header.state_tiers), batch_of(header.state_tiers))
+    need[regions["scratch"]] += draft_state_bytes(header.draft)
+    return need
+
+
+def build_arenas(header, prof: dict) -> tuple[int, int]:
+    """(FLM_ARENA_BYTES, FLM_PSRAM_ARENA_BYTES) for a build of ``prof`` running the blob ``header``.
+
+    The native board reserves room for any placement in both its SRAM arena and its stand-in PSRAM,
+    so LAYOUT can switch freely; a bare-metal build (``build = "arm-gcc"``, the emulated RP2040)
+    reserves its whole SRAM budget; other boards reserve what the blob's own layout needs (the
+    PlatformIO boards choose the arena's tier with firmware.platformio.board_arena; a LAYOUT that
+    needs more than there is is refused by the device with the numbers). A draft model's state is
+    reserved too."""
+    from .blob import batch_of
+    cfg = header.config
+    if prof.get("hal") == "native":
+        min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
+        room = (state_bytes(cfg, min_group, batch=batch_of(header.state_tiers)) + prompt_bytes(cfg)
+                + staging_bound(cfg, min_group) + draft_state_bytes(header.draft))
+        return room, room
+    need = layout_needs(header)
     if prof.get("build") == "arm-gcc":   # a statically linked arena: reserve the whole SRAM budget,
         sram = prof.get("tiers", {}).get("sram", {})      # so LAYOUT can switch within it
         return max(need["sram"], int(sram.get("budget", 0))), need["psram"]

@@ -32,7 +32,8 @@ def row_bounds(head: QTensor, n_out: int) -> np.ndarray:
     g = np.arange(head.codes.shape[1]) // head.group_size
     w = codes * head.scales[:n_out][:, g].astype(np.float64)      # exact: 8-bit code x 24-bit scale
     norm = np.sqrt(np.sum(w * w, axis=1))
-    b = norm.astype(F)
+    with np.errstate(over="ignore"):     # a norm past binary32's range rounds up to +inf
+        b = norm.astype(F)
     low = b.astype(np.float64) < norm
     b[low] = np.nextafter(b[low], F(np.inf))
     return b

@@ -30,6 +30,10 @@ converter/reference.py), L = n_layers:
 tok_embeddings; tokens >= out_vocab can be inputs but are never predicted.
 
 RoPE rotates adjacent pairs (x[2i], x[2i+1]) of each head, as llama2.c does.
+
+A model's **stop ids** (``StopIds``) are the tokens whose generation ends a text; they follow
+the convention of the checkpoint's origin (llama2.c: token 1, BOS, where run.c stops; Hugging
+Face: ``eos_token_id`` of generation_config.json; ours: the tokenizer's EOS).
 A tensor value is fp32 ``np.ndarray`` or, for files that arrive quantized (llama2.c v2),
 a ``QTensor`` that the quantizer passes through unchanged.
 """
@@ -41,6 +45,7 @@ import numpy as np
 
 FORMATS = ("f32", "q8", "q4")
 QMAX = {"q8": 127, "q4": 7}
+MAX_STOP_IDS = 16        # the firmware keeps the stop ids in a fixed array (blob section tokenizer.stop)
 
 
 class ModelError(ValueError):
@@ -174,7 +179,7 @@ class Tokenizer:
     """Token pieces as the raw bytes they decode to, plus what the host needs to encode text.
 
     ``kind`` is ``"llama2c"`` (score-driven pair merging over ``pieces``, as llama2.c's
-    tokenizer.bin) or ``"bpe"`` (a ``tokenizers`` ByteLevel BPE whose JSON is ``hf_json``).
+    tokenizer.bin) or ``"bpe"`` (a ``tokenizers`` BPE, ByteLevel or SentencePiece style, whose JSON is ``hf_json``).
     """
     pieces: list[bytes]
     scores: list[float]
@@ -190,6 +195,25 @@ class Tokenizer:
         return len(self.pieces)
 
 
+@dataclass(frozen=True)
+class StopIds:
+    """The token ids that end a generation (any one of them), and where that list came from."""
+    ids: tuple[int, ...]
+    source: str
+
+    def check(self, vocab_size: int) -> None:
+        if len(self.ids) > MAX_STOP_IDS:
+            raise ModelError(f"{len(self.ids)} stop ids ({self.source}): at most {MAX_STOP_IDS} are supported")
+        bad = [i for i in self.ids if not (isinstance(i, (int, np.integer)) and 0 <= i < vocab_size)]
+        if bad:
+            raise ModelError(f"stop id {bad[0]!r} ({self.source}) is outside the vocabulary of {vocab_size}")
+        if len(set(self.ids)) != len(self.ids):
+            raise ModelError(f"stop ids {list(self.ids)} ({self.source}) repeat an id")
+
+    def describe(self) -> str:
+        return (", ".join(map(str, self.ids)) or "none") + f" ({self.source})"
+
+
 @dataclass
 class ModelIR:
     config: ModelConfig
@@ -201,6 +225,17 @@ class ModelIR:
     rope_sin: np.ndarray | None = None
     source: str = ""
     meta: dict = field(default_factory=dict)
+    # None: the tokenizer's EOS (flashlm's own checkpoints); importers of other origins set them
+    stops: StopIds | None = None
+
+    def stop_ids(self) -> StopIds:
+        """The stop ids generation follows: the importer's, else the tokenizer's EOS, else none."""
+        if self.stops is not None:
+            return self.stops
+        eos = self.tokenizer.eos_id if self.tokenizer is not None else None
+        if eos is None:
+            return StopIds((), "the tokenizer has no EOS" if self.tokenizer is not None else "no tokenizer")
+        return StopIds((eos,), "the tokenizer's EOS")
 
     def validate(self) -> None:
         self.config.validate()
@@ -221,3 +256,4 @@ class ModelIR:
         if self.tokenizer is not None and len(self.tokenizer) != self.config.vocab_size:
             raise ModelError(f"tokenizer has {len(self.tokenizer)} pieces but the model's vocab is "
                              f"{self.config.vocab_size}")
+        self.stop_ids().check(self.config.vocab_size)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .files import regular_file_size
-from .ir import ModelConfig, ModelError, ModelIR, QTensor
+from .ir import ModelConfig, ModelError, ModelIR, QTensor, StopIds
 from .quantize import MAX_GROUP, quantize_matrix, rope_tables
 
 MAGIC = 0x616B3432          # b"24ka" on disk, "ak42" as a little-endian u32
@@ -34,6 +34,9 @@ V0_HEADER = 28
 V12_HEADER = 256
 NORM_EPS = 1e-5             # what llama2.c's run.c hard-codes
 ROPE_THETA = 10000.0
+# run.c ends a story when the model emits token 1 (BOS: its stories start with it) and never
+# looks at EOS; an import follows it
+STOPS = StopIds((1,), "llama2.c: run.c stops at token 1, BOS")
 
 
 class FormatMismatch(ModelError):
@@ -192,7 +195,8 @@ def _finish(path, cfg: ModelConfig, tensors: dict, version: int, **meta) -> Mode
     sin = tensors.pop("rope.sin", None)
     order = cfg.tensor_shapes()
     ir = ModelIR(cfg, {k: tensors[k] for k in order}, rope_cos=cos, rope_sin=sin, source=str(path),
-                 meta={"format": "llama2c", "version": version, **meta})
+                 meta={"format": "llama2c", "version": version, **meta},
+                 stops=STOPS if cfg.vocab_size > 1 else StopIds((), "llama2.c, a vocabulary without token 1"))
     try:
         ir.validate()
     except ModelError as e:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .ir import QMAX, ModelConfig, ModelError, ModelIR, QTensor, Tokenizer
+from .ir import QMAX, ModelConfig, ModelError, ModelIR, QTensor, StopIds, Tokenizer
 
 MAX_GROUP = 1024   # keeps every int32 group sum below 2**24, so its float conversion is exact
 SCALES = ("f32", "f16")
@@ -31,6 +31,7 @@ class QuantModel:
     tokenizer: Tokenizer | None
     recipe: dict[str, str] = field(default_factory=dict)   # name -> "q8:32" / "q4:128:f16" / "f32"
     source: str = ""
+    stops: StopIds = StopIds((), "none")                   # generation ends at any of these ids
     draft: object = None   # converter.draft.Draft: a small model proposing tokens for speculative decoding
 
     def head(self) -> QTensor:
@@ -165,7 +166,7 @@ def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, over
         cos, sin = np.asarray(ir.rope_cos, np.float32), np.asarray(ir.rope_sin, np.float32)
     else:
         cos, sin = rope_tables(cfg)
-    return QuantModel(cfg, tensors, cos, sin, ir.tokenizer, recipe, ir.source)
+    return QuantModel(cfg, tensors, cos, sin, ir.tokenizer, recipe, ir.source, ir.stop_ids())
 
 
 def quality_report(ir: ModelIR, qm: QuantModel, positions: int = 48, tokens=None, seed: int = 0) -> dict:

@@ -493,7 +493,7 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
     output is unused), head_rows, logits (the whole output layer when the step computed it, else
     None), logits_crc (their crc32, else 0) and the forward pass it came from (chunk: its first step,
     chunk_len: its tokens, chunk_used: the steps it produced, kind: PASS_*) — stopping on max tokens,
-    EOS or a full context.
+    any of the model's stop ids (``qm.stops``) or a full context.
 
     The prompt runs in passes of up to ``batch`` tokens, never crossing the context's end, the last
     of them ending with the prompt's last token; then one token a pass. Without
@@ -503,7 +503,7 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
     Speculation (greedy only): after the prompt, each pass first drafts k = min(draft_k, tokens still
     to generate - 1, positions left before the context's end - 1) tokens (lookup_drafts); with any,
     the pass verifies them: it runs the last token and the drafts, computes every token's whole head,
-    and produces steps while each step's argmax equals the next draft (and is not EOS), plus the
+    and produces steps while each step's argmax equals the next draft (and is no stop id), plus the
     step after the last accepted draft — so the tokens are plain greedy decoding's, one for one."""
     if speculate not in ("none", "lookup", "draft"):
         raise ValueError(f"speculate must be none, lookup or draft, got {speculate!r}")
@@ -513,7 +513,7 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
         raise ValueError("speculate='draft' needs a model carrying a draft (converter.draft.attach)")
     ref, rng = Reference(qm, kv), Rng(seed)
     drafter = DraftProposer(qm.draft, batch) if speculate == "draft" else None
-    eos = qm.tokenizer.eos_id if qm.tokenizer is not None else None
+    stops = set(qm.stops.ids)
     every = bool(flags & (FLAG_LOGITS | FLAG_ALL_LOGITS))
     S = qm.config.max_seq_len
     steps, prompt = [], list(prompt_ids)
@@ -543,7 +543,7 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
             logits = [ref.logits(x) for x in xs]
             outs = [int(np.argmax(lg)) for lg in logits]
             used = 1
-            while used < n and outs[used - 1] == ctx[pos + used] and outs[used - 1] != eos:
+            while used < n and outs[used - 1] == ctx[pos + used] and outs[used - 1] not in stops:
                 used += 1
             for i in range(used):
                 steps.append(dict(pos=pos + i, in_id=ctx[pos + i], out_id=outs[i], head_rows=qm.config.n_out,
@@ -554,7 +554,7 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
             if drafter is not None:
                 drafter.accepted(pos, used)
             pos += used
-            if out == eos:
+            if out in stops:
                 break
             continue
         used = step + n >= len(prompt)
@@ -580,6 +580,6 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
                               logits_crc=zlib.crc32(lg.tobytes()) if lg is not None else 0,
                               chunk=step, chunk_len=n, chunk_used=n, kind=kind))
         pos += n
-        if out == eos:
+        if out in stops:
             break
     return steps

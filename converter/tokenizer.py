@@ -1,5 +1,6 @@
 """Tokenizers: llama2.c ``tokenizer.bin`` (read/write, score-driven merge encoding) and
-``tokenizers`` ByteLevel BPE JSON (what our training produces).
+``tokenizers`` BPE JSON: ByteLevel (what our training produces, GPT-2 style) or SentencePiece
+style with byte fallback (Llama-family ``tokenizer.json``), encoded by the library itself.
 
 tokenizer.bin layout (little-endian): ``i32 max_token_length``, then per token
 ``f32 score, i32 length, length bytes``.  The vocabulary size is not stored; the file ends after
@@ -118,10 +119,123 @@ def _short(v) -> str:
     return r if len(r) <= 40 else r[:37] + "..."
 
 
-def from_hf_json(json_str: str) -> Tokenizer:
-    """A ``tokenizers`` ByteLevel BPE as a Tokenizer: pieces are the raw bytes each id decodes to,
-    score = -(merge rank) (tokens no merge produces, i.e. the byte alphabet and special tokens,
-    get the lowest score), bos/eos from special tokens ``<|bos|>`` / ``<|eos|>``."""
+def _decoder_steps(d: dict) -> list[dict]:
+    """The tokenizer JSON's decoder as a list of steps (a Sequence flattened); a JSON without a
+    decoder whose pre-tokenizer is ByteLevel decodes as ByteLevel."""
+    dec = d.get("decoder")
+    if dec is None:
+        return [{"type": "ByteLevel"}] if '"ByteLevel"' in json.dumps(d.get("pre_tokenizer")) else []
+    if not isinstance(dec, dict):
+        raise ModelError("tokenizer JSON: decoder is not an object")
+    steps = dec.get("decoders") if dec.get("type") == "Sequence" else [dec]
+    if not isinstance(steps, list) or not all(isinstance(x, dict) for x in steps):
+        raise ModelError("tokenizer JSON: decoder Sequence is not a list of decoders")
+    return steps
+
+
+def _piece_decoder(d: dict):
+    """A function from a vocabulary token (not an added one) to the bytes it decodes to, from the
+    JSON's decoder: ByteLevel (GPT-2's byte alphabet), or SentencePiece style — Replace ("▁" by
+    " "), Metaspace, ByteFallback ("<0xAB>" is that byte), Fuse and Strip (both act on the whole
+    text, not on a piece)."""
+    steps = _decoder_steps(d)
+    kinds = [x.get("type") for x in steps]
+    if "ByteLevel" in kinds:
+        if len(kinds) != 1:
+            raise ModelError(f"tokenizer JSON: decoder {'+'.join(map(str, kinds))} mixes ByteLevel with others")
+        u2b = _unicode_to_byte()
+
+        def byte_level(s: str) -> bytes:
+            try:
+                return bytes(u2b[c] for c in s)
+            except KeyError:
+                raise ModelError(f"tokenizer JSON: token {s!r} is not ByteLevel-encoded") from None
+        return byte_level
+    if not steps:
+        raise ModelError("tokenizer JSON: a BPE without a ByteLevel or SentencePiece-style decoder "
+                         "(the bytes of its pieces are unknown)")
+    replaces: list[tuple[str, str]] = []
+    byte_fallback = False
+    for x in steps:
+        k = x.get("type")
+        if k == "Replace":
+            pat = x.get("pattern")
+            if not (isinstance(pat, dict) and isinstance(pat.get("String"), str) and isinstance(x.get("content"), str)):
+                raise ModelError(f"tokenizer JSON: decoder Replace {_short(pat)} is not a plain string replace")
+            replaces.append((pat["String"], x["content"]))
+        elif k == "Metaspace":
+            rep = x.get("replacement", "\u2581")
+            replaces.append((rep if isinstance(rep, str) else "\u2581", " "))
+        elif k == "ByteFallback":
+            byte_fallback = True
+        elif k == "Strip" and x.get("content") == " " and x.get("stop", 0) == 0 and x.get("start", 0) in (0, 1):
+            pass          # the leading space of the whole text: decode() drops it
+        elif k != "Fuse":
+            raise ModelError(f"tokenizer JSON: decoder {_short(k)} is not supported "
+                             f"(ByteLevel, or Replace/Metaspace/ByteFallback/Fuse/Strip)")
+
+    def spm(s: str) -> bytes:
+        m = _BYTE_PIECE.fullmatch(s.encode("utf-8")) if byte_fallback else None
+        if m:
+            return bytes([int(m.group(1), 16)])
+        for a, b in replaces:
+            s = s.replace(a, b)
+        return s.encode("utf-8")
+    return spm
+
+
+@functools.lru_cache(maxsize=8)
+def _drops_first_space(json_str: str) -> bool:
+    """Whether the JSON's decoder drops the text's leading space (SentencePiece's dummy prefix)."""
+    for x in _decoder_steps(json.loads(json_str)):
+        if x.get("type") == "Strip" and x.get("content") == " " and x.get("start") == 1:
+            return True
+        if x.get("type") == "Metaspace" and (x.get("prepend_scheme") in ("first", "always")
+                                              or x.get("add_prefix_space") is True):
+            return True
+    return False
+
+
+def _token_name(v) -> str | None:
+    """A special token of tokenizer_config.json: a string or an AddedToken object."""
+    v = v.get("content") if isinstance(v, dict) else v
+    return v if isinstance(v, str) else None
+
+
+def _template_bos(post, ids: dict[str, int]) -> tuple[bool, int | None]:
+    """(the post-processor is a template, the one token it puts before the text or None)."""
+    if not isinstance(post, dict):
+        return False, None
+    if post.get("type") == "Sequence":
+        for p in post.get("processors") or []:
+            found, bos = _template_bos(p, ids)
+            if found:
+                return found, bos
+        return False, None
+    if post.get("type") != "TemplateProcessing":
+        return False, None
+    lead = []
+    for item in post.get("single") or []:
+        if not isinstance(item, dict) or "Sequence" in item:
+            break
+        name = (item.get("SpecialToken") or {}).get("id")
+        spec = (post.get("special_tokens") or {}).get(name) or {}
+        lead += spec.get("ids") or ([ids[name]] if name in ids else [])
+    if len(lead) > 1:
+        raise ModelError(f"tokenizer JSON: the post-processor puts {len(lead)} tokens before the text; "
+                         f"flashlm prepends at most one (BOS)")
+    return True, (lead[0] if lead else None)
+
+
+def from_hf_json(json_str: str, config: dict | None = None) -> Tokenizer:
+    """A ``tokenizers`` BPE (ByteLevel, or SentencePiece style with byte fallback) as a Tokenizer:
+    pieces are the raw bytes each id decodes to, score = -(merge rank) (tokens no merge produces,
+    i.e. the base alphabet and special tokens, get the lowest score).
+
+    BOS (what encode() prepends) is the token the JSON's template post-processor puts before the
+    text; without a template, ``config`` (a Hugging Face tokenizer_config.json) ``bos_token`` when
+    its ``add_bos_token`` is true, else flashlm's own ``<|bos|>``. EOS: ``config``'s ``eos_token``,
+    else ``<|eos|>``."""
     try:
         d = json.loads(json_str)
     except (TypeError, ValueError) as e:
@@ -129,8 +243,7 @@ def from_hf_json(json_str: str) -> Tokenizer:
     model = d.get("model") if isinstance(d, dict) else None
     if not isinstance(model, dict) or model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
         raise ModelError("tokenizer JSON is not a BPE tokenizer from the `tokenizers` library")
-    if '"ByteLevel"' not in json.dumps([d.get("pre_tokenizer"), d.get("decoder")]):
-        raise ModelError("tokenizer JSON is a BPE but not ByteLevel (no ByteLevel pre-tokenizer or decoder)")
+    piece_of = _piece_decoder(d)
     for key in ("continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(key) not in (None, ""):   # pieces would not be the bytes a token decodes to
             raise ModelError(f"tokenizer JSON: BPE {key} {_short(model.get(key))} is not supported")
@@ -164,18 +277,7 @@ def from_hf_json(json_str: str) -> Tokenizer:
         missing = next((i for i in range(n) if i not in by_id), None)
         raise ModelError(f"tokenizer JSON: token ids are not contiguous (id {missing} missing)")
 
-    u2b = _unicode_to_byte()
-    pieces = []
-    for i in range(n):
-        s = by_id[i]
-        if i in special:
-            pieces.append(s.encode("utf-8"))
-            continue
-        try:
-            pieces.append(bytes(u2b[c] for c in s))
-        except KeyError:
-            raise ModelError(f"tokenizer JSON: token {i} {s!r} is not ByteLevel-encoded") from None
-
+    pieces = [by_id[i].encode("utf-8") if i in special else piece_of(by_id[i]) for i in range(n)]
     merges = model.get("merges") or []
     rank: dict[int, int] = {}
     try:
@@ -188,9 +290,14 @@ def from_hf_json(json_str: str) -> Tokenizer:
         raise ModelError(f"tokenizer JSON: merge {r} {m!r} is not a pair of tokens") from None
     lowest = float(len(merges))
     scores = [-float(rank[i]) if i in rank else -lowest for i in range(n)]
-    ids = {s: i for i, s in special.items()}
-    return Tokenizer(pieces, scores, kind="bpe", bos_id=ids.get("<|bos|>"), eos_id=ids.get("<|eos|>"),
-                     hf_json=json_str)
+    ids = {s: i for i, s in by_id.items()}
+    config = config or {}
+    templated, bos = _template_bos(d.get("post_processor"), ids)
+    if not templated:
+        name = _token_name(config.get("bos_token")) if config.get("add_bos_token") else "<|bos|>"
+        bos = ids.get(name) if name is not None else None
+    eos_name = _token_name(config.get("eos_token")) or "<|eos|>"
+    return Tokenizer(pieces, scores, kind="bpe", bos_id=bos, eos_id=ids.get(eos_name), hf_json=json_str)
 
 
 # ----------------------------------------------------------------------------- files
@@ -312,10 +419,12 @@ def encode(tok: Tokenizer, text: str | bytes, bos: bool = True, eos: bool = Fals
 
 
 def decode(tok: Tokenizer, ids) -> bytes:
-    """The bytes ``ids`` stand for.  BOS/EOS decode to nothing; for llama2.c vocabularies the
-    leading space of the first piece (sentencepiece's dummy prefix) is dropped."""
+    """The bytes ``ids`` stand for.  BOS/EOS decode to nothing; for llama2.c vocabularies and
+    tokenizer JSONs whose decoder strips it, the leading space of the first piece
+    (SentencePiece's dummy prefix) is dropped."""
     n = len(tok.pieces)
-    strip = tok.kind == "llama2c" and b" " in _spellings(tok)
+    strip = (tok.kind == "llama2c" and b" " in _spellings(tok)) or (
+        tok.kind == "bpe" and tok.hf_json is not None and _drops_first_space(tok.hf_json))
     out: list[bytes] = []
     for i in ids:
         i = int(i)

@@ -11,6 +11,11 @@ Two kinds:
 * llama2.c ``tokenizer.bin``: the dummy-prefix id, the pieces that are one UTF-8 character, the
   byte-fallback ids and, as pairs, every merge the score-driven loop can make, its score turned
   into a rank (a higher score is a lower rank; equal scores share a rank, so the leftmost wins).
+* a SentencePiece-style ``tokenizers`` BPE (Llama-family tokenizer.json: "▁" for a space, byte
+  fallback, no pre-tokenizer splitting words) is the same kind: the "▁" piece is the dummy prefix
+  (and the piece of a space), the merges are pairs ranked by their line, and the added tokens
+  split the text first, each stretch between them with its own prefix by the JSON's rule
+  (``PREFIX_*``).
 
 Both kinds then run one merge loop on the device: merge the adjacent pair of lowest rank,
 leftmost on ties.  A tokenizer whose configuration the device cannot reproduce exactly gets no
@@ -28,12 +33,17 @@ import struct
 from dataclasses import dataclass
 
 from .ir import ModelConfig, Tokenizer
-from .tokenizer import _BYTE_PIECE, _NO_MERGE, _spellings, _unicode_to_byte
+from .tokenizer import _BYTE_PIECE, _NO_MERGE, _decoder_steps, _spellings, _unicode_to_byte
 
 SECTION = "tokenizer.enc"
 VERSION = 1
 KIND_BPE, KIND_LLAMA2C = 1, 2
-KIND_NAME = {KIND_BPE: "ByteLevel BPE", KIND_LLAMA2C: "llama2.c"}
+KIND_NAME = {KIND_BPE: "ByteLevel BPE", KIND_LLAMA2C: "SentencePiece-style (llama2.c)"}
+# kind 2: which stretch of text between added tokens gets the dummy prefix (header field 56): every
+# non-empty one (llama2.c, Llama 2's Prepend normalizer); each not starting with a space (Metaspace
+# "always"); only the text's start, unless a space (Metaspace "first")
+PREFIX_ALWAYS, PREFIX_UNLESS_SPACE, PREFIX_FIRST = 0, 1, 2
+SPACE = "\u2581"                 # SentencePiece's visible space
 NONE_ID = 0xFFFFFFFF
 HEADER_FMT = "<16I"              # 64 bytes; field order in docs/formats.md section 1.1
 HEADER_SIZE = struct.calcsize(HEADER_FMT)
@@ -114,7 +124,8 @@ def device_section(tok: Tokenizer | None, cfg: ModelConfig) -> tuple[bytes | Non
     if tok is None:
         return None, "the model has no tokenizer"
     if tok.kind == "bpe" and tok.hf_json is not None:
-        data, why = _bpe_section(tok)
+        byte_level = any(x.get("type") == "ByteLevel" for x in _decoder_steps(json.loads(tok.hf_json)))
+        data, why = _bpe_section(tok) if byte_level else _spm_section(tok)
     elif tok.kind == "llama2c":
         data, why = _llama2c_section(tok), ""
     else:
@@ -153,7 +164,8 @@ def section_info(path, header=None) -> SectionInfo | None:
 
 
 def _pack(kind: int, span: int, unicode: int, prefix: int, pairs: dict, runs,
-          added: list[tuple[bytes, int]], chars: list[tuple[int, int]], byte_ids: list[int]) -> bytes:
+          added: list[tuple[bytes, int]], chars: list[tuple[int, int]], byte_ids: list[int],
+          prefix_rule: int = PREFIX_ALWAYS) -> bytes:
     parts: list[bytes] = []
     off = HEADER_SIZE
 
@@ -176,12 +188,22 @@ def _pack(kind: int, span: int, unicode: int, prefix: int, pairs: dict, runs,
     byte_off = table(struct.pack("<256I", *byte_ids))
     table(texts)
     head = struct.pack(HEADER_FMT, VERSION, kind, span, unicode, prefix, len(pairs), pair_off, len(runs),
-                       run_off, len(added), added_off, len(chars), char_off, byte_off, 0, 0)
+                       run_off, len(added), added_off, len(chars), char_off, byte_off, prefix_rule, 0)
     out = head + b"".join(parts)
     return out + bytes(-len(out) % 4)
 
 
 # ----------------------------------------------------------------------------- ByteLevel BPE
+
+def _json_pairs(model: dict) -> dict[tuple[int, int], tuple[int, int]]:
+    """A tokenizer JSON's merges: (left id, right id) -> (rank = the merge's line, merged id)."""
+    vocab = model["vocab"]
+    pairs: dict[tuple[int, int], tuple[int, int]] = {}
+    for r, m in enumerate(model.get("merges") or []):
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        pairs[(vocab[a], vocab[b])] = (r, vocab[a + b])     # a repeated pair: the last one counts, as in the library
+    return pairs
+
 
 def _bpe_unsupported(d: dict) -> str | None:
     """Why this tokenizer JSON is not the ByteLevel BPE the device encoder reproduces, or None."""
@@ -221,15 +243,64 @@ def _bpe_section(tok: Tokenizer) -> tuple[bytes | None, str]:
     if missing:
         return None, (f"the tokenizer cannot be reproduced on the device: its ByteLevel alphabet lacks "
                       f"{len(missing)} byte symbol(s) (first 0x{missing[0]:02X})")
-    pairs: dict[tuple[int, int], tuple[int, int]] = {}
-    for r, m in enumerate(model.get("merges") or []):
-        a, b = m.split(" ", 1) if isinstance(m, str) else m
-        pairs[(vocab[a], vocab[b])] = (r, vocab[a + b])     # a repeated pair: the last one counts, as in the library
+    pairs = _json_pairs(model)
     added = [(t["content"].encode("utf-8"), t["id"]) for t in d.get("added_tokens") or []]
     span = max(max(len(p) for p in tok.pieces), 1)       # the bytes of the longest token
     major_minor = unicode_version() or (0, 0)
     data = _pack(KIND_BPE, span, major_minor[0] << 8 | major_minor[1], NONE_ID, pairs, class_runs(), added, [],
                  [vocab[char_of[b]] for b in range(256)])
+    return data, ""
+
+
+# ----------------------------------------------------------------------------- SentencePiece style
+
+def _spm_rule(d: dict) -> tuple[int | None, str]:
+    """(the prefix rule of a SentencePiece-style tokenizer JSON, or None and why the device cannot
+    reproduce it)."""
+    norm, pre = d.get("normalizer"), d.get("pre_tokenizer")
+    legacy = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SPACE},
+                                                  {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}]}
+    if norm == legacy and pre is None:
+        return PREFIX_ALWAYS, ""
+    if norm is None and isinstance(pre, dict) and pre.get("type") == "Metaspace":
+        if pre.get("replacement") != SPACE or pre.get("split") is not False:
+            return None, "its Metaspace pre-tokenizer splits words or uses another replacement than '\u2581'"
+        rule = {"always": PREFIX_UNLESS_SPACE, "first": PREFIX_FIRST}.get(pre.get("prepend_scheme"))
+        return (rule, "") if rule is not None else (None, f"its Metaspace prepend_scheme "
+                                                          f"{pre.get('prepend_scheme')!r} is not 'always' or 'first'")
+    if norm is not None:
+        return None, "its normalizer is not Llama's Prepend('\u2581') + Replace(' ', '\u2581')"
+    return None, "its pre-tokenizer is not a Metaspace that keeps the text whole (split: false)"
+
+
+def _spm_section(tok: Tokenizer) -> tuple[bytes | None, str]:
+    d = json.loads(tok.hf_json)
+    rule, why = _spm_rule(d)
+    model = d["model"]
+    if rule is not None:
+        if model.get("dropout") not in (None, 0, 0.0) or model.get("ignore_merges"):
+            rule, why = None, "its BPE has dropout or ignores merges"
+        elif not model.get("byte_fallback"):
+            rule, why = None, "its BPE has no byte fallback"
+    added = d.get("added_tokens") or []
+    if rule is not None and any(t.get("lstrip") or t.get("rstrip") or t.get("single_word") or t.get("normalized")
+                                or not t.get("content") for t in added):
+        rule, why = None, "an added token strips spaces, matches single words only, is normalized or is empty"
+    vocab: dict[str, int] = model["vocab"]
+    byte_ids = [vocab.get(f"<0x{b:02X}>", NONE_ID) for b in range(256)]
+    if rule is not None and (SPACE not in vocab or NONE_ID in byte_ids):
+        rule, why = None, "its vocabulary lacks the '\u2581' piece or a byte-fallback piece"
+    if rule is None:
+        return None, f"the tokenizer cannot be reproduced on the device: {why}"
+    pairs = _json_pairs(model)
+    # one-character pieces by the text's UTF-8: a space is "▁" to the library (and so is "▁" itself)
+    chars = {c: i for c, i in vocab.items() if len(c) == 1 and c != " "}
+    if SPACE in chars:
+        chars[" "] = chars[SPACE]
+    keys = [(int.from_bytes(c.encode("utf-8").ljust(4, b"\0"), "big"), i) for c, i in chars.items()]
+    span = max(max(len(p) for p in tok.pieces), 1)
+    data = _pack(KIND_LLAMA2C, span, 0, vocab[SPACE], pairs, [],
+                 [(t["content"].encode("utf-8"), t["id"]) for t in added], keys, byte_ids, rule)
     return data, ""
 
 

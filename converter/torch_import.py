@@ -168,9 +168,10 @@ def load_checkpoint(path) -> ModelIR:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise ModelError(f"{path}: cannot load as a flashlm checkpoint: {first}") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-        what = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
-        raise ModelError(f"{path}: not a flashlm checkpoint (format {_show(repr(what))}; a bare state dict needs "
-                         f"its config: use state_dict_to_ir)")
+        what = (f"a dict with format {_show(repr(obj.get('format')))}" if isinstance(obj, dict)
+                else f"a {type(obj).__name__}")
+        raise ModelError(f"{path}: not a model checkpoint flashlm reads (a PyTorch file holding {what}; "
+                         f"flashlm reads llama2.c .bin files and checkpoints saved by 'flashlm train')")
     if obj.get("version") != VERSION:
         raise ModelError(f"{path}: unsupported flashlm checkpoint version {_show(repr(obj.get('version')))} "
                          f"(supported: {VERSION})")

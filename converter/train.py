@@ -262,6 +262,20 @@ def generate(model: Transformer, tok, prompt: str = "", max_new_tokens: int = 10
     return tok.decode(ids[1:], skip_special_tokens=True)
 
 
+def sample_notes(sample: str, eval_loss: float, n_out: int, steps: int) -> list[str]:
+    """What to say beside a sample, honestly: a model still near a uniform guess writes noise, and
+    a byte-level tokenizer's stray bytes decode to U+FFFD."""
+    notes = []
+    if eval_loss > 0.75 * math.log(n_out):
+        notes.append(f"note: after {steps} steps the model is barely trained (eval perplexity {math.exp(eval_loss):,.0f}; "
+                     f"a uniform guess over its {n_out} tokens scores {n_out}), so the sample is noise; "
+                     f"train longer (the presets' default step counts) for text")
+    if "\ufffd" in sample:
+        notes.append("note: \ufffd marks sampled bytes that do not form UTF-8 characters (byte-level tokens "
+                     "the model has not learned to combine)")
+    return notes
+
+
 def make_checkpoint(model: Transformer, tokenizer_json: str, train_info: dict) -> dict:
     sd = {k: v.detach().to("cpu", torch.float32).contiguous().clone()
           for k, v in model.state_dict().items()}
@@ -481,6 +495,8 @@ def train(preset: str = "default", out_dir: str | os.PathLike = "runs/default", 
         f"{eval_loss:.4f}, ppl {math.exp(eval_loss):.2f} over {n_eval:,} held-out tokens")
     say(f"wrote {out / 'model.pt'}, {out / 'tokenizer.json'}, {out / 'eval.txt'}")
     say("sample: " + sample.replace("\n", "\n        "))
+    for line in sample_notes(sample, eval_loss, cfg.n_out, steps):
+        say(line)
     return TrainResult(out_dir=out, info=info, losses=losses)
 
 

@@ -29,11 +29,8 @@ from pathlib import Path
 
 import jinja2
 
-from converter.blob import batch_of
-from converter.footprint import arena_bytes
-
 from . import uf2
-from .build import FW_DIR, FW_VERSION, BuildError, BuildResult
+from .build import FW_DIR, FW_VERSION, BuildError, BuildResult, no_fit_error
 
 TEMPLATES = FW_DIR / "templates" / "platformio"
 PROJECT_FILE = "flashlm.json"
@@ -156,17 +153,37 @@ def _budget(prof: dict, tier: str) -> int:
     return int(t.get("budget", t.get("capacity", 0)))
 
 
-def arena_tier(prof: dict, need: int) -> int:
-    """The tier of the engine's arena (KV cache, scratch, prompt): SRAM when it fits its budget,
-    else PSRAM; a model that fits neither is an error naming both."""
-    sram, psram = _budget(prof, "sram"), _budget(prof, "psram")
-    if need <= sram:
-        return TIER_SRAM
-    if need <= psram:
-        return TIER_PSRAM
-    have = f"{sram:,} bytes of SRAM" + (f" and {psram:,} of PSRAM" if psram else " and no PSRAM")
-    raise BuildError(f"the model's KV cache, scratch and prompt buffer need {need:,} bytes of RAM; "
-                     f"{prof['name']} has {have} for it; use a shorter context or fewer layers")
+OTHER_RAM = {"sram": "psram", "psram": "sram"}
+
+
+@dataclass(frozen=True)
+class Arena:
+    tier: int           # TIER_SRAM or TIER_PSRAM: where main.c asks the HAL for it
+    bytes: int          # everything the blob's layout puts in that tier
+    other: int          # what the layout puts in the other RAM tier (the HAL's staging pool there)
+
+    @property
+    def tier_name(self) -> str:
+        return "psram" if self.tier == TIER_PSRAM else "sram"
+
+
+def board_arena(prof: dict, header) -> Arena:
+    """The arena of a build running the blob ``header`` (its own placement, applied by ``flashlm
+    plan --apply`` or the converter's default): one block holding everything the layout puts in
+    its tier (staged tensors, state regions, prompt), in SRAM when the state's default home fits
+    the SRAM budget, else in PSRAM. The budgets are the profile's: for SRAM the largest block the
+    firmware can allocate. A layout that fits neither is an error naming the shortfall per tier."""
+    from converter.footprint import layout_needs
+    budgets = {"sram": _budget(prof, "sram"), "psram": _budget(prof, "psram")}
+    shortfalls = []
+    for default in ["sram"] + (["psram"] if budgets["psram"] else []):
+        need = layout_needs(header, default)
+        short = {t: (need[t], budgets[t]) for t in need if need[t] > budgets[t]}
+        if not short:   # the arena: the default tier, unless the layout puts nothing there
+            home = default if need[default] or not need[OTHER_RAM[default]] else OTHER_RAM[default]
+            return Arena(TIER_PSRAM if home == "psram" else TIER_SRAM, need[home], need[OTHER_RAM[home]])
+        shortfalls.append(short)
+    raise no_fit_error(prof, header, min(shortfalls, key=lambda s: sum(n - b for n, b in s.values())))
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -190,6 +207,60 @@ def _sdk_line(k: str, v) -> str:
     if isinstance(v, int):
         return f"{k}={v}"
     return f'{k}="{v}"' if not re.fullmatch(r"-?\d+|0x[0-9a-fA-F]+", str(v)) else f"{k}={v}"
+
+
+# -- the profile as the one source of clocks, flash mode and PSRAM settings ---------------------
+
+def _tier(prof: dict, name: str) -> dict:
+    return (prof.get("tiers") or {}).get(name) or {}
+
+
+def profile_board_build(prof: dict) -> dict:
+    """platformio.ini's ``board_build.*`` from the profile: the CPU clock (``clock_mhz``; PlatformIO's
+    own board files may say otherwise, e.g. 133 MHz for the Pico) and, where the profile names them,
+    the flash mode and clock its bandwidth assumes."""
+    out = {}
+    if prof.get("clock_mhz"):
+        out["f_cpu"] = f"{int(prof['clock_mhz']) * 1_000_000}L"
+    flash = _tier(prof, "flash")
+    if flash.get("freq_mhz"):
+        out["f_flash"] = f"{int(flash['freq_mhz']) * 1_000_000}L"
+    if flash.get("mode"):
+        out["flash_mode"] = str(flash["mode"])
+    return out
+
+
+PSRAM_MODES = {"quad": "CONFIG_SPIRAM_MODE_QUAD", "oct": "CONFIG_SPIRAM_MODE_OCT"}
+
+
+def esp_memory_sdkconfig(prof: dict) -> dict:
+    """ESP-IDF Kconfig lines from the profile: CPU clock, flash mode and clock, PSRAM mode and clock,
+    data cache size and line, so the chip runs as the profile's bandwidths assume."""
+    sdk = {}
+    if prof.get("clock_mhz"):
+        sdk[f"CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ_{int(prof['clock_mhz'])}"] = "y"
+    flash = _tier(prof, "flash")
+    if flash.get("mode"):
+        sdk[f"CONFIG_ESPTOOLPY_FLASHMODE_{str(flash['mode']).upper()}"] = "y"
+    if flash.get("freq_mhz"):
+        sdk[f"CONFIG_ESPTOOLPY_FLASHFREQ_{int(flash['freq_mhz'])}M"] = "y"
+    psram = _tier(prof, "psram")
+    if psram:
+        sdk["CONFIG_SPIRAM"] = "y"
+        mode = psram.get("mode", "quad")
+        if mode not in PSRAM_MODES:
+            raise BuildError(f"board {prof['name']}: [tiers.psram] mode must be one of {', '.join(PSRAM_MODES)}, "
+                             f"not {mode!r}")
+        sdk[PSRAM_MODES[mode]] = "y"
+        if psram.get("freq_mhz"):
+            sdk[f"CONFIG_SPIRAM_SPEED_{int(psram['freq_mhz'])}M"] = "y"
+    cache = prof.get("cache") or {}
+    chip = re.sub(r"[^A-Z0-9]", "", str(prof.get("chip", "")).upper())     # ESP32-S3 -> ESP32S3
+    if cache.get("dcache_kb"):
+        sdk[f"CONFIG_{chip}_DATA_CACHE_{int(cache['dcache_kb'])}KB"] = "y"
+    if cache.get("line_bytes"):
+        sdk[f"CONFIG_{chip}_DATA_CACHE_LINE_{int(cache['line_bytes'])}B"] = "y"
+    return sdk
 
 
 def usb_ids(prof: dict) -> list[dict]:
@@ -221,18 +292,14 @@ def _esp_files(prof: dict, out: Path, ctx: dict, blob_size: int) -> dict:
            "CONFIG_ESP_MAIN_TASK_STACK_SIZE": 16384,
            # the engine computes for seconds without yielding; the watchdog's report would land
            # in the middle of a frame on the console port
-           "CONFIG_ESP_TASK_WDT_EN": "n", "CONFIG_ESP_TASK_WDT_INIT": "n", "CONFIG_ESP_TASK_WDT": "n",
+           "CONFIG_ESP_TASK_WDT_EN": "n", "CONFIG_ESP_TASK_WDT_INIT": "n",
            "CONFIG_LOG_DEFAULT_LEVEL_WARN": "y"}
-    if prof.get("clock_mhz"):
-        sdk[f"CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ_{int(prof['clock_mhz'])}"] = "y"
     if console == "usb_serial_jtag":
         sdk["CONFIG_ESP_CONSOLE_USB_SERIAL_JTAG"] = "y"
     else:
         sdk["CONFIG_ESP_CONSOLE_UART_DEFAULT"] = "y"
         sdk["CONFIG_ESP_CONSOLE_UART_BAUDRATE"] = ctx["baud"]
-    mode = (pio.get("board_build") or {}).get("flash_mode")
-    if mode:
-        sdk[f"CONFIG_ESPTOOLPY_FLASHMODE_{str(mode).upper()}"] = "y"
+    sdk.update(esp_memory_sdkconfig(prof))
     sdk.update(pio.get("sdkconfig", {}) or {})
     if sdk.get("CONFIG_SPIRAM") in ("y", True):
         sdk.setdefault("CONFIG_SPIRAM_USE_CAPS_ALLOC", "y")   # PSRAM only through heap_caps_malloc
@@ -245,7 +312,7 @@ def _esp_files(prof: dict, out: Path, ctx: dict, blob_size: int) -> dict:
     stale = out / f"sdkconfig.{ctx['env']}"
     if stale.exists():
         stale.unlink()
-    board_build = {"partitions": "partitions.csv", **(pio.get("board_build") or {})}
+    board_build = {"partitions": "partitions.csv", **profile_board_build(prof), **(pio.get("board_build") or {})}
     board_upload = {"flash_size": f"{flash_size(prof) >> 20}MB", **(pio.get("board_upload") or {})}
     return dict(board_build=board_build, board_upload=board_upload, blob_offset=blob_part.offset,
                 blob_region=blob_part.size, partitions=[p.__dict__ for p in parts],
@@ -263,7 +330,7 @@ def _rp_files(prof: dict, out: Path, ctx: dict, blob: bytes) -> dict:
     family = uf2.family_for(_chip(prof))
     uf2.write_uf2(out / UF2_FILE, blob, uf2.XIP_BASE + off, family)
     pio = prof["platformio"]
-    board_build = dict(pio.get("board_build") or {})
+    board_build = {**profile_board_build(prof), **(pio.get("board_build") or {})}
     if pio.get("framework") == "arduino":
         board_build.setdefault("core", "earlephilhower")
     # Arduino-Pico's flash layout: the "filesystem" ends at the EEPROM sector and starts where the
@@ -274,12 +341,13 @@ def _rp_files(prof: dict, out: Path, ctx: dict, blob: bytes) -> dict:
                 method=prof.get("flash", {}).get("method", "picotool"), uf2=UF2_FILE, uf2_family=family)
 
 
-def _board_header(prof: dict, tier: int, extra: dict) -> str:
+def _board_header(prof: dict, arena: Arena, extra: dict) -> str:
     lines = [f'/* Generated by flashlm {FW_VERSION} for board "{prof["name"]}" from boards/{prof["name"]}.toml'
              " -- do not edit. */",
              "#ifndef FLM_BOARD_H", "#define FLM_BOARD_H",
-             f"/* tier of the engine's arena (KV cache, scratch, prompt): {'PSRAM' if tier == TIER_PSRAM else 'SRAM'} */",
-             f"#define FLM_ARENA_TIER {tier}",
+             f"/* tier of the engine's arena ({arena.bytes:,} bytes, FLM_ARENA_BYTES in flm_config.h): "
+             f"{arena.tier_name.upper()} */",
+             f"#define FLM_ARENA_TIER {arena.tier}",
              f"#define FLM_BLOB_OFFSET {extra['blob_offset']:#x}u   /* flash offset of the weights blob */",
              f"#define FLM_BLOB_REGION {extra['blob_region']:#x}u   /* bytes of flash reserved for it */",
              "/* what flashlm may use in each RAM tier (the profile's budgets) */",
@@ -290,19 +358,22 @@ def _board_header(prof: dict, tier: int, extra: dict) -> str:
     return "\n".join(lines + ["#endif", ""])
 
 
-def render_platformio(prof: dict, out: Path, blob: bytes, config, min_group: int, batch: int = 1) -> dict:
+def render_platformio(prof: dict, out: Path, blob: bytes, header) -> dict:
     """Write the PlatformIO files into the project ``render_project`` made; returns flashlm.json's data."""
     if "platformio" not in prof or not all(k in prof["platformio"] for k in ("platform", "board", "framework")):
         raise BuildError(f"board {prof['name']}'s profile needs [platformio] platform, board and framework")
     out = Path(out)
-    need = arena_bytes(config, min_group, batch)
-    tier = arena_tier(prof, need)
+    config = header.config
+    arena = board_arena(prof, header)
     env_name = prof["name"]
     ctx = dict(board=prof, pio=prof["platformio"], env=env_name, fw_version=FW_VERSION,
                project_name=re.sub(r"[^A-Za-z0-9_]", "_", f"flashlm_{env_name}"),
                baud=int((prof.get("usb") or {}).get("baud", 115200)),
                model_summary=(f"dim {config.dim}, {config.n_layers} layers, vocab {config.vocab_size}, "
-                              f"context {config.max_seq_len}; {len(blob):,}-byte blob; arena {need:,} bytes"))
+                              f"context {config.max_seq_len}, layout {header.layout_id}; {len(blob):,}-byte blob; "
+                              f"arena {arena.bytes:,} bytes in {arena.tier_name.upper()}"
+                              + (f", {arena.other:,} staged in {'SRAM' if arena.tier == TIER_PSRAM else 'PSRAM'}"
+                                 if arena.other else "")))
     extra = _esp_files(prof, out, ctx, len(blob)) if is_esp(prof) else _rp_files(prof, out, ctx, blob)
     extra["baud"] = ctx["baud"]
     env = _env()
@@ -311,13 +382,13 @@ def render_platformio(prof: dict, out: Path, blob: bytes, config, min_group: int
         board_upload=[(k, _ini_value(v)) for k, v in extra["board_upload"].items()], esp=is_esp(prof)))
     src = out / "src"
     (src / "main.c").write_text(env.get_template("main.c.j2").render(ctx, entry=extra["entry"]))
-    (src / "hal" / "flm_board.h").write_text(_board_header(prof, tier, extra))
+    (src / "hal" / "flm_board.h").write_text(_board_header(prof, arena, extra))
     (out / BLOB_FILE).write_bytes(blob)
     info = {"format": "flashlm-project", "version": 1, "board": prof["name"], "env": env_name,
             "chip": _chip(prof), "framework": prof["platformio"]["framework"], "method": extra["method"],
             "blob": BLOB_FILE, "blob_offset": extra["blob_offset"], "blob_size": len(blob),
-            "blob_region": extra["blob_region"], "arena_tier": "psram" if tier == TIER_PSRAM else "sram",
-            "arena_bytes": need, "usb": usb_ids(prof), "baud": ctx["baud"]}
+            "blob_region": extra["blob_region"], "layout_id": header.layout_id, "arena_tier": arena.tier_name,
+            "arena_bytes": arena.bytes, "staging_bytes": arena.other, "usb": usb_ids(prof), "baud": ctx["baud"]}
     for k in ("esptool_chip", "uf2", "uf2_family", "partitions"):
         if k in extra:
             info[k] = extra[k]
@@ -377,12 +448,14 @@ def cross_compile(prof: dict, out: Path) -> str:
     return "\n".join([head, s.stdout.rstrip(), note])
 
 
-def build_platformio(board: str, prof: dict, out: Path, blob, header, min_group: int) -> BuildResult:
+def build_platformio(board: str, prof: dict, out: Path, blob, header) -> BuildResult:
     data = Path(blob).read_bytes()
-    info = render_platformio(prof, out, data, header.config, min_group, batch_of(header.state_tiers))
+    info = render_platformio(prof, out, data, header)
     where = (f"blob {len(data):,} bytes in partition '{BLOB_PARTITION}' at {info['blob_offset']:#x}" if is_esp(prof)
              else f"blob {len(data):,} bytes at XIP {uf2.XIP_BASE + info['blob_offset']:#x} ({UF2_FILE})")
     lines = [f"PlatformIO project for {prof['name']} ({prof['platformio']['board']}, "
-             f"{prof['platformio']['framework']}): {where}; arena {info['arena_bytes']:,} bytes in "
-             f"{info['arena_tier'].upper()}", cross_compile(prof, out)]
+             f"{prof['platformio']['framework']}): {where}; layout {info['layout_id']}: arena "
+             f"{info['arena_bytes']:,} bytes in {info['arena_tier'].upper()}"
+             + (f", {info['staging_bytes']:,} bytes staged in the other RAM tier" if info["staging_bytes"] else ""),
+             cross_compile(prof, out)]
     return BuildResult(board, Path(out), None, "\n".join(lines))

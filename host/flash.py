@@ -84,15 +84,17 @@ def _ids(info: dict) -> list[tuple[int, int]]:
     return [(int(u["vid"]), int(u["pid"])) for u in info.get("usb", [])]
 
 
-def find_port(info: dict) -> str | None:
-    """The first serial port whose USB VID/PID is one of the board's (profile order)."""
+def find_port(info: dict, ports=None) -> str | None:
+    """The serial port whose USB VID/PID is one of the board's; None when there is none. The ids
+    include common USB-to-UART bridges (CP210x, CH340, CH343) that other devices use too, so two
+    matching ports are refused rather than guessed between."""
     from serial.tools import list_ports
-    ports = list(list_ports.comports())
-    for vid, pid in _ids(info):
-        for p in ports:
-            if p.vid == vid and p.pid == pid:
-                return p.device
-    return None
+    ids = set(_ids(info))
+    found = [p for p in (list_ports.comports() if ports is None else ports) if (p.vid, p.pid) in ids]
+    if len(found) > 1:
+        raise FlashError("several serial ports have one of the board's USB ids ("
+                         + ", ".join(f"{p.device} {p.vid:04x}:{p.pid:04x}" for p in found) + "); pass --port")
+    return found[0].device if found else None
 
 
 def describe_ids(info: dict) -> str:
@@ -167,6 +169,16 @@ def write_combined(project: Path, info: dict) -> Path | None:
     return out
 
 
+def check_port(port: str) -> None:
+    """A --port that names no serial port here is refused with the ones there are."""
+    from serial.tools import list_ports
+    ports = sorted(p.device for p in list_ports.comports())
+    if port in ports or os.path.exists(port):
+        return
+    raise FlashError(f"serial port {port} does not exist (ports here: {', '.join(ports) or 'none'}); "
+                     f"plug the board in, or leave --port out to find it by its USB id")
+
+
 def flash(project, port: str | None = None, dry_run: bool = False, echo=print) -> int:
     project, info = load_project(project)
     rp = info["method"] in ("picotool", "uf2")
@@ -175,6 +187,8 @@ def flash(project, port: str | None = None, dry_run: bool = False, echo=print) -
         raise FlashError("PlatformIO is not installed (no 'pio' on PATH); install it with 'pip install platformio' "
                          "and run 'flashlm flash' again")
     note = None
+    if port is not None and not dry_run:
+        check_port(port)         # before the build: a wrong --port should not cost a compile
     if port is None:
         port = find_port(info)
         if port is None and rp:

@@ -3,7 +3,7 @@ predicted to cost there, and (``compare --run``) what it measures, layout by lay
 switched with LAYOUT frames instead of reflashing.
 
 MODEL may be a model directory written by ``flashlm convert`` (manifest.json + model.flmb), a
-``.flmb`` blob, a checkpoint (llama2.c / flashlm ``.pt``), which is quantized in memory with
+``.flmb`` blob, a checkpoint (llama2.c / flashlm ``.pt`` / a Hugging Face folder), which is quantized in memory with
 ``--format/--group-size/--quant/--scales`` as ``convert`` would, or ``shape:NAME``, a named shape
 from converter/shapes.py planned with its own recipe (``--quant`` applies on top).
 """
@@ -14,6 +14,10 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from .args import add_generation_args, nonneg_int, output_file, positive_int
+from .errors import UserError
+from .model_dir import load_manifest
+
 PHASE_LABEL = {"embed": "embed", "attention": "attention", "ffn": "FFN", "ple": "PLE", "output": "output",
                "sampling": "sampling"}
 KIND_COLORS = {"embedding": "#4c72b0", "head": "#c44e52", "head_prune": "#e8a0a2", "attention": "#dd8452", "ffn": "#55a868",
@@ -22,31 +26,27 @@ KIND_COLORS = {"embedding": "#4c72b0", "head": "#c44e52", "head_prune": "#e8a0a2
                "logits": "#ccb974", "scratch": "#64b5cd", "other": "#999999"}
 
 
-def _user_error():
-    from .cli import UserError
-    return UserError
-
-
 # ---------------------------------------------------------------------------------------------
 # the model argument
 
 SHAPE_PREFIX = "shape:"
 
 
-def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=None, scales: str = "f32"):
-    """(ModelSpec, info) for a model dir, a blob, a checkpoint or a named shape. ``info`` says
-    which, and holds the model dir / manifest / blob path where there is one."""
+def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=None, scales: str = "f32",
+              context: int | None = None):
+    """(ModelSpec, info) for a model dir, a blob, a checkpoint (a Hugging Face folder too) or a
+    named shape. ``info`` says which, and holds the model dir / manifest / blob path where there is
+    one. ``context``: a checkpoint is loaded holding that many positions."""
     from converter.blob import read_header
     from converter.costmodel import ModelSpec
+    from converter.hf_import import is_hf_dir
 
-    UserError = _user_error()
     if str(model).startswith(SHAPE_PREFIX):
         from converter.shapes import shape_spec
         spec = shape_spec(str(model)[len(SHAPE_PREFIX):])
         return (spec.with_formats(list(quant)) if quant else spec), dict(kind="shape")
     p = Path(model)
-    if p.is_dir() or p.name == "manifest.json":
-        from .cli import load_manifest
+    if (p.is_dir() and not is_hf_dir(p)) or p.name == "manifest.json":
         d, manifest = load_manifest(p)
         blob = d / manifest["blob"]
         h = read_header(blob)
@@ -56,7 +56,7 @@ def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=
         from converter.shapes import SHAPES
         raise UserError(f"{p} does not exist (give a model directory from 'flashlm convert', a .flmb "
                         f"blob, a checkpoint or a shape: {', '.join(SHAPE_PREFIX + n for n in sorted(SHAPES))})")
-    with p.open("rb") as f:
+    with (p / "config.json" if p.is_dir() else p).open("rb") as f:
         magic = f.read(4)
     if magic == b"FLMB":
         h = read_header(p)
@@ -66,7 +66,7 @@ def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=
     tok = tokenizer
     if tok is None and (p.parent / "tokenizer.json").is_file() and p.suffix == ".pt":
         tok = p.parent / "tokenizer.json"
-    ir = load_model(str(p), tokenizer_path=str(tok) if tok else None)
+    ir = load_model(str(p), tokenizer_path=str(tok) if tok else None, context=context)
     qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=list(quant or ()), scales=scales)
     return ModelSpec.from_quant(qm, str(p)), dict(kind="checkpoint", qm=qm, path=p)
 
@@ -171,10 +171,12 @@ def memory_map_png(plan, path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, MultipleLocator
 
     tiers = [t for t in ("flash", "psram", "sram") if t in plan.budget]
-    fig, axes = plt.subplots(len(tiers), 1, figsize=(11, 1.3 + 1.25 * len(tiers)), squeeze=False)
+    fig, axes = plt.subplots(len(tiers), 1, figsize=(11, 1.9 + 1.35 * len(tiers)), squeeze=False)
     sizes = _state_sizes(plan)
+    present = set()
     for ax, tier in zip(axes[:, 0], tiers):
         x = 0.0
         segs = []
@@ -189,6 +191,7 @@ def memory_map_png(plan, path) -> Path:
                 if rt == tier:
                     segs.append((r, r, sizes[r], False))
         for name, kind, n, pale in segs:
+            present.add(kind if kind in KIND_COLORS else "other")
             ax.barh(0, n, left=x, height=0.6, color=KIND_COLORS.get(kind, "#999999"),
                     alpha=0.25 if pale else 0.95, edgecolor="white", linewidth=0.3)
             x += n
@@ -201,16 +204,19 @@ def memory_map_png(plan, path) -> Path:
         ax.set_ylabel(tier, rotation=0, ha="right", va="center")
         ax.set_title(f"{tier}: {_mb(x)} of {_mb(bud)} budget"
                      + (" (pale: staged copies read from RAM)" if tier == "flash" else ""), fontsize=9, loc="left")
-        ax.ticklabel_format(axis="x", style="plain")
-    kinds = sorted({k for k in KIND_COLORS if k != "other"})
-    fig.legend(handles=[Patch(color=KIND_COLORS[k], label=k) for k in kinds], loc="lower center",
-               ncol=len(kinds), fontsize=8, frameon=False)
+        span = max(bud, x) * 1.02          # ticks a power of two bytes apart, at most eight
+        ax.xaxis.set_major_locator(MultipleLocator(1 << max(0, int(span / 8 - 1).bit_length())))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _mb(v) if v else "0"))
+    axes[-1, 0].set_xlabel("bytes placed in the tier (the dashed line: its budget)")
+    kinds = [k for k in KIND_COLORS if k in present]
+    ncol = min(len(kinds), 7)
+    fig.legend(handles=[Patch(color=KIND_COLORS[k], label=k.replace("_", " ")) for k in kinds], loc="lower center",
+               ncol=ncol, fontsize=8, frameon=False)
     p = plan.prediction
     fig.suptitle(f"{plan.board}: layout {plan.layout_id}, predicted {p.tok_s:.2f} tok/s at position {plan.pos} "
                  f"(prediction)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    fig.tight_layout(rect=(0, 0.04 + 0.035 * -(-len(kinds) // ncol), 1, 0.95))
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
@@ -221,40 +227,53 @@ def _state_sizes(plan) -> dict:
     return state_sizes(plan.spec, plan.kv)
 
 
-def compare_png(entries, path) -> Path:
-    """Stacked per-phase µs per token, one group per (board, layout): predicted, and measured when
-    there is one. ``entries``: list of dict(label, predicted: {phase: µs}, measured: {phase: µs}|None)."""
+def compare_png(entries, path, key: dict | None = None) -> Path:
+    """Stacked per-phase ms per token, one group per (board, layout): predicted (hatched), and
+    measured (solid) when there is one. ``entries``: list of dict(label, predicted: {phase: µs},
+    measured: {phase: µs}|None); ``key``: short layout name -> the layout it stands for, printed
+    under the bars."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     from .report import PHASE_COLORS
     phases = list(PHASE_LABEL)
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(entries) + 2), 4.8))
-    xs, labels = [], []
+    measured_any = any(e.get("measured") is not None for e in entries)
+    fig, ax = plt.subplots(figsize=(max(7.5, 1.7 * len(entries) * (2 if measured_any else 1) + 3.5), 5.2))
+    xs, labels, top, used = [], [], 0.0, set()
     for i, e in enumerate(entries):
         bars = [("predicted", e["predicted"], "//")]
         if e.get("measured") is not None:
             bars.append(("measured", e["measured"], None))
         for j, (kind, vals, hatch) in enumerate(bars):
-            x = i * 3 + j
+            x = i * (3 if measured_any else 1.3) + j
             bottom = 0.0
             for ph in phases:
                 v = float(vals.get(ph, 0.0)) / 1000.0
-                ax.bar(x, v, bottom=bottom, color=PHASE_COLORS[ph], hatch=hatch, edgecolor="white",
-                       label=PHASE_LABEL[ph] if (i == 0 and j == 0) else None)
+                if v > 0:
+                    used.add(ph)
+                ax.bar(x, v, bottom=bottom, color=PHASE_COLORS[ph], hatch=hatch, edgecolor="white")
                 bottom += v
+            top = max(top, bottom)
             xs.append(x)
-            labels.append(f"{e['label']}\n{kind}")
+            labels.append(f"{e['label']}\n{kind}" if measured_any else e["label"])
     ax.set_xticks(xs)
-    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylim(0, (top or 1.0) * 1.08)      # the tallest bar whole
     ax.set_ylabel("ms per token")
-    ax.legend(fontsize=8)
-    ax.set_title("layouts side by side: predicted (hatched, from board profiles) and measured (device clock)",
-                 fontsize=9)
-    fig.tight_layout()
+    handles = [Patch(color=PHASE_COLORS[ph], label=PHASE_LABEL[ph]) for ph in phases if ph in used]
+    handles.append(Patch(facecolor="white", edgecolor="0.3", hatch="//", label="predicted (board profile)"))
+    if measured_any:
+        handles.append(Patch(facecolor="0.5", label="measured (device clock)"))
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title("layouts side by side: " + ("predicted and measured" if measured_any else
+                                             "predicted from the board profiles (nothing measured)"), fontsize=10)
+    if key:
+        fig.text(0.01, 0.01, "   ".join(f"{k} = {v}" for k, v in key.items()), fontsize=8, ha="left", va="bottom",
+                 wrap=True)
+    fig.tight_layout(rect=(0, 0.06 if key else 0, 1, 1))
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
@@ -268,7 +287,6 @@ def apply_plan(console, info: dict, plan) -> None:
     from converter import blob as B
 
     from .report import atomic_write_bytes
-    UserError = _user_error()
     if info["kind"] != "dir":
         raise UserError("--apply rewrites a model directory; convert the checkpoint first "
                         "('flashlm convert CHECKPOINT -o DIR') and plan DIR")
@@ -304,7 +322,7 @@ def _plan_or_explain(console, spec, board, **kw):
         return plan(spec, board, **kw)
     except NoFit as e:
         print_no_fit(console, e)
-        raise _user_error()(str(e)) from None
+        raise UserError(str(e)) from None
 
 
 def plan_batch(args, info) -> int:
@@ -317,17 +335,17 @@ def plan_batch(args, info) -> int:
 
 def cmd_plan(args, console) -> int:
     from converter.planner import parse_layout
-    spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer, args.scales)
+    spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer, args.scales,
+                           args.ctx)
     if args.ctx:
         spec = spec.with_context(args.ctx)
     base, places = parse_layout(",".join(["auto" if not args.flash_only else "flash"] + list(args.place)))
     pl = _plan_or_explain(console, spec, args.board, overrides=places, base=base, kv=args.kv, pos=args.pos,
                           line=args.line, batch=plan_batch(args, info))
     print_plan(console, pl, collapse=not args.all)
-    png = Path(args.png) if args.png else (
-        (info["model_dir"] if info["kind"] == "dir" else Path("out")) / f"plan-{pl.board}.png")
-    memory_map_png(pl, png)
-    console.print(f"[green]wrote[/] memory map {png}")
+    if args.png:
+        memory_map_png(pl, args.png)
+        console.print(f"[green]wrote[/] memory map {args.png}")
     if args.json:
         from .report import atomic_write_bytes
         atomic_write_bytes(args.json, (json.dumps(pl.to_dict(), indent=1) + "\n").encode())
@@ -374,8 +392,8 @@ def _side_by_side(console, title: str, columns: list[tuple[str, list[str]]]) -> 
 
 def cmd_compare(args, console) -> int:
     from converter.planner import PlanError, plan_layout
-    UserError = _user_error()
-    spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer, args.scales)
+    spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer, args.scales,
+                           args.ctx)
     if args.ctx:
         spec = spec.with_context(args.ctx)
     boards = args.board or ["native"]
@@ -415,11 +433,9 @@ def cmd_compare(args, console) -> int:
             entries.append(dict(label=f"{boards[0]}\n{names[lay]}",
                                 predicted=r["predicted"] if ok else dict(pl.prediction.phase_us),
                                 measured=r["measured"] if ok else None))
-    if entries:
-        png = Path(args.png) if args.png else (
-            (info["model_dir"] if info["kind"] == "dir" else Path("out")) / "compare.png")
-        compare_png(entries, png)
-        console.print(f"[green]wrote[/] {png}")
+    if entries and args.png:
+        compare_png(entries, args.png, key={short: lay for lay, short in names.items()})
+        console.print(f"[green]wrote[/] {args.png}")
     if args.json:
         from .report import atomic_write_bytes
         out = {"layouts": names, "predicted": {f"{b}/{lay}": pl.to_dict() for (b, lay), pl in plans.items()},
@@ -480,10 +496,10 @@ def step_head(t, sampling: str) -> str | int:
 def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict:
     from contextlib import ExitStack
 
-    from .cli import encode_prompt, ensure_native_binary
+    from .cmd_build import ensure_native_binary
+    from .cmd_run import check_virtual_board
     from .protocol import Link
     from .session import Session, open_port
-    UserError = _user_error()
     if info["kind"] != "dir":
         raise UserError("--run needs a model directory from 'flashlm convert' (the board must hold its blob)")
     model_dir, manifest = info["model_dir"], info["manifest"]
@@ -491,7 +507,7 @@ def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict
         raise UserError("--run with --ctx: apply the shorter context first ('flashlm plan --ctx N --apply')")
     import argparse
 
-    from .cli import DEFAULT_PROMPT
+    from .prompt import DEFAULT_PROMPT, encode_prompt
     prompt, prompt_ids = args.prompt, args.prompt_ids
     if prompt is None and prompt_ids is None:
         if manifest.get("tokenizer"):
@@ -502,10 +518,7 @@ def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict
     todo = {lay: plans[(board, lay)] for lay in layouts if (board, lay) in plans}
     with ExitStack() as stack:
         if args.port is None:
-            from . import cli
-            emulated = getattr(cli, "emulated_board", lambda b: None)(board)
-            if board != "native" and not emulated:
-                raise UserError(f"--run on {board}: flash it and pass --port (only virtual boards start here)")
+            emulated = check_virtual_board(board)   # a real board: flash it and pass --port
             binary = ensure_native_binary(console, model_dir, manifest, board=board)
             blob = model_dir / manifest["blob"]
             if emulated:
@@ -547,9 +560,9 @@ def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict
 
 
 # ---------------------------------------------------------------------------------------------
-# argument parsing (called from host/cli.py)
+# argument parsing (called from host/parser.py)
 
-def add_commands(sub, positive_int, nonneg_int, add_generation_args) -> None:
+def add_commands(sub) -> None:
     def model_opts(p):
         p.add_argument("model", metavar="MODEL",
                        help="model dir from 'flashlm convert', a .flmb blob, a checkpoint, or shape:NAME (e.g. shape:ple-28m)")
@@ -566,8 +579,9 @@ def add_commands(sub, positive_int, nonneg_int, add_generation_args) -> None:
         p.add_argument("--quant", action="append", default=[], metavar="PATTERN=FMT[:G]")
         p.add_argument("--scales", choices=("f32", "f16"), default="f32", help="for a checkpoint: scale precision")
         p.add_argument("--tokenizer", metavar="PATH")
-        p.add_argument("--png", metavar="FILE")
-        p.add_argument("--json", metavar="FILE")
+        p.add_argument("--png", metavar="FILE", type=output_file, help="write a PNG (plan: the memory map; compare: "
+                       "the layouts side by side)")
+        p.add_argument("--json", metavar="FILE", type=output_file)
 
     p = sub.add_parser("plan", help="place a model's tensors on a board's memory tiers; predict per-token cost")
     model_opts(p)

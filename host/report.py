@@ -511,7 +511,10 @@ def atomic_write_bytes(path, data: bytes) -> Path:
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:      # name the file the user asked for, not our temporary one
+        raise OSError(e.errno, e.strerror, str(path)) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -631,8 +634,9 @@ def write_csv(result: RunResult, path) -> Path:
 
 
 def plot_png(result: RunResult, path) -> Path:
-    """Stacked bars of per-phase device µs per step (a step's share of its forward pass), prefill steps hatched and paler on a grey band, dotted lines where a pass of several tokens
-    begins; a line (right axis) gives the output-layer rows each step computed, % of out_vocab."""
+    """Stacked bars of per-phase device µs per step (a step's share of its forward pass), prefill
+    steps hatched and paler on a grey band, dotted lines where a pass of several tokens begins; a
+    line (right axis) gives the output-layer rows each step computed, % of out_vocab."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -645,6 +649,7 @@ def plot_png(result: RunResult, path) -> Path:
     ax = fig.add_subplot(1, 1, 1)
     groups = [("prefill", [t for t in toks if t.out_id is None]),
               ("decode", [t for t in toks if t.out_id is not None])]
+    top = 0.0
     for kind, ts in groups:
         if not ts:
             continue
@@ -657,6 +662,7 @@ def plot_png(result: RunResult, path) -> Path:
                    alpha=0.45 if kind == "prefill" else 0.95,
                    hatch="//" if kind == "prefill" else None, edgecolor="white", linewidth=0.3)
             bottom = [b + v for b, v in zip(bottom, vals)]
+        top = max([top] + bottom)
     for t in toks:
         if t.chunk == t.step and t.chunk_len > 1:
             ax.axvline(t.step - 0.5, color="0.55", linestyle=":", linewidth=0.8)
@@ -677,7 +683,9 @@ def plot_png(result: RunResult, path) -> Path:
         handles.append(Line2D([], [], color="0.25", marker=".", label="head rows %"))
     if result.missing_steps:
         handles.append(Patch(facecolor="white", edgecolor="0.4", linestyle=":", label="lost step"))
-    fig.legend(handles=handles, fontsize=8, ncol=len(handles), loc="lower center", frameon=False)
+    ncol = min(len(handles), 6)         # rows of at most 6: nothing cut at the figure's edges
+    rows_of_keys = -(-len(handles) // ncol)
+    fig.legend(handles=handles, fontsize=8, ncol=ncol, loc="lower center", frameon=False)
     s = summarize(result)
     tps = f", decode {s['tokens_per_s']:,.1f} tok/s" if s["tokens_per_s"] else ""
     pps = f", prefill {s['prefill_tok_per_s']:,.1f} tok/s" if s["prefill_tok_per_s"] else ""
@@ -686,8 +694,8 @@ def plot_png(result: RunResult, path) -> Path:
     ax.set_xlabel("step")
     ax.set_ylabel(f"µs ({result.clock})")
     ax.set_xlim(-0.75, n - 0.25)
-    ax.margins(y=0.15)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    ax.set_ylim(0, (top or 1.0) * 1.08)   # the tallest bar whole (the twin axis must not rescale it)
+    fig.tight_layout(rect=(0, 0.045 + 0.04 * rows_of_keys, 1, 1))
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return atomic_write_bytes(path, buf.getvalue())

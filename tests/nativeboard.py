@@ -19,11 +19,11 @@ _builds: dict = {}
 
 
 def binary_for(blob: Path, build_root: Path) -> Path:
-    from converter.blob import batch_of, draft_header_of, read_header
+    from converter.blob import batch_of, read_header
     from converter.tokenizer_enc import section_info
     h = read_header(blob)
     enc = section_info(blob, h)     # its text capacity sizes the receive buffer
-    d = draft_header_of(blob, h)    # the arena grows with the batch and holds a draft model's state
+    d = h.draft                     # the arena grows with the batch and holds a draft model's state
     key = (h.config, min(e.group_size for e in h.entries if e.group_size), enc.span if enc else 0,
            batch_of(h.state_tiers), (d.config, d.state_tiers) if d else None)
     if key not in _builds:

@@ -20,6 +20,7 @@ from firmware import uf2
 from firmware.build import BuildError, build_firmware
 from host import flash as F
 from host.cli import main
+from host.console import make_console
 
 sys.path.insert(0, str(Path(__file__).parent))
 from modelzoo import random_model  # noqa: E402
@@ -181,14 +182,142 @@ def test_blob_too_big_for_the_flash_names_the_shortfall():
     assert (off, region) == (0x40000, (2 << 20) - 0x40000 - 4096)
 
 
-def test_arena_tier_sram_then_psram_then_error():
-    s3 = load_board("esp32s3-n16r8")
-    assert P.arena_tier(s3, 100_000) == P.TIER_SRAM
-    assert P.arena_tier(s3, 2_000_000) == P.TIER_PSRAM
-    with pytest.raises(BuildError, match="of PSRAM"):
-        P.arena_tier(s3, 100_000_000)
-    with pytest.raises(BuildError, match="no PSRAM"):
-        P.arena_tier(load_board("pico"), 1_000_000)
+def _ini(path: Path) -> dict[str, str]:
+    """platformio.ini's top-level ``key = value`` lines (the env's; no continuation lines)."""
+    return {ln.split("=", 1)[0].strip(): ln.split("=", 1)[1].strip()
+            for ln in path.read_text().splitlines() if "=" in ln and not ln.startswith((";", "#", " "))}
+
+
+LINES = {"qio": 4, "qout": 4, "dio": 2, "dout": 2, "quad": 4, "oct": 8}
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_generated_files_agree_with_the_profile(projects, board):
+    """The profile is the one source of the clocks, flash mode and PSRAM settings its bandwidths
+    assume; the generated platformio.ini and sdkconfig.defaults must say the same."""
+    proj = projects[board].project_dir
+    prof = load_board(board)
+    ini = _ini(proj / "platformio.ini")
+    assert ini["board_build.f_cpu"] == f"{prof['clock_mhz'] * 1_000_000}L"
+    plat = prof["platformio"]["platform"]
+    assert "@" in plat or "#" in plat, f"{board}: platform {plat!r} is not pinned"
+    assert ini["platform"] == plat
+    if not P.is_esp(prof):
+        return
+    flash, psram = prof["tiers"]["flash"], prof["tiers"].get("psram")
+    assert ini["board_build.flash_mode"] == flash["mode"]
+    assert ini["board_build.f_flash"] == f"{flash['freq_mhz'] * 1_000_000}L"
+    sdk = {ln.split("=", 1)[0]: ln.split("=", 1)[1] for ln in (proj / "sdkconfig.defaults").read_text().splitlines()
+           if ln.startswith("CONFIG_")}
+    assert sdk[f"CONFIG_ESP_DEFAULT_CPU_FREQ_MHZ_{prof['clock_mhz']}"] == "y"
+    assert sdk[f"CONFIG_ESPTOOLPY_FLASHMODE_{flash['mode'].upper()}"] == "y"
+    assert sdk[f"CONFIG_ESPTOOLPY_FLASHFREQ_{flash['freq_mhz']}M"] == "y"
+    # the profile's flash bandwidth is what those pins can carry, not more
+    assert flash["seq_read_MBps"] <= LINES[flash["mode"]] * flash["freq_mhz"] / 8
+    if psram:
+        assert sdk["CONFIG_SPIRAM"] == "y"
+        assert sdk[{"oct": "CONFIG_SPIRAM_MODE_OCT", "quad": "CONFIG_SPIRAM_MODE_QUAD"}[psram["mode"]]] == "y"
+        assert sdk[f"CONFIG_SPIRAM_SPEED_{psram['freq_mhz']}M"] == "y"
+        ddr = 2 if psram["mode"] == "oct" else 1
+        assert psram["seq_read_MBps"] <= LINES[psram["mode"]] * psram["freq_mhz"] * ddr / 8
+    else:
+        assert "CONFIG_SPIRAM" not in sdk
+    cache = prof.get("cache", {})
+    if "dcache_kb" in cache:
+        assert sdk[f"CONFIG_ESP32S3_DATA_CACHE_{cache['dcache_kb']}KB"] == "y"
+        assert sdk[f"CONFIG_ESP32S3_DATA_CACHE_LINE_{cache['line_bytes']}B"] == "y"
+        assert prof["tiers"]["flash"]["line_bytes"] == cache["line_bytes"]
+    text = (proj / "sdkconfig.defaults").read_text().splitlines()
+    assert "# CONFIG_ESP_TASK_WDT_EN is not set" in text
+    assert not any(re.match(r"(# )?CONFIG_ESP_TASK_WDT[ =]", ln) for ln in text)   # the pre-5.0 name
+    cmake = (proj / "src" / "CMakeLists.txt").read_text()
+    for comp in ("esp_driver_uart", "esp_driver_usb_serial_jtag", "esp_partition"):
+        assert comp in cmake      # ESP-IDF 6's driver no longer re-exports the first two
+
+
+def test_s3_port_autodetect_knows_the_common_bridges(projects):
+    from types import SimpleNamespace as Port
+    ids = {(u["vid"], u["pid"]) for u in P.usb_ids(load_board("esp32s3-n16r8"))}
+    assert {(0x10C4, 0xEA60), (0x303A, 0x1001), (0x1A86, 0x55D3), (0x1A86, 0x7523)} <= ids
+    _, info = F.load_project(projects["esp32s3-n16r8"].project_dir)
+    ch343 = Port(device="/dev/ttyACM0", vid=0x1A86, pid=0x55D3)
+    other = Port(device="/dev/ttyS0", vid=None, pid=None)
+    assert F.find_port(info, [other, ch343]) == "/dev/ttyACM0"
+    assert F.find_port(info, [other]) is None
+    with pytest.raises(F.FlashError, match="several serial ports.*ttyUSB0.*ttyACM0.*--port"):   # a bridge is
+        F.find_port(info, [Port(device="/dev/ttyUSB0", vid=0x1A86, pid=0x7523), ch343])        # not a board
+
+
+def _placed_blob(tmp_path, board, **cfg):
+    """A blob placed by the planner for ``board`` (what 'flashlm plan --apply' writes)."""
+    from converter.blob import build_blob, parse_header
+    from converter.costmodel import ModelSpec
+    from converter.planner import plan
+    _, ir = random_model(5, **cfg)
+    qm = quantize(ir, "q8", 32)
+    data = build_blob(qm)
+    pl = plan(ModelSpec.from_header(parse_header(data, "x")), board)
+    path = tmp_path / f"{board}.flmb"
+    path.write_bytes(build_blob(qm, pl.tiers, pl.state_tiers))
+    return path, pl
+
+
+def test_applied_layout_is_the_arena_everywhere(tmp_path):
+    """plan --apply staging tensors in SRAM: one arena holds all of it, within the SRAM budget (the
+    largest block the firmware can allocate), and flashlm.json, the platformio.ini header,
+    flm_config.h, flm_board.h and the build summary all report that arena."""
+    from converter.blob import read_header
+    blob, pl = _placed_blob(tmp_path, "esp32s3-n16r8", dim=128, n_layers=4, n_heads=4, n_kv_heads=4,
+                            hidden_dim=256, vocab_size=512, max_seq_len=64)
+    assert pl.need["sram"] > 50_000 and any(t == "sram" for t in pl.tiers.values())
+    prof = load_board("esp32s3-n16r8")
+    assert pl.need["sram"] <= prof["tiers"]["sram"]["budget"]
+    res = build_firmware("esp32s3-n16r8", tmp_path / "s3", blob)
+    proj = res.project_dir
+    info = json.loads((proj / "flashlm.json").read_text())
+    a = P.board_arena(prof, read_header(blob))
+    assert (info["arena_tier"], info["arena_bytes"]) == ("sram", pl.need["sram"]) == (a.tier_name, a.bytes)
+    assert info["layout_id"] == pl.layout_id and info["staging_bytes"] == pl.need.get("psram", 0)
+    assert f"#define FLM_ARENA_BYTES {a.bytes}u" in (proj / "flm_config.h").read_text()
+    assert f"#define FLM_ARENA_TIER {P.TIER_SRAM}" in (proj / "src" / "hal" / "flm_board.h").read_text()
+    assert f"arena {a.bytes:,} bytes in SRAM" in (proj / "platformio.ini").read_text()
+    assert f"layout {pl.layout_id}: arena {a.bytes:,} bytes in SRAM" in res.size_text
+
+
+def test_arena_goes_to_psram_or_names_the_shortfall(tmp_path, capsys):
+    from converter.blob import read_header
+    from converter.footprint import layout_needs
+    big = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=96, vocab_size=97, max_seq_len=512)
+    _, ir = random_model(6, **big)
+    path = tmp_path / "m.flmb"
+    write_blob(quantize(ir, "q8", 32), path)
+    h = read_header(path)
+    s3, c3 = load_board("esp32s3-n16r8"), load_board("esp32c3-devkitm-1")
+    assert layout_needs(h)["sram"] > s3["tiers"]["sram"]["budget"]      # the KV cache alone: 512 KB
+    a = P.board_arena(s3, h)
+    assert a.tier == P.TIER_PSRAM and a.bytes == layout_needs(h, "psram")["psram"] and a.other == 0
+    with pytest.raises(BuildError, match=r"does not fit on esp32c3-devkitm-1: sram short by .*context of \d+ tokens fits"):
+        P.board_arena(c3, h)
+    d = _dir_for(tmp_path, path)
+    for board in ("esp32c3-devkitm-1", "rp2040-emu", "pico"):   # the planner's shortfall, before anything is written
+        assert main(["build", "--board", board, "--model", str(d), "-o", str(tmp_path / board)]) == 2
+        assert not (tmp_path / board).exists()
+    err = capsys.readouterr().err
+    for board in ("esp32c3-devkitm-1", "rp2040-emu", "pico"):
+        assert re.search(rf"does not fit on {board}: sram short by [\d.]+ KB; a context of \d+ tokens fits", err), err
+    assert "fewer layers" not in err
+
+
+def _dir_for(tmp_path, blob: Path) -> Path:
+    from converter.blob import read_header
+    h = read_header(blob)
+    d = tmp_path / "modeldir"
+    d.mkdir(exist_ok=True)
+    shutil.copy(blob, d / "model.flmb")
+    (d / "manifest.json").write_text(json.dumps({
+        "blob": "model.flmb", "tokenizer": None, "model_hash": bytes(h.model_hash).hex(), "layout_id": h.layout_id,
+        "config": {"max_seq_len": h.config.max_seq_len, "vocab_size": h.config.vocab_size}}))
+    return d
 
 
 # -- RP2040 / RP2350: UF2 ----------------------------------------------------------------------
@@ -298,6 +427,36 @@ def _fake_pio(tmp_path) -> tuple[str, Path]:
                    f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
     pio.chmod(pio.stat().st_mode | stat.S_IEXEC)
     return str(pio), log
+
+
+def test_flash_checks_the_port_before_building(projects, capsys, monkeypatch, tmp_path):
+    ran = tmp_path / "pio-ran"
+    pio = tmp_path / "pio"
+    pio.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    pio.chmod(0o755)
+    monkeypatch.setattr(F, "find_pio", lambda: str(pio))
+    rc = main(["flash", str(projects["esp32s3-n16r8"].project_dir), "--port", "/dev/ttyNOPE"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "/dev/ttyNOPE does not exist" in err and not ran.exists()
+
+
+def test_run_reuses_the_build_of_build_o(model_dir, tmp_path, monkeypatch, capsys):
+    """'flashlm build -o DIR' is what 'run --board native' then uses; two models in one folder keep
+    their own builds."""
+    if not (shutil.which("cc") and shutil.which("make")):
+        pytest.skip("no C toolchain for the native board")
+    from host import cmd_build
+    from host.model_dir import load_manifest
+    m1 = tmp_path / "models" / "a"
+    m2 = tmp_path / "models" / "b"
+    for m in (m1, m2):
+        shutil.copytree(model_dir, m)
+    assert cmd_build.build_dir_for(m1, "native") != cmd_build.build_dir_for(m2, "native")
+    assert main(["build", "--board", "native", "--model", str(m1), "-o", str(tmp_path / "fw")]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(cmd_build, "_build", lambda *a, **k: pytest.fail("rebuilt instead of reusing build -o"))
+    d, man = load_manifest(m1)
+    assert cmd_build.ensure_native_binary(make_console(), d, man) == (tmp_path / "fw" / "firmware").resolve()
 
 
 def test_flash_runs_pio_then_esptool(projects, capsys, monkeypatch, tmp_path):

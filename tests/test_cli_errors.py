@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from host import cli
+from host import cmd_demo, cmd_run
 from host.cli import main
+from host.errors import UserError
 
 
 def _fails(capsys, argv, *needles, code=2):
@@ -158,7 +159,82 @@ def test_run_port_errors(capsys, tmp_path):
 
 def test_run_real_board_needs_port(capsys, tmp_path):
     d = _model_dir(tmp_path)
-    _fails(capsys, ["run", "--board", "esp32s3", "--model", str(d), "--prompt-ids", "1"], "--port")
+    _fails(capsys, ["run", "--board", "esp32s3-n16r8", "--model", str(d), "--prompt-ids", "1"], "real board", "--port")
+
+
+def test_run_unknown_board_says_unknown(capsys, tmp_path):
+    """Not 'build --board foo': there is no board foo to build for."""
+    d = _model_dir(tmp_path)
+    line = _fails(capsys, ["run", "--board", "foo", "--model", str(d), "--prompt-ids", "1"], "unknown board 'foo'",
+                  "esp32s3-n16r8")
+    assert "build --board foo" not in line
+
+
+def test_missing_emulator_is_refused_before_any_build(capsys, tmp_path, monkeypatch):
+    import host.virtual
+    monkeypatch.setattr(host.virtual, "emulator_missing", lambda: "rp2040js is not installed: run 'make emu-deps'")
+    monkeypatch.setattr(cmd_run, "ensure_native_binary", lambda *a, **k: pytest.fail("built before checking"))
+    d = _model_dir(tmp_path)
+    for argv in (["run", "--board", "rp2040-emu", "--model", str(d), "--prompt-ids", "1"],
+                 ["serve", "--board", "rp2040-emu", "--model", str(d)],
+                 ["demo", "--board", "rp2040-emu", "-o", str(tmp_path / "demo")]):
+        _fails(capsys, argv, "make emu-deps")
+    assert not (tmp_path / "demo").exists()
+
+
+def test_serve_defaults_to_the_native_board():
+    from host.parser import build_parser
+    assert build_parser().parse_args(["serve", "--model", "m"]).board == "native"
+
+
+# -- outputs go where the user says, checked before any work ------------------------------------
+
+def test_output_file_in_a_missing_folder_creates_nothing(capsys, tmp_path):
+    d = _model_dir(tmp_path)
+    for opt in ("--json", "--csv", "--png"):
+        _fails(capsys, ["run", "--port", "/dev/null", "--model", str(d), "--prompt-ids", "1", opt,
+                        str(tmp_path / "nope" / "x.out")], opt, "does not exist")
+    _fails(capsys, ["plan", "shape:ple-28m", "--board", "pico", "--png", str(tmp_path / "nope" / "x.png")], "--png")
+    assert not (tmp_path / "nope").exists()
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
+def test_output_in_an_unwritable_folder_names_the_file(capsys, tmp_path):
+    line = _fails(capsys, ["eval", "model.pt", "--json", "/proc/x.json"], "/proc/x.json")
+    assert ".tmp" not in line
+    from host.report import atomic_write_bytes
+    with pytest.raises(OSError) as e:
+        atomic_write_bytes("/proc/y.json", b"{}")
+    assert e.value.filename == "/proc/y.json"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
+def test_convert_to_an_unwritable_folder_fails_before_loading(capsys):
+    model = Path(__file__).resolve().parent.parent / "models" / "default" / "model.pt"
+    rc = main(["convert", str(model), "-o", "/proc/flashlm-out"])
+    out = capsys.readouterr()
+    assert rc == 2 and "-o/--output" in out.err and "loading" not in out.out and "quantizing" not in out.out
+
+
+def test_plan_writes_no_png_unasked(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "shape:ple-28m", "--board", "esp32s3-n16r8"]) == 0
+    assert "wrote" not in capsys.readouterr().out and list(tmp_path.iterdir()) == []
+
+
+def test_piped_tables_are_printed_whole(capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["plan", "shape:ple-28m", "--board", "esp32s3-n16r8"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out and "ple.table" in out
+
+
+def test_convert_a_torch_file_that_is_no_checkpoint(capsys, tmp_path):
+    torch = pytest.importorskip("torch")
+    torch.save({"a": 1}, tmp_path / "dict.pt")
+    line = _fails(capsys, ["convert", str(tmp_path / "dict.pt"), "-o", str(tmp_path / "o")], "dict.pt",
+                  "flashlm train")
+    assert "state_dict_to_ir" not in line
 
 
 # -- run --board native: the virtual board's failure modes --------------------------------------
@@ -177,7 +253,7 @@ def native(monkeypatch, tmp_path):
     (d / "model.flmb").write_bytes(b"FLMB")
 
     def use(binary):
-        monkeypatch.setattr(cli, "ensure_native_binary", lambda console, model_dir, manifest, board="native": binary)
+        monkeypatch.setattr(cmd_run, "ensure_native_binary", lambda console, model_dir, manifest, board="native": binary)
         return ["run", "--board", "native", "--model", str(d), "--prompt-ids", "1", "--timeout", "1"]
     return use
 
@@ -225,8 +301,10 @@ def test_native_binary_not_executable(capsys, native, tmp_path):
 def test_build_unknown_board(capsys, tmp_path):
     pytest.importorskip("firmware.build")
     d = _model_dir(tmp_path)
-    _fails(capsys, ["build", "--board", "no-such-board", "--model", str(d), "-o", str(tmp_path / "b")],
-           "no-such-board")
+    rc = main(["build", "--board", "no-such-board", "--model", str(d), "-o", str(tmp_path / "b")])
+    out = capsys.readouterr()
+    assert rc == 2 and "no-such-board" in out.err and "building" not in out.out   # nothing announced,
+    assert not (tmp_path / "b").exists()                                          # nothing created
 
 
 def test_build_without_model(capsys, tmp_path):
@@ -234,7 +312,7 @@ def test_build_without_model(capsys, tmp_path):
 
 
 def test_demo_without_default_model(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(cli, "DEFAULT_MODEL", tmp_path / "models" / "default" / "model.pt")
+    monkeypatch.setattr(cmd_demo, "DEFAULT_MODEL", tmp_path / "models" / "default" / "model.pt")
     _fails(capsys, ["demo", "-o", str(tmp_path / "demo")], "default model", "model.pt")
 
 
@@ -257,7 +335,7 @@ def test_train_bad_option(capsys):
 def test_ctrl_c_exits_130(capsys, monkeypatch, tmp_path):
     def boom(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(cli, "load_manifest", boom)
+    monkeypatch.setattr(cmd_run, "load_manifest", boom)
     rc = main(["run", "--port", "/dev/null", "--model", str(tmp_path), "--prompt-ids", "1"])
     err = capsys.readouterr().err
     assert rc == 130 and "Traceback" not in err and "interrupted" in err
@@ -265,7 +343,7 @@ def test_ctrl_c_exits_130(capsys, monkeypatch, tmp_path):
 
 def test_debug_env_reraises(monkeypatch, tmp_path):
     monkeypatch.setenv("FLASHLM_DEBUG", "1")
-    with pytest.raises(cli.UserError):
+    with pytest.raises(UserError):
         main(["run", "--port", "/dev/null", "--model", str(tmp_path / "nope"), "--prompt-ids", "1"])
     monkeypatch.delenv("FLASHLM_DEBUG")
     assert os.environ.get("FLASHLM_DEBUG") is None

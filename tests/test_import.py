@@ -338,7 +338,7 @@ def test_checkpoint_refusals(tmp_path):
     cfg = ModelConfig(dim=8, n_layers=1, n_heads=2, n_kv_heads=2, vocab_size=10, hidden_dim=8, max_seq_len=4)
     p = tmp_path / "other.pt"
     torch.save({"model": {}}, p)
-    assert "not a flashlm checkpoint" in one_line_error(p)
+    assert "not a model checkpoint flashlm reads" in one_line_error(p)
     m = Transformer(cfg)
     save_checkpoint(p, m)
     ck = torch.load(p, weights_only=True)

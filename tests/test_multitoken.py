@@ -185,11 +185,13 @@ def test_batched_passes_on_the_emulated_rp2040(name, tmp_path):
 # speculative decoding: the tokens of plain greedy decoding, token for token
 
 def with_eos(qm, eos):
+    """qm whose generations end at ``eos`` (its stop id)."""
     import dataclasses
 
-    from converter.ir import Tokenizer
+    from converter.ir import StopIds, Tokenizer
     V = qm.config.vocab_size
-    return dataclasses.replace(qm, tokenizer=Tokenizer([b"t%d" % i for i in range(V)], [0.0] * V, eos_id=eos))
+    return dataclasses.replace(qm, tokenizer=Tokenizer([b"t%d" % i for i in range(V)], [0.0] * V, eos_id=eos),
+                               stops=StopIds((eos,), "the test's EOS"))
 
 
 def greedy_ids(steps):

@@ -399,11 +399,11 @@ def test_start_native_board_and_stop(tmp_path, connect):
 
 
 def test_cli_run_native_board(tmp_path, capsys, monkeypatch):
-    from host import cli
+    from host import cmd_run
     d = _model_dir(tmp_path)
     (d / "model.flmb").write_bytes(b"FLMB")
     fw = _fake_native(tmp_path)
-    monkeypatch.setattr(cli, "ensure_native_binary", lambda console, model_dir, manifest, board="native": fw)
+    monkeypatch.setattr(cmd_run, "ensure_native_binary", lambda console, model_dir, manifest, board="native": fw)
     rc = main(["run", "--board", "native", "--model", str(d), "--prompt-ids", "3,1", "--max-tokens", "4",
                "--timeout", "5", "--json", str(tmp_path / "r.json")])
     out = capsys.readouterr()
@@ -422,7 +422,7 @@ def test_demo_end_to_end(tmp_path, capsys, monkeypatch):
     ti = pytest.importorskip("converter.torch_import")
     from modelzoo import random_model
 
-    from host import cli
+    from host import cmd_demo
     tok = train.train_tokenizer(["once upon a time there was a tiny model"] * 20, 300)
     model, _ = random_model(0, dim=32, n_layers=1, n_heads=4, n_kv_heads=2, hidden_dim=48,
                             vocab_size=tok.get_vocab_size(), max_seq_len=32)
@@ -430,7 +430,7 @@ def test_demo_end_to_end(tmp_path, capsys, monkeypatch):
     mdir.mkdir(parents=True)
     ti.save_checkpoint(mdir / "model.pt", model, tok.to_str())
     (mdir / "tokenizer.json").write_text(tok.to_str())
-    monkeypatch.setattr(cli, "DEFAULT_MODEL", mdir / "model.pt")
+    monkeypatch.setattr(cmd_demo, "DEFAULT_MODEL", mdir / "model.pt")
     out = tmp_path / "out" / "demo"
     rc = main(["demo", "-o", str(out), "--max-tokens", "6", "--prompt", "once upon"])
     cap = capsys.readouterr()

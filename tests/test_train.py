@@ -138,7 +138,13 @@ def test_tiny_training_smoke(tmp_path, preset):
 
     # flashlm eval over the whole held-out text: its fp32 row is the recorded eval loss (the same
     # windows, the same skipped targets); int8 and int4 through the reference stay close to it
-    rep = evaluate(out, targets=None)
+    seen = {}
+
+    def progress(label, total):      # flashlm eval's progress bar: every model's predictions counted
+        seen[label] = [total, 0]
+        return lambda done: seen[label].__setitem__(1, done)
+    rep = evaluate(out, targets=None, progress=progress)
+    assert len(seen) == 3 and all(done == total == eval_ids.numel() - 1 for total, done in seen.values())
     fp32, int8, int4 = rep["rows"]
     assert rep["targets"] == n and rep["targets_window"] == eval_ids.numel() - 1
     assert fp32["loss"] == pytest.approx(info["eval_loss"], rel=1e-5)
@@ -252,3 +258,10 @@ def test_draft_preset_shares_the_default_models_tokenizer(tmp_path):
     with pytest.raises(T.TrainError, match="shares models/default's tokenizer"):
         T.train("draft", tmp_path / "e", steps=1, vocab_size=512, text_file=ROOT / "models" / "default" / "eval.txt",
                 progress=False, quiet=True)
+
+
+def test_sample_notes_say_when_the_model_is_untrained():
+    """'flashlm train --steps 30' prints noise; it says so instead of passing it off as text."""
+    notes = T.sample_notes("ab\ufffd\ufffd", 4.75, 320, 30)
+    assert len(notes) == 2 and "barely trained" in notes[0] and "30 steps" in notes[0] and "UTF-8" in notes[1]
+    assert T.sample_notes("Once upon a time", 2.90, 1024, 2000) == []

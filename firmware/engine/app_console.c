@@ -250,7 +250,7 @@ void app_text_session(void) {
         tok = flm_head_argmax(&flm_dev.state, &st);                       /* greedy: the pruned scan */
         if (pos + len < m->seq_len) ctx[pos + len] = tok;
         generated++;
-        if (tok == m->eos) { end = "end of text"; break; }
+        if (flm_is_stop(m, tok)) { end = "end of text"; break; }
         uint32_t plen;
         const uint8_t *piece = flm_piece(m, tok, &plen);
         console_put(piece, plen);

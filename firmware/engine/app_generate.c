@@ -67,10 +67,10 @@ static uint32_t run_pass(uint32_t *ctx, uint32_t pos, uint32_t n, uint32_t n_dro
     FLM_STEP_END(step);
     const float *lg_last = logits && all ? logits + (size_t)(n - 1u) * m->n_out : logits;
     uint64_t ts = hal_time_us();
-    if (verify) {   /* the greedy tokens; produced while each is the next draft (and not EOS) */
+    if (verify) {   /* the greedy tokens; produced while each is the next draft (and not a stop id) */
         uint32_t k = 1;
         out = flm_sample(logits, m->n_out, 0.0f, 0.0f, &G.rng, s->probs, s->idx);
-        while (k < n && out == ctx[pos + k] && out != m->eos)
+        while (k < n && out == ctx[pos + k] && !flm_is_stop(m, out))
             out = flm_sample(logits + (size_t)k++ * m->n_out, m->n_out, 0.0f, 0.0f, &G.rng, s->probs, s->idx);
         ps->used = (uint8_t)k;
         ps->st.us[FLM_PH_SAMPLE] = (uint32_t)(hal_time_us() - ts);
@@ -218,7 +218,7 @@ void app_generate(const uint8_t *p, size_t len) {
         if (G.speculate == SPEC_DRAFT) app_draft_accepted(pos, steps);
         pos += steps;
         if (out != FLM_NONE) tok = out;
-        if (out != FLM_NONE && out == m->eos) { reason = REASON_EOS; break; }
+        if (out != FLM_NONE && flm_is_stop(m, out)) { reason = REASON_EOS; break; }
         if (app_stop_requested()) { reason = REASON_STOPPED; break; }
     }
     G.d.reason = (uint8_t)reason;

@@ -181,6 +181,16 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
         const flm_tensor *t = flm_tensor_at(m, i);
         if ((t->fmt == FLM_Q8 || t->fmt == FLM_Q4) && t->group < m->min_group) m->min_group = t->group;
     }
+    /* tokenizer.stop: u32 n, u32 ids[n] (the table loop checked its bounds) */
+    uint32_t slen = 0;
+    const uint8_t *stop = flm_blob_section(m, "tokenizer.stop", &slen);
+    if (!stop) return fail(err, en, "image lacks tensor ", "tokenizer.stop", 0, 0);
+    m->n_stop = slen >= 4u ? flm_rd32(stop) : FLM_MAX_STOP + 1u;
+    if (m->n_stop > FLM_MAX_STOP || slen != 4u + 4u * m->n_stop)
+        return fail(err, en, "tokenizer.stop is not a count of at most 16 and the ids", 0, 0, 0);
+    for (uint32_t i = 0; i < m->n_stop; i++)
+        if ((m->stop[i] = flm_rd32(stop + 4u + 4u * i)) >= m->vocab)
+            return fail(err, en, "a stop id is outside the vocabulary:", 0, m->stop[i], 1);
     /* tokenizer section: u32 n, u32 maxlen, u32 off[n+1], bytes */
     if (tokenizer.length < 8u || flm_rd32(tokenizer.data) != m->vocab ||
         8u + 4u * ((uint64_t)m->vocab + 1u) > tokenizer.length)
@@ -262,6 +272,12 @@ const uint8_t *flm_blob_section(const flm_model *m, const char *name, uint32_t *
         }
     }
     *len = 0;
+    return 0;
+}
+
+int flm_is_stop(const flm_model *m, uint32_t id) {
+    for (uint32_t i = 0; i < m->n_stop; i++)
+        if (m->stop[i] == id) return 1;
     return 0;
 }
 

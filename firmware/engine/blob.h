@@ -15,6 +15,7 @@ enum { FLM_KV_F32 = 0, FLM_KV_INT8 = 1 };   /* KV cache format: state_tiers bits
 #define FLM_KV_SHIFT 12u
 #define FLM_BATCH_SHIFT 16u      /* state_tiers bits 16-23: the most tokens one forward pass runs (0: 1) */
 #define FLM_NONE 0xFFFFFFFFu
+#define FLM_MAX_STOP 16u         /* stop ids a model may have (section tokenizer.stop) */
 
 typedef struct {
     const uint8_t *data;
@@ -48,6 +49,7 @@ typedef struct {
     flm_layer layers[FLM_MAX_LAYERS];
     const uint8_t *tok_data;       /* piece bytes; piece i = tok_data[tok_off[i] .. tok_off[i+1]) */
     const uint8_t *tok_off;        /* u32 little-endian offsets, n_pieces + 1 */
+    uint32_t n_stop, stop[FLM_MAX_STOP];   /* generation ends at any of these ids (tokenizer.stop) */
 } flm_model;
 
 /* Validate magic, version, size, CRC-32, config and every table entry's bounds and layout,
@@ -70,6 +72,8 @@ flm_tensor *flm_tensor_at(const flm_model *m, uint32_t i);
 /* The bytes of the section (format bytes) named name, or NULL; *len receives its length. For an m
  * that flm_blob_open accepted (it checked every table entry's bounds). */
 const uint8_t *flm_blob_section(const flm_model *m, const char *name, uint32_t *len);
+/* 1 when id is one of the model's stop ids: a generation that emits it ends (reason eos). */
+int flm_is_stop(const flm_model *m, uint32_t id);
 /* Piece bytes of token id; *len receives the length. */
 const uint8_t *flm_piece(const flm_model *m, uint32_t id, uint32_t *len);
 uint32_t flm_rd32(const uint8_t *p);

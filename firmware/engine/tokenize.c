@@ -5,8 +5,10 @@
  * pre-tokenizer regex
  *     's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
  * (classes from the section's code-point runs), map each byte of a piece to its symbol and merge.
- * llama2.c: the dummy prefix " ", one symbol per UTF-8 character that is a piece (else one per
- * byte, byte fallback), and merge the whole text.
+ * llama2.c (and SentencePiece-style tokenizer.json): split the text at its added tokens (none for a
+ * tokenizer.bin) as above; each stretch between them gets the dummy prefix " " by the section's
+ * prefix rule, one symbol per UTF-8 character that is a piece (else one per byte, byte fallback),
+ * and merges whole.
  * Merging is the same for both: while some adjacent pair has a merge, merge the pair of lowest
  * rank, the leftmost of equal ranks (the section turned llama2.c's scores into ranks).
  *
@@ -52,8 +54,10 @@ int flm_tok_open(flm_tokenizer *t, const flm_model *m, char *err, size_t en) {
     t->n_runs = flm_rd32(s + 28);
     t->n_added = flm_rd32(s + 36);
     t->n_chars = flm_rd32(s + 44);
-    if ((t->kind != KIND_BPE && t->kind != KIND_LLAMA2C) || t->span == 0 || t->span > MAX_SPAN)
-        return fail(err, en, "bad kind or span");
+    t->prefix_rule = flm_rd32(s + 56);
+    if ((t->kind != KIND_BPE && t->kind != KIND_LLAMA2C) || t->span == 0 || t->span > MAX_SPAN ||
+        t->prefix_rule > FLM_PREFIX_FIRST)
+        return fail(err, en, "bad kind, span or prefix rule");
     t->pairs = table(s, len, 24, t->n_pairs, 16);
     t->runs = table(s, len, 32, t->n_runs, 4);
     t->added = table(s, len, 40, t->n_added, 12);
@@ -274,10 +278,19 @@ static uint32_t char_piece(const flm_tokenizer *t, const uint8_t *c, size_t len)
     return FLM_NONE;
 }
 
-static int encode_llama2c(enc *e, const uint8_t *s, size_t n, flm_tok_result *r) {
+/* Whether the stretch s[start..start+n) of the text gets the dummy prefix: a space is " " or "\u2581". */
+static int gets_prefix(const flm_tokenizer *t, const uint8_t *s, size_t start, size_t n) {
+    const uint8_t *c = s + start;
+    int space = n && (c[0] == ' ' || (n >= 3u && c[0] == 0xE2u && c[1] == 0x96u && c[2] == 0x81u));
+    if (!n || t->prefix_id == FLM_NONE) return 0;
+    return t->prefix_rule == FLM_PREFIX_ALWAYS || (!space && (t->prefix_rule == FLM_PREFIX_UNLESS_SPACE || start == 0));
+}
+
+static int encode_stretch(enc *e, const uint8_t *text, size_t start, size_t n, flm_tok_result *r) {
     const flm_tokenizer *t = e->t;
+    const uint8_t *s = text + start;
     size_t m = 0;
-    if (n && t->prefix_id != FLM_NONE) e->sym[m++] = t->prefix_id;   /* sentencepiece's dummy prefix */
+    if (gets_prefix(t, text, start, n)) e->sym[m++] = t->prefix_id;   /* sentencepiece's dummy prefix */
     for (size_t i = 0; i < n;) {
         size_t j = i;
         next_cp(s, &j);
@@ -287,7 +300,7 @@ static int encode_llama2c(enc *e, const uint8_t *s, size_t n, flm_tok_result *r)
         } else {
             for (size_t b = i; b < j; b++) {
                 id = flm_rd32(t->byte_ids + 4u * s[b]);
-                if (id == FLM_NONE) { r->at = (uint32_t)b; r->byte = s[b]; return FLM_TOK_NO_PIECE; }
+                if (id == FLM_NONE) { r->at = (uint32_t)(start + b); r->byte = s[b]; return FLM_TOK_NO_PIECE; }
                 e->sym[m++] = id;
             }
         }
@@ -295,6 +308,19 @@ static int encode_llama2c(enc *e, const uint8_t *s, size_t n, flm_tok_result *r)
     }
     merge_emit(e, m);
     return FLM_TOK_OK;
+}
+
+static int encode_llama2c(enc *e, const uint8_t *s, size_t n, flm_tok_result *r) {
+    size_t pos = 0;
+    for (;;) {
+        size_t at = pos;
+        uint32_t k = FLM_NONE, mlen = 0;
+        for (; at < n && (k = added_at(e->t, s, at, n, &mlen)) == FLM_NONE; at++) {}
+        int rc = encode_stretch(e, s, pos, at - pos, r);
+        if (rc != FLM_TOK_OK || k == FLM_NONE) return rc;
+        emit(e, flm_rd32(e->t->added + 12u * k));
+        pos = at + mlen;
+    }
 }
 
 int flm_tok_encode(const flm_tokenizer *t, const uint8_t *text, size_t len, uint32_t bos, uint32_t *ids,

@@ -8,9 +8,11 @@
 
 typedef struct {
     uint32_t kind, span, vocab, prefix_id, n_pairs, n_runs, n_added, n_chars;
+    uint32_t prefix_rule;   /* kind 2: which stretch between added tokens gets the prefix (FLM_PREFIX_*) */
     const uint8_t *sec, *pairs, *runs, *added, *chars, *byte_ids;
 } flm_tokenizer;
 
+enum { FLM_PREFIX_ALWAYS = 0, FLM_PREFIX_UNLESS_SPACE = 1, FLM_PREFIX_FIRST = 2 };
 enum { FLM_TOK_OK = 0, FLM_TOK_BAD_UTF8, FLM_TOK_NO_PIECE, FLM_TOK_TOO_LONG };
 
 typedef struct {

@@ -1,5 +1,7 @@
 """Fuzz every file loader flashlm has with hypothesis: llama2.c checkpoints (v0, v1, v2), flashlm
-``.pt`` checkpoints, tokenizer.bin, tokenizer.json and weights blobs.
+``.pt`` checkpoints, Hugging Face folders (config.json, model.safetensors, tokenizer.json,
+generation_config.json: one damaged at a time, the others valid), tokenizer.bin, tokenizer.json
+and weights blobs.
 
 Each example takes a small valid file and damages it — truncation, flipped bytes, a header field
 set to an extreme value, a deleted / repeated / inserted slice, and format-aware mutations (a
@@ -103,7 +105,33 @@ def make_seeds(d: Path) -> dict[str, tuple[str, bytes]]:
     seeds["tokenizer_bin"] = ("tokenizer.bin", _tokenizer_bin())
     seeds["tokenizer_json"] = ("tokenizer.json", bpe.encode())
     seeds["blob"] = ("model.flmb", build_blob(quantize(_tiny_ir(tied=True), "q8", 4)))
+    HF_FILES.update(_hf_folder(bpe, n_vocab))
+    seeds["hf"] = (HF_DIR, b"")           # one of HF_FILES damaged per example, the others as they are
     return seeds
+
+
+HF_DIR = "hf"
+HF_FILES: dict[str, bytes] = {}           # a Hugging Face folder: file name -> bytes
+
+
+def _hf_folder(bpe: str, vocab: int) -> dict[str, bytes]:
+    """{file name: bytes} of a tiny transformers-layout Llama folder (bf16 weights)."""
+    import torch
+    from safetensors.torch import save
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8, "intermediate_size": 8,
+           "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": vocab,
+           "max_position_embeddings": 4, "rms_norm_eps": 1e-5, "rope_parameters": {"rope_type": "default",
+           "rope_theta": 10000.0}, "tie_word_embeddings": False, "hidden_act": "silu", "eos_token_id": 1}
+    shapes = {"model.embed_tokens.weight": (vocab, 8), "model.norm.weight": (8,), "lm_head.weight": (vocab, 8),
+              "model.layers.0.input_layernorm.weight": (8,), "model.layers.0.post_attention_layernorm.weight": (8,),
+              "model.layers.0.self_attn.q_proj.weight": (8, 8), "model.layers.0.self_attn.k_proj.weight": (4, 8),
+              "model.layers.0.self_attn.v_proj.weight": (4, 8), "model.layers.0.self_attn.o_proj.weight": (8, 8),
+              "model.layers.0.mlp.gate_proj.weight": (8, 8), "model.layers.0.mlp.up_proj.weight": (8, 8),
+              "model.layers.0.mlp.down_proj.weight": (8, 8)}
+    g = torch.Generator().manual_seed(0)
+    weights = save({k: torch.randn(s, generator=g).to(torch.bfloat16) for k, s in shapes.items()})
+    return {"config.json": json.dumps(cfg).encode(), "model.safetensors": weights, "tokenizer.json": bpe.encode(),
+            "generation_config.json": json.dumps({"eos_token_id": [1, 0]}).encode()}
 
 
 # ---- mutations ---------------------------------------------------------------------------
@@ -183,7 +211,7 @@ def mutate(kind: str, raw: bytes, data) -> bytes:
     if how == "format":
         if kind == "pt":
             return _zip_mutation(raw, data)
-        if kind == "tokenizer_json":
+        if kind in ("tokenizer_json", "hf_json"):
             return _json_mutation(raw, data)
         if kind == "blob":
             b = _bytes_mutation(bytearray(raw), data)
@@ -198,6 +226,8 @@ def mutate(kind: str, raw: bytes, data) -> bytes:
 def load(kind: str, path: Path):
     if kind.startswith("llama2c") or kind == "pt":
         load_model(path).validate()
+    elif kind == "hf":
+        load_model(path.parent).validate()
     elif kind.startswith("tokenizer"):
         tok = load_tokenizer(path)
         assert len(tok) > 0
@@ -276,14 +306,20 @@ def run(examples: int, seed: int, mem_mb: int, per_example: float, workdir: Path
     @given(kind=st.sampled_from(kinds), data=st.data())
     def one(kind, data):
         name, raw = seeds[kind]
-        mutated = mutate(kind, raw, data)
         path = workdir / name
+        if kind == "hf":                    # one file damaged, the others as they were; errors name the folder
+            path = path / data.draw(st.sampled_from(sorted(HF_FILES)), label="file")
+            raw = HF_FILES[path.name]
+            path.parent.mkdir(exist_ok=True)
+            for n, r in HF_FILES.items():
+                (path.parent / n).write_bytes(r)
+        mutated = mutate("hf_json" if kind == "hf" and path.suffix == ".json" else kind, raw, data)
         path.write_bytes(mutated)
         try:
             outcome = check(kind, name, path, mutated)
         except BaseException as e:
             if not isinstance(e, KeyboardInterrupt):
-                _keep(kind, name, mutated)
+                _keep(kind, path.name, mutated)
             raise
         c = counts[kind]
         c["examples"] += 1

@@ -75,10 +75,16 @@ uint8_t hal_clock_kind(void) { return 1; }
 
 const char *hal_board_name(void) { return FLM_BOARD_NAME; }
 
-uint8_t *hal_board_arena(size_t n) { return (uint8_t *)alloc_in(FLM_ARENA_TIER, n); }
+uint8_t *hal_board_arena(size_t n, uint32_t *tier) {
+    *tier = FLM_ARENA_TIER;
+    return (uint8_t *)alloc_in(FLM_ARENA_TIER, n);
+}
 
 uint8_t *hal_tier_arena(uint32_t tier, size_t *cap) {
     *cap = 0;
+    /* the arena was sized for everything the layout puts in its tier; a second pool there would
+     * take the staged tensors away from it (the app stages into the HAL's pool first) */
+    if (tier == FLM_ARENA_TIER) return NULL;
     size_t budget = tier == FLM_TIER_PSRAM ? FLM_PSRAM_BUDGET : tier == FLM_TIER_SRAM ? FLM_SRAM_BUDGET : 0;
     size_t n = 0;
     if (tier == FLM_TIER_SRAM) {

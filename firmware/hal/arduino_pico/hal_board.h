@@ -6,9 +6,9 @@
 #include <stdint.h>
 #include "flm_board.h"
 
-/* n bytes, 8-aligned, in FLM_ARENA_TIER (SRAM heap, or the PSRAM heap on RP2350 boards that
- * have PSRAM); NULL if it cannot. */
-uint8_t *hal_board_arena(size_t n);
+/* n bytes, 8-aligned, for the arena in *tier = FLM_ARENA_TIER (SRAM heap, or the PSRAM heap on
+ * RP2350 boards that have PSRAM); NULL if it cannot. */
+uint8_t *hal_board_arena(size_t n, uint32_t *tier);
 /* main.c's entry; the core's setup() calls it and it never returns. */
 void flm_main(void);
 #endif

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include "flm_board.h"
 
-/* n bytes, 8-aligned, in FLM_ARENA_TIER (heap_caps_malloc: SPIRAM or internal); NULL if it cannot. */
-uint8_t *hal_board_arena(size_t n);
+/* n bytes, 8-aligned, for the arena: in *tier (FLM_ARENA_TIER) when a block that large is free
+ * there, else in PSRAM when the board has it (*tier says which); NULL when neither can. */
+uint8_t *hal_board_arena(size_t n, uint32_t *tier);
 #endif

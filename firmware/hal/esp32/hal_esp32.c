@@ -3,7 +3,9 @@
  *
  * Flash: the blob is the data partition "model" (partitions.csv), memory-mapped with
  * esp_partition_mmap, so the engine reads it through the flash cache like any const array.
- * RAM tiers: PSRAM = heap_caps_malloc(MALLOC_CAP_SPIRAM), SRAM = internal heap.
+ * RAM tiers: PSRAM = heap_caps_malloc(MALLOC_CAP_SPIRAM), SRAM = internal heap. The arena is one
+ * block sized by the build for everything the layout puts in its tier; when the internal heap has
+ * no block that large it goes to PSRAM instead (hal_board_arena), and the app falls back from there.
  * Serial: the console port, UART0 (through the board's USB-UART bridge) or USB-Serial-JTAG.
  * Time: esp_timer_get_time(), µs since boot from the chip's system timer.
  * Matmul: on a dual-core chip (ESP32-S3) hal_matmul hands the second half of the rows to a task
@@ -162,13 +164,29 @@ static uint32_t caps_of(uint32_t tier) {
     return (tier == FLM_TIER_PSRAM ? MALLOC_CAP_SPIRAM : MALLOC_CAP_INTERNAL) | MALLOC_CAP_8BIT;
 }
 
-uint8_t *hal_board_arena(size_t n) {
-    return heap_caps_aligned_alloc(8, n, caps_of(FLM_ARENA_TIER));
+/* The arena's tier once allocated: FLM_ARENA_TIER, or PSRAM when internal RAM had no block that
+ * large (the internal heap is several regions; the build sized the arena for the largest). */
+static uint32_t arena_tier = FLM_ARENA_TIER;
+
+uint8_t *hal_board_arena(size_t n, uint32_t *tier) {
+    uint8_t *p = heap_caps_aligned_alloc(8, n, caps_of(FLM_ARENA_TIER));
+    arena_tier = FLM_ARENA_TIER;
+    if (!p && FLM_ARENA_TIER == FLM_TIER_SRAM && FLM_PSRAM_BUDGET >= n) {
+        /* the app then stages what the layout puts in SRAM into hal_tier_arena's block, or, when
+         * that is too small, runs every tensor from flash and says so in a LOG frame */
+        p = heap_caps_aligned_alloc(8, n, caps_of(FLM_TIER_PSRAM));
+        if (p) arena_tier = FLM_TIER_PSRAM;
+    }
+    *tier = arena_tier;
+    return p;
 }
 
 uint8_t *hal_tier_arena(uint32_t tier, size_t *cap) {
     *cap = 0;
     if (tier != FLM_TIER_PSRAM && tier != FLM_TIER_SRAM) return NULL;
+    /* an arena in its planned tier holds everything the layout puts there; a second pool in that
+     * tier would take the staged tensors away from it (the app stages into the HAL's pool first) */
+    if (tier == arena_tier && arena_tier == FLM_ARENA_TIER) return NULL;
     size_t budget = tier == FLM_TIER_PSRAM ? FLM_PSRAM_BUDGET : FLM_SRAM_BUDGET;
     size_t n = heap_caps_get_largest_free_block(caps_of(tier));   /* 0 without PSRAM */
     size_t reserve = tier == FLM_TIER_SRAM ? SRAM_RESERVE : 0;

@@ -1,0 +1,160 @@
+"""``flashlm convert``: a checkpoint into a model directory (quantized flash image, tokenizer,
+manifest, quality report)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from .console import step
+from .errors import UserError
+from .model_dir import BLOB_NAME, MANIFEST
+
+
+def _write_tokenizer(ir, tokenizer_arg, outdir: Path) -> str | None:
+    if tokenizer_arg:
+        src = Path(tokenizer_arg)
+        with src.open("rb") as f:
+            is_json = src.suffix.lower() == ".json" or f.read(64).lstrip().startswith(b"{")
+        name = "tokenizer.json" if is_json else "tokenizer.bin"
+        if src.resolve() != (outdir / name).resolve():
+            shutil.copyfile(src, outdir / name)
+        return name
+    tok = ir.tokenizer
+    if tok is None:
+        return None
+    from converter.tokenizer import tokenizer_bin_bytes
+
+    from .report import atomic_write_bytes
+    if tok.hf_json:
+        atomic_write_bytes(outdir / "tokenizer.json", tok.hf_json.encode("utf-8"))
+        return "tokenizer.json"
+    atomic_write_bytes(outdir / "tokenizer.bin", tokenizer_bin_bytes(tok))   # llama2.c format
+    return "tokenizer.bin"
+
+
+def _print_quality(console, rep: dict) -> None:
+    from rich.table import Table
+    t = Table(title="quantization quality (weights vs fp32)", title_justify="left")
+    for col, just in (("tensor", "left"), ("format", "left"), ("group", "right"),
+                      ("rel RMSE", "right"), ("max |err|", "right")):
+        t.add_column(col, justify=just)
+    for r in rep.get("tensors", []):
+        t.add_row(r["name"], r["format"], str(r["group_size"]), f"{r['rel_rmse']:.4f}", f"{r['max_abs_err']:.4g}")
+    console.print(t)
+    if "top1_agreement" in rep:
+        console.print(f"logits over {rep.get('positions', '?')} positions: top-1 agreement "
+                      f"[bold]{rep['top1_agreement'] * 100:.1f}%[/], mean KL(fp32 || quantized) "
+                      f"[bold]{rep.get('kl_mean', float('nan')):.5f}[/] nats")
+
+
+DEFAULT_BATCH = 4   # tokens per forward pass convert records: prefill chunks, speculative verification
+
+
+def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32, quant=(),
+            report=True, scales="f32", kv="f32", context=None, batch=DEFAULT_BATCH, draft=None) -> dict:
+    """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest.
+    ``context``: the positions the converted model holds (default: the checkpoint's)."""
+    from dataclasses import asdict
+
+    ckpt = Path(checkpoint)
+    if not ckpt.exists():
+        raise UserError(f"checkpoint {ckpt} does not exist")
+    if tokenizer is not None and not Path(tokenizer).is_file():
+        raise UserError(f"tokenizer {tokenizer} does not exist")
+    from converter import quantize as Q
+    overrides = Q.parse_overrides(list(quant or ()))          # fail fast, before the slow part
+    Q.check_group_size(group_size)
+    from converter.blob import write_blob
+    from converter.load import load_model
+
+    from .report import atomic_write_bytes
+
+    outdir = Path(outdir)
+    step(console, f"loading {ckpt}")
+    with console.status(f"loading {ckpt.name}"):
+        ir = load_model(str(ckpt), tokenizer_path=str(tokenizer) if tokenizer else None, context=context)
+    c = ir.config
+    split = c.param_split()
+    console.print(f"  dim {c.dim}, {c.n_layers} layers, {c.n_heads}/{c.n_kv_heads} heads, hidden {c.hidden_dim}, "
+                  f"vocab {c.vocab_size}" + (f" (predicts {c.n_out})" if c.n_out != c.vocab_size else "")
+                  + (f", PLE dim {c.ple_dim}" if c.ple_dim else "") + f", context {c.max_seq_len}, "
+                  f"{c.n_params():,} parameters" + (f" ({split['table']:,} in the PLE table)" if split["table"] else ""))
+    step(console, f"quantizing to {fmt} (group {group_size}, {scales} scales)"
+          + (f" with {len(overrides)} override(s)" if overrides else ""))
+    with console.status("quantizing"):
+        qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=overrides, scales=scales)
+    rep = None
+    if report:
+        step(console, "measuring quality (quantized vs fp32 logits)")
+        with console.status("running both models"):
+            rep = Q.quality_report(ir, qm)
+        _print_quality(console, rep)
+    if draft is not None:
+        qm = attach_draft(console, qm, draft, fmt, group_size, scales)
+    outdir.mkdir(parents=True, exist_ok=True)
+    step(console, f"writing {outdir / BLOB_NAME}")
+    info = write_blob(qm, outdir / BLOB_NAME, kv=kv, batch=batch)
+    tok_name = _write_tokenizer(ir, tokenizer, outdir)
+    if tok_name is None:
+        console.print("  [yellow]no tokenizer: runs of this model need --prompt-ids[/]")
+    from converter.tokenizer_enc import device_section
+    enc, enc_about = device_section(qm.tokenizer, c)     # the same call build_blob made
+    console.print(f"  device tokenizer (text prompts encoded on the board): "
+                  f"{enc_about if enc is not None else 'none, ' + enc_about}", markup=False, soft_wrap=True)
+    console.print(f"  stop ids: {qm.stops.describe()}", markup=False, soft_wrap=True)
+    cfg = asdict(c)
+    t = qm.tokenizer
+    cfg["bos_id"] = t.bos_id if t is not None else None
+    cfg["eos_id"] = t.eos_id if t is not None else None
+    manifest = {
+        "format": "flashlm-model", "version": 1,
+        "blob": BLOB_NAME, "blob_size": info.size, "blob_crc": info.crc,
+        "tokenizer": tok_name,
+        "model_hash": bytes(info.model_hash).hex(), "layout_id": info.layout_id,
+        "config": cfg,
+        "recipe": dict(qm.recipe),
+        "quantization": {"default_format": fmt, "group_size": group_size, "overrides": list(quant or ()),
+                         "scales": scales},
+        "kv": kv,
+        "batch": batch,
+        "draft": None if qm.draft is None else {"source": str(qm.draft.qm.source), "kv": qm.draft.kv,
+                                                "config": asdict(qm.draft.qm.config)},
+        "source": str(qm.source or ir.source or ckpt),
+        "quality": "quality.json" if rep is not None else None,
+        "device_tokenizer": enc_about,
+        "stop_ids": list(qm.stops.ids), "stop_source": qm.stops.source,
+    }
+    if rep is not None:
+        atomic_write_bytes(outdir / "quality.json", (json.dumps(rep, indent=1) + "\n").encode())
+    atomic_write_bytes(outdir / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+    console.print(f"  {info.size:,} bytes, model {manifest['model_hash'][:16]}, layout {info.layout_id}")
+    console.print(f"[green]wrote[/] {outdir}/ ({BLOB_NAME}, {tok_name or 'no tokenizer'}, {MANIFEST}"
+                  + (", quality.json)" if rep is not None else ")"))
+    return manifest
+
+
+def cmd_convert(args, console) -> int:
+    convert(console, args.checkpoint, args.output, tokenizer=args.tokenizer, fmt=args.format,
+            group_size=args.group_size, quant=args.quant, scales=args.scales, report=not args.no_report,
+            kv=args.kv, context=args.ctx, batch=args.batch, draft=args.draft)
+    return 0
+
+
+def attach_draft(console, qm, draft, fmt, group_size, scales):
+    """qm carrying the draft model at ``draft`` (a checkpoint, or a `flashlm train` folder),
+    quantized like qm: what `flashlm run --speculate draft` proposes tokens with."""
+    from converter.draft import attach
+    from converter.load import load_model
+    from converter.quantize import quantize
+    path = Path(draft)
+    if path.is_dir():
+        path = path / "model.pt"
+    if not path.exists():
+        raise UserError(f"draft model {draft} does not exist (a checkpoint, or a flashlm train folder)")
+    step(console, f"adding the draft model {path}")
+    d = quantize(load_model(str(path)), default_format=fmt, group_size=group_size, scales=scales)
+    out = attach(qm, d)
+    c = out.draft.qm.config
+    console.print(f"  draft: dim {c.dim}, {c.n_layers} layers, {c.n_params():,} parameters, KV cache {out.draft.kv}")
+    return out
