@@ -4,10 +4,14 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run the emul
 
 * native — the native board, default model at q8 and q4: µs per phase, tok/s, bytes per token
   per tier (bench/native.py; the firmware's clock, which is the host's monotonic clock there);
-* emulated — the emulated RP2040 (rp2040js), default model at q8 and q4: cycles per decode token
-  and per prefill step (the harness's count), cycles per phase (firmware µs × 125 MHz), bytes per
-  token counted three ways, the planner's prediction beside it (bench/emulated.py);
+* emulated — the emulated RP2040 (rp2040js, the harness's XIP model on), default model at q8 and
+  q4: cycles per decode token and per prefill step (the harness's count), cycles per phase
+  (firmware µs × 125 MHz), XIP cache hits, misses and stall cycles per token, bytes per token
+  counted three ways, the planner's prediction beside it; decode again with the XIP model off
+  (bench/emulated.py);
 * encode — the device tokenizer's time to encode text prompts on the emulated RP2040;
+* xip — the emulated RP2040's XIP model: the head in flash vs in SRAM measured against the
+  planner's prediction, and the model beside published XIP figures (bench/xip.py);
 * kernels — cycles per weight of the q8/q4 matvec (g32, g128) and per soft-float call on the
   emulated Cortex-M0+ (bench/kernels.py: SysTick in a probe image);
 * callgrind — instructions per decode token and per prefill step of the native engine under
@@ -45,7 +49,7 @@ from typing import Callable
 
 from rich.console import Console
 
-from . import callgrind, convert, emulated, kernels, native, passes, ple_seed, ple_vs_dense, predict, speed
+from . import callgrind, convert, emulated, kernels, native, passes, ple_seed, ple_vs_dense, predict, speed, xip
 from .model import ROOT, default_ir
 from .report import print_report
 
@@ -63,6 +67,7 @@ SECTIONS = [
     Section("native", native.section),
     Section("emulated", emulated.section, emulated=True),
     Section("encode", emulated.encode_section, emulated=True),
+    Section("xip", xip.section, emulated=True),
     Section("kernels", kernels.section, emulated=True),
     Section("callgrind", callgrind.section),
     Section("predicted", predict.section),

@@ -1,14 +1,21 @@
-"""The emulated RP2040 (rp2040js at 125 MHz): the default model at q8 and q4, decode and prefill apart.
+"""The emulated RP2040 (rp2040js at 125 MHz, the harness's XIP model on): the default model at q8
+and q4, decode and prefill apart, and decode again with the XIP model off.
 
 * cycles per step: the harness's count of emulated cycles between the firmware's step marks
-  (deterministic: the same image, blob and prompt give the same count on every run);
+  (deterministic: the same image, blob and prompt give the same count on every run), XIP stalls
+  included;
+* the XIP cache per decode token: hits, misses (line transfers; instruction fetches apart), the
+  cycles they stalled the core, the flash bytes per second the misses delivered while the core
+  waited, and over the whole token;
 * cycles per phase: the firmware's own per-phase µs (its TIMER, which advances with the emulated
   cycles) × 125 MHz — deterministic too, within 1 µs per timed interval;
 * bytes per token per tier three ways: the engine's counters (TOKEN frames), the harness's count
   of the core's loads, and the planner's prediction for that step (rp2040-emu profile, the blob's
   placement);
-* the planner's predicted µs per phase beside the emulated ones (rp2040-emu charges flash reads
-  nothing, as rp2040js does: there flash time is a lower bound of a real Pico's);
+* the planner's predicted µs per phase beside the emulated ones (rp2040-emu's flash tier: one
+  line fill of ``line_cycles`` per 8 bytes, the harness's XIP model's cost);
+* with the XIP model off (rp2040js as is: a flash read costs what an SRAM read costs): cycles per
+  decode token and per phase;
 * the time the device tokenizer takes to encode text prompts (GENERATE_TEXT's LOG line).
 """
 from __future__ import annotations
@@ -48,22 +55,36 @@ def _median(xs) -> float:
     return float(statistics.median(xs))
 
 
-def emu_run(qm, work: Path, new_tokens: int = 12) -> dict:
+def xip_per_token(h: list[dict], flash_bytes: int, device_us: float) -> dict:
+    """The harness's XIP counts over decode steps ``h`` (medians), and the flash bytes a second
+    the line transfers delivered while the core waited for them, and over the whole token."""
+    x = {k: _median(c["xip"][k] for c in h) for k in ("hits", "misses", "fetch_misses", "stall_cycles")}
+    data_stall_us = (x["misses"] - x["fetch_misses"]) * h[-1]["xip"]["miss_cycles"] / MHZ
+    return dict(x, miss_cycles=h[-1]["xip"]["miss_cycles"],
+                stall_share=x["stall_cycles"] / _median(c["cycles"] for c in h),
+                flash_MBps_while_stalled=flash_bytes / data_stall_us, flash_MBps_per_token=flash_bytes / device_us)
+
+
+def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True) -> dict:
     """One generation of the prompt and ``new_tokens`` on the emulated RP2040 (deterministic: one run)."""
     blob, fw = blob_and_firmware(qm, BOARD, work)
     m = re.search(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s", fw.size_text, re.M)
-    with start_emulated_board(fw.binary, blob) as board, session(board.port) as s:
+    with start_emulated_board(fw.binary, blob, xip_model=xip_model) as board, session(board.port) as s:
         board.read_counts()
         res = s.generate(prompt_ids(qm), new_tokens)
         counts = {c["step"]: c for c in board.read_counts()}
     dec, pre = res.generated_steps[1:], res.prompt_steps
     h = [counts[t.step] for t in dec]
     hp = [counts[t.step] for t in pre]
+    emu_us = {p: _median(t.us[i] for t in dec) for i, p in enumerate(PHASES)}
+    device_us = _median(sum(t.us) for t in dec)
+    if not xip_model:
+        return dict(cycles_per_token=_median(c["cycles"] for c in h), device_us_per_token=device_us,
+                    phase_cycles_median={p: us * MHZ for p, us in emu_us.items()},
+                    emulated_mcycles_per_wall_s=_median(c["cycles"] / c["wall_ms"] / 1e3 for c in h))
     predict = predictor(blob, BOARD)
     pred = [predict(t.pos, _head(t)) for t in dec]
     last = dec[-1]
-    emu_us = {p: _median(t.us[i] for t in dec) for i, p in enumerate(PHASES)}
-    device_us = _median(sum(t.us) for t in dec)
     pred_us = {p: _median(x.phase_us.get(p, 0.0) for x in pred) for p in PHASES}   # (draft: not predicted)
     return dict(
         clock=res.clock, decode_steps=len(dec),
@@ -73,6 +94,9 @@ def emu_run(qm, work: Path, new_tokens: int = 12) -> dict:
         emulated_tok_per_s=1e6 / device_us,
         wall_ms_per_token=_median(c["wall_ms"] for c in h),
         emulated_mcycles_per_wall_s=_median(c["cycles"] / c["wall_ms"] / 1e3 for c in h),
+        # the emulator's own work: the cycles of the instructions it ran (XIP stalls cost it nothing)
+        instruction_mcycles_per_wall_s=_median((c["cycles"] - c["xip"]["stall_cycles"]) / c["wall_ms"] / 1e3
+                                               for c in h),
         harness_agrees=int(all(counts[t.step]["bytes"] == list(t.bytes_read) for t in res.tokens)),
         # per phase: firmware µs x clk_sys (median over decode steps); and how much of the harness's
         # cycles the timed phases cover
@@ -86,6 +110,10 @@ def emu_run(qm, work: Path, new_tokens: int = 12) -> dict:
         bytes_per_token_harness=dict(zip(TIERS, counts[last.step]["bytes"])),
         bytes_per_token_predicted={tier: pred[-1].bytes_read[tier] for tier in TIERS},
         bytes_per_token_at_pos=last.pos, head_rows_at_pos=last.head_rows,
+        xip=xip_per_token(h, last.bytes_read[0], device_us),
+        # the planner's flash lines (a line per 8 bytes) beside the data line transfers the harness saw
+        xip_data_misses_over_predicted_lines=(_median(c["xip"]["misses"] - c["xip"]["fetch_misses"] for c in h)
+                                              / (pred[-1].bytes_read["flash"] / 8)),
         predicted_us_median=pred_us,
         predicted_over_emulated={p: pred_us[p] / emu_us[p] for p in PHASES if emu_us[p]},
         predicted_over_emulated_token=_median(x.total_us for x in pred) / device_us,
@@ -95,8 +123,17 @@ def emu_run(qm, work: Path, new_tokens: int = 12) -> dict:
 
 def section(work: Path) -> dict:
     out = {f"rp2040_emu_{fmt}": emu_run(default_quant(fmt), work / f"emu-{fmt}") for fmt in FORMATS}
+    out.update({f"rp2040_emu_{fmt}_xip_off": emu_run(default_quant(fmt), work / f"emu-{fmt}", xip_model=False)
+                for fmt in FORMATS})
     e8, e4 = out["rp2040_emu_q8"], out["rp2040_emu_q4"]
     out["ratios"] = {
+        **{f"emulated {fmt} cycles per decode token, XIP model on/off": out[f"rp2040_emu_{fmt}"]["cycles_per_token"]
+           / out[f"rp2040_emu_{fmt}_xip_off"]["cycles_per_token"] for fmt in FORMATS},
+        **{f"emulator speed, instruction Mcycles per wall s (host clock), XIP model on/off, {fmt}":
+           out[f"rp2040_emu_{fmt}"]["instruction_mcycles_per_wall_s"]
+           / out[f"rp2040_emu_{fmt}_xip_off"]["emulated_mcycles_per_wall_s"] for fmt in FORMATS},
+        **{f"emulated {fmt} XIP data misses / planner's flash lines per decode token":
+           out[f"rp2040_emu_{fmt}"]["xip_data_misses_over_predicted_lines"] for fmt in FORMATS},
         "emulated q4/q8 cycles per decode token": e4["cycles_per_token"] / e8["cycles_per_token"],
         "emulated q4/q8 FFN cycles": e4["phase_cycles_median"]["ffn"] / e8["phase_cycles_median"]["ffn"],
         **{f"emulated {fmt} prefill/decode cycles per step": out[f"rp2040_emu_{fmt}"]["prefill_cycles_per_step"]

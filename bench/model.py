@@ -41,13 +41,18 @@ SHAPE_15M = ModelConfig(dim=288, n_layers=6, n_heads=6, n_kv_heads=6, vocab_size
                         max_seq_len=256, tied=True)
 
 
+def random_ir(cfg: ModelConfig, seed: int = 0) -> ModelIR:
+    """``cfg`` with seeded random weights (N(0, 0.02), norms 1)."""
+    rng = np.random.default_rng(seed)
+    tensors = {n: (np.ones(s, np.float32) if len(s) == 1 else rng.standard_normal(s, np.float32) * 0.02)
+               for n, s in cfg.tensor_shapes().items()}
+    return ModelIR(cfg, tensors)
+
+
 @functools.cache
 def random_15m_ir() -> ModelIR:
-    """SHAPE_15M with seeded random weights (N(0, 0.02), norms 1): the speed comparisons' big model."""
-    rng = np.random.default_rng(0)
-    tensors = {n: (np.ones(s, np.float32) if len(s) == 1 else rng.standard_normal(s, np.float32) * 0.02)
-               for n, s in SHAPE_15M.tensor_shapes().items()}
-    return ModelIR(SHAPE_15M, tensors)
+    """SHAPE_15M with random weights: the speed comparisons' big model."""
+    return random_ir(SHAPE_15M)
 
 
 def llama15m_v2(work: Path, group_size: int = 32) -> Path:

@@ -14,12 +14,15 @@ Everything here mirrors firmware/engine/engine.c (and sampler.c) operation by op
   activations and are reported per step (TOKEN head_rows);
 * ``compute_cycles(spec, pos)`` counts multiply-accumulates and float operations per phase;
 * ``predict(...)`` turns both into microseconds for a board profile: per tier
-  ``bytes / seq_read_MBps + rows * row_latency_us``, plus cycles / clock. It is a prediction, and
-  is labelled as one wherever it is shown.
+  ``bytes / seq_read_MBps + rows * row_latency_us`` (on a tier given by ``line_cycles``, the
+  RP2040's XIP flash: one line fill per ``line_bytes`` read, and a gathered row pays the extra
+  lines its alignment makes it touch), plus cycles / clock. It is a prediction, and is labelled as
+  one wherever it is shown.
 """
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass, field, replace
 
 from .footprint import REGIONS, prompt_bytes, region_bytes
@@ -218,12 +221,14 @@ class Use:
     read: dict = field(default_factory=dict)       # phase -> bytes the engine counts
     rows: dict = field(default_factory=dict)       # phase -> separately gathered rows
     extra: dict = field(default_factory=dict)      # phase -> bytes not counted (activations, logits)
+    stride: int = 0                                # bytes of one gathered row
 
-    def add(self, phase: str, nbytes: int, rows: int = 0, counted: bool = True) -> None:
+    def add(self, phase: str, nbytes: int, rows: int = 0, counted: bool = True, stride: int = 0) -> None:
         d = self.read if counted else self.extra
         d[phase] = d.get(phase, 0) + nbytes
         if rows:
             self.rows[phase] = self.rows.get(phase, 0) + rows
+            self.stride = stride
 
     @property
     def counted(self) -> int:
@@ -271,15 +276,15 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
         u[r] = Use()
     d, hd, P, L = cfg.dim, cfg.head_dim, cfg.ple_dim, cfg.n_layers
     emb = by["tok_embeddings"]
-    u["tok_embeddings"].add("embed", emb.row_stride, rows=1)             # one row, dequantized
+    u["tok_embeddings"].add("embed", emb.row_stride, rows=1, stride=emb.row_stride)   # one row, dequantized
     if P:   # engine.c ple_inputs(): one table row gathered, ple.proj, L norms of P
-        u["ple.table"].add("embed", by["ple.table"].row_stride, rows=1)
+        u["ple.table"].add("embed", by["ple.table"].row_stride, rows=1, stride=by["ple.table"].row_stride)
         u["ple.proj"].add("embed", by["ple.proj"].length)
         _act(u, "embed", by["ple.proj"])
         u["ple.norm"].add("embed", L * P * 4)
         u["scratch"].add("embed", L * P * 4 * 4, counted=False)           # scale, norm, table row, combine
-    u["rope.cos"].add("attention", hd // 2 * 4, rows=1)
-    u["rope.sin"].add("attention", hd // 2 * 4, rows=1)
+    u["rope.cos"].add("attention", hd // 2 * 4, rows=1, stride=hd // 2 * 4)
+    u["rope.sin"].add("attention", hd // 2 * 4, rows=1, stride=hd // 2 * 4)
     for li in range(cfg.n_layers):
         p = f"layers.{li}."
         u[p + "attn_norm"].add("attention", d * 4)
@@ -318,7 +323,7 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
         else:   # scale+max, exp+sum, normalize, cdf: logits once, probs three times
             u["logits"].add("sampling", n_out * 4 * 5, counted=False)
     else:       # engine.c flm_head_argmax: k records, k rows in bound order (each its own gather)
-        u[hr.name].add("output", mode * hr.row_stride, rows=mode)
+        u[hr.name].add("output", mode * hr.row_stride, rows=mode, stride=hr.row_stride)
         u["head.prune"].add("output", 8 * mode + (4 if mode < n_out else 0))    # + the bound that stopped it
         _act(u, "output", replace(hr, rows=mode))
     return u
@@ -400,6 +405,13 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
 # -------------------------------------------------------------------------------------------------
 # time
 
+def lines_per_row(stride: int, line: int) -> float:
+    """Cache lines a gathered row of ``stride`` bytes touches, on average over the rows of a
+    line-aligned tensor (row r starts r * stride bytes in)."""
+    period = line // math.gcd(stride, line)
+    return sum(-(-((r * stride) % line + stride) // line) for r in range(period)) / period
+
+
 @dataclass(frozen=True)
 class TierModel:
     name: str
@@ -407,23 +419,37 @@ class TierModel:
     seq_read_MBps: float
     row_latency_us: float
     line_bytes: int
-    charge: bool = True
+    line_us: float = 0.0      # one line fill (tiers given by line_cycles: XIP flash), else 0
 
-    def us(self, nbytes: float, rows: float = 0) -> float:
-        if not self.charge:
-            return 0.0
-        return nbytes / self.seq_read_MBps + rows * self.row_latency_us
+    def us(self, nbytes: float, rows: float = 0, stride: int = 0) -> float:
+        """Reading ``nbytes`` of which ``rows`` rows of ``stride`` bytes are gathered apart: a
+        line-fill tier pays the lines a row touches beyond its bytes' share, others row_latency_us."""
+        t = nbytes / self.seq_read_MBps
+        if not rows:
+            return t
+        if self.line_us and stride:
+            return t + rows * (lines_per_row(stride, self.line_bytes) - stride / self.line_bytes) * self.line_us
+        return t + rows * self.row_latency_us
 
 
 def tier_models(prof: dict, line: int | None = None) -> dict[str, TierModel]:
-    """The profile's tiers; ``line`` picks ``seq_read_MBps_by_line`` where a tier has it."""
+    """The profile's tiers; ``line`` picks ``seq_read_MBps_by_line`` where a tier has it. A tier
+    given by ``line_cycles`` (clk_sys cycles to fill one ``line_bytes`` line: the RP2040's XIP
+    flash, host/emu/xip.mjs) reads at line_bytes per fill and pays one fill per gathered row's
+    extra line."""
     out = {}
+    clock = float(prof.get("clock_mhz", 100))
     for name in TIERS:
         t = prof.get("tiers", {}).get(name)
         if t is None:
             continue
-        bw = float(t.get("seq_read_MBps", 1e9))
         lb = int(t.get("line_bytes", 4))
+        budget = int(t.get("budget", t.get("capacity", 0)))
+        if "line_cycles" in t:
+            line_us = float(t["line_cycles"]) / clock
+            out[name] = TierModel(name, budget, lb / line_us, line_us, lb, line_us)
+            continue
+        bw = float(t.get("seq_read_MBps", 1e9))
         by_line = t.get("seq_read_MBps_by_line")
         if line is not None and by_line:
             key = str(line)
@@ -432,8 +458,7 @@ def tier_models(prof: dict, line: int | None = None) -> dict[str, TierModel]:
                                  f"(has {', '.join(str(k) for k in by_line)})")
             bw = float({str(k): v for k, v in by_line.items()}[key])
             lb = line
-        out[name] = TierModel(name, int(t.get("budget", t.get("capacity", 0))), bw,
-                              float(t.get("row_latency_us", 0.0)), lb, bool(t.get("charge", True)))
+        out[name] = TierModel(name, budget, bw, float(t.get("row_latency_us", 0.0)), lb)
     if "flash" not in out:
         raise ModelError(f"board {prof.get('name')} has no flash tier in its profile")
     return out
@@ -475,7 +500,7 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
         for ph in PHASES:
             b = use.read.get(ph, 0) + use.extra.get(ph, 0)
             if b or use.rows.get(ph):
-                mem[ph] += model.us(b, use.rows.get(ph, 0))
+                mem[ph] += model.us(b, use.rows.get(ph, 0), use.stride)
     clock = float(prof.get("clock_mhz", 100))
     comp = {ph: c / clock for ph, c in compute_cycles(spec, pos, prof, kv, sampling, head).items()}
     return Prediction(pos, bytes_read, {ph: mem[ph] + comp[ph] for ph in PHASES}, mem, comp)

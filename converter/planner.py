@@ -227,7 +227,8 @@ def default_pos(ctx: int) -> int:
 
 
 def _item_cost(use: C.Use, tm: C.TierModel) -> float:
-    return sum(tm.us(use.read.get(ph, 0) + use.extra.get(ph, 0), use.rows.get(ph, 0)) for ph in C.PHASES)
+    return sum(tm.us(use.read.get(ph, 0) + use.extra.get(ph, 0), use.rows.get(ph, 0), use.stride)
+               for ph in C.PHASES)
 
 
 def _knapsack(items: list[tuple[str, int, float]], cap: int) -> set[str]:

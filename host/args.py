@@ -109,3 +109,11 @@ def add_generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--baud", type=positive_int, default=115200, metavar="B")
     p.add_argument("--timeout", type=seconds, default=10.0, metavar="S",
                    help="seconds to wait for the board and for each frame (default 10)")
+    add_xip_arg(p)
+
+
+def add_xip_arg(p: argparse.ArgumentParser) -> None:
+    """--xip-model for the commands that start an emulated board."""
+    p.add_argument("--xip-model", choices=("on", "off"), default="on",
+                   help="rp2040-emu: time flash reads through the XIP cache + QSPI model (on, the default), "
+                        "or charge them like SRAM reads (off, rp2040js as is)")

@@ -31,7 +31,7 @@ def cmd_demo(args, console) -> int:
     console.print(f"prompt {args.prompt!r}, up to {args.max_tokens} tokens, greedy, on {args.board}")
     rc = run(console, out, prompt=args.prompt, board=args.board, max_tokens=args.max_tokens,
              json_path=out / "run.json", csv_path=out / "run.csv", png_path=out / "run.png",
-             timeout=args.timeout)
+             timeout=args.timeout, xip_model=args.xip_model == "on")
     if rc == 0:
         console.print(f"[green]demo done[/]: {out}/run.json, run.csv, run.png")
     return rc

@@ -35,7 +35,7 @@ def kv_layout(blob: Path, kv: str) -> tuple[int, int, bytes]:
 def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max_tokens=32,
         temperature=0.0, top_p=0.0, seed=0, json_path=None, csv_path=None, png_path=None,
         baud=115200, timeout=10.0, retries=3, encode_on="host", slide=False, all_logits=False, kv=None,
-        batch=None, speculate=None, draft_k=None) -> int:
+        batch=None, speculate=None, draft_k=None, xip_model=True) -> int:
     from contextlib import ExitStack
 
     from . import report as R
@@ -73,9 +73,11 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
         elif emulated:
             image = ensure_native_binary(console, model_dir, manifest, board=board)
             blob = model_dir / manifest["blob"]
-            step(console, f"starting the emulated board {board} ({emulated})")
+            step(console, f"starting the emulated board {board} ({emulated}, "
+                          f"XIP model {'on' if xip_model else 'off'})")
             from .virtual import start_emulated_board
-            vb = stack.enter_context(start_emulated_board(image, blob, board=board, timeout=timeout))
+            vb = stack.enter_context(start_emulated_board(image, blob, board=board, timeout=timeout,
+                                                          xip_model=xip_model))
             port = vb.port
             console.print(f"  pid {vb.proc.pid}, UART0 on {port}")
         ser = open_port(port, baud)
@@ -228,7 +230,7 @@ def cmd_run(args, console) -> int:
                seed=args.seed, json_path=args.json, csv_path=args.csv, png_path=args.png, baud=args.baud,
                timeout=args.timeout, retries=max(0, args.retries), encode_on=args.encode_on, slide=args.slide,
                all_logits=args.all_logits, kv=args.kv, batch=args.batch, speculate=args.speculate,
-               draft_k=args.draft_k)
+               draft_k=args.draft_k, xip_model=args.xip_model == "on")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,7 +244,8 @@ def cmd_serve(args, console) -> int:
     blob = model_dir / manifest["blob"]
     from .virtual import start_emulated_board, start_native_board
     if emulated:
-        vb = start_emulated_board(image, blob, board=args.board, timeout=args.timeout, counts_path=args.counts)
+        vb = start_emulated_board(image, blob, board=args.board, timeout=args.timeout, counts_path=args.counts,
+                                  xip_model=args.xip_model == "on")
     else:
         vb = start_native_board(image, blob, timeout=args.timeout)
     with vb:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from .args import Parser, add_generation_args, nonneg_int, output_dir, output_file, positive_int, seconds
+from .args import (Parser, add_generation_args, add_xip_arg, nonneg_int, output_dir, output_file, positive_int,
+                   seconds)
 from .cmd_build import cmd_build, cmd_flash
 from .cmd_convert import DEFAULT_BATCH, cmd_convert
 from .cmd_demo import cmd_demo
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--model", metavar="OUTDIR", required=True)
     sv.add_argument("--counts", metavar="FILE", type=output_file, help="rp2040-emu: write the harness's per-step read counts here")
     sv.add_argument("--timeout", type=seconds, default=10.0, metavar="S")
+    add_xip_arg(sv)
     sv.set_defaults(func=cmd_serve)
 
     fx = sub.add_parser("faultproxy", help="serve a pty between the host and a board that damages the bytes "
@@ -100,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-tokens", type=positive_int, default=48, metavar="N")
     d.add_argument("-o", "--output", default="out/demo", metavar="OUTDIR", type=output_dir)
     d.add_argument("--timeout", type=seconds, default=10.0, metavar="S")
+    add_xip_arg(d)
     d.set_defaults(func=cmd_demo)
 
     e = sub.add_parser("eval", help="eval loss, perplexity and top-1 agreement of fp32, int8 and int4 on held-out text")

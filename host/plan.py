@@ -516,6 +516,7 @@ def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict
             prompt_ids = "1"
     ids, _ = encode_prompt(argparse.Namespace(prompt=prompt, prompt_ids=prompt_ids), model_dir, manifest)
     todo = {lay: plans[(board, lay)] for lay in layouts if (board, lay) in plans}
+    emulated = None
     with ExitStack() as stack:
         if args.port is None:
             emulated = check_virtual_board(board)   # a real board: flash it and pass --port
@@ -523,7 +524,8 @@ def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict
             blob = model_dir / manifest["blob"]
             if emulated:
                 from .virtual import start_emulated_board
-                vb = stack.enter_context(start_emulated_board(binary, blob, board=board, timeout=args.timeout))
+                vb = stack.enter_context(start_emulated_board(binary, blob, board=board, timeout=args.timeout,
+                                                              xip_model=args.xip_model == "on"))
             else:
                 from .virtual import start_native_board
                 vb = stack.enter_context(start_native_board(binary, blob, timeout=args.timeout))
@@ -535,7 +537,8 @@ def run_layouts(console, args, spec, info, board, layouts, plans, names) -> dict
         sess = Session(Link(ser), name=port, frame_timeout=args.timeout)
         hello = sess.handshake(timeout=args.timeout)
         sess.check_model(hello, manifest["model_hash"])
-        console.print(f"measuring {len(todo)} layout(s) on {hello.board} ({hello.clock_name}), "
+        memory = f", XIP model {args.xip_model}" if emulated else ""
+        console.print(f"measuring {len(todo)} layout(s) on {hello.board} ({hello.clock_name}{memory}), "
                       f"{len(ids)}-token prompt, {args.max_tokens} tokens, seed {args.seed}")
         res = measure_layouts(sess, todo, ids, args.max_tokens, args.temperature, args.top_p, args.seed)
     cols, first = [], None

@@ -94,15 +94,21 @@ def _rate(n: int, us: int) -> float | None:
     return n / (us / 1e6) if n and us > 0 else None
 
 
-EMULATED_NOTE = ("the emulated timer advances with rp2040js's instruction cycle counts; the emulator does "
-                 "not model XIP-cache misses or QSPI timing, so flash-read time there is a lower bound")
+EMULATED_NOTE = ("the emulated timer advances with rp2040js's instruction cycle counts plus the stalls of "
+                 "the harness's XIP model (16 KB 2-way XIP cache, one QSPI line transfer per miss at the "
+                 "SSI settings the firmware wrote: host/emu/xip.mjs)")
+EMULATED_NOTE_NO_XIP = ("the emulated timer advances with rp2040js's instruction cycle counts; this run had "
+                        "the XIP model off (--xip-model off), so a flash read cost what an SRAM read costs and "
+                        "flash-read time is a lower bound")
+XIP_FIELDS = ("hits", "misses", "fetch_misses", "stall_cycles")
 
 
 def harness_rows(result: RunResult) -> list[dict]:
     """Per forward pass the emulator harness measured (its marks name the pass's first step, and cover
     proposing its drafts): its counts of the bytes the core read per tier beside the engine's own
-    counters from the pass's first TOKEN frame, plus cycles, emulated µs and host ms, and the steps the
-    pass produced."""
+    counters from the pass's first TOKEN frame, plus cycles, emulated µs and host ms, the steps the
+    pass produced and (XIP model on) the pass's XIP cache hits, misses (line transfers; fetch_misses
+    of them instruction fetches), the cycles they stalled the core and the cycles one miss costs."""
     by = {int(r["step"]): r for r in result.harness if "step" in r}
     rows = []
     for t in sorted(result.tokens, key=lambda t: t.step):
@@ -117,7 +123,8 @@ def harness_rows(result: RunResult) -> list[dict]:
                      "harness_bytes": dict(zip(TIERS, hb)),
                      "agree": hb == eb,
                      "cycles": int(h.get("cycles", 0)), "emulated_us": float(h.get("us", 0.0)),
-                     "wall_ms": float(h.get("wall_ms", 0.0))})
+                     "wall_ms": float(h.get("wall_ms", 0.0)),
+                     "xip": {k: int(v) for k, v in h["xip"].items()} if h.get("xip") else None})
     return rows
 
 
@@ -130,18 +137,24 @@ def harness_summary(result: RunResult) -> dict | None:
     rows = harness_rows(result)
     gen = [r for r in rows if r["kind"] == "decode"] or rows
 
-    def stats(key):
-        vals = [r[key] / r["steps"] for r in gen]
+    def stats(vals):
         return {"p50": percentile(vals, 50), "mean": (sum(vals) / len(vals)) if vals else None}
 
+    xg = [r for r in gen if r["xip"]]
+    xip = None
+    if xg:
+        xip = {k: stats([r["xip"][k] / r["steps"] for r in xg]) for k in XIP_FIELDS}
+        xip["miss_cycles"] = xg[-1]["xip"]["miss_cycles"]
+        xip["stall_share"] = sum(r["xip"]["stall_cycles"] for r in xg) / max(1, sum(r["cycles"] for r in xg))
     n = sum(r["steps"] for r in gen)
     return {"steps": len(rows), "agree_steps": sum(r["agree"] for r in rows),
             "mismatch_steps": [r["step"] for r in rows if not r["agree"]],
-            "cycles_per_token": stats("cycles"),
-            "emulated_us_per_token": stats("emulated_us"),
-            "wall_ms_per_token": stats("wall_ms"),
+            "cycles_per_token": stats([r["cycles"] / r["steps"] for r in gen]),
+            "emulated_us_per_token": stats([r["emulated_us"] / r["steps"] for r in gen]),
+            "wall_ms_per_token": stats([r["wall_ms"] / r["steps"] for r in gen]),
             "harness_bytes_per_token": {tier: (sum(r["harness_bytes"][tier] for r in gen) / n) if n else None
-                                        for tier in TIERS}}
+                                        for tier in TIERS},
+            "xip_per_token": xip}
 
 
 def forward_passes(tokens) -> list[dict]:
@@ -209,6 +222,7 @@ def summarize(result: RunResult) -> dict:
     gen_us = gs["phases"]["total"]["sum"]
     prompt_us = ps["phases"]["total"]["sum"]
     done = result.done
+    harness = harness_summary(result)
     return {
         "board": result.board,
         "clock": result.clock,
@@ -236,9 +250,16 @@ def summarize(result: RunResult) -> dict:
         "device_steps_us": int(sum(step_total(t) for t in result.tokens)),
         "host_wall_s": result.wall_s,
         "passes": pass_summary(result),
-        "harness": harness_summary(result),
-        "timing_note": EMULATED_NOTE if result.clock == "emulated timer" else None,
+        "harness": harness,
+        "timing_note": timing_note(result.clock, harness),
     }
+
+
+def timing_note(clock: str, harness: dict | None) -> str | None:
+    """What the emulated timer counts (with or without the XIP model); None for other clocks."""
+    if clock != "emulated timer":
+        return None
+    return EMULATED_NOTE if harness is None or harness["xip_per_token"] else EMULATED_NOTE_NO_XIP
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,8 +467,15 @@ def summary_renderables(result: RunResult) -> list:
                      + ", ".join(f"{tier} {hb[tier]:,.0f} (engine {eb[tier]:,.0f})" for tier in TIERS
                                  if hb[tier] is not None and eb[tier] is not None)
                      + f" — agree on {h['agree_steps']}/{h['steps']} steps")
+        x = h["xip_per_token"]
+        if x is not None:
+            lines.append(f"XIP cache per decode token: p50 {_fmt(x['hits']['p50'])} hits, {_fmt(x['misses']['p50'])} "
+                         f"misses ({_fmt(x['fetch_misses']['p50'])} of them instruction fetches) stalling "
+                         f"{_fmt(x['stall_cycles']['p50'])} cycles = {x['stall_share'] * 100:.1f} % of the token "
+                         f"(one miss {x['miss_cycles']} cycles)")
         lines.append(f"emulated cycles per decode token: p50 {_fmt(h['cycles_per_token']['p50'])} "
-                     f"({_fmt(h['emulated_us_per_token']['p50'])} µs emulated); emulator wall time per token: "
+                     f"({_fmt(h['emulated_us_per_token']['p50'])} µs emulated, XIP model "
+                     f"{'on' if x is not None else 'off'}); emulator wall time per token: "
                      f"p50 {_fmt(h['wall_ms_per_token']['p50'], 1)} ms (host clock)")
     if s["device_total_us"] is not None:
         lines.append(f"device total (DONE): {s['device_total_us']:,} µs, stop reason {s['reason']}  [{at}]")

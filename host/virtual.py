@@ -185,13 +185,14 @@ class EmulatedBoard(VirtualBoard):
     """A running rp2040js harness and the pty its UART0 is bridged to.
 
     The harness writes one JSON line per forward step to ``counts_path`` (bytes the core read per
-    tier, cycles, emulated µs, host ms); ``read_counts()`` returns the lines written since the
-    previous call."""
+    tier, cycles, emulated µs, host ms, and with the XIP model on the step's XIP cache hits,
+    misses and stall cycles); ``read_counts()`` returns the lines written since the previous call."""
 
     def __init__(self, proc, port, image: Path, blob_path: Path, stderr_tail, slave_fd: int,
-                 counts_path: Path, own_counts: bool, board: str):
+                 counts_path: Path, own_counts: bool, board: str, xip_model: bool):
         super().__init__(proc, port, image, blob_path, stderr_tail, collections.deque(maxlen=1))
         self.name = board
+        self.xip_model = xip_model
         self.counts_path = counts_path
         self._own_counts = own_counts
         self._slave = slave_fd
@@ -256,9 +257,12 @@ def emulator_missing() -> str | None:
 
 
 def start_emulated_board(image, blob_path, board: str = "rp2040-emu", timeout: float = 10,
-                         counts_path=None) -> EmulatedBoard:
+                         counts_path=None, xip_model: bool = True) -> EmulatedBoard:
     """Start the harness on ``image`` (firmware.bin) with the blob at the board's flash offset;
-    UART0 is the pty the returned board's ``port`` names. Problems are one-line BoardErrors."""
+    UART0 is the pty the returned board's ``port`` names. ``xip_model``: flash reads go through the
+    harness's XIP cache and QSPI timing model (host/emu/xip.mjs), whose stalls the emulated clock
+    counts; False runs rp2040js as is (a flash read costs what an SRAM read costs). Problems are
+    one-line BoardErrors."""
     import tempfile
     import tty
 
@@ -290,7 +294,7 @@ def start_emulated_board(image, blob_path, board: str = "rp2040-emu", timeout: f
     try:
         proc = subprocess.Popen(["node", str(EMU_HARNESS), "--firmware", str(image), "--blob", str(blob_path),
                                  "--blob-offset", str(off), "--flash-size", str(flash),
-                                 "--counts", str(counts_path)],
+                                 "--counts", str(counts_path), "--xip-model", "on" if xip_model else "off"],
                                 stdin=master, stdout=master, stderr=subprocess.PIPE, cwd=str(EMU_DIR),
                                 start_new_session=True, close_fds=True)
     except OSError as e:
@@ -301,7 +305,8 @@ def start_emulated_board(image, blob_path, board: str = "rp2040-emu", timeout: f
     stderr_tail: collections.deque = collections.deque(maxlen=50)
     threading.Thread(target=_drain, args=(proc.stderr, stderr_tail), daemon=True,
                      name="emulated-board-stderr").start()
-    vb = EmulatedBoard(proc, os.ttyname(slave), image, blob_path, stderr_tail, slave, counts_path, own, board)
+    vb = EmulatedBoard(proc, os.ttyname(slave), image, blob_path, stderr_tail, slave, counts_path, own, board,
+                       xip_model)
     deadline = time.monotonic() + timeout
     while not any(ln.startswith("rp2040-emu: ready") for ln in list(stderr_tail)):
         if proc.poll() is not None:

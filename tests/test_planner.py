@@ -37,10 +37,13 @@ def test_board_profiles_have_the_documented_keys(name):
     for k in REQUIRED:
         assert k in prof, f"{name}: missing {k}"
     assert "flash" in prof["tiers"] and set(prof["tiers"]) <= {"flash", "psram", "sram"}
+    tm = C.tier_models(prof)
     for tier, t in prof["tiers"].items():
-        for k in ("capacity", "budget", "seq_read_MBps", "row_latency_us", "line_bytes"):
+        for k in ("capacity", "budget", "line_bytes"):
             assert k in t, f"{name}: tiers.{tier} lacks {k}"
-        assert 0 < t["budget"] <= t["capacity"] and t["seq_read_MBps"] > 0 and t["row_latency_us"] >= 0
+        # a tier's speed: its bandwidth and row latency, or the cycles one line fill takes (XIP flash)
+        assert ("line_cycles" in t) != ("seq_read_MBps" in t and "row_latency_us" in t), f"{name}: tiers.{tier}"
+        assert 0 < t["budget"] <= t["capacity"] and tm[tier].seq_read_MBps > 0 and tm[tier].row_latency_us >= 0
     if prof["build"] == "platformio":
         assert {"platform", "board", "framework"} <= set(prof["platformio"])
         assert prof["flash"]["method"] and 0 < prof["usb"]["vid"] < 65536 and 0 < prof["usb"]["pid"] < 65536
@@ -77,11 +80,12 @@ configs = st.builds(
 
 @st.composite
 def boards(draw):
-    def tier(lo, hi):
-        return dict(capacity=1 << 30, budget=draw(st.integers(lo, hi)),
-                    seq_read_MBps=draw(st.floats(1, 1000)), row_latency_us=draw(st.floats(0, 3)),
-                    line_bytes=draw(st.sampled_from([4, 8, 32, 64])))
-    tiers = {"flash": tier(1 << 12, 1 << 22), "sram": tier(1 << 10, 1 << 19)}
+    def tier(lo, hi, line_fill=False):
+        t = dict(capacity=1 << 30, budget=draw(st.integers(lo, hi)), line_bytes=draw(st.sampled_from([4, 8, 32, 64])))
+        if line_fill:       # an XIP flash given by the cycles of one line fill
+            return dict(t, line_cycles=draw(st.integers(8, 400)))
+        return dict(t, seq_read_MBps=draw(st.floats(1, 1000)), row_latency_us=draw(st.floats(0, 3)))
+    tiers = {"flash": tier(1 << 12, 1 << 22, draw(st.booleans())), "sram": tier(1 << 10, 1 << 19)}
     if draw(st.booleans()):
         tiers["psram"] = tier(1 << 12, 1 << 22)
     return dict(name="synthetic", clock_mhz=draw(st.integers(50, 500)), fpu=draw(st.booleans()),

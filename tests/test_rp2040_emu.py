@@ -193,6 +193,7 @@ def test_model_too_big_for_sram_is_a_one_line_build_error(tmp_path):
 def test_cli_run_board_rp2040_emu(tmp_path, build_root, capsys):
     """`flashlm run --board rp2040-emu` builds, starts the harness and reports its counts."""
     from converter.blob import read_blob
+    from converter.boards import load_board
     from converter.llama2c import write_llama2c
     from host.cli import main
     require_emulator()
@@ -219,5 +220,9 @@ def test_cli_run_board_rp2040_emu(tmp_path, build_root, capsys):
     passes = len({row["pass_first"] for row in rows})     # the prompt runs in one pass (convert's batch 4)
     assert passes == len(ref) - 2 and h["steps"] == h["agree_steps"] == passes and not h["mismatch_steps"]
     assert all(s["agree"] for s in d["harness_steps"])
-    assert "lower bound" in d["summary"]["timing_note"]
-    assert "agree on" in captured.out and "lower bound" in captured.out
+    # the XIP model (on by default): per step its misses, each the line transfer the profile states
+    assert "XIP model" in d["summary"]["timing_note"]
+    x = d["summary"]["harness"]["xip_per_token"]
+    assert x["misses"]["p50"] > 0 and x["miss_cycles"] == load_board(BOARD)["tiers"]["flash"]["line_cycles"]
+    assert all(s["xip"]["stall_cycles"] == s["xip"]["misses"] * x["miss_cycles"] for s in d["harness_steps"])
+    assert "agree on" in captured.out and "XIP cache per decode token" in captured.out

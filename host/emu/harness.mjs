@@ -1,16 +1,21 @@
 // flashlm's emulated RP2040: runs a firmware image in rp2040js with UART0 on stdin/stdout.
 //
 //   node harness.mjs --firmware firmware.bin --blob model.flmb --blob-offset 0x10000
-//                    [--flash-size 2097152] [--counts FILE]
+//                    [--flash-size 2097152] [--counts FILE] [--xip-model on|off]
 //
 // stdin/stdout are the UART0 byte stream (host/virtual.py passes the master side of a raw pty);
 // everything else (warnings, faults) goes to stderr. The firmware image is loaded at the start
 // of the XIP flash window (0x10000000) and the weights blob at --blob-offset in it; the core
-// then starts as the boot ROM would after boot2: VTOR = 0x10000100, SP and PC from that table.
+// then starts as the boot ROM would after the Pico's boot2: VTOR = 0x10000100, SP and PC from
+// that table, the SSI in quad continuous-read mode at SCKDV 2 (xip.mjs picoBoot2).
 //
 // Time: every instruction advances the emulated clock by its rp2040js cycle count at the
-// current clk_sys, so the TIMER the firmware reads is cycle-based. rp2040js models no XIP cache
-// or QSPI timing: a flash read costs what an SRAM read costs.
+// current clk_sys, so the TIMER the firmware reads is cycle-based. With --xip-model on (the
+// default) every core read of the XIP window, instruction fetches included, goes through a model
+// of the XIP cache (xip.mjs: 16 KB, 2-way, 8-byte lines, the four address aliases, XIP_CTRL's
+// enable, flush and counters); a miss stalls the core for the QSPI transfer of one line at the SSI
+// settings the firmware wrote, and those stall cycles advance the clock and the cycle count like
+// any other. With --xip-model off a flash read costs what an SRAM read costs (rp2040js as is).
 //
 // Read attribution: the firmware marks each forward step through the watchdog scratch registers
 // (firmware/hal/rp2040/hal_rp2040.h). Between BEGIN and END the harness counts the bytes of
@@ -18,10 +23,13 @@
 // (flash), the regions the firmware names (the KV cache, tensors staged into RAM) their tier.
 // One JSON line per step goes to --counts:
 //   {"gen": g, "step": s, "bytes": [flash, psram, sram], "cycles": c, "us": emulated µs,
-//    "wall_ms": host ms}
+//    "wall_ms": host ms, "xip": {"hits", "misses", "fetch_misses", "stall_cycles", "miss_cycles"}}
+// ("xip" only with the model on: the step's cache hits, line transfers, those of them that were
+// instruction fetches, the cycles they stalled the core, and the cycles one transfer costs).
 import fs from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { RP2040 } from 'rp2040js';
+import { XIP_CTRL_BASE, XipCache, XipCtrl, describe, followSsi, picoBoot2 } from './xip.mjs';
 
 console.log = console.error;   // stdout is the UART: nothing else may ever write there
 
@@ -35,7 +43,7 @@ const VECTORS = FLASH_BASE + 0x100;
 const TX_BACKLOG_MAX = 1 << 20;   // bytes the host has not read yet before the "UART" drops
 
 function parseArgs(argv) {
-  const a = { flashSize: 2 * 1024 * 1024, counts: null };
+  const a = { flashSize: 2 * 1024 * 1024, counts: null, xipModel: true };
   for (let i = 0; i < argv.length; i++) {
     const k = argv[i];
     const v = argv[i + 1];
@@ -44,11 +52,15 @@ function parseArgs(argv) {
     else if (k === '--blob-offset') a.blobOffset = Number(v);
     else if (k === '--flash-size') a.flashSize = Number(v);
     else if (k === '--counts') a.counts = v;
-    else die(`unknown argument ${k}`, 2);
+    else if (k === '--xip-model') {
+      if (v !== 'on' && v !== 'off') die(`--xip-model takes on or off, not ${v}`, 2);
+      a.xipModel = v === 'on';
+    } else die(`unknown argument ${k}`, 2);
     i++;
   }
   if (!a.firmware || !a.blob || !Number.isInteger(a.blobOffset)) {
-    die('usage: harness.mjs --firmware BIN --blob BLOB --blob-offset N [--flash-size N] [--counts FILE]', 2);
+    die('usage: harness.mjs --firmware BIN --blob BLOB --blob-offset N [--flash-size N] [--counts FILE] '
+        + '[--xip-model on|off]', 2);
   }
   return a;
 }
@@ -87,6 +99,20 @@ const clock = mcu.clock;
 core.VTOR = VECTORS;
 core.SP = mcu.readUint32(VECTORS);
 core.PC = mcu.readUint32(VECTORS + 4) & ~1;
+
+// ---- the XIP path (xip.mjs) --------------------------------------------------------------
+const cache = new XipCache();
+const ssi = mcu.peripherals[0x18000];
+mcu.peripherals[XIP_CTRL_BASE >>> 14 << 2] = new XipCtrl(cache, (msg) => process.stderr.write(`rp2040-emu: ${msg}\n`));
+picoBoot2(ssi);
+const xipSetting = followSsi(ssi, cache, (s) => {   // the firmware changed what a miss costs
+  if (args.xipModel) process.stderr.write(`rp2040-emu: XIP line transfer now ${describe(s)}\n`);
+});
+let stall = 0;        // cycles the current instruction waits for the flash
+let fault = null;
+cache.onBadTransfer = (addr) => {
+  fault = fault || `XIP read of 0x${(addr >>> 0).toString(16)} at pc 0x${core.PC.toString(16)} while ${xipSetting().why}`;
+};
 
 // ---- UART0 <-> stdin/stdout -------------------------------------------------------------
 const uart = mcu.uart[0];
@@ -149,13 +175,28 @@ function countRead(addr, size) {
 }
 
 // Swapped in and out by assignment (never `delete`: that would turn `core` into a slow
-// dictionary-mode object for the rest of the run).
-const plain = {
+// dictionary-mode object for the rest of the run). With the XIP model, a read of the XIP window
+// (addr >>> 26 === 4: 0x10000000-0x13ffffff, the four aliases) goes through the cache first;
+// rp2040js fetches each 16-bit opcode with readUint16 at the PC (and PC + 2 for a 32-bit one)
+// before it moves the PC on: those are the instruction fetches.
+const xipRead16 = (a) => {
+  const d = a - core.registers[15];
+  stall += cache.read(a, 2, d === 0 || d === 2);
+};
+const plain = args.xipModel ? {
+  readUint32: (a) => { if ((a >>> 26) === 4) stall += cache.read(a, 4, false); return mcu.readUint32(a); },
+  readUint16: (a) => { if ((a >>> 26) === 4) xipRead16(a); return mcu.readUint16(a); },
+  readUint8: (a) => { if ((a >>> 26) === 4) stall += cache.read(a, 1, false); return mcu.readUint8(a); },
+} : {
   readUint32: (a) => mcu.readUint32(a),
   readUint16: (a) => mcu.readUint16(a),
   readUint8: (a) => mcu.readUint8(a),
 };
-const counting = {
+const counting = args.xipModel ? {
+  readUint32: (a) => { countRead(a >>> 0, 4); if ((a >>> 26) === 4) stall += cache.read(a, 4, false); return mcu.readUint32(a); },
+  readUint16: (a) => { countRead(a >>> 0, 2); if ((a >>> 26) === 4) xipRead16(a); return mcu.readUint16(a); },
+  readUint8: (a) => { countRead(a >>> 0, 1); if ((a >>> 26) === 4) stall += cache.read(a, 1, false); return mcu.readUint8(a); },
+} : {
   readUint32: (a) => { countRead(a >>> 0, 4); return mcu.readUint32(a); },
   readUint16: (a) => { countRead(a >>> 0, 2); return mcu.readUint16(a); },
   readUint8: (a) => { countRead(a >>> 0, 1); return mcu.readUint8(a); },
@@ -180,7 +221,8 @@ watchdog.writeUint32 = (offset, value) => {
     regions = pendingRegions;
     pendingRegions = [];
     if (s[2] === 0) gen++;
-    step = { gen, step: s[2] >>> 0, cycles: core.cycles, nanos: clock.nanos, wall: performance.now() };
+    step = { gen, step: s[2] >>> 0, cycles: core.cycles, nanos: clock.nanos, wall: performance.now(),
+             xip: cache.counters() };
     bytes[0] = bytes[1] = bytes[2] = 0;
     use(counting);
   } else if (value === MARK_END) {
@@ -189,18 +231,23 @@ watchdog.writeUint32 = (offset, value) => {
       const rec = { gen: step.gen, step: step.step, bytes: bytes.slice(),
                     cycles: core.cycles - step.cycles, us: (clock.nanos - step.nanos) / 1000,
                     wall_ms: performance.now() - step.wall };
+      if (args.xipModel) {
+        const now = cache.counters();
+        rec.xip = {};
+        for (const k in now) rec.xip[k] = now[k] - step.xip[k];
+        rec.xip.miss_cycles = cache.missCycles;
+      }
       fs.writeSync(countsFd, JSON.stringify(rec) + '\n');
     }
     step = null;
   } else if (value === MARK_FAULT) {
-    fault = { exception: s[2], pc: s[1] >>> 0 };
+    fault = `exception ${s[2]} at pc 0x${(s[1] >>> 0).toString(16)}`;
   }
 };
 
 // ---- the run loop ------------------------------------------------------------------------
 let idle = false;
 let scheduled = false;
-let fault = null;
 const parentPid = process.ppid;
 
 function schedule() {
@@ -221,14 +268,20 @@ function run() {
     const ns = 1e9 / mcu.clkSys;
     let i = 0;
     for (; i < 20000 && !core.waiting; i++) {
-      clock.tick(core.executeInstruction() * ns);
+      let c = core.executeInstruction();
+      if (stall) {          // the instruction waited for the flash: the core's cycles and the clock
+        c += stall;
+        core.cycles += stall;
+        stall = 0;
+      }
+      clock.tick(c * ns);
     }
     if (fault) break;
     if (performance.now() > sliceEnd) break;
   }
   flushTx();
   if (fault) {
-    shutdown(`firmware fault: exception ${fault.exception} at pc 0x${fault.pc.toString(16)}`, 3);
+    shutdown(`firmware fault: ${fault}`, 3);
     return;
   }
   if (process.ppid !== parentPid) { shutdown(null, 0); return; }   // the host that started us is gone
@@ -245,7 +298,10 @@ function shutdown(msg, code) {
   process.exit(code);
 }
 
-process.stderr.write(`rp2040-emu: ready: firmware ${firmware.length} B, blob ${blob.length} B at flash offset 0x${args.blobOffset.toString(16)}\n`);
+process.stderr.write(`rp2040-emu: ready: firmware ${firmware.length} B, blob ${blob.length} B at flash offset `
+                     + `0x${args.blobOffset.toString(16)}; XIP model `
+                     + (args.xipModel ? `on: ${describe(xipSetting())}` : 'off: flash reads cost what SRAM reads cost')
+                     + '\n');
 process.on('SIGTERM', () => shutdown(null, 0));
 process.on('SIGINT', () => {});   // Ctrl-C is the host's (it sends STOP); SIGTERM ends us
 setInterval(() => { if (process.ppid !== parentPid) shutdown(null, 0); }, 1000).unref();

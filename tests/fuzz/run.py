@@ -48,7 +48,8 @@ def clang() -> str:
 def blob_path(build: Path = BUILD) -> Path:
     """The model fuzz_app boots (written by make_blob.py, with its siblings)."""
     p = build / "app_q8.flmb"
-    if not p.is_file() or p.stat().st_mtime < (HERE / "make_blob.py").stat().st_mtime:
+    writers = [HERE / "make_blob.py", *sorted((ROOT / "converter").glob("*.py"))]   # a blob of an older writer is stale
+    if not p.is_file() or p.stat().st_mtime < max(w.stat().st_mtime for w in writers):
         subprocess.run([sys.executable, str(HERE / "make_blob.py"), str(build)], check=True,
                        stdout=subprocess.DEVNULL)
     return p

@@ -14,6 +14,10 @@
 #define FLM_MARK_REGION 0xF1A5AE60u    /* SCRATCH0..1 = [lo, hi), SCRATCH2 = tier: reads there count */
 #define FLM_MARK_FAULT 0xF1A5DEADu     /* SCRATCH2 = exception number, SCRATCH1 = stacked PC */
 
+/* Code linked to run from SRAM (rp2040.ld: copied there with .data at boot), where no XIP cache
+ * miss can stall it. Assembly puts such code in a section named .ramtext or .ramtext.NAME. */
+#define FLM_RAMFUNC __attribute__((section(".ramtext"), noinline))
+
 /* state is the engine's flm_state (void * so this header needs no engine header). */
 void hal_rp2040_step_begin(uint32_t step, const void *state);
 void hal_rp2040_step_end(uint32_t step);
