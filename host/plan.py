@@ -17,6 +17,7 @@ from pathlib import Path
 from .args import add_generation_args, nonneg_int, output_file, positive_int
 from .errors import UserError
 from .model_dir import load_manifest
+from .plan_roofline import add_roofline_args, check_args, roofline
 
 PHASE_LABEL = {"embed": "embed", "attention": "attention", "ffn": "FFN", "ple": "PLE", "output": "output",
                "sampling": "sampling"}
@@ -335,20 +336,24 @@ def plan_batch(args, info) -> int:
 
 def cmd_plan(args, console) -> int:
     from converter.planner import parse_layout
+    check_args(args)
     spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer, args.scales,
                            args.ctx)
     if args.ctx:
         spec = spec.with_context(args.ctx)
     base, places = parse_layout(",".join(["auto" if not args.flash_only else "flash"] + list(args.place)))
-    pl = _plan_or_explain(console, spec, args.board, overrides=places, base=base, kv=args.kv, pos=args.pos,
-                          line=args.line, batch=plan_batch(args, info))
+    plan_kw = dict(overrides=places, base=base, kv=args.kv, pos=args.pos, line=args.line)
+    pl = _plan_or_explain(console, spec, args.board, batch=plan_batch(args, info), **plan_kw)
     print_plan(console, pl, collapse=not args.all)
-    if args.png:
+    out = pl.to_dict()
+    if args.roofline:       # --png is the roofline's
+        out["roofline"] = roofline(console, args, spec, info, plan_kw, args.png or Path(f"roofline-{pl.board}.png"))
+    elif args.png:
         memory_map_png(pl, args.png)
         console.print(f"[green]wrote[/] memory map {args.png}")
     if args.json:
         from .report import atomic_write_bytes
-        atomic_write_bytes(args.json, (json.dumps(pl.to_dict(), indent=1) + "\n").encode())
+        atomic_write_bytes(args.json, (json.dumps(out, indent=1) + "\n").encode())
         console.print(f"[green]wrote[/] JSON {args.json}")
     if args.apply:
         apply_plan(console, info, pl)
@@ -582,8 +587,8 @@ def add_commands(sub) -> None:
         p.add_argument("--quant", action="append", default=[], metavar="PATTERN=FMT[:G]")
         p.add_argument("--scales", choices=("f32", "f16"), default="f32", help="for a checkpoint: scale precision")
         p.add_argument("--tokenizer", metavar="PATH")
-        p.add_argument("--png", metavar="FILE", type=output_file, help="write a PNG (plan: the memory map; compare: "
-                       "the layouts side by side)")
+        p.add_argument("--png", metavar="FILE", type=output_file, help="write a PNG (plan: the memory map, with "
+                       "--roofline the roofline; compare: the layouts side by side)")
         p.add_argument("--json", metavar="FILE", type=output_file)
 
     p = sub.add_parser("plan", help="place a model's tensors on a board's memory tiers; predict per-token cost")
@@ -594,6 +599,7 @@ def add_commands(sub) -> None:
     p.add_argument("--flash-only", action="store_true", help="leave every tensor not --place'd in flash")
     p.add_argument("--all", action="store_true", help="one table row per tensor (no grouping of layers)")
     p.add_argument("--apply", action="store_true", help="record the placement in the model dir's blob header")
+    add_roofline_args(p)
     p.set_defaults(func=cmd_plan)
 
     c = sub.add_parser("compare", help="layouts side by side: predicted, and with --run measured on a board")
