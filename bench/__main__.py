@@ -26,7 +26,9 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run the emul
 * passes — forward passes of several tokens on the shipped models, native and emulated RP2040:
   prefill cycles (µs) and flash bytes per prompt token at T = 1, 4, 8, and speculative decoding
   (prompt lookup, the default model's draft model): acceptance, tokens per verifying pass, emitted
-  tok/s and bytes per emitted token against plain greedy decoding (bench/passes.py);
+  tok/s and bytes per emitted token against plain greedy decoding; beside them the planner's
+  predictions of the same passes (predicted/emulated ratios on the RP2040) and, predicted only,
+  for the ESP32-S3 and the Pico (bench/passes.py);
 * convert — load + quantize + blob time of a ~15M-parameter random llama2.c checkpoint.
 
 A section is ``Section(name, run, emulated)``: ``run(work_dir)`` (an empty directory of its own)
@@ -123,7 +125,7 @@ def main(argv=None) -> int:
     for board, f in results.get("speed", {}).items():
         speed.print_board(board, f)
     if "passes" in results:
-        passes.print_passes(results["passes"])
+        passes.print_passes(results["passes"], results.get("passes_predicted"))
     print_report(console, results, previous)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1) + "\n")

@@ -11,21 +11,34 @@ board and the emulated RP2040:
   against plain decoding (the device's clock), and whether the tokens are plain decoding's (they
   must be: tests/test_multitoken.py asserts it; here it is reported).
 
-The Cortex-M0+ is compute-bound in rp2040js (which charges flash reads nothing): a pass of T tokens
-there costs about T one-token passes of arithmetic while reading each weight once, so bytes per token
-fall and cycles do not. The planner's predictions of these passes for other boards (a roofline) are
-not part of this section."""
+The Cortex-M0+ is compute-bound (its soft-float above all): a pass of T tokens there costs about T
+one-token passes of arithmetic while reading each weight once, so bytes per token fall ~T-fold and
+cycles far less (the harness's XIP model charges the flash line fills the pass saves).
+
+Beside the measurements, the planner's predictions of the same passes (converter/passcost.py,
+speculation.py; labelled predicted): on the emulated RP2040 each measured pass predicted at its own
+positions on the image's placement, with the predicted/emulated ratios; for the ESP32-S3 (N16R8) and
+the Pico, prefill per prompt token at T = 1, 4, 8 and the speculative generations' passes (the same
+tokens: greedy-exact on every board, taken from the native runs) on the planner's placement for the
+board — predicted µs and bytes per emitted token, and tok/s against plain decoding there."""
 from __future__ import annotations
 
 import functools
 import statistics
 from pathlib import Path
 
+from converter import costmodel as C
+from converter.blob import read_header
+from converter.boards import load_board
 from converter.draft import attach
 from converter.load import load_model
+from converter.passcost import Placement, prefill
+from converter.planner import NoFit, plan
 from converter.quantize import quantize
+from converter.speculation import predict_run
 from converter.tokenizer import encode
-from host.report import forward_passes, pass_summary
+from host.plan_roofline import draft_of, record, run_passes
+from host.report import forward_passes, pass_summary, result_dict
 from host.virtual import start_emulated_board, start_native_board
 
 from .model import PROMPT, ROOT, blob_and_firmware, session
@@ -39,6 +52,8 @@ DRAFT_K = 3
 NEW = {"native": 48, "rp2040-emu": 16}
 ROUNDS = 2              # native: the fastest round (a busy host only adds time)
 EMU_BOARD = "rp2040-emu"
+PREDICTED_BOARDS = ("esp32s3-n16r8", "pico")     # predicted only: no board here to measure
+PROMPT_STEPS = 16       # prefill_ids: the prompt tokens whose outputs are unused
 
 
 @functools.cache
@@ -111,6 +126,28 @@ def spec_figures(runs, counts, plain_ids) -> dict:
     return out
 
 
+def predicted_prefill(place: Placement, T: int) -> dict:
+    """The prompt steps of prefill_ids in passes of T at positions 0..15, predicted on ``place``."""
+    ps = prefill(place, 0, PROMPT_STEPS, T)
+    return dict(us_per_token=sum(p.total_us for p in ps) / PROMPT_STEPS,
+                bytes_per_token={t: sum(p.bytes_read[t] for p in ps) / PROMPT_STEPS for t in C.TIERS})
+
+
+def predicted_decoding(place: Placement, res, draft: Placement | None) -> dict:
+    """A run's decoding passes (every step a generated token) predicted at their own positions on
+    ``place``, drafting included: per emitted token µs, drafting's µs, tok/s and bytes."""
+    run = result_dict(res)
+    passes = run_passes(run)
+    preds = predict_run(place, [record(p, run) for p in passes], draft)
+    dec = [(p, m, d) for p, (m, d) in zip(passes, preds) if not p["prompt_steps"]]
+    n = sum(p["steps"] for p, _, _ in dec)
+    us = sum(m.total_us + (d.total_us if d else 0.0) for _, m, d in dec)
+    return dict(emitted=n, us_per_token=us / n, tok_per_s=1e6 * n / us,
+                draft_us_per_token=sum(d.total_us for _, _, d in dec if d) / n,
+                bytes_per_token={t: sum(m.bytes_read[t] + (d.bytes_read[t] if d else 0) for _, m, d in dec) / n
+                                 for t in C.TIERS})
+
+
 def board_section(board: str, work: Path) -> dict:
     rounds = ROUNDS if board == "native" else 1
     out: dict = {"prefill": {}, "speculation": {}}
@@ -121,6 +158,10 @@ def board_section(board: str, work: Path) -> dict:
         runs, counts = _run(board, blob, fw, [(ids, 1, dict(batch=t)) for t in PREFILL_T], rounds)
         out["prefill"][name] = {f"T{t}": prefill_figures([r[i] for r in runs], counts[i] if counts else None)
                                 for i, t in enumerate(PREFILL_T)}
+        if board == EMU_BOARD:
+            place = Placement.of_header(read_header(blob), load_board(board))
+            for t in PREFILL_T:
+                out["prefill"][name][f"T{t}"]["predicted"] = predicted_prefill(place, t)
     names = ("default", "ple", "ple-dense") if board == "native" else ("default",)
     for name in names:
         draft = name == "default" and (DRAFT / "model.pt").exists()
@@ -133,12 +174,47 @@ def board_section(board: str, work: Path) -> dict:
         plain = runs[0][0].generated_ids
         out["speculation"][name] = {m: spec_figures([r[i] for r in runs], counts[i] if counts else None, plain)
                                     for i, m in enumerate(modes)}
+        h = read_header(blob)
+        boards = (board,) if board == EMU_BOARD else PREDICTED_BOARDS
+        for b in boards:   # the emulated board: the image's placement; others: the planner's for them
+            place = (Placement.of_header(h, load_board(b)) if b == board else
+                     Placement.of(plan(C.ModelSpec.from_header(h), b, batch=SPEC_BATCH)))
+            pred = {m: predicted_decoding(place, runs[0][i], draft_of(h, place) if m == "draft" else None)
+                    for i, m in enumerate(modes)}
+            if b == board:
+                for m in modes:
+                    out["speculation"][name][m]["predicted"] = pred[m]
+            else:
+                out.setdefault("predicted", {}).setdefault(b, {})[name] = pred
     out["clock"] = "host clock" if board == "native" else "emulated timer (rp2040js, 125 MHz)"
+    return out
+
+
+def predicted_boards(generations: dict) -> dict:
+    """ESP32-S3 and Pico, predicted: prefill per prompt token at T = 1, 4, 8 on the planner's placement at
+    that batch (None where its RAM does not hold it), and the native runs' speculative generations on
+    each board (``generations``: board -> model -> mode -> predicted_decoding, from board_section)."""
+    out = {}
+    for b in PREDICTED_BOARDS:
+        prof = load_board(b)
+        out[b] = {"clock": f"predicted from the {b} profile ({prof['clock_mhz']} MHz)", "prefill": {},
+                  "speculation": generations.get(b, {})}
+        for name in ("default", "ple"):
+            spec = C.ModelSpec.from_quant(qmodel(name))
+            out[b]["prefill"][name] = {}
+            for t in PREFILL_T:
+                try:
+                    place = Placement.of(plan(spec, b, batch=t, suggest=False))
+                except NoFit:
+                    out[b]["prefill"][name][f"T{t}"] = None
+                    continue
+                out[b]["prefill"][name][f"T{t}"] = predicted_prefill(place, t)
     return out
 
 
 def section(work: Path) -> dict:
     res = {"passes": {b: board_section(b, work / b) for b in ("native", EMU_BOARD)}}
+    res["passes_predicted"] = predicted_boards(res["passes"]["native"].pop("predicted", {}))
     ratios = {}
     for b, f in res["passes"].items():
         pre = f["prefill"]["default"]
@@ -152,16 +228,44 @@ def section(work: Path) -> dict:
                     ratios[f"{b} {name} {m}/plain emitted tok/s"] = modes[m]["tok_per_s"] / modes["none"]["tok_per_s"]
                     ratios[f"{b} {name} {m}/plain flash bytes per emitted token"] = (
                         modes[m]["bytes_per_token"]["flash"] / modes["none"]["bytes_per_token"]["flash"])
+    emu = res["passes"][EMU_BOARD]
+    for name, ts in emu["prefill"].items():
+        for t, v in ts.items():
+            ratios[f"{EMU_BOARD} {name} q8 prefill {t} predicted/emulated µs per prompt token"] = (
+                v["predicted"]["us_per_token"] / v["us_per_token"])
+    for name, modes in emu["speculation"].items():
+        for m, v in modes.items():
+            ratios[f"{EMU_BOARD} {name} {m} predicted/emulated µs per emitted token"] = (
+                v["predicted"]["us_per_token"] / v["us_per_token"])
+    for b, f in res["passes_predicted"].items():
+        pre = f["prefill"]["default"]
+        if pre["T1"] and pre["T8"]:
+            ratios[f"{b} default q8 prefill µs per token T1/T8 (predicted)"] = (
+                pre["T1"]["us_per_token"] / pre["T8"]["us_per_token"])
+        for name, modes in f["speculation"].items():
+            for m in modes:
+                if m != "none":
+                    ratios[f"{b} {name} {m}/plain emitted tok/s (predicted)"] = (
+                        modes[m]["tok_per_s"] / modes["none"]["tok_per_s"])
     res["ratios"] = ratios
     return res
 
 
-def print_passes(p: dict) -> None:
+def _vs_predicted(v: dict) -> str:
+    """" — predicted X µs (predicted/measured R)" where a prediction sits beside a measurement."""
+    pr = v.get("predicted")
+    if not pr:
+        return ""
+    return f"; predicted {pr['us_per_token']:,.0f} µs ({pr['us_per_token'] / v['us_per_token']:.2f}x measured)"
+
+
+def print_passes(p: dict, predicted: dict | None = None) -> None:
     for board, f in p.items():
         print(f"\npasses of several tokens on {board} ({f['clock']}); q8, group 32")
         for name, ts in f["prefill"].items():
             cells = ", ".join(f"T={t[1:]}: {v['flash_bytes_per_token']:,.0f} B"
-                              + (f" ({v['cycles_per_token'] / 1e6:,.2f} M cycles)" if "cycles_per_token" in v
+                              + (f" ({v['cycles_per_token'] / 1e6:,.2f} M cycles = {v['us_per_token']:,.0f} µs"
+                                 f"{_vs_predicted(v)})" if "cycles_per_token" in v
                                  else f" ({v['us_per_token']:,.0f} µs)") for t, v in ts.items())
             print(f"  {name} prefill, per prompt token (flash bytes, time): {cells}")
         for name, modes in f["speculation"].items():
@@ -171,5 +275,22 @@ def print_passes(p: dict) -> None:
                                                if v["acceptance"] is not None else "no drafts, ")
                 cyc = f", {v['cycles_per_token'] / 1e6:,.2f} M cycles" if "cycles_per_token" in v else ""
                 print(f"  {name} {m:6}: {acc}{v['tok_per_s']:,.2f} tok/s, {v['us_per_token']:,.0f} µs{cyc} and "
-                      f"{v['bytes_per_token']['flash']:,.0f} flash B per emitted token"
+                      f"{v['bytes_per_token']['flash']:,.0f} flash B per emitted token{_vs_predicted(v)}"
                       + ("" if v["same_tokens_as_plain"] else "  [TOKENS DIFFER FROM PLAIN DECODING]"))
+    for board, f in (predicted or {}).items():
+        print(f"\npasses of several tokens on {board}, PREDICTED ({f['clock']}; nothing measured); q8, group 32")
+        for name, ts in f["prefill"].items():
+            cells = ", ".join(f"T={t[1:]}: " + ("does not fit its RAM" if v is None else
+                                                 f"{v['us_per_token']:,.0f} µs, "
+                                                 + " + ".join(f"{b:,.0f} {tier}" for tier, b in v["bytes_per_token"].items() if b)
+                                                 + " B") for t, v in ts.items())
+            print(f"  {name} prefill, per prompt token: {cells}")
+        for name, modes in f["speculation"].items():
+            plain = modes.get("none")
+            for m, v in modes.items():
+                vs = f" = {v['tok_per_s'] / plain['tok_per_s']:.2f}x plain" if plain and m != "none" else ""
+                draft = f" (drafting {v['draft_us_per_token']:,.0f})" if v["draft_us_per_token"] else ""
+                print(f"  {name} {m:6}: the native run's passes: {v['tok_per_s']:,.2f} tok/s{vs}, "
+                      f"{v['us_per_token']:,.0f} µs{draft} and "
+                      + " + ".join(f"{b:,.0f} {tier}" for tier, b in v["bytes_per_token"].items() if b)
+                      + " B per emitted token")

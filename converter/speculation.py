@@ -138,6 +138,37 @@ def draft_cost(dpl: Placement, pos: int, k: int, catch_up: int = 1, tm=None) -> 
     return total
 
 
+@dataclass(frozen=True)
+class PassRecord:
+    """A forward pass a board ran (or the reference's generate describes): its first position, tokens,
+    the steps it produced, its kind (reference.PASS_*) and its output layer (passcost's terms)."""
+    pos: int
+    tokens: int
+    steps: int
+    kind: str
+    head: object
+
+
+def predict_run(pl: Placement, records, draft: Placement | None = None,
+                sampling: str = "greedy") -> list[tuple[PassPrediction, PassPrediction | None]]:
+    """Each pass of a generation predicted at its own positions, with the draft model's drafting before
+    each verification when ``draft`` is its placement: app_speculate.c catches the draft up from where
+    its cache stops (the whole prompt before the first) and, after a verification that produced u
+    steps of k drafts, keeps min(k, u) of the positions it drafted (a window slide is not modelled)."""
+    from .reference import PASS_VERIFY
+    tm = pl.tier_models
+    dtm = draft.tier_models if draft is not None else None
+    dpos, out = 0, []
+    for r in records:
+        d = None
+        if draft is not None and r.kind == PASS_VERIFY:
+            k = r.tokens - 1
+            d = draft_cost(draft, r.pos, k, r.pos + 1 - dpos, tm=dtm)
+            dpos = r.pos + min(k, r.steps)
+        out.append((predict_pass(pl, r.pos, r.tokens, r.head, sampling, tm=tm), d))
+    return out
+
+
 @dataclass
 class SpecQuote:
     """Speculative decoding with k drafts a verification on a board (predicted), per emitted token,

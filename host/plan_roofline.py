@@ -166,14 +166,16 @@ def load_run(path, board: str, info: dict) -> dict:
 
 def run_passes(run: dict) -> list[dict]:
     """The forward passes of a run report, in order: first step, position, tokens, steps produced,
-    kind, whether its last token was a prompt token whose output is unused, that step's head rows,
-    µs per phase and bytes per tier (the pass's, drafting included)."""
+    kind, its prompt steps (outputs unused), its last step (its head rows), µs per phase and bytes
+    per tier (the pass's, drafting included)."""
     out: dict = {}
     for t in sorted(run["tokens"], key=lambda t: t["step"]):
         ps = t["pass"]
         d = out.setdefault(ps["first"], dict(first=ps["first"], pos=t["pos"] - (t["step"] - ps["first"]),
                                              tokens=ps["tokens"], steps=ps["steps"], kind=ps["kind"],
-                                             us=dict(t["us"]), bytes=dict(t["bytes_read"]), last=None))
+                                             us=dict(t["us"]), bytes=dict(t["bytes_read"]), last=None,
+                                             prompt_steps=0))
+        d["prompt_steps"] += t["kind"] == "prefill"
         if t["step"] == ps["first"] + ps["steps"] - 1:
             d["last"] = t
     return [d for _, d in sorted(out.items()) if d["last"] is not None]
@@ -189,6 +191,12 @@ def pass_head(p: dict, run: dict):
     if last["kind"] == "prefill":
         return HEAD_SKIP
     return "full" if float(prm.get("temperature") or 0) > 0 else int(last["head_rows"])
+
+
+def record(p: dict, run: dict):
+    """A measured pass as speculation.predict_run takes it."""
+    from converter.speculation import PassRecord
+    return PassRecord(p["pos"], p["tokens"], p["steps"], p["kind"], pass_head(p, run))
 
 
 def category(p: dict) -> str:
@@ -239,14 +247,10 @@ def roofline(console, args, spec, info: dict, plan_kw: dict, png_path) -> dict:
     if k_max >= 1:
         accs, notes = acceptances(console, args, info, k_max)
         place = placement(t_spec)
-        dpl = None
         h = info.get("header")
-        if any(m == "draft" for m, _ in accs):
-            if h is None or h.draft is None:
-                raise UserError("--speculate draft: the model carries no draft model to cost (flashlm convert --draft)")
-            from converter.blob import kv_format
-            from converter.costmodel import ModelSpec
-            dpl = P.draft_placement(ModelSpec.from_header(h.draft), place, kv_format(h.draft.state_tiers))
+        dpl = draft_of(h, place) if h is not None else None
+        if any(m == "draft" for m, _ in accs) and dpl is None:
+            raise UserError("--speculate draft: the model carries no draft model to cost (flashlm convert --draft)")
         for mode, acc in accs:
             qs = [S.predict_speculation(place, acc, k, at, dpl if mode == "draft" else None)
                   for k in range(1, k_max + 1)]
@@ -306,29 +310,18 @@ def verdict(spec_out, decode) -> str:
 
 def measured_groups(console, run: dict, info: dict, prof: dict) -> dict:
     """The run's passes grouped by kind and size, each predicted at its own positions on the blob's
-    own placement, with the measured µs per phase."""
+    own placement (the drafting before each verification too), with the measured µs per phase."""
     from converter import passcost as P
     from converter import roofline as R
-    from converter.blob import kv_format
-    from converter.costmodel import ModelSpec
-    from converter.speculation import draft_cost
+    from converter.speculation import predict_run
     h = info["header"]
     place = P.Placement.of_header(h, prof, str(info.get("blob", "")))
     prm = run.get("params") or {}
     sampling = "sampled" if float(prm.get("temperature") or 0) > 0 else "greedy"
-    dpl = None
-    if prm.get("speculate") == "draft" and h.draft is not None:
-        dpl = P.draft_placement(ModelSpec.from_header(h.draft), place, kv_format(h.draft.state_tiers))
-    tm = place.tier_models
+    dpl = draft_of(h, place) if prm.get("speculate") == "draft" else None
+    passes = run_passes(run)
     cats: dict = {}
-    dpos = 0
-    for p in run_passes(run):
-        pred = P.predict_pass(place, p["pos"], p["tokens"], pass_head(p, run), sampling, tm=tm)
-        draft = None
-        if dpl is not None and p["kind"] == "verify":    # app_speculate.c: catch up from dpos, k-1 more steps
-            k = p["tokens"] - 1
-            draft = draft_cost(dpl, p["pos"], k, p["pos"] + 1 - dpos)
-            dpos = p["pos"] + min(k, p["steps"])
+    for p, (pred, draft) in zip(passes, predict_run(place, [record(p, run) for p in passes], dpl, sampling)):
         label = category(p)
         c = cats.setdefault(label, dict(label=label, passes=0, tokens=0, steps=0, pred=None, draft=None,
                                         us={}, bytes={}))
@@ -358,6 +351,16 @@ def measured_groups(console, run: dict, info: dict, prof: dict) -> dict:
         c["predicted_bytes"] = want
     print_measured(console, run, ordered)
     return dict(groups=groups[:MAX_GROUPS], categories=ordered)
+
+
+def draft_of(h, place):
+    """The draft model's placement beside ``place`` (None when the blob carries none)."""
+    if h.draft is None:
+        return None
+    from converter.blob import kv_format
+    from converter.costmodel import ModelSpec
+    from converter.passcost import draft_placement
+    return draft_placement(ModelSpec.from_header(h.draft), place, kv_format(h.draft.state_tiers))
 
 
 # ---------------------------------------------------------------------------------------------

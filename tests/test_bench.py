@@ -145,8 +145,20 @@ def test_passes_figures_print_and_flag_tokens_that_differ(capsys):
             "lookup": {"acceptance": 0.25, "accepted": 3, "drafted": 12, "tokens_per_verify_pass": 1.75,
                        "tok_per_s": 4.0, "us_per_token": 250_000.0, "cycles_per_token": 3e7,
                        "bytes_per_token": {"flash": 600_000.0}, "same_tokens_as_plain": 0}}
+    pre["T4"]["predicted"] = {"us_per_token": 60.0}
+    spec["lookup"]["predicted"] = {"us_per_token": 200_000.0}
+    predicted = {"esp32s3-n16r8": {"clock": "predicted from the esp32s3-n16r8 profile (240 MHz)",
+                                   "prefill": {"ple": {"T1": {"us_per_token": 900.0, "bytes_per_token": {"psram": 5e5}},
+                                                       "T8": None}},
+                                   "speculation": {"default": {m: {"tok_per_s": tps, "us_per_token": 1e6 / tps,
+                                                                   "draft_us_per_token": 0.0,
+                                                                   "bytes_per_token": {"psram": 7e5}}
+                                                               for m, tps in (("none", 40.0), ("lookup", 50.0))}}}}
     passes.print_passes({"rp2040-emu": {"clock": "emulated timer", "prefill": {"default": pre},
-                                        "speculation": {"default": spec}}})
+                                        "speculation": {"default": spec}}}, predicted)
     out = capsys.readouterr().out
-    assert "T=8: 100,000 B (20.00 M cycles)" in out and "acceptance 25 % (3/12), 1.75 tokens per verifying pass" in out
+    assert "T=8: 100,000 B (20.00 M cycles = 35 µs)" in out and "acceptance 25 % (3/12), 1.75 tokens per verifying pass" in out
     assert out.count("TOKENS DIFFER FROM PLAIN DECODING") == 1
+    assert "T=4: 200,000 B (20.00 M cycles = 50 µs; predicted 60 µs (1.20x measured))" in out
+    assert "per emitted token; predicted 200,000 µs (0.80x measured)" in out
+    assert "esp32s3-n16r8, PREDICTED" in out and "T=8: does not fit its RAM" in out and "= 1.25x plain" in out
