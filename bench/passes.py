@@ -33,7 +33,7 @@ from converter.boards import load_board
 from converter.draft import attach
 from converter.load import load_model
 from converter.passcost import Placement, prefill
-from converter.planner import NoFit, plan
+from converter.planner import NoFit, fits, plan
 from converter.quantize import quantize
 from converter.speculation import predict_run
 from converter.tokenizer import encode
@@ -153,14 +153,16 @@ def board_section(board: str, work: Path) -> dict:
     out: dict = {"prefill": {}, "speculation": {}}
     for name in ("default", "ple"):
         qm = qmodel(name)
-        (blob, fw), = _boards(qm, work / name, max(PREFILL_T), (board,)).values()
+        spec = C.ModelSpec.from_quant(qm)      # the batches whose scratch the board's RAM holds (all flash)
+        ts = [t for t in PREFILL_T if fits(spec, board, base="flash", batch=t)]
+        (blob, fw), = _boards(qm, work / name, max(ts), (board,)).values()
         ids = prefill_ids(qm)
-        runs, counts = _run(board, blob, fw, [(ids, 1, dict(batch=t)) for t in PREFILL_T], rounds)
+        runs, counts = _run(board, blob, fw, [(ids, 1, dict(batch=t)) for t in ts], rounds)
         out["prefill"][name] = {f"T{t}": prefill_figures([r[i] for r in runs], counts[i] if counts else None)
-                                for i, t in enumerate(PREFILL_T)}
+                                for i, t in enumerate(ts)}
         if board == EMU_BOARD:
             place = Placement.of_header(read_header(blob), load_board(board))
-            for t in PREFILL_T:
+            for t in ts:
                 out["prefill"][name][f"T{t}"]["predicted"] = predicted_prefill(place, t)
     names = ("default", "ple", "ple-dense") if board == "native" else ("default",)
     for name in names:

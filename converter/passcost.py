@@ -14,8 +14,13 @@ The engine's multi-token pass (firmware/engine/engine.c ``flm_body_many``, kerne
 
 So a pass is assembled from ``costmodel.usage`` / ``costmodel.compute_cycles`` of its tokens (one
 way of counting a token's traffic and arithmetic) with the matrices' reads taken once, and timed by
-``costmodel.predict`` per tier. Nothing here adds a constant: bandwidths, line fills and the compute
-calibration are the board profile's (boards/*.toml) and costmodel's.
+``costmodel.predict`` per tier. Nothing here adds a physical constant: bandwidths, line fills and the
+compute calibration are the board profile's (boards/*.toml) and costmodel's. The row copies are
+charged as the scratch tier's sequential traffic (on the ESP32-S3 its SRAM rate is a measured memcpy,
+[X51b] in its profile); the evidence that this is enough: on the emulated RP2040 (XIP model on) the
+predicted prefill of the default model per prompt token is 0.99x / 0.98x / 0.99x the emulated one at
+T = 1 / 4 / 8, with the bytes of every pass equal (bench.passes; tests/test_roofline.py holds a loose
+band). BATCHES and BEST_T_TOLERANCE are choices of what to quote, not measurements.
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ The cost model adds memory and compute time (an in-order core waits for each cac
 a point sits below both roofs, at half the lower one where the two times are equal; a phase is
 memory-bound when its memory time exceeds its compute time. A pass of T tokens reads each weight
 once, so its weight-bound phases move right by about T: speculation pays where they were left of
-the ridge (bandwidth-bound: PSRAM on the ESP32-S3), and not where arithmetic already bound them.
+the ridge (bound by their bytes, e.g. an output layer read from PSRAM on the ESP32-S3), and not
+where arithmetic already bound them (the RP2040's soft-float).
 """
 from __future__ import annotations
 

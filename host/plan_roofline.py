@@ -222,6 +222,7 @@ def roofline(console, args, spec, info: dict, plan_kw: dict, png_path) -> dict:
 
     prof = load_board(args.board)
     board = prof["name"]
+    run = load_run(args.measured, board, info) if args.measured else None     # refused before any work
     quotes = P.batch_quotes(spec, prof, plan_kw=plan_kw)
     best = P.best_batch(quotes)
     if best is None:
@@ -268,8 +269,7 @@ def roofline(console, args, spec, info: dict, plan_kw: dict, png_path) -> dict:
         wide = P.predict_pass(placement(T), min(at, ctx - T), T, P.HEAD_ALL)
         groups.append((f"{T} tokens (verifying {T - 1} drafts)", R.pass_points(wide, f"{T} tokens")))
     measured = None
-    if args.measured:
-        run = load_run(args.measured, board, info)
+    if run is not None:
         measured = measured_groups(console, run, info, prof)
         groups = measured["groups"]
     roofs = R.roofs(prof, args.line)
@@ -292,9 +292,13 @@ def verdict(spec_out, decode) -> str:
     """Where speculation pays on this board, in a few words, from the predictions (``decode``: a
     decoding step's prediction)."""
     from converter.roofline import pass_points
-    whole = next(p for p in pass_points(decode, "1 token") if p.phase == "pass")
+    pts = pass_points(decode, "1 token")
+    whole = next(p for p in pts if p.phase == "pass")
+    mem = [f"{PHASE_LABEL[p.phase]} ({p.tier})" for p in pts
+           if p.phase != "pass" and p.bound == "memory" and p.us > 0.05 * whole.us]
     out = (f"A decoding step here is {whole.bound}-bound ({whole.memory_us:,.0f} µs reading, "
-           f"{whole.compute_us:,.0f} µs computing; predicted).")
+           f"{whole.compute_us:,.0f} µs computing; predicted)"
+           + (f"; bound by their bytes: {', '.join(mem)}." if mem else "."))
     parts = []
     for mode, qs in spec_out:
         b = max(qs, key=lambda q: q.speedup)
