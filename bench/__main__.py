@@ -16,11 +16,19 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run the emul
   emulated Cortex-M0+ (bench/kernels.py: SysTick in a probe image);
 * callgrind — instructions per decode token and per prefill step of the native engine under
   valgrind's callgrind, per function (bench/callgrind.py; deterministic);
+* native15m — the native engine beside llama2.c's runq.c (issue 12): callgrind instructions per
+  decode token on the 15M llama2.c shape (our v2 Q8_0 file, imported as it is), pruned head and
+  --all-logits, with and without the AVX2 clones, beside runq.c's published 57.7M (the issue's
+  figure, not measured here); native tok/s of every shipped model, pruned vs --all-logits
+  (bench/native15m.py);
 * predicted — the planner's predicted ms per phase on the ESP32-S3 N16R8 and Pico profiles for the
   default model and the ple-28m shape, and ple-28m beside its published measurement
   (bench/predict.py, bench/ple_seed.py);
-* speed — bench.speed's short mode: whole vs pruned head, prefill with and without the head, int8
+* speed — bench.speed's short mode: whole vs greedy head, prefill with and without the head, int8
   vs f32 KV cache, on the native board and the emulated RP2040 (bench/speed.py);
+* head_index — bench.headindex: convert's head-index decision on every shipped model and the 15M
+  llama2.c shape, head rows visited, and the output phase with the index and without it (native µs,
+  callgrind instructions, emulated RP2040 cycles) (bench/headindex.py);
 * ple_vs_dense — the shipped PLE model beside its equal-core dense twin: fp32 eval loss over
   all of eval.txt and the Pico plan's predicted bytes per token (bench/ple_vs_dense.py);
 * passes — forward passes of several tokens on the shipped models, native and emulated RP2040:
@@ -51,7 +59,8 @@ from typing import Callable
 
 from rich.console import Console
 
-from . import callgrind, convert, emulated, kernels, native, passes, ple_seed, ple_vs_dense, predict, speed, xip
+from . import (callgrind, convert, emulated, headindex, kernels, native, native15m, passes, ple_seed, ple_vs_dense, predict, speed,
+               xip)
 from .model import ROOT, default_ir
 from .report import print_report
 
@@ -72,8 +81,10 @@ SECTIONS = [
     Section("xip", xip.section, emulated=True),
     Section("kernels", kernels.section, emulated=True),
     Section("callgrind", callgrind.section),
+    Section("native15m", native15m.section),
     Section("predicted", predict.section),
     Section("speed", speed.section, emulated=True),
+    Section("head_index", headindex.section, emulated=True),
     Section("ple_vs_dense", ple_vs_dense.section),
     Section("passes", passes.section, emulated=True),
     Section("convert", convert.section),
@@ -122,6 +133,8 @@ def main(argv=None) -> int:
                   f"labelled as such")
     if "ple_seed" in results:
         ple_seed.print_table(results["ple_seed"])
+    if "native15m" in results:
+        native15m.print_table(results["native15m"])
     for board, f in results.get("speed", {}).items():
         speed.print_board(board, f)
     if "passes" in results:

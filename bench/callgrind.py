@@ -44,14 +44,15 @@ def parse_totals(text: str) -> int:
     return int(m[1])
 
 
-def profile(binary: Path, blob: Path, ids: list[int], new_tokens: int, out: Path) -> dict:
-    """One valgrind run generating ``new_tokens`` after ``ids``: total, inclusive and self counts."""
+def profile(binary: Path, blob: Path, ids: list[int], new_tokens: int, out: Path, all_logits: bool = False) -> dict:
+    """One valgrind run generating ``new_tokens`` after ``ids`` (``all_logits``: the GENERATE flag, every
+    step's whole head instead of the pruned greedy scan): total, inclusive and self counts."""
     wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--collect-atstart=no",
                *(f"--toggle-collect={f}" for f in STEP_FUNCTIONS)]
     board = start_native_board(binary, blob, timeout=120, wrapper=wrapper)
     try:
         with session(board.port, 120, 120) as s:
-            res = s.generate(ids, new_tokens)
+            res = s.generate(ids, new_tokens, all_logits=all_logits)
     finally:
         board.stop(timeout=120)       # callgrind writes its file as the board exits (SIGTERM)
     total = parse_totals(out.read_text())
@@ -64,12 +65,13 @@ def profile(binary: Path, blob: Path, ids: list[int], new_tokens: int, out: Path
         return parse_annotate(r.stdout)
     incl = annotate("--inclusive=yes")
     return dict(steps=len(res.tokens), total=total, inclusive={f: incl.get(f, 0) for f in STEP_FUNCTIONS},
-                self=annotate())
+                self=annotate(), head_rows=[t.head_rows for t in res.generated_steps])
 
 
 def decode_figures(first: dict, longer: dict, decode: int, prompt_len: int) -> dict:
-    """Per decode token: the difference of two runs over the decode tokens between them; per
-    prefill step: the first run's ``flm_body_many`` over its prompt steps."""
+    """Per decode token: the difference of two runs over the decode tokens between them (and the
+    head rows those tokens computed, on average); per prefill step: the first run's ``flm_body_many`` over
+    its prompt steps."""
     per = lambda a, b: (b - a) / decode
     funcs = {f for f in set(first["self"]) | set(longer["self"]) if longer["self"].get(f, 0) != first["self"].get(f, 0)}
     return dict(
@@ -77,7 +79,8 @@ def decode_figures(first: dict, longer: dict, decode: int, prompt_len: int) -> d
         inclusive_per_decode_token={f: per(first["inclusive"][f], longer["inclusive"][f]) for f in STEP_FUNCTIONS},
         self_per_decode_token={f: per(first["self"].get(f, 0), longer["self"].get(f, 0)) for f in sorted(funcs)},
         ir_per_prefill_step=first["inclusive"]["flm_body_many"] / prompt_len,
-        ir_prompt_total=first["total"], decode_tokens=decode, prompt_tokens=prompt_len)
+        ir_prompt_total=first["total"], decode_tokens=decode, prompt_tokens=prompt_len,
+        head_rows_per_decode_token=sum(longer["head_rows"][-decode:]) / decode)
 
 
 def callgrind_missing() -> str | None:

@@ -16,7 +16,8 @@ and q4, decode and prefill apart, and decode again with the XIP model off.
   line fill of ``line_cycles`` per 8 bytes, the harness's XIP model's cost);
 * with the XIP model off (rp2040js as is: a flash read costs what an SRAM read costs): cycles per
   decode token and per phase;
-* the time the device tokenizer takes to encode text prompts (GENERATE_TEXT's LOG line).
+* the time the device tokenizer takes to encode text prompts (GENERATE_TEXT's LOG line);
+* the golden check's time at boot and on SELFTEST (its LOG line, the firmware's clock).
 """
 from __future__ import annotations
 
@@ -47,12 +48,22 @@ def predictor(blob: Path, board: str):
 
 
 def _head(t) -> str | int:
-    """The output layer a step computed, as the planner names it (greedy: pruned rows, or skipped)."""
+    """The output layer a step computed, as the planner names it (greedy: its rows, or skipped)."""
     return "skip" if t.head_rows == 0 else int(t.head_rows)
 
 
 def _median(xs) -> float:
     return float(statistics.median(xs))
+
+
+def golden_ms(logs: list[str]) -> dict[int, int]:
+    """Steps checked -> ms, from the golden check's LOG lines (``... steps 0-1 of 4 ...; 254 ms``)."""
+    out = {}
+    for t in logs:
+        m = re.search(r"golden check.*: steps 0-(\d+) of \d+ .*; (\d+) ms", t)
+        if m:
+            out[int(m.group(1)) + 1] = int(m.group(2))
+    return out
 
 
 def xip_per_token(h: list[dict], flash_bytes: int, device_us: float) -> dict:
@@ -66,10 +77,13 @@ def xip_per_token(h: list[dict], flash_bytes: int, device_us: float) -> dict:
 
 
 def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True) -> dict:
-    """One generation of the prompt and ``new_tokens`` on the emulated RP2040 (deterministic: one run)."""
+    """One generation of the prompt and ``new_tokens`` on the emulated RP2040 (deterministic: one run);
+    with the XIP model, after a SELFTEST (every golden step)."""
     blob, fw = blob_and_firmware(qm, BOARD, work)
     m = re.search(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s", fw.size_text, re.M)
     with start_emulated_board(fw.binary, blob, xip_model=xip_model) as board, session(board.port) as s:
+        checked = s.selftest(timeout=600) if xip_model else None
+        golden = golden_ms(s.logs)
         board.read_counts()
         res = s.generate(prompt_ids(qm), new_tokens)
         counts = {c["step"]: c for c in board.read_counts()}
@@ -118,7 +132,11 @@ def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True) -> dic
         predicted_over_emulated={p: pred_us[p] / emu_us[p] for p in PHASES if emu_us[p]},
         predicted_over_emulated_token=_median(x.total_us for x in pred) / device_us,
         image_text_bytes=int(m.group(1)) if m else 0, image_bss_bytes=int(m.group(3)) if m else 0,
-        blob_bytes=blob.stat().st_size)
+        blob_bytes=blob.stat().st_size,
+        # the golden check (emulated ms): its boot steps (when the boot LOG reached the host) and all
+        golden_boot_ms=next((ms for n, ms in golden.items() if n < checked.golden_checked), None),
+        golden_selftest_ms=golden.get(checked.golden_checked), golden_steps=checked.golden_checked,
+        golden_bit_exact=int(checked.golden == "exact"))
 
 
 def section(work: Path) -> dict:
@@ -140,6 +158,8 @@ def section(work: Path) -> dict:
            / out[f"rp2040_emu_{fmt}"]["cycles_per_token"] for fmt in FORMATS},
         **{f"predicted/emulated µs per decode token, {fmt}": out[f"rp2040_emu_{fmt}"]["predicted_over_emulated_token"]
            for fmt in FORMATS},
+        **{f"emulated golden SELFTEST / decode token, {fmt}": out[f"rp2040_emu_{fmt}"]["golden_selftest_ms"] * 1e3
+           / out[f"rp2040_emu_{fmt}"]["device_us_per_token"] for fmt in FORMATS},
     }
     return out
 

@@ -45,15 +45,22 @@ EDGES = np.array([0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x007FFFFF, 0x
                   0xFFC00001, 0x7F800001], dtype=np.uint32)
 
 
-def build_probe(work: Path) -> Path:
-    """Render an rp2040-emu project, swap its main.c for the probe, build; returns firmware.bin."""
+def build_probe(work: Path, float_lib: str = "flashlm") -> Path:
+    """Render an rp2040-emu project, swap its main.c for the probe, build; returns firmware.bin.
+    ``float_lib="libgcc"``: without flashlm's soft-float (and the kernels' assembly that goes with
+    it), so the float operations are GCC's own soft-fp, the code the ESP32-C3's ROM holds too."""
     from converter.boards import load_board
     from converter.ir import ModelConfig
     from firmware.build import BuildError, render_project
     from firmware.build_arm import render_makefile
     cfg = ModelConfig(dim=64, n_layers=1, n_heads=2, n_kv_heads=2, vocab_size=64, hidden_dim=64,
                       max_seq_len=16, tied=True)
-    out = render_project("rp2040-emu", work / "probe", cfg, 32)
+    out = render_project("rp2040-emu", work / f"probe-{float_lib}", cfg, 32)
+    if float_lib == "libgcc":
+        hal = out / "src" / "hal"
+        for f in ("softfloat.c", "softfloat_m0.s"):
+            (hal / f).unlink()
+        (hal / "softfloat_m0.h").write_text("/* none: libgcc's soft-float, the portable kernels */\n")
     render_makefile(load_board("rp2040-emu"), out)
     (out / "src" / "main.c").write_text(PROBE_SRC.read_text())
     r = subprocess.run(["make", "-s", "-C", str(out)], capture_output=True, text=True)

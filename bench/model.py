@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from converter import headcalib
 from converter.blob import write_blob
 from converter.ir import ModelConfig, ModelIR
 from converter.llama2c import write_llama2c_v2
@@ -30,10 +31,18 @@ def default_ir():
     return load_model(MODEL / "model.pt")
 
 
+def converted(ir, fmt: str, overrides=()):
+    """``ir`` quantized to ``fmt`` in groups of 32 with ``overrides``, and the greedy head's index
+    if the calibration keeps it: what ``flashlm convert`` makes (--head-index auto)."""
+    qm = quantize(ir, fmt, GROUP, list(overrides))
+    qm.head_index = headcalib.calibrate(qm)[0]
+    return qm
+
+
 @functools.cache
 def default_quant(fmt: str):
-    """The default model quantized to ``fmt`` (q8 / q4), group 32: what ``flashlm convert`` makes."""
-    return quantize(default_ir(), fmt, GROUP)
+    """The default model as ``flashlm convert --format fmt`` makes it (q8 / q4, group 32)."""
+    return converted(default_ir(), fmt)
 
 
 # The 15M-parameter llama2.c shape (stories15M: dim 288, 6 layers, 6 heads, vocab 32000, context 256)
@@ -69,12 +78,12 @@ def prompt_ids(qm) -> list[int]:
     return encode(qm.tokenizer, PROMPT)
 
 
-def blob_and_firmware(qm, board: str, work: Path, batch: int = 1):
-    """Write the blob (passes of up to ``batch`` tokens) into ``work`` and build ``board``'s firmware
-    for it: (blob path, BuildResult)."""
+def blob_and_firmware(qm, board: str, work: Path, kv: str = "f32", batch: int = 1):
+    """Write the blob (KV cache format ``kv``, passes of up to ``batch`` tokens) into ``work`` and
+    build ``board``'s firmware for it: (blob path, BuildResult)."""
     work.mkdir(parents=True, exist_ok=True)
     blob = work / "model.flmb"
-    write_blob(qm, blob, batch=batch)
+    write_blob(qm, blob, kv=kv, batch=batch)
     return blob, build_firmware(board, work / f"fw-{board}", blob)
 
 

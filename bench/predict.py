@@ -1,7 +1,8 @@
 """The planner's PREDICTED cost of a decode token (from board profiles, nothing runs): ms per phase,
 tok/s and bytes per tier for the default model at q8 and q4 and the ``ple-28m`` named shape on
 the ESP32-S3 N16R8 and the Raspberry Pi Pico, each placed by the planner (``flashlm plan``), at
-mid-context, the greedy head quoted at its upper bound (every row scanned); plus the ple-28m
+mid-context, the greedy head as converted (the default model: the tile scan at its calibration's
+expected rows; the shape, without weights: the whole head and its argmax); plus the ple-28m
 prediction beside its published ESP32-S3 measurement (bench/ple_seed.py)."""
 from __future__ import annotations
 

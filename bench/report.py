@@ -132,8 +132,25 @@ def predicted_table(r: dict) -> Group | None:
     rows.append(["tok/s"] + [v["tok_per_s"] if v["fits"] else None for _, _, v in cols])
     rows += [[f"{t} B/token"] + [v["bytes_per_token"][t] if v["fits"] else None for _, _, v in cols] for t in TIERS]
     return _table("PREDICTED ms per decode token (the planner, from board profiles; not measured), the planner's "
-                  "placement, mid-context, greedy head at its upper bound", ["phase"] + [f"{b}\n{m}" for b, m, _ in cols],
+                  "placement, mid-context, greedy head as converted (the tile scan at the calibration's expected rows; a "
+                  "shape without weights has no head index: the whole head)", ["phase"] + [f"{b}\n{m}" for b, m, _ in cols],
                   rows)
+
+
+def head_index_table(r: dict) -> Group | None:
+    res = r.get("head_index")
+    if not res:
+        return None
+    measures = (("native_output_us", "native µs"), ("callgrind_head_instructions", "callgrind Ir"),
+                ("emulated_output_cycles", "emulated cycles"))
+    rows = []
+    for name, m in res.items():
+        i, w = m["index"], m["whole"]
+        rows.append([name, "kept" if m["kept"] else "left out (forced below)", f"{i['head_rows_pct']:.1f} %"]
+                    + [rat(i[k] / w[k]) if k in i else "-" for k, _ in measures])
+    return _table("greedy head: output phase with the head index / without (the whole head), one run; a model "
+                  "convert left it out shows the forced index", ["model", "convert's index", "rows visited"]
+                  + [label for _, label in measures], rows)
 
 
 def ratios_table(r: dict, before: dict) -> Group | None:
@@ -154,7 +171,8 @@ def comparison_tables(now: dict, before: dict) -> list[Group]:
 
 
 def print_report(console: Console, results: dict, previous: dict) -> None:
-    for t in (phase_table(results), bytes_table(results), callgrind_table(results), predicted_table(results)):
+    for t in (phase_table(results), bytes_table(results), callgrind_table(results), predicted_table(results),
+              head_index_table(results)):
         if t is not None:
             console.print(t)
     console.print(f"previous run: {previous.get('when', 'none')}")

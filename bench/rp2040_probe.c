@@ -20,7 +20,11 @@
 
 enum { FADD, FSUB, FMUL, FDIV, FCMPEQ, FCMPLT, FCMPLE, FCMPGT, FCMPGE, I2F, UI2F, F2IZ, GTERM, NOP };
 
-float flm_group_term(int32_t isum, float sc, float xs);   /* hal_rp2040.h */
+#ifdef FLM_GROUP_TERM   /* softfloat_m0.s's (through hal_rp2040.h) */
+float flm_group_term(int32_t isum, float sc, float xs);
+#else                   /* built on libgcc's soft-float (bench/kernels.py build_probe): the plain term */
+static float flm_group_term(int32_t isum, float sc, float xs) { return (float)isum * (sc * xs); }
+#endif
 
 #define SYST_CSR (*(volatile uint32_t *)0xe000e010u)
 #define SYST_RVR (*(volatile uint32_t *)0xe000e014u)

@@ -2,8 +2,10 @@
 (models/default), measured in one run and printed, never asserted.
 
 * native board (host clock) and emulated RP2040 (emulated timer, rp2040js cycle counts): output
-  phase µs per decode token with the whole head (GENERATE flag ALL_LOGITS) and with the pruned
-  greedy scan, and the share of head rows the pruned scan visits on a real prompt;
+  phase µs per decode token with the whole head (GENERATE flag ALL_LOGITS) and with the greedy
+  tile scan (the model as ``flashlm convert`` makes it, with its head index), and the share of
+  head rows the scan visits on a real prompt (bench/headindex.py sets the index against no index
+  on every shipped model);
 * prefill of a ~20-token prompt: device µs of its prefill steps with the head (ALL_LOGITS: what
   every prompt step did before) and without it (the default);
 * the int8 KV cache (switched by LAYOUT): attention µs per decode token beside the f32 cache, KV
@@ -15,7 +17,7 @@
   windows).
 
 ``--json FILE`` writes the figures. Timings come from the firmware's clock; each line names it.
-``--short`` is what ``make bench`` runs: the whole vs pruned head, the prefill and the KV cache
+``--short`` is what ``make bench`` runs: the whole vs greedy head, the prefill and the KV cache
 figures of the q8 model only, with fewer tokens, and no eval.
 """
 from __future__ import annotations
@@ -32,12 +34,11 @@ import numpy as np
 
 from converter import evaluate
 from converter.footprint import kv_row_bytes
-from converter.quantize import quantize
 from converter.tokenizer import encode
 from host.cmd_run import kv_layout
 from host.virtual import start_emulated_board, start_native_board
 
-from .model import MODEL, PROMPT, ROOT, blob_and_firmware, default_ir, default_quant, session
+from .model import MODEL, PROMPT, ROOT, blob_and_firmware, converted, default_ir, default_quant, session
 
 PREFILL_PROMPT = "HAMLET.\nTo be, or not to be, that is the question:"      # 23 tokens with <|bos|>
 OUT, ATTN, SAMPLE = 4, 1, 5      # phase indices (host.protocol.PHASES)
@@ -56,7 +57,7 @@ def fastest(runs, f, first: int = 0) -> list:
 
 def board_figures(board: str, qm, work: Path, new_tokens: int, rounds: int) -> dict:
     """The runs on one board, repeated ``rounds`` times in turn (so a busy host slows all alike):
-    whole head vs pruned, prefill with and without the head, f32 vs int8 KV cache (LAYOUT)."""
+    whole head vs greedy (the tile scan), prefill with and without the head, f32 vs int8 KV cache (LAYOUT)."""
     tok = qm.tokenizer
     long_ids = list(encode(tok, PROMPT, bos=True))
     pre_ids = list(encode(tok, PREFILL_PROMPT, bos=True))
@@ -77,7 +78,7 @@ def board_figures(board: str, qm, work: Path, new_tokens: int, rounds: int) -> d
             runs["int8"].append(s.generate(long_ids, new_tokens))
     for f, p in zip(runs["full"], runs["pruned"]):
         assert [t.out_id for t in f.generated_steps] == [t.out_id for t in p.generated_steps], \
-            "the pruned head chose other tokens than the whole head"
+            "the greedy scan chose other tokens than the whole head"
     dec_f, dec_p, dec_8 = ([t for r in runs[k] for t in r.generated_steps] for k in ("full", "pruned", "int8"))
 
     def steady(key, f) -> float:
@@ -95,7 +96,7 @@ def board_figures(board: str, qm, work: Path, new_tokens: int, rounds: int) -> d
     return dict(
         board=hello.board, clock=hello.clock_name, prompt_tokens=len(long_ids), rounds=rounds,
         decode_steps=len(runs["pruned"][0].generated_steps),
-        # the head and the argmax: a whole head's argmax is the sampling phase, the pruned scan's is its own
+        # the head and the argmax: a whole head's argmax is the sampling phase, the greedy scan's is its own
         output_us_full=steady("full", lambda t: t.us[OUT] + t.us[SAMPLE]),
         output_us_pruned=steady("pruned", lambda t: t.us[OUT] + t.us[SAMPLE]),
         token_us_full=steady("full", lambda t: sum(t.us)), token_us_pruned=steady("pruned", lambda t: sum(t.us)),
@@ -153,7 +154,7 @@ def section(work: Path) -> dict:
     ratios = {}
     for board, f in out.items():
         pf, ps = f["prefill_with_head"], f["prefill_without_head"]
-        ratios.update({f"{board}: pruned/whole head output µs": f["output_us_pruned"] / f["output_us_full"],
+        ratios.update({f"{board}: greedy scan/whole head output µs": f["output_us_pruned"] / f["output_us_full"],
                        f"{board}: prefill without/with head µs": ps["total_us"] / pf["total_us"],
                        f"{board}: int8/f32 KV attention µs": f["attention_us_int8"] / f["attention_us_f32"]})
     return {"speed": out, "ratios": ratios}
@@ -171,7 +172,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="FILE")
     a = ap.parse_args(argv)
     q8 = default_quant("q8")
-    q4head = quantize(default_ir(), "q8", 32, ["head=q4"])
+    q4head = converted(default_ir(), "q8", ["head=q4"])
     out: dict = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "model": str(MODEL.relative_to(ROOT))}
     runs = [("native_q8", q8, "native", a.tokens, a.rounds), ("native_q8_head_q4", q4head, "native", a.tokens, a.rounds),
             ("rp2040_emu_q8", q8, "rp2040-emu", a.emu_tokens, 1),
@@ -206,10 +207,10 @@ def print_board(name: str, f: dict) -> None:
     print(f"\n{name}: board {f['board']}, {f['clock']}; {f['prompt_tokens']}-token prompt, {f['decode_steps']} decode "
           f"steps, {f['rounds']} round(s) (per step the fastest round, then the median over steps; prefill: the "
           f"fastest round)")
-    print(f"  output + sampling per decode token: whole head {f['output_us_full']:,.0f} µs, pruned {f['output_us_pruned']:,.0f} "
+    print(f"  output + sampling per decode token: whole head {f['output_us_full']:,.0f} µs, greedy scan {f['output_us_pruned']:,.0f} "
           f"µs (x{f['output_us_pruned'] / max(f['output_us_full'], 1):.3f}); token {f['token_us_full']:,.0f} -> "
           f"{f['token_us_pruned']:,.0f} µs")
-    print(f"  head rows the pruned scan visits: {f['head_rows_pct']:.1f} % of out_vocab on average "
+    print(f"  head rows the greedy scan visits: {f['head_rows_pct']:.1f} % of out_vocab on average "
           f"(fewest {f['head_rows_min_pct']:.1f} %); flash bytes per token {f['flash_bytes_full']:,.0f} -> "
           f"{f['flash_bytes_pruned']:,.0f}")
     print(f"  prefill of a {f['prefill_prompt_tokens']}-token prompt ({pf['steps']} prefill steps): with the head "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import headprune
+from . import golden, headprune
 from .files import read_file
 from .ir import MAX_STOP_IDS, ModelConfig, ModelError, QTensor, StopIds, Tokenizer
 from .quantize import QuantModel
@@ -33,9 +33,8 @@ TIER_CODE = {"flash": 0, "psram": 1, "sram": 2}
 TIER_NAME = {v: k for k, v in TIER_CODE.items()}
 NONE_ID = 0xFFFFFFFF
 CONFIG_FMT = "<10I2f4I"        # 64-byte config block at offset 48 (v2: ple_dim, out_vocab, 2 reserved)
-PINNED_TO_FLASH = ("tokenizer", "ple.table", "draft")   # sections the firmware reads from flash only
+PINNED_TO_FLASH = ("tokenizer", "ple.table", "draft", golden.SECTION)   # sections the firmware reads from flash only
 DRAFT = "draft"                # the draft model of speculative decoding: a blob in the blob (section 1.4)
-HEAD_PRUNE = "head.prune"      # the greedy head's pruning records (converter/headprune.py)
 STOP_SECTION = "tokenizer.stop"   # u32 n, u32 ids[n]: generation ends at any of these ids
 ENTRY_FMT = "<32s8I"
 
@@ -188,10 +187,14 @@ def decode_stop_ids(buf: bytes, vocab: int) -> tuple[int, ...]:
     return ids
 
 
-def _sections(qm: QuantModel, batch: int = 1) -> list[tuple[str, str, int, int, int, bool, bytes]]:
+def _sections(qm: QuantModel, batch: int = 1, golden_fault: int | None = None
+              ) -> list[tuple[str, str, int, int, int, bool, bytes]]:
     """(name, fmt, rows, cols, group, scale16, data) in blob order: tokenizer (its stop ids,
-    tokenizer.stop, and its device encoder's tables, tokenizer.enc), RoPE tables, tensors, the draft
-    model (a blob of its own, its passes as long as the model's), the head's pruning records."""
+    tokenizer.stop, and its device encoder's tables, tokenizer.enc), RoPE tables, tensors, with
+    a head index its centre rows and tiles (the head's rows then stored in tile order,
+    converter/headprune.py), the draft model (a blob of its own, its passes as long as the
+    model's), and the golden check (converter/golden.py; ``golden_fault``: a test's deliberately
+    wrong step)."""
     c = qm.config
     tok = encode_tokenizer(qm.tokenizer, c.vocab_size)
     qm.stops.check(c.vocab_size)
@@ -203,18 +206,28 @@ def _sections(qm: QuantModel, batch: int = 1) -> list[tuple[str, str, int, int, 
     for name, t in (("rope.cos", qm.rope_cos), ("rope.sin", qm.rope_sin)):
         a = np.ascontiguousarray(t, "<f4")
         out.append((name, "f32", a.shape[0], a.shape[1], 0, False, a.tobytes()))
+    index = qm.head_index
+    head = "tok_embeddings" if c.tied else "output"
     for name in c.tensor_shapes():
         t = qm.tensors[name]
+        if index is not None and name == head:
+            t = headprune.stored_head(t, index)
         if isinstance(t, QTensor):
             out.append((name, t.fmt, t.shape[0], t.shape[1], t.group_size, t.scale16, encode_qtensor(t)))
         else:
             a = np.ascontiguousarray(t, "<f4").reshape(1, -1)
             out.append((name, "f32", 1, a.shape[1], 0, False, a.tobytes()))
+    if index is not None:
+        cen = index.centroids
+        out.append((headprune.CENTROIDS, cen.fmt, cen.shape[0], cen.shape[1], cen.group_size, cen.scale16,
+                    encode_qtensor(cen)))
+        tiles = headprune.section_bytes(index, qm.head().shape[0])
+        out.append((headprune.SECTION, "bytes", 1, len(tiles), 0, False, tiles))
     if qm.draft is not None:
         d = build_blob(qm.draft.qm, kv=qm.draft.kv, batch=batch)
         out.append((DRAFT, "bytes", 1, len(d), 0, False, d))
-    prune = headprune.section_bytes(qm.head(), c.n_out)
-    out.append((HEAD_PRUNE, "bytes", 1, len(prune), 0, False, prune))
+    gold = golden.section_bytes(qm, golden_fault)
+    out.append((golden.SECTION, "bytes", 1, len(gold), 0, False, gold))
     return out
 
 
@@ -312,14 +325,17 @@ def layout_id_of(tier_codes, state_tiers: int = 0) -> int:
 
 
 def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None,
-               state: dict[str, str] | int | None = None, kv: str = "f32", batch: int = 1) -> bytes:
+               state: dict[str, str] | int | None = None, kv: str = "f32", batch: int = 1,
+               golden_fault: int | None = None) -> bytes:
     """Serialize; ``tiers`` maps tensor name -> tier (default: everything read from flash);
     ``state`` places the engine's RAM buffers (``kv``, ``logits``, ``scratch``) on psram/sram;
-    ``kv`` is the KV cache's format (f32, int8); ``batch`` the most tokens one forward pass runs."""
+    ``kv`` is the KV cache's format (f32, int8); ``batch`` the most tokens one forward pass runs;
+    ``golden_fault`` (tests only): the golden check's CRC of that step is wrong, so a board reports
+    the step as the first that differs."""
     tiers = tiers or {}
     check_pinned(tiers)
     state_tiers = pack_state_tiers(state, kv, batch)
-    secs = _sections(qm, batch_of(state_tiers))
+    secs = _sections(qm, batch_of(state_tiers), golden_fault)
     if any(len(s[0]) > 31 for s in secs):
         raise BlobError("a tensor name is longer than 31 bytes")
     table_off = HEADER_SIZE
@@ -401,6 +417,7 @@ class BlobHeader:
     entries: list[Entry]
     state_tiers: int = 0          # where the engine's RAM buffers live (see unpack_state_tiers)
     draft: "BlobHeader | None" = None   # the header of its draft model's blob (section draft), if any
+    head_scan: object = None      # costmodel.HeadScan: the head index's header, if the blob has one
 
     @property
     def tiers(self) -> dict[str, str]:
@@ -463,7 +480,17 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
     draft = parse_header(blob[d.offset:d.offset + d.length], f"{what}: draft model", check_crc) if d else None
     return BlobHeader(version, total, crc, mhash, layout_id, cfg,
                       None if v[8] == NONE_ID else v[8], None if v[9] == NONE_ID else v[9], entries,
-                      state_tiers, draft)
+                      state_tiers, draft, _head_scan(blob, entries))
+
+
+def _head_scan(blob: bytes, entries: list[Entry]):
+    """The head index's header fields the planner uses (read_blob validates the rest)."""
+    from .costmodel import HeadScan
+    e = next((e for e in entries if e.name == headprune.SECTION and e.fmt == "bytes"), None)
+    if e is None or e.length < headprune.HEADER.size:
+        return None
+    n_tiles, mb, rows, tiles = headprune.HEADER.unpack_from(blob, e.offset)[:4]
+    return HeadScan(n_tiles, mb, rows, tiles)
 
 
 def read_header(path) -> BlobHeader:
@@ -480,7 +507,7 @@ def read_blob(path_or_bytes) -> QuantModel:
     h = parse_header(blob, what)
     c = h.config
     by = {e.name: e for e in h.entries}
-    want = set(c.tensor_shapes()) | {"tokenizer", STOP_SECTION, "rope.cos", "rope.sin", HEAD_PRUNE}
+    want = set(c.tensor_shapes()) | {"tokenizer", STOP_SECTION, "rope.cos", "rope.sin"}
     missing = want - set(by)
     if missing:
         raise BlobError(f"{what}: missing tensors: {', '.join(sorted(missing)[:3])}")
@@ -525,7 +552,48 @@ def read_blob(path_or_bytes) -> QuantModel:
             raise BlobError(f"{what}: the draft model's context {dq.config.max_seq_len} is not the model's "
                             f"{c.max_seq_len}")
         qm.draft = Draft(dq, kv_format(h.draft.state_tiers))
-    e = by[HEAD_PRUNE]
-    if blob[e.offset:e.offset + e.length] != headprune.section_bytes(qm.head(), c.n_out):
-        raise BlobError(f"{what}: {HEAD_PRUNE} does not match the output layer's rows (re-run flashlm convert)")
+    qm.head_index = _read_head_index(blob, by, qm, what)
+    read_golden(blob, h, what)
     return qm
+
+
+def read_golden(blob: bytes, h: BlobHeader | None = None, what: str = "blob") -> golden.Golden | None:
+    """The blob's golden check (converter/golden.py), validated; None for a blob without one."""
+    h = h or parse_header(blob, what)
+    e = next((e for e in h.entries if e.name == golden.SECTION), None)
+    if e is None:
+        return None
+    if e.fmt != "bytes":
+        raise BlobError(f"{what}: the {golden.SECTION} section is not a bytes section")
+    try:
+        return golden.decode(blob[e.offset:e.offset + e.length], h.config.vocab_size, h.config.n_out,
+                             h.config.max_seq_len)
+    except ModelError as err:
+        raise BlobError(f"{what}: {err}") from None
+
+
+def _read_head_index(blob: bytes, by: dict, qm: QuantModel, what: str):
+    """The head index, if the blob has one, with the head's rows put back in token order; refused
+    unless its structure is sound (blob.c's checks) and every radius is exactly the one the rows
+    and centres give (a smaller one would break the scan's exactness)."""
+    names = {headprune.CENTROIDS, headprune.SECTION}
+    if not names & set(by):
+        return None
+    if not names <= set(by):
+        raise BlobError(f"{what}: {headprune.CENTROIDS} and {headprune.SECTION} come together")
+    c, head_name = qm.config, "tok_embeddings" if qm.config.tied else "output"
+    head, e = qm.tensors[head_name], by[headprune.CENTROIDS]
+    if e.fmt != "q8" or e.cols != c.dim or e.group_size != head.group_size or e.scale16 != head.scale16:
+        raise BlobError(f"{what}: {headprune.CENTROIDS} must be q8 rows of dim {c.dim} in the head's groups")
+    cen = decode_qtensor(blob[e.offset:e.offset + e.length], "q8", e.rows, e.cols, e.group_size, e.scale16)
+    e = by[headprune.SECTION]
+    try:
+        index = headprune.read_section(blob[e.offset:e.offset + e.length], c.n_out, head.shape[0], cen)
+    except ModelError as err:
+        raise BlobError(f"{what}: {err}") from None
+    qm.tensors[head_name] = head = headprune.token_order_head(head, index)
+    w = headprune.dequantized(head, c.n_out)
+    tiles = [index.perm[a:b] for a, b in zip(index.starts, index.ends())]
+    if not np.array_equal(index.radius.view("<u4"), headprune.radii(w, tiles, cen).view("<u4")):
+        raise BlobError(f"{what}: {headprune.SECTION}: a tile radius is not the one its rows give (re-run flashlm convert)")
+    return index

@@ -8,10 +8,12 @@ Everything here mirrors firmware/engine/engine.c (and sampler.c) operation by op
   table row, the head's rows, the KV cache per head), plus the activation/logits traffic the
   engine does not count (used for timing only). The output layer of a step (``head``) is the whole
   head ("full": sampled steps, ALL_LOGITS), none ("skip": a prompt step whose output is unused),
-  or a greedy step's pruned scan of k rows (int k: k rows gathered in bound order, one gather
-  each, plus 8 bytes of ``head.prune`` per row and the 4-byte bound that stopped the scan). Predictions of greedy steps quote k = out_vocab
-  by default: the **upper bound** (every record visited); the rows a real step visits depend on its
-  activations and are reported per step (TOKEN head_rows);
+  or a greedy step computing k rows (int k): with a head index (converter/headprune.py) the tile
+  scan — every centre row, every tile record, k head rows in runs of a tile each and their row ->
+  token map entries; without one the whole head (k = out_vocab) with its argmax. Predictions of
+  greedy steps quote k = the rows the convert-time calibration measured on average
+  (``HeadScan.expected_rows``, **predicted**), or out_vocab without an index; the rows a real step
+  visits depend on its activations and are reported per step (TOKEN head_rows);
 * ``compute_cycles(spec, pos)`` counts multiply-accumulates and float operations per phase;
 * ``predict(...)`` turns both into microseconds for a board profile: per tier
   ``bytes / seq_read_MBps + rows * row_latency_us`` (on a tier given by ``line_cycles``, the
@@ -82,8 +84,8 @@ class TensorSpec:
             return "head"
         if n == "ple.table":
             return "ple_table"
-        if n == "head.prune":
-            return "head_prune"
+        if n in ("head.tiles", "head.centroids"):
+            return "head_index"
         if n.startswith("rope."):
             return "rope"
         if n == "tokenizer" or n.startswith("tokenizer."):   # the pieces, the device encoder's tables
@@ -110,12 +112,28 @@ def blob_size(tensors) -> int:
 
 
 @dataclass(frozen=True)
+class HeadScan:
+    """A model's greedy head index as the planner needs it (the ``head.tiles`` header)."""
+    n_tiles: int
+    map_bytes: int
+    expected_rows: float      # the calibration's mean head rows a greedy step visits (a prediction)
+    expected_tiles: float     # ... and tiles
+
+    @classmethod
+    def of(cls, index) -> "HeadScan | None":
+        return None if index is None else cls(index.n_tiles, index.map_bytes, index.expected_rows,
+                                              index.expected_tiles)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
-    """A model's shape as the planner sees it: config, tensor table (blob order), blob size."""
+    """A model's shape as the planner sees it: config, tensor table (blob order), blob size, and its
+    greedy head index if it has one."""
     config: ModelConfig
     tensors: tuple[TensorSpec, ...]
     source: str = ""
     tokenizer_estimated: bool = False
+    head_scan: HeadScan | None = None
 
     @property
     def blob_bytes(self) -> int:
@@ -140,7 +158,7 @@ class ModelSpec:
     def from_header(cls, h, source: str = "") -> "ModelSpec":
         ts = tuple(TensorSpec(e.name, e.fmt, e.rows, e.cols, e.group_size, e.length, e.row_stride, e.scale16)
                    for e in h.entries)
-        return cls(h.config, ts, source)
+        return cls(h.config, ts, source, head_scan=h.head_scan)
 
     @classmethod
     def from_quant(cls, qm, source: str = "") -> "ModelSpec":
@@ -148,7 +166,7 @@ class ModelSpec:
         ts = []
         for name, fmt, rows, cols, g, s16, data in _sections(qm):
             ts.append(TensorSpec(name, fmt, rows, cols, g, len(data), row_stride(fmt, cols, g, s16), s16))
-        return cls(qm.config, tuple(ts), source or qm.source)
+        return cls(qm.config, tuple(ts), source or qm.source, head_scan=HeadScan.of(qm.head_index))
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, fmt: str = "q8", group_size: int = 32, overrides=(),
@@ -156,7 +174,7 @@ class ModelSpec:
         """A shape without weights: the converter's default recipe (matrices ``fmt``, embedding and
         untied head q8 when ``fmt`` is q4, the PLE table q4, norms f32; ``scales`` f32 or f16) with
         ``--quant``-style overrides. The tokenizer section is estimated (8 bytes a piece) unless
-        ``tokenizer_bytes`` is given."""
+        ``tokenizer_bytes`` is given. No head index: that needs weights to calibrate."""
         from .quantize import check_scales, default_spec, parse_overrides, resolve_head
         cfg.validate()
         check_scales(scales)
@@ -180,8 +198,6 @@ class ModelSpec:
                     break
             rs = row_stride(f, shape[1], g, s16)
             ts.append(TensorSpec(name, f, shape[0], shape[1], g, shape[0] * rs, rs, s16))
-        prune = 8 * cfg.n_out             # head.prune: (u32 row, f32 bound) per head row
-        ts.append(TensorSpec("head.prune", "bytes", 1, prune, 0, prune, prune))
         return cls(cfg, tuple(ts), source or "shape only", est)
 
     def with_formats(self, overrides) -> "ModelSpec":
@@ -253,13 +269,27 @@ def head_rows(spec: ModelSpec) -> TensorSpec:
 
 
 def head_mode(spec: ModelSpec, sampling: str, head: str | int | None) -> str | int:
-    """The output layer a step computes: "full", "skip" or the rows k of a pruned greedy scan
-    (None: what a decode step does — pruned when greedy, at the upper bound k = out_vocab)."""
+    """The output layer a step computes: "full", "skip" or the rows k of a greedy step (None: what a
+    decode step does — greedy: the calibration's expected rows of the tile scan with a head index,
+    out_vocab without one)."""
+    n_out, scan = spec.config.n_out, spec.head_scan
     if head is None:
-        return spec.config.n_out if sampling == "greedy" else "full"
-    if head not in ("full", "skip") and not (isinstance(head, int) and 0 < head <= spec.config.n_out):
-        raise ModelError(f"head must be full, skip or a row count in 1..{spec.config.n_out}, got {head!r}")
+        if sampling != "greedy":
+            return "full"
+        return n_out if scan is None else min(n_out, max(1, round(scan.expected_rows)))
+    if head in ("full", "skip"):
+        return head
+    if not (isinstance(head, int) and 0 < head <= n_out) or (scan is None and head != n_out):
+        raise ModelError(f"head must be full, skip or the rows of a greedy step ({'1..' if scan else ''}{n_out}"
+                         f"{'' if scan else ': this model has no head index, a greedy step computes every row'}),"
+                         f" got {head!r}")
     return head
+
+
+def tiles_visited(spec: ModelSpec, rows: int) -> int:
+    """The tiles a scan of ``rows`` head rows visits, as the planner estimates it: rows over the mean
+    tile size, rounded up (each tile is one run of contiguous rows: one gather)."""
+    return min(spec.head_scan.n_tiles, -(-rows * spec.head_scan.n_tiles // spec.config.n_out))
 
 
 def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
@@ -277,6 +307,9 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
     d, hd, P, L = cfg.dim, cfg.head_dim, cfg.ple_dim, cfg.n_layers
     emb = by["tok_embeddings"]
     u["tok_embeddings"].add("embed", emb.row_stride, rows=1, stride=emb.row_stride)   # one row, dequantized
+    scan = spec.head_scan
+    if scan is not None and cfg.tied:   # the head's rows in tile order: the token -> row map
+        u["head.tiles"].add("embed", scan.map_bytes)
     if P:   # engine.c ple_inputs(): one table row gathered, ple.proj, L norms of P
         u["ple.table"].add("embed", by["ple.table"].row_stride, rows=1, stride=by["ple.table"].row_stride)
         u["ple.proj"].add("embed", by["ple.proj"].length)
@@ -314,18 +347,28 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
     u["norm"].add("output", d * 4)
     hr = head_rows(spec)
     n_out = cfg.n_out
-    if mode == "full":
+    if mode == "full" or scan is None:   # engine.c whole_head (+ the argmax of a greedy step)
         u[hr.name].add("output", hr.length)
         _act(u, "output", hr)
         u["logits"].add("output", n_out * 4, counted=False)                              # written
-        if sampling == "greedy":
+        if scan is not None:   # through probs and the row -> token map into token order
+            u["head.tiles"].add("output", n_out * scan.map_bytes)
+            u["logits"].add("output", n_out * 8, counted=False)
+        if mode != "full":
+            u["logits"].add("output", n_out * 4, counted=False)                          # the argmax
+        elif sampling == "greedy":
             u["logits"].add("sampling", n_out * 4, counted=False)
         else:   # scale+max, exp+sum, normalize, cdf: logits once, probs three times
             u["logits"].add("sampling", n_out * 4 * 5, counted=False)
-    else:       # engine.c flm_head_argmax: k records, k rows in bound order (each its own gather)
-        u[hr.name].add("output", mode * hr.row_stride, rows=mode, stride=hr.row_stride)
-        u["head.prune"].add("output", 8 * mode + (4 if mode < n_out else 0))    # + the bound that stopped it
+    else:       # engine.c tile_scan: centre rows, tile records, k rows in runs of a tile each, their map entries
+        cen = by["head.centroids"]
+        u["head.centroids"].add("output", cen.length)
+        _act(u, "output", cen)
+        u["head.tiles"].add("output", 8 * scan.n_tiles + mode * scan.map_bytes)
+        runs = tiles_visited(spec, mode)
+        u[hr.name].add("output", mode * hr.row_stride, rows=runs, stride=hr.row_stride * max(1, mode // runs))
         _act(u, "output", replace(hr, rows=mode))
+        u["logits"].add("output", scan.n_tiles * 8, counted=False)                      # U and each tile's start
     return u
 
 
@@ -394,11 +437,16 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
     if mode == "skip":
         return out
     hr = head_rows(spec)
+    scan = spec.head_scan
     if mode == "full":
         out["output"] = rms(d) + matvec(hr)
         out["sampling"] = v * cpf if sampling == "greedy" else v * (FLOPS_EXP + 8) * cpf
-    else:   # k rows, the bound test per record, ||x||^2 of the input; the argmax is the scan itself
-        out["output"] = rms(d) + matvec(replace(hr, rows=mode)) + (mode * 3 + d + FLOPS_SQRT) * cpf
+    elif scan is None:   # a greedy step without an index: the whole head and its argmax (integer compares)
+        out["output"] = rms(d) + matvec(hr) + v * cpm
+    else:   # ||x||^2, centre rows, U per tile (2 flops), k rows; the compares are integer (flm_f32_order)
+        out["output"] = (rms(d) + d * cpm + FLOPS_SQRT * cpf + matvec(by["head.centroids"])
+                         + scan.n_tiles * (2 * cpf + 2 * cpm) + matvec(replace(hr, rows=mode))
+                         + (2 * mode + tiles_visited(spec, mode)) * cpm)
     return out
 
 

@@ -41,10 +41,11 @@ def region_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32", batch: int =
     kv = cfg.n_layers * cfg.max_seq_len * cfg.n_kv_heads * kv_row_bytes(cfg, kv)
     ple = cfg.n_layers * cfg.ple_dim * 4                         # per-layer inputs of a token
     t = batch
+    # ... and the activation codes, 2 bytes each on every target (kernels.h flm_act), and their scales
     scratch = [t * cfg.dim * 4] * 4 + [cfg.max_seq_len * 4, t * cfg.hidden_dim * 4, t * cfg.hidden_dim * 4,
                                        t * (cfg.head_dim // 2) * 4, t * (cfg.head_dim // 2) * 4, t * ple,
                                        max(t, cfg.n_layers) * cfg.ple_dim * 4,   # a table row, or the gates
-                                       t * _up8(wide), t * (wide // min_group + 1) * 4]
+                                       t * 2 * _up8(wide), t * (wide // min_group + 1) * 4]
     if t > 1:
         scratch += [row_copy_bytes(wide, min_group)] * 2
     return {"kv": 2 * _up8(kv), "logits": _up8(t * cfg.n_out * 4) + 2 * _up8(cfg.n_out * 4),
@@ -89,7 +90,11 @@ def staging_bound(cfg: ModelConfig, min_group: int) -> int:
             total += _up64(shape[0] * 4)
         else:
             total += _up64(shape[0] * row_stride("q8", shape[1], min_group))
-    return total + 2 * _up64(cfg.max_seq_len * cfg.head_dim // 2 * 4) + _up64(8 * cfg.n_out)   # RoPE, head.prune
+    # RoPE, and a head index of at most one tile per head row: its centre rows and head.tiles
+    from .headprune import section_length
+    head_rows = cfg.vocab_size if cfg.tied else cfg.n_out
+    index = _up64(cfg.n_out * row_stride("q8", cfg.dim, min_group)) + _up64(section_length(cfg.n_out, cfg.n_out, head_rows))
+    return total + 2 * _up64(cfg.max_seq_len * cfg.head_dim // 2 * 4) + index
 
 
 def draft_state_bytes(draft_header) -> int:
@@ -111,7 +116,7 @@ def layout_needs(header, default: str = "sram") -> dict[str, int]:
     min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
     regions = {r: (default if t == "default" else t) for r, t in unpack_state_tiers(header.state_tiers).items()}
     staged: dict[str, list[int]] = {"psram": [], "sram": []}
-    used = (set(cfg.tensor_shapes()) | {"rope.cos", "rope.sin", "head.prune"}) - {"ple.table"}   # the table is never staged
+    used = (set(cfg.tensor_shapes()) | {"rope.cos", "rope.sin", "head.centroids", "head.tiles"}) - {"ple.table"}   # the table is never staged
     for e in header.entries:
         if e.tier in staged and e.name in used:
             staged[e.tier].append(e.length)

@@ -202,7 +202,7 @@ class Plan:
             "tiers": dict(self.tiers), "regions": dict(self.regions),
             "need": dict(self.need), "budget": dict(self.budget),
             "prediction": {"label": "predicted from the board profile (not measured)",
-                           "output_layer": output_label(self.head),
+                           "output_layer": output_label(self.head, self.spec),
                            "bytes_read": dict(p.bytes_read), "phase_us": dict(p.phase_us),
                            "memory_us": dict(p.memory_us), "compute_us": dict(p.compute_us),
                            "total_us": p.total_us, "tok_s": p.tok_s},
@@ -210,15 +210,20 @@ class Plan:
         }
 
 
-def output_label(head: str | int | None) -> str:
+def output_label(head: str | int | None, spec: ModelSpec) -> str:
     """What a plan's output-layer figure is (its ``head``)."""
+    scan = spec.head_scan
     if head is None:
-        return ("a greedy decode step's pruned head scan at its upper bound: every one of the out_vocab rows "
-                "visited (in bound order, plus 8 bytes of head.prune each); real steps stop earlier, see "
-                "TOKEN head_rows")
+        if scan is None:
+            return "a greedy decode step: the whole head and its argmax (the model has no head index)"
+        return (f"a greedy decode step's tile scan at the rows the convert-time calibration measured on average: "
+                f"{C.head_mode(spec, 'greedy', None)} of {spec.config.n_out} (predicted; each step's own count "
+                f"is in its TOKEN head_rows)")
     if head == "full":
         return "the whole head (sampled steps, ALL_LOGITS)"
-    return "no head (a prompt step)" if head == "skip" else f"a pruned greedy head scan of {head} rows"
+    if head == "skip":
+        return "no head (a prompt step)"
+    return f"a greedy tile scan of {head} rows" if scan else "a greedy step: the whole head and its argmax"
 
 
 def default_pos(ctx: int) -> int:
@@ -263,8 +268,9 @@ def plan(spec: ModelSpec, board: str | dict, *, overrides=(), kv: str = "f32", p
          line: int | None = None, base: str = "auto", sampling: str = "greedy",
          suggest: bool = True, head: str | int | None = None, batch: int = 1) -> Plan:
     """The fastest placement of ``spec`` on ``board`` (a profile name or dict) within budgets, for
-    decode steps whose output layer is ``head`` (costmodel.head_mode; None: pruned when greedy, at
-    its upper bound), with RAM for forward passes of up to ``batch`` tokens."""
+    decode steps whose output layer is ``head`` (costmodel.head_mode; None: greedy, the tile scan at
+    the calibration's expected rows, or the whole head without an index), with RAM for forward
+    passes of up to ``batch`` tokens."""
     prof = load_board(board) if isinstance(board, str) else board
     bname = prof.get("name", "?")
     if kv not in KV_FORMATS:

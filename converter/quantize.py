@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .ir import QMAX, ModelConfig, ModelError, ModelIR, QTensor, StopIds, Tokenizer
+
+if TYPE_CHECKING:
+    from .headprune import HeadIndex
 
 MAX_GROUP = 1024   # keeps every int32 group sum below 2**24, so its float conversion is exact
 SCALES = ("f32", "f16")
@@ -33,6 +37,7 @@ class QuantModel:
     source: str = ""
     stops: StopIds = StopIds((), "none")                   # generation ends at any of these ids
     draft: object = None   # converter.draft.Draft: a small model proposing tokens for speculative decoding
+    head_index: "HeadIndex | None" = None   # the greedy head's tiles (converter/headcalib.py decides)
 
     def head(self) -> QTensor:
         return self.tensors["tok_embeddings" if self.config.tied else "output"]  # type: ignore

@@ -239,7 +239,7 @@ class Reference:
         else:   # codes and one scale per (layer, position, kv head) row
             self.kc, self.vc = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
             self.ks, self.vs = np.zeros(shape[:3], F), np.zeros(shape[:3], F)
-        self.prune = headprune.records(self.qm.head(), c.n_out)
+        self.index = qm.head_index
 
     def ple_inputs(self, token: int, x: np.ndarray) -> np.ndarray:
         """u [L, P]: each layer's per-layer input, from the embedding row x and the table row."""
@@ -328,9 +328,10 @@ class Reference:
         return self.head.matvec_q(*self.head_input(x))
 
     def argmax(self, x: np.ndarray) -> tuple[int, int]:
-        """The greedy token by the pruned scan, and the head rows it visited."""
+        """The greedy token by the head index's scan (the whole head without one), and the head
+        rows it computed."""
         xq, xs = self.head_input(x)
-        return headprune.scan(self.head.matvec_q(xq, xs), self.prune, xq, xs)
+        return headprune.scan(self.index, self.head.matvec_q(xq, xs), xq, xs)[:2]
 
     def forward(self, token: int, pos: int) -> np.ndarray:
         return self.logits(self.body(token, pos))

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import jinja2
 
-from . import uf2
+from . import exact_float, uf2
 from .build import FW_DIR, FW_VERSION, BuildError, BuildResult, no_fit_error
 
 TEMPLATES = FW_DIR / "templates" / "platformio"
@@ -379,7 +379,8 @@ def render_platformio(prof: dict, out: Path, blob: bytes, header) -> dict:
     env = _env()
     (out / "platformio.ini").write_text(env.get_template("platformio.ini.j2").render(
         ctx, board_build=[(k, _ini_value(v)) for k, v in extra["board_build"].items()],
-        board_upload=[(k, _ini_value(v)) for k, v in extra["board_upload"].items()], esp=is_esp(prof)))
+        board_upload=[(k, _ini_value(v)) for k, v in extra["board_upload"].items()], esp=is_esp(prof),
+        **exact_float.add_to_project(prof, out)))
     src = out / "src"
     (src / "main.c").write_text(env.get_template("main.c.j2").render(ctx, entry=extra["entry"]))
     (src / "hal" / "flm_board.h").write_text(_board_header(prof, arena, extra))
@@ -429,8 +430,9 @@ def cross_compile(prof: dict, out: Path) -> str:
     if objdir.exists():
         shutil.rmtree(objdir)
     objdir.mkdir()
-    srcs = sorted((out / "src" / "engine").glob("*.c")) + [out / "src" / "main.c"]
-    cmd = [cc, *t.flags, *_libc_flags(cc), *CHECK_FLAGS, "-include", str(out / "flm_config.h"),
+    soft_float, soft_flags = exact_float.cross_sources(out)     # the real Pico's float arithmetic
+    srcs = sorted((out / "src" / "engine").glob("*.c")) + [out / "src" / "main.c"] + soft_float
+    cmd = [cc, *t.flags, *_libc_flags(cc), *CHECK_FLAGS, *soft_flags, "-include", str(out / "flm_config.h"),
            f"-I{out / 'src' / 'engine'}", f"-I{out / 'src' / 'hal'}", "-c", *map(str, srcs)]
     r = subprocess.run(cmd, cwd=objdir, capture_output=True, text=True)
     if r.returncode != 0:
@@ -441,8 +443,8 @@ def cross_compile(prof: dict, out: Path) -> str:
         size_tool = "size"
     objs = sorted(p.name for p in objdir.glob("*.o"))
     s = subprocess.run([size_tool, "-t", *objs], cwd=objdir, capture_output=True, text=True)
-    hals = sorted(p.name for p in (out / "src" / "hal").iterdir() if p.suffix in (".c", ".cpp"))
-    head = (f"engine + main.c cross-compiled for {t.label} with {cc} "
+    hals = sorted(p.name for p in (out / "src" / "hal").iterdir() if p.suffix in (".c", ".cpp") and p not in soft_float)
+    head = (f"engine + main.c{' + soft-float' if soft_float else ''} cross-compiled for {t.label} with {cc} "
             f"({' '.join(t.flags)} {' '.join(CHECK_FLAGS)}): no warnings")
     note = f"HAL {', '.join(hals)}: needs the vendor SDK, compiled by PlatformIO (not here)"
     return "\n".join([head, s.stdout.rstrip(), note])

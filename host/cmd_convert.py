@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 from .console import step
@@ -52,9 +53,11 @@ DEFAULT_BATCH = 4   # tokens per forward pass convert records: prefill chunks, s
 
 
 def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32, quant=(),
-            report=True, scales="f32", kv="f32", context=None, batch=DEFAULT_BATCH, draft=None) -> dict:
+            report=True, scales="f32", kv="f32", context=None, batch=DEFAULT_BATCH, draft=None,
+            head_index="auto") -> dict:
     """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest.
-    ``context``: the positions the converted model holds (default: the checkpoint's)."""
+    ``context``: the positions the converted model holds (default: the checkpoint's); ``head_index``:
+    auto, on or off (the greedy head's tile index, see _head_index)."""
     from dataclasses import asdict
 
     ckpt = Path(checkpoint)
@@ -90,6 +93,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         with console.status("running both models"):
             rep = Q.quality_report(ir, qm)
         _print_quality(console, rep)
+    index_report = _head_index(console, qm, head_index)
     if draft is not None:
         qm = attach_draft(console, qm, draft, fmt, group_size, scales)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -103,6 +107,11 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
     console.print(f"  device tokenizer (text prompts encoded on the board): "
                   f"{enc_about if enc is not None else 'none, ' + enc_about}", markup=False, soft_wrap=True)
     console.print(f"  stop ids: {qm.stops.describe()}", markup=False, soft_wrap=True)
+    from converter.blob import read_golden
+    g = read_golden((outdir / BLOB_NAME).read_bytes())
+    console.print(f"  golden check (the board repeats the reference's steps): prompt {list(g.prompt)}, "
+                  + ", ".join(f"{len(r)} steps with the {kv} KV cache" for kv, r in g.blocks.items())
+                  + f"; {g.boot_steps} at boot", markup=False, soft_wrap=True)
     cfg = asdict(c)
     t = qm.tokenizer
     cfg["bos_id"] = t.bos_id if t is not None else None
@@ -124,6 +133,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         "quality": "quality.json" if rep is not None else None,
         "device_tokenizer": enc_about,
         "stop_ids": list(qm.stops.ids), "stop_source": qm.stops.source,
+        "head_index": index_report,
     }
     if rep is not None:
         atomic_write_bytes(outdir / "quality.json", (json.dumps(rep, indent=1) + "\n").encode())
@@ -134,10 +144,32 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
     return manifest
 
 
+def _head_index(console, qm, mode: str) -> dict:
+    """Give qm the greedy head's tile index as ``mode`` says: ``auto`` calibrates and keeps it when it
+    pays (converter/headcalib.py), ``on`` keeps the best tiling whatever it costs, ``off`` none."""
+    if mode == "off":
+        console.print("  head index: none (--head-index off): greedy steps compute the whole head")
+        return {"kept": False, "reason": "--head-index off"}
+    from converter import headcalib
+    step(console, "calibrating the greedy head's tile index")
+    t0 = time.monotonic()
+    with console.status("greedy steps through the reference, then each tile size"):
+        index, rep = headcalib.calibrate(qm, force=mode == "on")
+    rep["seconds"] = round(time.monotonic() - t0, 1)
+    for size, r in rep["tile_sizes"].items():
+        console.print(f"  tiles of {size:>2} ({r['n_tiles']} tiles): {r['rows_pct']:.1f} % of the rows visited; cost vs the "
+                      f"whole head: " + ", ".join(f"{k} {v:.3f}" for k, v in r["cost_ratio"].items()),
+                      markup=False, soft_wrap=True)
+    qm.head_index = index
+    console.print(f"  head index {'kept' if index is not None else 'left out'}: {rep['reason']} "
+                  f"({rep['steps']} greedy steps, {rep['seconds']} s)", markup=False, soft_wrap=True)
+    return rep
+
+
 def cmd_convert(args, console) -> int:
     convert(console, args.checkpoint, args.output, tokenizer=args.tokenizer, fmt=args.format,
             group_size=args.group_size, quant=args.quant, scales=args.scales, report=not args.no_report,
-            kv=args.kv, context=args.ctx, batch=args.batch, draft=args.draft)
+            kv=args.kv, context=args.ctx, batch=args.batch, draft=args.draft, head_index=args.head_index)
     return 0
 
 

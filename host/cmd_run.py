@@ -35,7 +35,7 @@ def kv_layout(blob: Path, kv: str) -> tuple[int, int, bytes]:
 def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max_tokens=32,
         temperature=0.0, top_p=0.0, seed=0, json_path=None, csv_path=None, png_path=None,
         baud=115200, timeout=10.0, retries=3, encode_on="host", slide=False, all_logits=False, kv=None,
-        batch=None, speculate=None, draft_k=None, xip_model=True) -> int:
+        batch=None, speculate=None, draft_k=None, xip_model=True, selftest=False) -> int:
     from contextlib import ExitStack
 
     from . import report as R
@@ -139,6 +139,10 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
                         sess.set_layout(lid, st, tiers, timeout=timeout)
                 after_handshake(hello)
                 console.print(f"  KV cache {kv}: layout {lid}")
+            if selftest:
+                step(console, "golden check: every step (SELFTEST)")
+                sess.selftest(timeout=max(timeout, 60.0))
+            console.print(R.bit_exact_line(sess.hello), soft_wrap=True)
             step(console, f"generating up to {max_tokens} tokens from "
                            + ("a text prompt the board encodes" if on_device else f"a {len(ids)}-token prompt")
                            + (", sliding the window when the context fills" if slide else "")
@@ -230,7 +234,7 @@ def cmd_run(args, console) -> int:
                seed=args.seed, json_path=args.json, csv_path=args.csv, png_path=args.png, baud=args.baud,
                timeout=args.timeout, retries=max(0, args.retries), encode_on=args.encode_on, slide=args.slide,
                all_logits=args.all_logits, kv=args.kv, batch=args.batch, speculate=args.speculate,
-               draft_k=args.draft_k, xip_model=args.xip_model == "on")
+               draft_k=args.draft_k, xip_model=args.xip_model == "on", selftest=args.selftest)
 
 
 # ---------------------------------------------------------------------------------------------

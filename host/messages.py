@@ -21,6 +21,7 @@ class MsgType(enum.IntEnum):
     STOP = 0x04
     RESEND = 0x05
     GENERATE_TEXT = 0x06
+    SELFTEST = 0x07
     HELLO = 0x81
     TOKEN = 0x82
     DONE = 0x83
@@ -60,6 +61,13 @@ RESEND_DONE = 0xFFFFFFFF      # the step number that asks for the generation's D
 RESENT_STATES = ("idle", "generating", "ended")
 SPECULATE = ("none", "lookup", "draft")   # GENERATE speculate: no drafts, prompt lookup, the draft model
 PASS_KINDS = ("one", "prefill", "verify")  # TOKEN kind: the forward pass a step came from
+GOLDEN_STATES = ("none", "not_run", "exact", "differs")   # HELLO's golden check (docs/formats.md 1.3)
+GOLDEN_NO_STEP = 0xFFFF
+
+
+@dataclass(frozen=True)
+class SelfTest:
+    """Run every step of the image's golden check now; the device answers LOG and HELLO."""
 
 
 @dataclass(frozen=True)
@@ -170,10 +178,25 @@ class Hello:
     can_encode: bool = False  # HELLO flag bit2
     batch: int = 1            # the most tokens one forward pass runs (version 3)
     can_draft: bool = False   # HELLO flag bit3 (version 3)
+    golden: str = "none"      # the golden check: one of GOLDEN_STATES (version 3)
+    golden_checked: int = 0   # steps compared
+    golden_total: int = 0     # steps the image's golden holds for the KV format in effect
+    golden_first_diff: int | None = None   # the first step that differs
 
     @property
     def clock_name(self) -> str:
         return CLOCKS[self.clock] if 0 <= self.clock < len(CLOCKS) else f"clock {self.clock}"
+
+    @property
+    def bit_exact(self) -> str:
+        """"yes", "no (first step that differs: N)", or why the board cannot say."""
+        if self.golden == "exact":
+            return f"yes ({self.golden_checked} of {self.golden_total} golden steps)"
+        if self.golden == "differs":
+            return f"no (first step that differs: {self.golden_first_diff})"
+        if self.golden == "not_run":
+            return f"not checked yet ({self.golden_total} golden steps; flashlm run --selftest runs them)"
+        return "not checked (the image has no golden check for this KV format; re-run flashlm convert)"
 
 
 @dataclass(frozen=True)
@@ -315,6 +338,10 @@ def _enc_hello(m: Hello) -> bytes:
         sizes = struct.pack("<IIIB", m.layout_id, m.vocab_size, m.max_seq_len, m.clock)
     else:
         sizes = struct.pack("<IIIIB", m.layout_id, m.vocab_size, m.out_vocab, m.max_seq_len, m.clock)
+    golden = b""
+    if m.proto_version >= 3:
+        first = GOLDEN_NO_STEP if m.golden_first_diff is None else m.golden_first_diff
+        golden = struct.pack("<BHHH", GOLDEN_STATES.index(m.golden), m.golden_checked, m.golden_total, first)
     return (
         struct.pack("<HH", m.proto_version, flags)
         + model_hash
@@ -322,6 +349,7 @@ def _enc_hello(m: Hello) -> bytes:
         + _s8(m.fw_version)
         + _s8(m.board)
         + (struct.pack("<B", m.batch) if m.proto_version >= 3 else b"")
+        + golden
     )
 
 
@@ -372,6 +400,7 @@ def _enc_resent(m: Resent) -> bytes:
 
 _ENCODERS: dict[type, tuple[MsgType, Callable[[Any], bytes]]] = {
     Ping: (MsgType.PING, lambda m: b""),
+    SelfTest: (MsgType.SELFTEST, lambda m: b""),
     Generate: (MsgType.GENERATE, _enc_generate),
     GenerateText: (MsgType.GENERATE_TEXT, _enc_generate_text),
     Layout: (MsgType.LAYOUT, lambda m: struct.pack("<3I", m.layout_id, m.state_tiers, len(m.tiers))
@@ -495,11 +524,16 @@ def _dec_hello(r: _Reader) -> Hello:
     else:
         layout_id, vocab, out_vocab, max_seq, clock = r.unpack("IIIIB")
     fw, board = _text(r.s8()), _text(r.s8())
-    (batch,) = r.unpack("B") if version >= 3 else (1,)
+    batch, golden, checked, total, first = 1, 0, 0, 0, GOLDEN_NO_STEP
+    if version >= 3:
+        batch, golden, checked, total, first = r.unpack("BBHHH")
+        if golden >= len(GOLDEN_STATES):
+            raise ProtocolError(f"HELLO golden state {golden} is unknown")
     r.end()
     return Hello(version, bool(flags & HELLO_FLAG_IMAGE_OK), model_hash, layout_id, vocab, out_vocab,
                  max_seq, clock, fw, board, bool(flags & HELLO_FLAG_RESEND), bool(flags & HELLO_FLAG_TEXT), batch,
-                 bool(flags & HELLO_FLAG_DRAFT))
+                 bool(flags & HELLO_FLAG_DRAFT), GOLDEN_STATES[golden], checked, total,
+                 None if first == GOLDEN_NO_STEP else first)
 
 
 def _dec_token(r: _Reader) -> Token:
@@ -580,6 +614,7 @@ def _dec_resent(r: _Reader) -> Resent:
 
 _DECODERS: dict[int, Callable[[_Reader], Message]] = {
     MsgType.PING: _dec_empty(Ping),
+    MsgType.SELFTEST: _dec_empty(SelfTest),
     MsgType.GENERATE: _dec_generate,
     MsgType.GENERATE_TEXT: _dec_generate_text,
     MsgType.LAYOUT: _dec_layout,

@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--draft", metavar="DIR",
                    help="a small model of the same tokenizer (checkpoint or flashlm train folder) to carry in the "
                         "image for speculative decoding (flashlm run --speculate draft)")
+    c.add_argument("--head-index", choices=("auto", "on", "off"), default="auto",
+                   help="the greedy head's tile index: auto keeps it when calibration shows it pays, on always, off never")
     c.add_argument("--no-report", action="store_true", help="skip the quality report")
     c.set_defaults(func=cmd_convert)
 
@@ -71,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--kv", choices=("f32", "int8"),
                    help="switch the board's KV cache format first (a LAYOUT; default: the blob's)")
     add_pass_arguments(r)
+    r.add_argument("--selftest", action="store_true",
+                   help="run every step of the image's golden check first (SELFTEST; the boot check runs a few)")
     r.set_defaults(func=cmd_run)
 
     f = sub.add_parser("flash", help="build and upload a PlatformIO project from 'build', then write the blob")

@@ -21,7 +21,7 @@ from .plan_roofline import add_roofline_args, check_args, roofline
 
 PHASE_LABEL = {"embed": "embed", "attention": "attention", "ffn": "FFN", "ple": "PLE", "output": "output",
                "sampling": "sampling"}
-KIND_COLORS = {"embedding": "#4c72b0", "head": "#c44e52", "head_prune": "#e8a0a2", "attention": "#dd8452", "ffn": "#55a868",
+KIND_COLORS = {"embedding": "#4c72b0", "head": "#c44e52", "head_index": "#e8a0a2", "attention": "#dd8452", "ffn": "#55a868",
                "ple_table": "#2f4b7c", "ple": "#a3845f",
                "norm": "#937860", "rope": "#8172b3", "tokenizer": "#8c8c8c", "kv": "#da8bc3",
                "logits": "#ccb974", "scratch": "#64b5cd", "other": "#999999"}
@@ -69,6 +69,8 @@ def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=
         tok = p.parent / "tokenizer.json"
     ir = load_model(str(p), tokenizer_path=str(tok) if tok else None, context=context)
     qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=list(quant or ()), scales=scales)
+    from converter import headcalib
+    qm.head_index = headcalib.calibrate(qm)[0]       # convert's decision (--head-index auto)
     return ModelSpec.from_quant(qm, str(p)), dict(kind="checkpoint", qm=qm, path=p)
 
 
@@ -148,7 +150,7 @@ def print_plan(console, plan, collapse: bool = True) -> None:
                f"[bold]{p.total_us:,.0f}[/]")
     console.print(ph)
     from converter.planner import output_label
-    console.print(f"output layer: {output_label(plan.head)}", soft_wrap=True, style="dim")
+    console.print(f"output layer: {output_label(plan.head, plan.spec)}", soft_wrap=True, style="dim")
     console.print(f"predicted [bold]{p.tok_s:,.2f} tok/s[/] on {plan.board}", soft_wrap=True)
 
 
@@ -492,7 +494,7 @@ def measure_layouts(sess, plans: dict, prompt_ids, max_tokens: int, temperature=
 
 def step_head(t, sampling: str) -> str | int:
     """The output layer a TOKEN's step computed (a generation without ALL_LOGITS): skipped on a
-    prompt step (head_rows 0), whole when sampling, else the rows of the pruned greedy scan."""
+    prompt step (head_rows 0), whole when sampling, else the rows of the greedy step."""
     if t.head_rows == 0:
         return "skip"
     return "full" if sampling != "greedy" else int(t.head_rows)

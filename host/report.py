@@ -229,6 +229,7 @@ def summarize(result: RunResult) -> dict:
         "fw_version": hello.fw_version if hello is not None else None,
         "model_hash": bytes(hello.model_hash).hex() if hello is not None else None,
         "layout_id": hello.layout_id if hello is not None else None,
+        "bit_exact": hello.bit_exact if hello is not None else None,
         "prompt_tokens": len(result.prompt_ids),
         "steps_received": len(result.tokens),
         "generated_tokens": len(gen),
@@ -481,6 +482,8 @@ def summary_renderables(result: RunResult) -> list:
         lines.append(f"device total (DONE): {s['device_total_us']:,} µs, stop reason {s['reason']}  [{at}]")
     lines.append(f"host wall time: {s['host_wall_s']:.3f} s (host clock, includes the serial link)")
     out.extend(Text(line) for line in lines)
+    if result.hello is not None:
+        out.append(bit_exact_line(result.hello))
     if h is not None and h["mismatch_steps"]:
         out.append(Text(f"harness and engine byte counters differ on step(s) {h['mismatch_steps'][:20]}",
                         style="bold yellow"))
@@ -517,6 +520,13 @@ def pass_lines(pa: dict, at: str) -> list[str]:
                    + (f" (drafting {tiers(dec['draft_bytes_per_token']) or '0'})" if dec["draft_bytes_per_token"] else "")
                    + f"  [{at}]")
     return out
+
+
+def bit_exact_line(hello):
+    """The board's golden check as one line: loud when it is not bit-exact with the reference."""
+    from rich.text import Text
+    style = {"exact": "green", "differs": "bold red"}.get(hello.golden, "yellow")
+    return Text(f"bit-exact with the reference: {hello.bit_exact}  [board {hello.board}]", style=style)
 
 
 def _rows_cell(h: dict) -> str:
@@ -567,7 +577,9 @@ def _hello_dict(h) -> dict | None:
     return {"proto_version": h.proto_version, "image_ok": bool(h.image_ok),
             "model_hash": bytes(h.model_hash).hex(), "layout_id": h.layout_id,
             "vocab_size": h.vocab_size, "out_vocab": h.out_vocab, "max_seq_len": h.max_seq_len, "clock": h.clock,
-            "clock_name": clock_name(h.clock), "fw_version": h.fw_version, "board": h.board, "batch": h.batch}
+            "clock_name": clock_name(h.clock), "fw_version": h.fw_version, "board": h.board, "batch": h.batch,
+            "golden": {"state": h.golden, "checked_steps": h.golden_checked, "total_steps": h.golden_total,
+                       "first_diff_step": h.golden_first_diff, "bit_exact": h.bit_exact}}
 
 
 def _token_dict(t) -> dict:

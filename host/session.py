@@ -162,29 +162,43 @@ class Session(Collector, Recovery):
                                 f"but the selected model is {want.hex()[:16]}: flash the matching image "
                                 f"or pick the matching --model")
 
-    # -- layout ----------------------------------------------------------------------------
+    # -- layout and golden check: a request the board answers with HELLO -------------------
     def set_layout(self, layout_id: int, state_tiers: int, tiers: bytes, timeout: float | None = None):
         """Switch the board's placement (LAYOUT); returns the HELLO it answers with. ERROR raises
-        DeviceError, silence LinkTimeout. Tensors are re-staged, the KV cache starts empty."""
+        DeviceError, silence LinkTimeout. Tensors are re-staged, the KV cache starts empty, the
+        golden check runs again (the KV format is part of the placement)."""
+        # a HELLO with another layout_id answered an earlier PING: the LAYOUT's own follows
+        return self._request_hello(P.Layout(int(layout_id), int(state_tiers), bytes(tiers)), "the layout",
+                                   timeout, lambda h, logs: h.layout_id == layout_id)
+
+    def selftest(self, timeout: float | None = None):
+        """SELFTEST: the board runs every step of its image's golden check (docs/formats.md 1.3) and
+        answers a LOG, then HELLO with the result; returns that Hello."""
+        # the check's own LOG comes first: a HELLO before it answered an earlier PING
+        return self._request_hello(P.SelfTest(), "SELFTEST", timeout,
+                                   lambda h, logs: any("golden" in t for t in logs))
+
+    def _request_hello(self, msg, what: str, timeout: float | None, answers: Callable) -> P.Hello:
+        """Send msg; return the first HELLO that ``answers(hello, logs)`` accepts (logs: the LOG texts
+        since msg). ERROR raises DeviceError, silence LinkTimeout."""
         timeout = self.frame_timeout if timeout is None else timeout
-        self._send(P.Layout(int(layout_id), int(state_tiers), bytes(tiers)))
-        deadline = time.monotonic() + timeout
+        self._send(msg)
+        deadline, logs = time.monotonic() + timeout, []
         while (left := deadline - time.monotonic()) > 0:
             fr = self._recv(left)
             if fr is None:
                 break
             m = fr.msg
-            if isinstance(m, P.Hello):
-                if m.layout_id != layout_id:
-                    continue      # a late answer to an earlier PING: the LAYOUT's own HELLO follows
+            if isinstance(m, P.Hello) and answers(m, logs):
                 self.hello = m
                 return m
             if isinstance(m, P.Error):
-                raise DeviceError(f"{self.hello.board if self.hello else self.name} refused the layout: "
+                raise DeviceError(f"{self.hello.board if self.hello else self.name} refused {what}: "
                                   f"{_error_text(m)}", m)
             if isinstance(m, P.Log):
                 self.logs.append(m.text)
-        raise LinkTimeout(f"{self.name} did not answer LAYOUT within {timeout:g} s")
+                logs.append(m.text)
+        raise LinkTimeout(f"{self.name} did not answer {what} within {timeout:g} s")
 
     # -- generation ------------------------------------------------------------------------
     def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_p: float = 0.0,

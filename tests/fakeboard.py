@@ -100,8 +100,11 @@ class FakeBoard:
                  board="fakeboard", fw="fake-0.1", clock=2, image_ok=True,
                  image_error="tensor table out of bounds", boot_junk=b"", ignore_pings=0,
                  drop_steps=(), corrupt_steps=(), silent_after=None, generate_error=None,
-                 step_delay=0.0, proto=3, ple=False, out_vocab=None):
+                 step_delay=0.0, proto=3, ple=False, out_vocab=None, golden=(2, 2, 4, 0xFFFF),
+                 selftest_golden=None):
         self.vocab, self.max_seq_len = vocab, max_seq_len
+        # HELLO's golden check (state, checked, total, first step that differs), and after a SELFTEST
+        self.golden, self.selftest_golden = golden, selftest_golden
         self.proto, self.ple = proto, ple
         self.out_vocab = vocab if out_vocab is None else out_vocab
         self.model_hash, self.layout_id = bytes(model_hash), layout_id
@@ -192,8 +195,9 @@ class FakeBoard:
         fw, board = self.fw.encode(), self.board.encode()
         sizes = (struct.pack("<IIIB", self.layout_id, self.vocab, self.max_seq_len, self.clock) if self.proto == 1
                  else struct.pack("<IIIIB", self.layout_id, self.vocab, self.out_vocab, self.max_seq_len, self.clock))
+        golden = struct.pack("<BHHH", *self.golden) if self.proto >= 3 else b""
         return (struct.pack("<HH", self.proto, 1 if self.image_ok else 0) + self.model_hash + sizes
-                + bytes([len(fw)]) + fw + bytes([len(board)]) + board + (b"\x01" if self.proto >= 3 else b""))
+                + bytes([len(fw)]) + fw + bytes([len(board)]) + board + (b"\x01" + golden if self.proto >= 3 else b""))
 
     def _error(self, code: int, text: str) -> None:
         raw = text.encode()
@@ -206,6 +210,8 @@ class FakeBoard:
                     self._on_ping()
                 elif t == 0x02:
                     self._on_generate(payload)
+                elif t == 0x07:
+                    self._on_selftest()
 
     def _on_ping(self) -> None:
         self._pings += 1
@@ -216,6 +222,13 @@ class FakeBoard:
             return
         if not self.image_ok:
             self._error(3, self.image_error)
+        self._send(0x81, self._hello())
+
+    def _on_selftest(self) -> None:
+        if self.selftest_golden is not None:
+            self.golden = self.selftest_golden
+        text = b"golden check, KV cache f32: as the test set it"
+        self._send(0x86, struct.pack("<H", len(text)) + text)
         self._send(0x81, self._hello())
 
     def _on_generate(self, p: bytes) -> None:

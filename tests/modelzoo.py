@@ -49,10 +49,18 @@ def random_ple_model(seed: int = 0, **cfg) -> ModelIR:
 
 def spread_head(ir: ModelIR, seed: int = 0, span: float = 3.0) -> ModelIR:
     """The same model with its output layer's rows scaled by exp(-span * U[0, 1)) each: row norms
-    spread over a factor e^span, so a greedy step's pruned scan can stop early (in a trained model
+    spread over a factor e^span, so a greedy step's tile scan can skip tiles (in a trained model
     a few rows dominate; random rows are all alike and need every row scanned)."""
     name = "tok_embeddings" if ir.config.tied else "output"
     w = ir.tensors[name]
     scale = np.exp(-span * np.random.default_rng(seed).random(w.shape[0]))
     ir.tensors[name] = (w * scale[:, None]).astype(np.float32)
     return ir
+
+
+def with_head_index(qm, size: int = 8):
+    """qm with a head index of tiles of at most ``size`` rows, whatever it costs (flashlm convert's
+    calibration, converter/headcalib.py, decides for real models)."""
+    from converter import headprune
+    qm.head_index = headprune.build(qm.head(), qm.config.n_out, size)
+    return qm

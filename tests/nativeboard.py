@@ -1,7 +1,9 @@
-"""Run a QuantModel on the native virtual board: blob, build (cached per model shape), pty, Link."""
+"""Run a QuantModel on the native virtual board: blob, build (cached per model shape), pty, Link;
+and a board (native or emulated) whose firmware is built wrong on purpose."""
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import time
 import zlib
 from pathlib import Path
@@ -9,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import serial
 
-from converter.blob import write_blob
+from converter.blob import build_blob, write_blob
 from converter.reference import NO_TOKEN
 from firmware.build import build_firmware
 from host.protocol import Done, Error, Generate, Hello, Link, Logits, Ping, Token
-from host.virtual import start_native_board
+from host.virtual import start_emulated_board, start_native_board
 
 _builds: dict = {}
 
@@ -46,6 +48,28 @@ def native_link(qm, tmp: Path, build_root: Path, blob_bytes: bytes | None = None
             link.send(Ping())
             boot = recv_until(link, lambda m: isinstance(m, Hello))
             yield link, boot
+        finally:
+            port.close()
+
+
+@contextlib.contextmanager
+def rebuilt_board(qm, tmp_path, board="native", define=None, make_args=()):
+    """A board running qm with a firmware build changed on purpose (a #define appended to its
+    config header, or make variables); yields (link, boot HELLO, blob bytes)."""
+    blob = tmp_path / "model.flmb"
+    blob.write_bytes(build_blob(qm))
+    fw = build_firmware(board, tmp_path / "fw", blob)
+    if define:
+        cfg = fw.project_dir / "flm_config.h"
+        cfg.write_text(cfg.read_text() + f"#define {define}\n")
+    subprocess.run(["make", "-s", "-B", "-C", str(fw.project_dir), *make_args], check=True, capture_output=True)
+    start = start_native_board if board == "native" else start_emulated_board
+    with start(fw.binary, blob) as b:
+        port = serial.Serial(b.port, 115200, timeout=0.05)
+        try:
+            link = Link(port)
+            link.send(Ping())
+            yield link, recv_until(link, lambda m: isinstance(m, Hello), timeout=120)[-1], blob.read_bytes()
         finally:
             port.close()
 
@@ -105,31 +129,42 @@ def assert_matches_reference(toks, logits, ref) -> None:
         assert t.logits_crc == zlib.crc32(r["logits"].tobytes())
 
 
-def expected_bytes_read(qm, pos: int, head_rows: int | None = None, pruned: bool = False) -> tuple[int, int, int]:
+def expected_bytes_read(qm, pos: int, head_rows: int | None = None, greedy: bool = False) -> tuple[int, int, int]:
     """(flash, psram, sram) one step at pos reads with everything in flash and the KV cache in SRAM:
     each matrix once, one embedding row, one PLE table row, every norm call (ple.norm once per
     layer), this position's RoPE rows, and per head the K and V rows 0..pos; then the final norm and
     the head: all out_vocab rows (head_rows None; a tied head is the embedding's first out_vocab
-    rows), none (head_rows 0: a prompt step that skips it), or head_rows rows of a pruned greedy scan
-    plus 8 bytes of head.prune each and the 4-byte bound that stopped the scan (if it stopped)."""
+    rows), none (head_rows 0: a prompt step that skips it), or a greedy step's head_rows rows. With a
+    head index (converter/headprune.py) the whole head also reads every row's map entry (the scatter
+    into token order), a greedy step reads every centre row and tile record and its rows' map
+    entries, and a tied head's embedding row costs one map entry; without one a greedy step reads
+    the whole head."""
     from converter.blob import build_blob, parse_header
     c = qm.config
     h = parse_header(build_blob(qm))
     by = {e.name: e for e in h.entries}
+    idx = qm.head_index
+    mb = idx.map_bytes if idx is not None else 0
     emb = by["tok_embeddings"]
     head = by["output"] if not c.tied else emb
-    gathered = ("tok_embeddings", "ple.table", "output")
+    gathered = ("tok_embeddings", "ple.table", "output", "head.centroids")
     mats = sum(e.length for e in h.entries if e.fmt in ("q8", "q4") and e.name not in gathered)
     norms = 2 * c.n_layers * c.dim * 4 + c.n_layers * (c.ple_dim + c.dim) * 4 * bool(c.ple_dim)
     rows = c.n_out if head_rows is None else head_rows
-    out = (c.dim * 4 if rows else 0) + rows * head.row_stride
-    out += (8 * rows + (4 if rows < c.n_out else 0)) if pruned else 0     # records, and the bound that stopped
-    flash = (mats + emb.row_stride + (by["ple.table"].row_stride if c.ple_dim else 0) + norms + c.head_dim * 4
-             + out)
+    if rows == 0:
+        out = 0
+    elif greedy and idx is not None:       # the tile scan
+        out = by["head.centroids"].length + 8 * idx.n_tiles + rows * (head.row_stride + mb)
+    else:                                  # the whole head (a greedy step's without an index)
+        assert rows == c.n_out
+        out = rows * (head.row_stride + mb)
+    out += c.dim * 4 if rows else 0
+    embed = emb.row_stride + (mb if c.tied else 0)
+    flash = (mats + embed + (by["ple.table"].row_stride if c.ple_dim else 0) + norms + c.head_dim * 4 + out)
     return flash, 0, c.n_layers * c.n_heads * 2 * (pos + 1) * c.head_dim * 4
 
 
 def token_bytes_read(qm, t) -> tuple[int, int, int]:
-    """expected_bytes_read for a TOKEN frame: its head mode from head_rows and the CRC (a pruned
-    scan reports no CRC; a whole head always one)."""
-    return expected_bytes_read(qm, t.pos, t.head_rows, pruned=t.head_rows > 0 and t.logits_crc == 0)
+    """expected_bytes_read for a TOKEN frame: its head mode from head_rows and the CRC (a greedy
+    step reports no CRC; a whole head computed for its logits always one)."""
+    return expected_bytes_read(qm, t.pos, t.head_rows, greedy=t.head_rows > 0 and t.logits_crc == 0)

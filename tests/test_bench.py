@@ -38,10 +38,11 @@ def test_parse_totals():
 def test_decode_figures_divide_the_difference():
     incl = lambda body, head: {"flm_body_many": body, "flm_head": 0, "flm_head_all": 0, "flm_head_argmax": head,
                                "flm_sample": 0, "flm_slide": 0}
-    first = dict(total=1000, inclusive=incl(900, 100), self={"a": 600, "b": 400, "same": 5})
-    longer = dict(total=5000, inclusive=incl(4500, 500), self={"a": 3000, "b": 1995, "same": 5, "new": 5})
+    first = dict(total=1000, inclusive=incl(900, 100), self={"a": 600, "b": 400, "same": 5}, head_rows=[10])
+    longer = dict(total=5000, inclusive=incl(4500, 500), self={"a": 3000, "b": 1995, "same": 5, "new": 5},
+                  head_rows=[10, 7, 8, 9, 6])
     f = decode_figures(first, longer, decode=4, prompt_len=3)
-    assert f["ir_per_decode_token"] == 1000
+    assert f["ir_per_decode_token"] == 1000 and f["head_rows_per_decode_token"] == 7.5
     assert f["inclusive_per_decode_token"]["flm_body_many"] == 900
     assert f["inclusive_per_decode_token"]["flm_head_argmax"] == 100
     assert f["self_per_decode_token"] == {"a": 600, "b": 398.75, "new": 1.25}    # unchanged functions left out
@@ -162,3 +163,18 @@ def test_passes_figures_print_and_flag_tokens_that_differ(capsys):
     assert "T=4: 200,000 B (20.00 M cycles = 50 µs; predicted 60 µs (1.20x measured))" in out
     assert "per emitted token; predicted 200,000 µs (0.80x measured)" in out
     assert "esp32s3-n16r8, PREDICTED" in out and "T=8: does not fit its RAM" in out and "= 1.25x plain" in out
+
+
+def test_native15m_table_labels_the_published_figure(capsys):
+    from bench import native15m
+    cg = lambda ir, rows: dict(ir_per_decode_token=ir, head_rows_per_decode_token=rows)
+    native15m.print_table(dict(
+        shape="15M shape", checkpoint="v2 file", matrices_kept=43, compiler="cc 12", cpu_avx2=True,
+        runq_ir_per_token_issue=native15m.RUNQ_IR_PER_TOKEN, ir_target=native15m.IR_TARGET,
+        callgrind={"clones_pruned": cg(20e6, 32000), "clones_all_logits": cg(16.5e6, 32000),
+                   "baseline_pruned": cg(28e6, 32000), "baseline_all_logits": cg(24.5e6, 32000)},
+        tok_s={"default": dict(tok_per_s_pruned=900.0, tok_per_s_all_logits=1000.0, head_rows_pruned_mean=512.0,
+                               head_rows_out_vocab=1024)}))
+    text = capsys.readouterr().out
+    assert "16.50M" in text and "57.7M" in text and "NOT MEASURED HERE" in text and "<= 40M" in text
+    assert "pruned/all 0.900, head rows 512 of 1024" in text

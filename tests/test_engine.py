@@ -6,20 +6,20 @@ import pytest
 
 from converter.quantize import quantize
 from converter.reference import FLAG_LOGITS, fexp, gelu, generate, silu
-from modelzoo import random_model
+from modelzoo import random_model, spread_head, with_head_index
 from nativeboard import assert_matches_reference, expected_bytes_read, native_link, run, token_bytes_read
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 CASES = {
-    # name: (model config, default format, group size, overrides)
-    "q8-tied-gqa-ragged": (dict(), "q8", 32, []),
+    # name: (model config, default format, group size, overrides, head index tile size (0: none))
+    "q8-tied-gqa-ragged": (dict(), "q8", 32, [], 0),
     "q4-untied-mha": (dict(dim=64, n_heads=4, n_kv_heads=4, hidden_dim=96, tied=False, vocab_size=120),
-                      "q4", 16, ["tok_embeddings=q4:16", "output=q4:32"]),
+                      "q4", 16, ["tok_embeddings=q4:16", "output=q4:32"], 8),
     "mixed-mqa-odd-groups": (dict(dim=48, n_heads=4, n_kv_heads=1, hidden_dim=70, n_layers=3, vocab_size=61),
-                             "q8", 20, ["layers.*.ffn=q4:7", "layers.1.attn.wq=q4:48"]),
+                             "q8", 20, ["layers.*.ffn=q4:7", "layers.1.attn.wq=q4:48"], 0),
     "q4-tied-head": (dict(dim=40, n_heads=2, n_kv_heads=1, hidden_dim=64, vocab_size=50),
-                     "q4", 32, ["tok_embeddings=q4:24"]),
+                     "q4", 32, ["tok_embeddings=q4:24"], 5),
 }
 
 
@@ -34,9 +34,11 @@ def bits(a):
 
 @pytest.mark.parametrize("case", CASES)
 def test_engine_matches_reference_bit_for_bit(case, tmp_path, build_root):
-    cfg, fmt, g, ov = CASES[case]
+    cfg, fmt, g, ov, tile = CASES[case]
     _, ir = random_model(seed=len(case), **cfg)
     qm = quantize(ir, fmt, g, ov)
+    if tile:     # the head's rows stored in tile order: the embedding and the whole head go through its maps
+        with_head_index(qm, tile)
     prompt = [1, 7, 3]
     runs = [(0.0, 0.0, 0), (0.9, 0.0, 11), (0.8, 0.9, 12345)]
     with native_link(qm, tmp_path, build_root) as (link, _):
@@ -57,16 +59,20 @@ def test_context_full_and_eos_stop(tmp_path, build_root):
         assert [t.out_id for t in toks[1:]] == [r["out_id"] for r in ref[1:]]
 
 
-def test_bytes_read_per_tier(tmp_path, build_root):
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("index", [False, True])
+def test_bytes_read_per_tier(tmp_path, build_root, tied, index):
     """Every step reads each matrix once, one embedding row, norms, RoPE rows; KV grows with pos;
-    the head: skipped on prompt steps, pruned rows (+ their head.prune records) on greedy steps, all
-    rows with ALL_LOGITS."""
-    _, ir = random_model(seed=5)
-    qm = quantize(ir, "q8", 32)
+    the head: skipped on prompt steps; on greedy steps the tile scan's centre rows, records, rows
+    and map entries with a head index, else the whole head; all rows with ALL_LOGITS."""
+    _, ir = random_model(seed=5, tied=tied)
+    qm = with_head_index(quantize(spread_head(ir, span=6.0), "q8", 32), 8) if index else quantize(ir, "q8", 32)
     with native_link(qm, tmp_path, build_root) as (link, _):
         toks, _, _ = run(link, [1, 2, 3], 5, logits=False)
         full, _, _ = run(link, [1, 2, 3], 5, logits=False, all_logits=True)
     assert [t.head_rows for t in toks[:2]] == [0, 0] and all(t.head_rows > 0 for t in toks[2:])
+    assert [t.head_rows for t in toks[2:]] == [r["head_rows"] for r in generate(qm, [1, 2, 3], 5)[2:]]
+    assert any(t.head_rows < qm.config.n_out for t in toks[2:]) == index     # tiles skipped only with an index
     for t in toks:
         assert t.bytes_read == token_bytes_read(qm, t)
     for t in full:

@@ -1,23 +1,26 @@
-"""The kernels' exactness on the emulated RP2040: the build's own soft-float (firmware/hal/rp2040:
+"""The kernels' exactness. On the emulated RP2040: the build's own soft-float (firmware/hal/rp2040:
 softfloat.c, softfloat_m0.s) gives the host's IEEE binary32 results bit for bit (NumPy) over
-generated and edge-case operands; the boot self-check passes with the tuned Cortex-M0+ group dots,
-and a firmware whose tuned kernel is wrong refuses to generate with ERROR self_check (native and
-emulated boards)."""
+generated and edge-case operands; the boot self-check passes with the tuned Cortex-M0+ group dots.
+On the host: the vectorised rows (kernels.c, built by gcc and clang, with and without the AVX2
+clones, and as the 32-bit scalar build) equal converter/reference.py on tensors of every shape
+class (group sizes with and without a vectorised row, short last groups, odd q4 groups, fp16
+scales, the full code range). A firmware whose tuned kernel is wrong refuses to generate with
+ERROR self_check (native and emulated boards)."""
+import shutil
 import subprocess
 
 import numpy as np
 import pytest
-import serial
 
 import bench.kernels as kernels
-from converter.blob import write_blob
+from converter.blob import encode_qtensor, row_stride
+from converter.ir import QTensor
 from converter.quantize import quantize
+from converter.reference import PackedMatrix
 from emuboard import require_emulator
-from firmware.build import build_firmware
-from host.protocol import Error, Hello, Link, Ping
-from host.virtual import start_emulated_board, start_native_board
+from host.protocol import Error
 from modelzoo import random_model
-from nativeboard import recv_until, run
+from nativeboard import rebuilt_board, recv_until, run
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
@@ -46,15 +49,83 @@ def test_float_check_sees_a_wrong_bit(probe, monkeypatch):
     assert bad and all(line.startswith("fmul(") for line in bad)
 
 
-def test_activation_codes_round_as_the_reference_for_every_float(tmp_path):
-    # kernels.c rounds x*127/amax on the float's bits; converter/reference.py's round_half_away is
-    # (int32)(v +- 0.5f): every binary32 v in [-127, 127] (2.2e9 of them) must get the same code
+# the rounding of the cores without vectors (on the float's bits: i386 with SSE but not SSE2, kernels.c
+# has no FLM_VECTOR there) and of the cores with them (the float form, vectorised)
+@pytest.mark.parametrize("flags", [["-m32", "-msse", "-mfpmath=sse"], []], ids=["bits", "vector"])
+def test_activation_codes_round_as_the_reference_for_every_float(flags, tmp_path):
+    # converter/reference.py's round_half_away is (int32)(v +- 0.5f): every binary32 v in [-127, 127]
+    # (2.2e9 of them) must get the same code from flm_quantize_act
     exe = tmp_path / "quantize_check"
-    subprocess.run(["cc", "-std=c99", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror",
-                    f"-I{ROOT}/firmware/engine", str(ROOT / "tests/c/quantize_check.c"),
-                    str(ROOT / "firmware/engine/kernels.c"), "-o", str(exe)], check=True)
+    r = subprocess.run(["cc", "-std=c99", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", *flags,
+                        f"-I{ROOT}/firmware/engine", str(ROOT / "tests/c/quantize_check.c"),
+                        str(ROOT / "firmware/engine/kernels.c"), "-o", str(exe)], capture_output=True, text=True)
+    if r.returncode != 0 and "-m32" in flags and ("gnu/stubs-32" in r.stderr or "cannot find" in r.stderr):
+        pytest.skip("no 32-bit C library (apt-get install libc6-dev-i386)")
+    assert r.returncode == 0, r.stderr
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     assert out == "0\n", out
+
+
+# host builds of kernels.c: (compiler, flags); FLM_NO_CLONES is the x86-64 baseline alone; i386 with
+# SSE but not SSE2 builds the portable C of the cores without SIMD (int8 codes, no vectorised rows),
+# its floats in SSE registers (x87's wider intermediates would not round as binary32)
+HOST_BUILDS = [("cc", []), ("cc", ["-DFLM_NO_CLONES"]), ("clang", []), ("clang", ["-DFLM_NO_CLONES"]),
+               ("cc", ["-m32", "-msse", "-mfpmath=sse"])]
+
+
+def matvec_cases(seed: int, n: int):
+    """Random tensors over the shape classes the row kernels tell apart, with their inputs."""
+    rng = np.random.default_rng(seed)
+    for k in range(n):
+        fmt = ("q8", "q4")[k % 2]
+        g = int(rng.choice([1, 2, 3, 7, 8, 16, 23, 24, 31, 32, 33, 64, 96, 128, 129]))
+        cols = int(rng.integers(1, 3 * g + 4)) if k % 3 else g * int(rng.integers(1, 12))   # a third whole
+        rows, s16 = int(rng.integers(1, 6)), bool(k % 5 == 4)
+        lo, hi = (-128, 127) if fmt == "q8" else (-8, 7)           # every code the format can hold
+        codes = rng.integers(lo, hi + 1, (rows, cols)).astype(np.int8)
+        ng = -(-cols // g)
+        scales = (rng.standard_normal((rows, ng)) * 10.0 ** rng.integers(-6, 3, (rows, ng))).astype(np.float32)
+        if s16:
+            scales = scales.astype(np.float16).astype(np.float32)
+        xq = rng.integers(-127, 128, cols).astype(np.int8)
+        xq[rng.random(cols) < 0.2] = rng.choice([-127, 127])
+        xs = (np.abs(rng.standard_normal(ng)) * 10.0 ** rng.integers(-4, 2, ng)).astype(np.float32)
+        xs[rng.random(ng) < 0.1] = 0.0
+        yield QTensor(fmt, codes, scales, g, s16), xq, xs
+
+
+@pytest.mark.parametrize("cc,flags", HOST_BUILDS, ids=lambda v: v if isinstance(v, str) else " ".join(v) or "-")
+def test_host_rows_equal_the_reference(cc, flags, tmp_path):
+    if shutil.which(cc) is None:
+        pytest.skip(f"{cc} is not installed")
+    exe = tmp_path / "matvec_check"
+    r = subprocess.run([cc, "-std=c99", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", *flags,
+                        f"-I{ROOT}/firmware/engine", str(ROOT / "tests/c/matvec_check.c"),
+                        str(ROOT / "firmware/engine/kernels.c"), "-o", str(exe)], capture_output=True, text=True)
+    if r.returncode != 0 and "-m32" in flags and ("gnu/stubs-32" in r.stderr or "cannot find" in r.stderr):
+        pytest.skip("no 32-bit C library (apt-get install libc6-dev-i386)")
+    assert r.returncode == 0, r.stderr
+    cases = list(matvec_cases(seed=len(flags), n=400))
+    feed, want = [], []
+    for q, xq, xs in cases:
+        rows, cols = q.shape
+        code = {"q8": 1, "q4": 2}[q.fmt]
+        feed += [np.array([code, rows, cols, q.group_size, int(q.scale16), row_stride(q.fmt, cols, q.group_size, q.scale16)],
+                          "<u4").tobytes(), encode_qtensor(q), xq.tobytes(), xs.astype("<f4").tobytes()]
+        xg = np.zeros(q.n_groups * q.group_size, np.int32)
+        xg[:cols] = xq
+        ref = PackedMatrix(q).matvec_q(xg.reshape(q.n_groups, q.group_size), xs)
+        want.append(np.concatenate([ref, ref]))
+    out = subprocess.run([str(exe)], input=b"".join(feed), capture_output=True, check=True).stdout
+    got = np.frombuffer(out[:-4], "<f4")
+    assert np.frombuffer(out[-4:], "<i4")[0] == 0, "flm_kernels_self_check failed"
+    at = 0
+    for (q, _, _), w in zip(cases, want):
+        g_ = got[at:at + w.size]
+        at += w.size
+        assert g_.view(np.uint32).tolist() == w.view(np.uint32).tolist(), \
+            f"{q.fmt} g{q.group_size} {q.shape} fp16={q.scale16}: rows (all, one by one) {g_} != reference {w}"
+    assert at == got.size
 
 
 def test_tuned_kernels_pass_the_self_check(probe):
@@ -66,24 +137,8 @@ def test_wrong_tuned_kernel_is_refused_at_boot(board, tmp_path):
     if board == "rp2040-emu":
         require_emulator()
     _, ir = random_model(seed=3)
-    qm = quantize(ir, "q8", 32)
-    blob = tmp_path / "model.flmb"
-    write_blob(qm, blob)
-    fw = build_firmware(board, tmp_path / "fw", blob)
-    cfg = fw.project_dir / "flm_config.h"
-    cfg.write_text(cfg.read_text() + "#define FLM_FAULT_TUNED_KERNEL 1\n")
-    subprocess.run(["make", "-s", "-C", str(fw.project_dir)], check=True, capture_output=True)
-    start = start_native_board if board == "native" else start_emulated_board
-    with start(fw.binary, blob) as b:
-        port = serial.Serial(b.port, 115200, timeout=0.05)
-        try:
-            link = Link(port)
-            link.send(Ping())
-            boot = recv_until(link, lambda m: isinstance(m, Error))
-            hello = [m for m in boot if isinstance(m, Hello)][-1]
-            err = boot[-1]
-            assert not hello.image_ok and err.name == "self_check" and "self-check failed" in err.text
-            toks, _, done = run(link, [1, 2, 3], 2)
-        finally:
-            port.close()
+    with rebuilt_board(quantize(ir, "q8", 32), tmp_path, board, define="FLM_FAULT_TUNED_KERNEL 1") as (link, hello, _):
+        err = recv_until(link, lambda m: isinstance(m, Error))[-1]
+        assert not hello.image_ok and err.name == "self_check" and "self-check failed" in err.text
+        toks, _, done = run(link, [1, 2, 3], 2)
     assert toks == [] and isinstance(done, Error) and done.name == "self_check"

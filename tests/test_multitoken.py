@@ -323,7 +323,7 @@ def test_draft_travels_in_the_blob_and_refuses_another_vocabulary():
     qd = with_draft(qm)
     blob = build_blob(qd, batch=4)
     h = parse_header(blob)
-    assert [e.name for e in h.entries][-2:] == [DRAFT, "head.prune"]
+    assert [e.name for e in h.entries][-2:] == [DRAFT, "golden"]
     back = read_blob(blob)
     assert back.draft.kv == "int8" and back.draft.qm.config.max_seq_len == qm.config.max_seq_len
     d = next(e for e in h.entries if e.name == DRAFT)

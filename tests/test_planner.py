@@ -19,7 +19,7 @@ from converter.planner import NoFit, PlanError, plan, plan_layout
 from converter.quantize import quantize
 from converter.reference import FLAG_LOGITS, generate
 from host.protocol import Error, Hello, Layout
-from modelzoo import random_model
+from modelzoo import random_model, with_head_index
 from nativeboard import drain, expected_bytes_read, native_link, run
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
@@ -212,19 +212,29 @@ def test_region_sizes_mirror_engine_state(blob_checker, tmp_path, cfg, g, data):
     assert sum(rb.values()) == state_bytes(cfg, min_group, batch=batch)
 
 
-def test_bytes_read_formula_matches_engine_test():
-    """Planner figures for the default layout against tests/test_engine.py's formula."""
-    _, ir = random_model(seed=5)
-    qm = quantize(ir, "q8", 32)
-    spec = ModelSpec.from_header(parse_header(build_blob(qm)))
-    n_out = qm.config.n_out
-    for pos in (0, 3, 47):
-        for head, rows, pruned in (("full", None, False), ("skip", 0, False), (17, 17, True), (None, n_out, True)):
-            p = C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), pos, head=head)
-            flash, psram, sram = expected_bytes_read(qm, pos, rows, pruned)
-            assert p.bytes_read == {"flash": flash, "psram": psram, "sram": sram}, (pos, head)
-    with pytest.raises(ModelError, match="head must be full, skip or a row count"):
-        C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), 0, head=n_out + 1)
+@pytest.mark.parametrize("tied", [True, False])
+def test_bytes_read_formula_matches_engine_test(tied):
+    """Planner figures for the default layout against tests/nativeboard.py's formula, with and
+    without a head index (greedy steps: the tile scan at the calibration's expected rows, or the
+    whole head)."""
+    _, ir = random_model(seed=5, tied=tied)
+    for qm in (quantize(ir, "q8", 32), with_head_index(quantize(ir, "q8", 32), 8)):
+        if qm.head_index is not None:
+            qm.head_index.expected_rows = 41.4      # as the calibration would have measured
+        spec = ModelSpec.from_header(parse_header(build_blob(qm)))
+        n_out = qm.config.n_out
+        cases = [("full", None, False), ("skip", 0, False), (n_out, n_out, True)]
+        cases += [(17, 17, True), (None, 41, True)] if qm.head_index else [(None, n_out, True)]
+        for pos in (0, 3, 47):
+            for head, rows, greedy in cases:
+                p = C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), pos, head=head)
+                flash, psram, sram = expected_bytes_read(qm, pos, rows, greedy)
+                assert p.bytes_read == {"flash": flash, "psram": psram, "sram": sram}, (pos, head)
+        with pytest.raises(ModelError, match="head must be full, skip or the rows of a greedy step"):
+            C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), 0, head=n_out + 1)
+        if qm.head_index is None:
+            with pytest.raises(ModelError, match="no head index"):
+                C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), 0, head=17)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,11 +308,12 @@ def test_ple_seed_shape_fits_esp32s3_n16r8_with_the_table_in_flash():
     # with the embedding pinned to flash, flash gives both gathered rows plus the head's stream
     fl = plan(spec, "esp32s3-n16r8", overrides=["embedding=flash"], head="full")
     assert fl.prediction.bytes_read["flash"] == 448 + 25353 * 52
-    # a greedy step is quoted at the pruned scan's upper bound: every row, each its own gather, + records
+    # a shape has no head index (it needs weights to calibrate): a greedy step computes the whole head
     up = plan(spec, "esp32s3-n16r8")
-    assert up.uses["tok_embeddings"].rows["output"] == 25353 and up.uses["head.prune"].read == {"output": 8 * 25353}
-    assert up.prediction.phase_us["output"] > pl.prediction.phase_us["output"]
-    assert "upper bound" in up.to_dict()["prediction"]["output_layer"]
+    assert spec.head_scan is None and "head.tiles" not in up.uses
+    assert up.uses["tok_embeddings"].read["output"] == 25353 * 52 and up.uses["tok_embeddings"].rows == {"embed": 1}
+    assert up.prediction.phase_us["output"] > pl.prediction.phase_us["output"]      # + its argmax
+    assert "the whole head and its argmax" in up.to_dict()["prediction"]["output_layer"]
     # a prediction for every phase, PLE included, within 3x of the published measurement
     pub = SHAPES["ple-28m"]["published"]
     ph = pl.prediction.phase_us

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from host import protocol as P
 from host.protocol import (
     Done, Error, Frame, FrameDecoder, Generate, GenerateText, Hello, Layout, Link, Log, Logits, MsgType, Ping,
-    ProtocolError, Resend, Resent, Stop, Token,
+    ProtocolError, Resend, Resent, SelfTest, Stop, Token,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,8 +48,6 @@ messages = st.one_of(
               u8, st.sampled_from(P.SPECULATE), u8),
     st.builds(GenerateText, st.text(max_size=60), u32, f32, f32, u64, st.booleans(), st.booleans(), st.booleans(),
               u8, st.sampled_from(P.SPECULATE), u8),
-    st.builds(Hello, st.integers(3, 0xFFFF), st.booleans(), st.binary(min_size=16, max_size=16), u32, u32,
-              u32, u32, u8, text, text, st.booleans(), st.booleans(), u8),
     st.builds(Token, u32, u32, u32, st.one_of(st.none(), st.integers(0, 0xFFFFFFFE)),
               st.tuples(*[u32] * 7), st.tuples(*[u32] * 3), u32, u32, st.binary(max_size=255), st.just(0), u8, u8,
               st.sampled_from(P.PASS_KINDS)),
@@ -61,8 +59,12 @@ messages = st.one_of(
     st.builds(Log, st.text(max_size=300)),
     st.builds(Resend, u32, st.lists(u32, max_size=P.RESEND_MAX).map(tuple)),
     st.builds(Resent, st.sampled_from(P.RESENT_STATES), u32, u32, u32, st.lists(u32, max_size=40).map(tuple)),
-    st.builds(Hello, u16.filter(lambda v: v != 1), st.booleans(), st.binary(min_size=16, max_size=16), u32, u32,
+    st.builds(Hello, st.sampled_from([0, 2]), st.booleans(), st.binary(min_size=16, max_size=16), u32, u32,
               u32, u32, u8, text, text, st.booleans(), st.booleans()),
+    st.builds(Hello, st.integers(3, 0xFFFF), st.booleans(), st.binary(min_size=16, max_size=16), u32, u32,
+              u32, u32, u8, text, text, st.booleans(), st.booleans(), u8, st.booleans(), st.sampled_from(P.GOLDEN_STATES), u16, u16,
+              st.one_of(st.none(), st.integers(0, 0xFFFE))),
+    st.just(SelfTest()),
 )
 
 EXAMPLES = [
@@ -91,6 +93,10 @@ EXAMPLES = [
     Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "native", True, True),
     GenerateText("Once upon a time é😀", 32, 0.75, 0.5, 9, True),
     GenerateText("", 1),
+    SelfTest(),
+    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "native", True, True, "exact", 2, 4),
+    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 2, "0.1.0", "rp2040-emu", True, False, "differs", 2, 4, 1),
+    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "pico", True, False, "none"),
 ]
 
 
@@ -208,6 +214,9 @@ def test_wire_layout():
     assert v3[-5:] == b"\x01a\x01b\x08"                              # version 3: the batch after board
     assert P.encode_payload(GenerateText("h\u00e9", 10, 0.5, 0.0, 3, True)) == (
         6, struct.pack("<IffQIBBBBH", 10, 0.5, 0.0, 3, 1, 0, 0, 0, 0, 3) + "h\u00e9".encode())
+    v3 = P.encode_payload(Hello(3, True, bytes(16), 0, 0, 0, 0, 0, "", "b", False, False, 1, False, "differs", 3, 4, 2))[1]
+    assert v3[-10:] == b"\x01b\x01" + struct.pack("<BHHH", 3, 3, 4, 2)   # batch, then golden: state, checked, total, first
+    assert P.encode_payload(SelfTest()) == (7, b"")
     frame = P.encode_frame(Ping(), 0x0102)
     body = P.cobs_decode(frame[:-1])
     assert frame[-1] == 0 and body[:3] == b"\x01\x02\x01"
@@ -224,7 +233,7 @@ def test_decode_payload_errors():
             with pytest.raises(ProtocolError) as e:
                 P.decode_payload(t, payload)
             assert isinstance(e.value, ValueError) and "\n" not in str(e.value)
-    for t in (0x00, 0x07, 0x80, 0x88, 0xFF):
+    for t in (0x00, 0x08, 0x80, 0x88, 0xFF):
         with pytest.raises(ProtocolError, match="unknown message type"):
             P.decode_payload(t, b"")
     bad_reason = bytearray(P.encode_payload(EXAMPLES[8])[1])
@@ -264,6 +273,7 @@ HOST_MESSAGES = st.one_of(
     st.builds(GenerateText, st.text(max_size=200), u32, f32, f32, u64, st.booleans(), st.booleans(), st.booleans(),
               u8, st.sampled_from(P.SPECULATE), u8),
     st.builds(Resend, u32, st.lists(u32, max_size=P.RESEND_MAX).map(tuple)),
+    st.just(SelfTest()),
 )
 
 

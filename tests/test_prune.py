@@ -1,78 +1,112 @@
-"""The exactly pruned greedy head: the same token as the full scan's first maximum, on adversarial
-activations, in the reference and in the C engine (bit for bit, the same rows visited)."""
+"""The greedy head's tile index (converter/headprune.py, docs/formats.md section 3): every tile's
+bound is at least each of its rows' computed logits, so the scan returns the full scan's first
+maximum — in the reference on many random heads and inputs, and in the C engine bit for bit with
+the same rows visited; the convert-time calibration keeps an index only where it pays; a blob whose
+index is unsound is refused."""
 import struct
 import subprocess
+import zlib
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from converter import headprune
+from converter import headcalib
+from converter import headprune as hp
 from converter.blob import BlobError, build_blob, read_blob
-from converter.ir import QTensor
 from converter.quantize import quantize, quantize_matrix
 from converter.reference import PackedMatrix, Reference, quantize_activation
-from modelzoo import random_model, random_ple_model, spread_head
+from modelzoo import random_model, random_ple_model, spread_head, with_head_index
 
 F = np.float32
 
 
 # ---------------------------------------------------------------------------------------------
-# the records
+# the index
 
-def test_records_sorted_by_bound_then_row_and_bounds_round_up():
+def test_index_structure_and_section_round_trip():
     w = np.random.default_rng(1).standard_normal((40, 37)).astype(F)
-    w[7] = w[3]                                              # a tie in bound: row order decides
     q = quantize_matrix(w, "q4", 8)
-    rec = headprune.records(q, 33)
-    assert len(rec) == 33 and sorted(rec["row"]) == list(range(33))
-    b, r = rec["bound"].astype(np.float64), rec["row"]
-    assert np.all((b[:-1] > b[1:]) | ((b[:-1] == b[1:]) & (r[:-1] < r[1:])))
-    g = np.arange(37) // 8   # ||code * scale||, the products exact in float64 (the engine's true weights)
-    exact = np.sqrt(np.sum((q.codes[:33].astype(np.float64) * q.scales[:33][:, g]) ** 2, axis=1))
-    got = np.empty(33)
-    got[r] = b      # rounded up to binary32, once: within float64's own rounding (covered by MARGIN)
-    assert np.all(got >= exact * (1 - 1e-12)) and np.all(np.nextafter(got.astype(F), F(0)) < exact * (1 + 1e-12))
-    assert list(r).index(3) + 1 == list(r).index(7)
+    idx = hp.build(q, 33, 4)                         # a head of 33 rows in a 40-row tensor (tied, out_vocab < vocab)
+    sizes = np.diff(np.append(idx.starts, 33))
+    assert idx.starts[0] == 0 and np.all(sizes >= 1) and np.all(sizes <= 4) and idx.n_tiles == 9
+    assert sorted(idx.perm) == list(range(33))
+    assert idx.centroids.fmt == "q8" and idx.centroids.group_size == 8 and idx.centroids.shape == (9, 37)
+    wd, c = hp.dequantized(q, 33), hp.dequantized(idx.centroids)
+    for t, (a, b) in enumerate(zip(idx.starts, idx.ends())):   # each radius covers its rows' distance to the centre
+        rows = idx.perm[a:b]
+        assert list(rows) == sorted(rows)
+        assert idx.radius[t] >= np.sqrt(((wd[rows] - c[t]) ** 2).sum(axis=1)).max()
+    inv = idx.inverse(40)
+    assert np.array_equal(inv[idx.perm], np.arange(33)) and np.array_equal(inv[33:], np.arange(33, 40))
+    back = hp.read_section(hp.section_bytes(idx, 40), 33, 40, idx.centroids)
+    for f in ("perm", "starts", "radius"):
+        assert np.array_equal(getattr(back, f), getattr(idx, f))
+    stored = hp.stored_head(q, idx)
+    assert np.array_equal(stored.codes[:33], q.codes[idx.perm]) and np.array_equal(stored.codes[33:], q.codes[33:])
+    assert np.array_equal(hp.token_order_head(stored, idx).codes, q.codes)
 
 
 # ---------------------------------------------------------------------------------------------
-# the scan, against the full scan's first maximum (reference only: many random heads)
+# the bound and the scan, against the full scan (reference only: many random heads)
 
 @st.composite
 def heads(draw):
+    """A quantized head with hostile rows (norms spread over e^6, a component shared by every row,
+    duplicated rows: exact ties; rows equal but for sign) and tiles: balanced of a drawn size (1:
+    every bound as tight as the rounding margin allows) or a random partition (far from similar)."""
     rows, cols = draw(st.integers(2, 60)), draw(st.integers(1, 70))
     g = draw(st.integers(1, 80))
     fmt = draw(st.sampled_from(["q8", "q4"]))
     rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
     w = rng.standard_normal((rows, cols)) * np.exp(draw(st.floats(0, 6)) * rng.random(rows))[:, None]
-    if draw(st.booleans()):                                  # rows sharing a common component
+    if draw(st.booleans()):
         w += rng.standard_normal(cols) * draw(st.floats(0, 5))
-    for _ in range(draw(st.integers(0, 3))):                 # duplicated rows: tied logits
+    for _ in range(draw(st.integers(0, 3))):
         a, b = rng.integers(0, rows, 2)
-        w[b] = w[a]
-    return quantize_matrix(w.astype(F), fmt, g, draw(st.booleans())), rng
+        w[b] = w[a] * draw(st.sampled_from([1.0, -1.0]))
+    q = quantize_matrix(w.astype(F), fmt, g, draw(st.booleans()))
+    if draw(st.booleans()):
+        idx = hp.build(q, rows, draw(st.sampled_from([1, 1, 2, 3, 8, rows])))
+    else:
+        cut = np.sort(rng.choice(np.arange(1, rows), int(rng.integers(0, rows)), replace=False))
+        idx = hp.build(q, rows, 0, np.split(rng.permutation(rows), cut))
+    return q, idx, rng
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(heads(), st.sampled_from(["aligned", "anti", "random", "tiny", "zero"]), st.floats(-30, 30))
-def test_pruned_scan_is_the_first_maximum(hq, kind, log_scale):
-    q, rng = hq
+def test_every_bound_holds_and_the_scan_is_the_first_maximum(hq, kind, log_scale):
+    q, idx, rng = hq
     rows, cols = q.shape
-    head = PackedMatrix(q)
     w = q.dequantize()
     r = int(rng.integers(0, rows))
     x = {"aligned": w[r], "anti": -w.mean(axis=0), "random": rng.standard_normal(cols),
          "tiny": rng.standard_normal(cols) * 1e-30, "zero": np.zeros(cols)}[kind]
     x = (x * np.exp(log_scale)).astype(F)
     xq, xs = quantize_activation(x, q.group_size)
-    logits = head.matvec_q(xq, xs)
-    tok, n = headprune.scan(logits, headprune.records(q, rows), xq, xs)
-    assert tok == int(np.argmax(logits)) and 1 <= n <= rows
-    top = logits.max()
-    seen = set(headprune.records(q, rows)["row"][:n])
-    assert all(logits[i] < top for i in range(rows) if i not in seen)     # every skipped row is below
+    logits = PackedMatrix(q).matvec_q(xq, xs)
+    x2, xm = hp.x_margin(xq, xs)
+    if x2 >= hp.FLOOR:      # the proof's claim: no row's computed logit is above its tile's bound
+        u = hp.bounds(idx, xq, xs, xm)
+        for t, (a, b) in enumerate(zip(idx.starts, idx.ends())):
+            assert np.all(u[t] >= logits[idx.perm[a:b]]), (t, u[t], logits[idx.perm[a:b]].max())
+    tok, n, tiles = hp.scan(idx, logits, xq, xs)
+    assert tok == int(np.argmax(logits))
+    assert 1 <= n <= rows and 1 <= tiles <= idx.n_tiles if x2 >= hp.FLOOR else (n, tiles) == (rows, 0)
+    assert hp.scan(None, logits, xq, xs) == (int(np.argmax(logits)), rows, 0)
+
+
+def test_first_max_is_the_engine_loop():
+    nan = float("nan")
+    for v in ([1, 3, 3, 2], [nan, 5, 6], [2, nan, 7, 7], [-np.inf, -np.inf], [0.0, -0.0]):
+        v = np.array(v, F)
+        want = 0
+        for i in range(1, len(v)):
+            if v[i] > v[want]:
+                want = i
+        assert hp.first_max(v) == want
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,28 +128,33 @@ def head_of(ir):
 
 
 def adversarial_model(case: str, variant: str):
-    """The case's model with its head made hostile: spread row norms (pruning stops early), rows
-    duplicated (ties: the first maximum must win), a common component shared by every row (negative
-    maxima), a final norm so small that X2 falls below the underflow floor, or far from 1 (scaled)."""
+    """The case's model with its head made hostile, and a head index of tiles of 4 rows (none for
+    "whole"): spread row norms (tiles skipped), rows duplicated or negated (ties: the first maximum
+    must win), a common component shared by every row (negative maxima), a final norm so small that
+    X2 falls below the underflow floor, or far from 1 (scaled), or rows and norm so large that the
+    logits overflow to infinities and NaN (outside the claim: the engine and the reference must still
+    agree on the token and the rows)."""
     make, fmt, g, ov, scales = CASES[case]
     ir = make()
     name, n_out = head_of(ir), ir.config.n_out
+    if variant in ("spread", "ties", "scaled", "whole", "overflow"):
+        spread_head(ir, seed=len(case), span=6.0)
     w = ir.tensors[name]
-    if variant in ("spread", "ties"):
-        spread_head(ir, seed=len(case))
-        w = ir.tensors[name]
     if variant == "ties":
-        for a, b in ((0, n_out - 1), (3, 9), (5, 6)):
-            w[b] = w[a]
+        for a, b, s in ((0, n_out - 1, 1), (3, 9, 1), (5, 6, -1), (7, 8, -1)):
+            w[b] = s * w[a]
     if variant == "common":
         w += 4.0 * np.abs(np.random.default_rng(1).standard_normal(w.shape[1])).astype(F)
     if variant == "tiny":
         ir.tensors["norm"] = np.full_like(ir.tensors["norm"], 1e-25)
-    if variant == "scaled":      # ||x|| ~ 1e14, head rows ~ 1e-12: Xm far from the logits' scale
-        spread_head(ir, seed=len(case))
+    if variant == "scaled":      # ||x|| ~ 1e14, head rows ~ 1e-12: the bounds far from the logits' scale
         ir.tensors["norm"] = ir.tensors["norm"] * F(1e12)
         ir.tensors[name] = ir.tensors[name] * F(1e-12)
-    return quantize(ir, fmt, g, ov, scales="f32" if variant == "scaled" else scales)
+    if variant == "overflow":
+        ir.tensors["norm"] = ir.tensors["norm"] * F(1e10)
+        ir.tensors[name] = ir.tensors[name] * F(1e30)
+    qm = quantize(ir, fmt, g, ov, scales="f32" if variant in ("scaled", "overflow") else scales)
+    return qm if variant == "whole" else with_head_index(qm, 4)
 
 
 def activations(qm, rng) -> dict[str, np.ndarray]:
@@ -126,8 +165,8 @@ def activations(qm, rng) -> dict[str, np.ndarray]:
     w = qm.head().dequantize()[:c.n_out]
     g = qm.tensors["norm"].astype(F)
     g = np.where(g == 0, F(1), g)
-    b = headprune.row_bounds(qm.head(), c.n_out)
-    rows = sorted({int(np.argmax(b)), int(np.argmin(b)), 0, 3, 5, c.n_out - 1, int(rng.integers(c.n_out))})
+    norms = np.linalg.norm(w, axis=1)
+    rows = sorted({int(np.argmax(norms)), int(np.argmin(norms)), 0, 3, 5, c.n_out - 1, int(rng.integers(c.n_out))})
     xs = {f"row{r}": w[r] / g for r in rows}
     xs.update(anti=-w.mean(axis=0) / g, mean=w.mean(axis=0) / g, zero=np.zeros(c.dim))
     xs.update({f"random{s:g}": rng.standard_normal(c.dim) * s for s in (1e-6, 1.0, 1e6)})
@@ -136,7 +175,7 @@ def activations(qm, rng) -> dict[str, np.ndarray]:
 
 
 def run_heads(exe, blob_path, xs, n_out):
-    """tests/c/blob_check.c's "head" mode: the engine's pruned and full output layer on each x."""
+    """tests/c/blob_check.c's "head" mode: the engine's greedy and whole output layer on each x."""
     data = struct.pack("<I", len(xs)) + b"".join(x.tobytes() for x in xs)
     out = subprocess.run([str(exe), str(blob_path), "head"], input=data, capture_output=True, check=True,
                          timeout=60).stdout
@@ -148,57 +187,89 @@ def run_heads(exe, blob_path, xs, n_out):
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")   # x / 1e-25 squared: inf, as in C
-@pytest.mark.parametrize("variant", ["spread", "ties", "common", "tiny", "scaled"])
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # inf - inf: NaN, as in C
+@pytest.mark.parametrize("variant", ["spread", "ties", "common", "tiny", "scaled", "whole", "overflow"])
 @pytest.mark.parametrize("case", CASES)
-def test_engine_pruned_head_equals_full_scan_and_reference(blob_checker, tmp_path, case, variant):
+def test_engine_greedy_head_equals_full_scan_and_reference(blob_checker, tmp_path, case, variant):
     qm = adversarial_model(case, variant)
     c = qm.config
     (tmp_path / "m.flmb").write_bytes(build_blob(qm))
     ref = Reference(qm)
     xs = activations(qm, np.random.default_rng(7))
-    stopped = []
+    skipped = []
     got = run_heads(blob_checker, tmp_path / "m.flmb", list(xs.values()), c.n_out)
     for x, (tok, rows, full, logits) in zip(xs.values(), got):
         want = ref.logits(x)
-        assert np.array_equal(logits.view(np.uint32), want.view(np.uint32))      # the full scan, bit for bit
-        assert tok == full == int(np.argmax(want))                              # the same first maximum
-        assert (tok, rows) == ref.argmax(x)                                     # the same rows visited
-        stopped.append(rows < c.n_out)
+        assert np.array_equal(logits.view(np.uint32), want.view(np.uint32))      # the whole head, in token order
+        assert full == hp.first_max(want) and (tok, rows) == ref.argmax(x)      # the same rows visited
+        if np.all(np.isfinite(want)):                                           # the claim: finite logits
+            assert tok == full
+        skipped.append(rows < c.n_out)
     if variant == "ties":   # the duplicated rows tie; the lower row wins
         w = qm.head().dequantize()
-        assert np.array_equal(w[0], w[c.n_out - 1]) and np.array_equal(w[3], w[9])
-    if variant == "common":  # every logit negative against the rows' mean: nothing may be pruned
-        x = xs["anti"]
-        assert ref.logits(x).max() < 0 and ref.argmax(x)[1] == c.n_out
-    if variant == "tiny":    # X2 under the floor: the scan never stops early
-        assert not any(stopped)
+        assert np.array_equal(w[0], w[c.n_out - 1]) and np.array_equal(w[5], -w[6])
+    if variant == "common":  # every logit negative against the rows' mean: still the first maximum
+        assert ref.logits(xs["anti"]).max() < 0
+    if variant in ("tiny", "whole"):    # X2 under the floor, or no index: every row
+        assert not any(skipped)
     if variant in ("spread", "ties", "scaled"):
-        assert any(stopped), "pruning never stopped early: the test would prove nothing"
+        assert any(skipped), "no tile was ever skipped: the test would prove nothing"
+    if variant == "overflow":   # the case is what it says
+        assert any(not np.all(np.isfinite(ref.logits(x))) for x in xs.values())
 
 
 # ---------------------------------------------------------------------------------------------
-# a blob whose records do not match its head is refused
+# the convert-time decision
 
-def test_blob_with_wrong_prune_records_refused_in_python_and_c(blob_checker, tmp_path):
-    import zlib
-    qm = quantize(random_model(seed=35)[1], "q8", 32)
-    blob = bytearray(build_blob(qm))
+def test_calibration_keeps_an_index_only_where_it_pays():
+    spread = quantize(spread_head(random_model(seed=41)[1], span=6.0), "q8", 32)
+    index, rep = headcalib.calibrate(spread)
+    assert index is not None and rep["kept"] and rep["worst"] <= 1 - headcalib.MIN_GAIN
+    size = rep["tile_size"]
+    assert rep["tile_sizes"][size]["rows_pct"] == pytest.approx(100 * index.expected_rows / spread.config.n_out)
+    assert index.calib_steps == rep["steps"] == headcalib.STEPS
+    alike = quantize(random_model(seed=44)[1], "q8", 32)    # every row alike: tiles save nothing
+    none, rep = headcalib.calibrate(alike)
+    assert none is None and not rep["kept"] and "would cost" in rep["reason"]
+    forced, rep = headcalib.calibrate(alike, force=True)
+    assert forced is not None and rep["kept"] and rep["worst"] > 1 - headcalib.MIN_GAIN
+
+
+# ---------------------------------------------------------------------------------------------
+# a blob whose index is unsound is refused
+
+def _entry(blob, name):
     n, table = struct.unpack_from("<II", blob, 36)
-    e = next(table + 64 * i for i in range(n) if blob[table + 64 * i:table + 64 * i + 10] == b"head.prune")
+    return next(table + 64 * i for i in range(n) if blob[table + 64 * i:table + 64 * i + 32].rstrip(b"\0") == name)
+
+
+def test_blob_with_a_bad_head_index_refused_in_python_and_c(blob_checker, tmp_path):
+    qm = with_head_index(quantize(random_model(seed=35)[1], "q8", 32), 8)
+    blob = bytearray(build_blob(qm))
+    back = read_blob(bytes(blob))
+    assert np.array_equal(back.head().codes, qm.head().codes) and np.array_equal(back.head_index.perm, qm.head_index.perm)
+    e = _entry(blob, b"head.tiles")
     off = struct.unpack_from("<I", blob, e + 52)[0]
-    cases = {"swap": (lambda b: b.__setitem__(slice(off, off + 16), b[off + 8:off + 16] + b[off:off + 8]),
-                      "does not match", "ok"),
-             "row": (lambda b: struct.pack_into("<I", b, off + 8, qm.config.n_out), "does not match",
-                     "record names no head row"),
-             "nan": (lambda b: struct.pack_into("<f", b, off + 12, float("nan")), "does not match", "bad bound"),
-             "short": (lambda b: struct.pack_into("<I", b, e + 40, 8 * qm.config.n_out - 8), None, "wrong shape")}
+    rec, n_out, nt = off + 32, qm.config.n_out, qm.head_index.n_tiles
+    perm = rec + 8 * nt
+    cases = {   # name: (mutate, Python's refusal, C's refusal)
+        "order": (lambda b: struct.pack_into("<I", b, rec + 8, 0), "do not ascend", "tiles must ascend"),
+        "nan": (lambda b: struct.pack_into("<f", b, rec + 4, float("nan")), "not in \\+0..\\+inf", "radii"),
+        "negative": (lambda b: struct.pack_into("<f", b, rec + 12, -1.0), "not in \\+0..\\+inf", "radii"),
+        "smaller": (lambda b: struct.pack_into("<f", b, rec + 4, struct.unpack_from("<f", b, rec + 4)[0] * 0.99),
+                    "not the one its rows give", "ok"),
+        "map": (lambda b: b.__setitem__(slice(perm, perm + 4), b[perm + 2:perm + 4] + b[perm:perm + 2]),
+                "not inverse permutations", "not inverse permutations"),
+        "tiles": (lambda b: struct.pack_into("<I", b, off, nt + 1), "does not fit", "does not fit"),
+        "half": (lambda b: b.__setitem__(slice(_entry(b, b"head.centroids"), _entry(b, b"head.centroids") + 4), b"xead"),
+                 "come together", "half a head index"),
+    }
     for name, (mutate, python, c) in cases.items():
         b = bytearray(blob)
         mutate(b)
         struct.pack_into("<I", b, 12, zlib.crc32(memoryview(b)[16:]))
-        if python:
-            with pytest.raises(BlobError, match=python):
-                read_blob(bytes(b))
+        with pytest.raises(BlobError, match=python):
+            read_blob(bytes(b))
         (tmp_path / "m.flmb").write_bytes(bytes(b))
         out = subprocess.run([str(blob_checker), str(tmp_path / "m.flmb")], capture_output=True, text=True).stdout
         assert c in out, (name, out)

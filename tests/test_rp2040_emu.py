@@ -14,8 +14,8 @@ from converter.reference import FLAG_ALL_LOGITS, FLAG_LOGITS, NO_TOKEN, generate
 from emuboard import BOARD, emu_link, image_for, require_emulator
 from firmware.build import BuildError, build_firmware
 from host.protocol import Error, Hello, Log
-from modelzoo import random_ple_model, random_model
-from nativeboard import assert_matches_reference, drain, run
+from modelzoo import random_ple_model, random_model, spread_head, with_head_index
+from nativeboard import assert_matches_reference, assert_steps_match, drain, run, token_bytes_read
 
 CASES = {
     # name: (model config, default format, group size, overrides) — no block padding: the core
@@ -98,6 +98,34 @@ def test_ple_model_bit_exact_on_the_emulated_rp2040(case, tmp_path, build_root):
         toks = check_run(link, board, qm, [1, 39, 3], 32, 0.0, 0.0, 0, padding=padding_per_step(qm))
         check_run(link, board, qm, [5], 8, 0.8, 0.9, 7, padding=padding_per_step(qm))
     assert all(t.head_rows == qm.config.n_out and t.us[3] > 0 for t in toks)
+
+
+@pytest.mark.parametrize("case", ["q4-untied", "ple-q8-tied-out-lt-vocab"])
+def test_head_index_tile_scan_bit_exact_on_the_emulated_rp2040(case, tmp_path, build_root):
+    """A head index on the Cortex-M0+: greedy steps scan tiles (the same tokens and rows visited as
+    the reference), whole-head steps go through the row map into token order (the same logits),
+    and the harness counts exactly the centre rows, records, rows and map entries the engine does."""
+    if case == "q4-untied":
+        _, ir = random_model(seed=23, dim=64, n_heads=4, n_kv_heads=4, hidden_dim=96, tied=False, vocab_size=120)
+        qm = quantize(spread_head(ir, span=6.0), "q4", 32, ["output=q4:32"])
+    else:
+        ir = random_ple_model(seed=24, dim=32, n_heads=2, n_kv_heads=2, hidden_dim=40, vocab_size=40, ple_dim=8,
+                              out_vocab=33, max_seq_len=40)
+        qm = quantize(spread_head(ir, span=6.0), "q8", 16)
+    with_head_index(qm, 4)
+    assert padding_per_step(qm) == 0
+    prompt = [1, 39, 3]
+    with emu_link(qm, tmp_path, build_root) as (link, boot, board):
+        for flags in (0, FLAG_ALL_LOGITS):
+            board.read_counts()
+            toks, _, done = run(link, prompt, 12, logits=False, all_logits=bool(flags))
+            assert_steps_match(toks, generate(qm, prompt, 12, flags=flags))
+            counts = {c["step"]: c for c in board.read_counts()}
+            assert [list(t.bytes_read) for t in toks] == [counts[t.step]["bytes"] for t in toks]
+            assert all(t.bytes_read == token_bytes_read(qm, t) for t in toks)
+            if not flags:
+                assert any(0 < t.head_rows < qm.config.n_out for t in toks), "no tile skipped: proves nothing"
+        check_run(link, board, qm, [5], 6, 0.8, 0.9, 7)
 
 
 def test_ragged_groups_bit_exact_and_padding_is_the_only_difference(tmp_path, build_root):

@@ -11,6 +11,7 @@ pytest.importorskip("host.protocol")
 pytest.importorskip("serial")
 
 from fakeboard import FakeBoard, expected_run, piece  # noqa: E402
+from host import protocol as P  # noqa: E402
 from host import report as R  # noqa: E402
 from host.cli import main  # noqa: E402
 from host.protocol import Link  # noqa: E402
@@ -296,7 +297,8 @@ def test_older_protocol_board_is_refused_with_the_fix(connect, proto):
         with pytest.raises(BoardError) as e:
             s.handshake(timeout=5, interval=0.3)
     msg = str(e.value)
-    assert f"protocol version {proto}" in msg and "version 3" in msg and "flashlm flash" in msg and "\n" not in msg
+    assert f"protocol version {proto}" in msg and f"version {P.PROTO_VERSION}" in msg and "flashlm flash" in msg
+    assert "\n" not in msg
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,6 +326,41 @@ def test_cli_run_over_port(tmp_path, capsys):
     assert len(data["generated_ids"]) == 5
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
     assert len((tmp_path / "r.csv").read_text().splitlines()) == 1 + len(PROMPT) + 5 - 1
+
+
+def test_cli_run_says_whether_the_board_is_bit_exact(tmp_path, capsys):
+    """Every run prints the board's golden check; --selftest runs all its steps first (SELFTEST); a
+    board that is not bit-exact still generates, and the JSON report records the check."""
+    d = _model_dir(tmp_path)
+    with FakeBoard() as fb:
+        assert main(["run", "--port", fb.path, "--model", str(d), "--prompt-ids", "1,4", "--max-tokens", "2",
+                     "--timeout", "3"]) == 0
+        assert 0x07 not in fb.types_received()
+    assert "bit-exact with the reference: yes (2 of 4 golden steps)" in capsys.readouterr().out
+    with FakeBoard(selftest_golden=(3, 4, 4, 3)) as fb:
+        rc = main(["run", "--port", fb.path, "--model", str(d), "--prompt-ids", "1,4", "--max-tokens", "2",
+                   "--timeout", "3", "--selftest", "--json", str(tmp_path / "r.json")])
+        assert 0x07 in fb.types_received()
+    out = capsys.readouterr().out
+    assert rc == 0 and out.count("bit-exact with the reference: no (first step that differs: 3)") == 2
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["hello"]["golden"] == {"state": "differs", "checked_steps": 4, "total_steps": 4,
+                                       "first_diff_step": 3, "bit_exact": "no (first step that differs: 3)"}
+    assert data["summary"]["bit_exact"] == "no (first step that differs: 3)"
+    with FakeBoard(golden=(0, 0, 0, 0xFFFF)) as fb:
+        assert main(["run", "--port", fb.path, "--model", str(d), "--prompt-ids", "1,4", "--max-tokens", "1",
+                     "--timeout", "3"]) == 0
+    assert "bit-exact with the reference: not checked (the image has no golden check" in capsys.readouterr().out
+
+
+def test_selftest_answer_is_the_hello_after_the_checks_log(connect):
+    with FakeBoard(selftest_golden=(2, 4, 4, 0xFFFF)) as fb:
+        s = connect(fb)
+        s.handshake(timeout=5, interval=0.3)
+        s._send(P.Ping())                    # a HELLO that answers a PING arrives first
+        h = s.selftest(timeout=3)
+    assert (h.golden, h.golden_checked, h.bit_exact) == ("exact", 4, "yes (4 of 4 golden steps)")
+    assert s.hello is h and any("golden check" in t for t in s.logs)
 
 
 def test_cli_run_hash_mismatch(tmp_path, capsys):

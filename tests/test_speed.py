@@ -1,5 +1,5 @@
 """The engine's speed work on the boards, bit for bit against the reference: prompt steps without
-the output layer, the pruned greedy head (ids, head rows, CRCs where a whole head was computed),
+the output layer, the greedy head's tile scan (ids, head rows, CRCs where a whole head was computed),
 the int8 KV cache (a placement option: blob header or LAYOUT), the sliding window — on the native
 board and the emulated RP2040 (whose harness also counts the bytes the core reads)."""
 import struct
@@ -13,26 +13,29 @@ from converter.footprint import region_bytes
 from converter.quantize import quantize
 from converter.reference import FLAG_ALL_LOGITS, FLAG_LOGITS, FLAG_SLIDE, NO_TOKEN, generate
 from host.protocol import Error, Hello, Layout, MsgType, encode_raw_frame
-from modelzoo import random_model, random_ple_model, spread_head
+from modelzoo import random_model, random_ple_model, spread_head, with_head_index
 from nativeboard import (assert_matches_reference, assert_steps_match, drain, native_link, recv_until, run,
                          token_bytes_read)
 
 OUTPUT, SAMPLE = 4, 5     # phase indices
 
 CASES = {
-    # name: (model factory, default format, group, overrides, scales)
-    "q8-tied-spread": (lambda: spread_head(random_model(seed=41)[1]), "q8", 32, [], "f32"),
+    # name: (model factory, default format, group, overrides, scales); all but the last get a head
+    # index of tiles of 8 rows
+    "q8-tied-spread": (lambda: spread_head(random_model(seed=41)[1], span=6.0), "q8", 32, [], "f32"),
     "q4-untied-head-q4": (lambda: spread_head(random_model(seed=42, dim=64, n_heads=4, n_kv_heads=4, hidden_dim=96,
-                                                           tied=False, vocab_size=120)[1]), "q4", 16, ["head=q4"], "f32"),
-    "ple-out-lt-vocab-f16": (lambda: spread_head(random_ple_model(seed=43, tied=False, out_vocab=50)), "q4", 16,
+                                                           tied=False, vocab_size=120)[1], span=6.0), "q4", 16,
+                          ["head=q4"], "f32"),
+    "ple-out-lt-vocab-f16": (lambda: spread_head(random_ple_model(seed=43, out_vocab=50), span=6.0), "q4", 16,
                              ["head=q4"], "f16"),
-    "q8-random-head": (lambda: random_model(seed=44)[1], "q8", 32, [], "f32"),   # every row alike: no pruning
+    "q8-no-index": (lambda: random_model(seed=44)[1], "q8", 32, [], "f32"),   # greedy steps: the whole head
 }
 
 
 def qmodel(case):
     make, fmt, g, ov, scales = CASES[case]
-    return quantize(make(), fmt, g, ov, scales=scales)
+    qm = quantize(make(), fmt, g, ov, scales=scales)
+    return qm if case == "q8-no-index" else with_head_index(qm, 8)
 
 
 @pytest.fixture(scope="module")
@@ -64,17 +67,17 @@ def test_default_mode_matches_reference_and_all_logits_ids(case, tmp_path, build
                        and t.out_id is None for t in pre)
             if temperature > 0:     # sampling needs every logit
                 assert all(t.head_rows == c.n_out and t.logits_crc != 0 for t in dec)
-            else:                   # greedy: pruned, no CRC, the argmax inside the output phase
+            else:                   # greedy: no CRC, the argmax inside the output phase
                 assert all(0 < t.head_rows <= c.n_out and t.logits_crc == 0 and t.us[SAMPLE] == 0 for t in dec)
-                if case == "q8-random-head":
+                if case == "q8-no-index":
                     assert all(t.head_rows == c.n_out for t in dec)
-                else:
+                else:               # the tile scan skips tiles
                     assert sum(t.head_rows for t in dec) < 0.8 * c.n_out * len(dec)
             assert all(f.head_rows == c.n_out and f.logits_crc != 0 for f in full)
 
 
 def test_unknown_generate_flags_are_refused(tmp_path, build_root):
-    qm = qmodel("q8-random-head")
+    qm = qmodel("q8-no-index")
     with native_link(qm, tmp_path, build_root) as (link, _):
         payload = struct.pack("<IffQIBBBBI2I", 3, 0.0, 0.0, 0, 0x9, 0, 0, 0, 0, 2, 1, 2)
         link.port.write(encode_raw_frame(MsgType.GENERATE, link.tx_seq, payload))
@@ -95,7 +98,7 @@ KV_MODELS = {
 
 
 def kv_model(name):
-    return quantize(spread_head(random_model(**KV_MODELS[name])[1]), "q8", 24 if name == "mha-hd6" else 32)
+    return with_head_index(quantize(spread_head(random_model(**KV_MODELS[name])[1]), "q8", 24 if name == "mha-hd6" else 32))
 
 
 def kv_bytes(qm, pos, kv):
@@ -165,7 +168,7 @@ def slide_bytes(qm, kv):
 
 @pytest.mark.parametrize("kv", ["f32", "int8"])
 def test_sliding_window_bit_exact(kv, tmp_path, build_root):
-    qm = quantize(spread_head(random_model(seed=47, max_seq_len=11)[1]), "q8", 32)
+    qm = with_head_index(quantize(spread_head(random_model(seed=47, max_seq_len=11)[1]), "q8", 32))
     S = qm.config.max_seq_len
     prompt = [3, 1, 4, 1, 5]
     with native_link(qm, tmp_path, build_root, blob_bytes=build_blob(qm, kv=kv)) as (link, _):
@@ -198,8 +201,8 @@ def test_sliding_window_bit_exact(kv, tmp_path, build_root):
 
 def test_emulated_rp2040_int8_kv_slide_pruned(tmp_path):
     from emuboard import emu_link
-    qm = quantize(spread_head(random_model(seed=49, dim=32, n_heads=2, n_kv_heads=1, hidden_dim=48, vocab_size=40,
-                                           max_seq_len=9)[1]), "q8", 16)
+    qm = with_head_index(quantize(spread_head(random_model(seed=49, dim=32, n_heads=2, n_kv_heads=1, hidden_dim=48,
+                                                           vocab_size=40, max_seq_len=9)[1], span=6.0), "q8", 16), 4)
     prompt = [1, 5, 2]
     steps = []
     with emu_link(qm, tmp_path, tmp_path, blob_bytes=build_blob(qm, kv="int8")) as (link, boot, board):
@@ -272,4 +275,6 @@ def test_cli_convert_kv_run_slide_and_the_prefill_decode_report(tmp_path, capsys
                "--png", str(tmp_path / "p.png")])
     assert rc == 0 and kv_format(read_header(out / "model.flmb").state_tiers) == "int8"
     assert json.loads((out / "manifest.json").read_text())["kv"] == "int8"
-    assert "upper bound" in capsys.readouterr().out
+    # a random model: its rows are all alike, so convert's calibration left the head index out
+    assert json.loads((out / "manifest.json").read_text())["head_index"]["kept"] is False
+    assert "output layer: a greedy decode step: the whole head and its argmax" in capsys.readouterr().out

@@ -1,5 +1,5 @@
-/* The device app: boot (check the image and the kernels, place the model), then serve the host's
- * commands forever. The commands' handlers live in app_*.c (app_state.h lists them). */
+/* The device app: boot (check the image and the kernels, place the model, the golden check), then
+ * serve the host's commands forever. The commands' handlers live in app_*.c (app_state.h lists them). */
 #include "app.h"
 #include "app_state.h"
 #include "hal.h"
@@ -58,6 +58,7 @@ static void boot(uint8_t *arena, size_t cap, uint32_t arena_tier) {
         app_scopy(t, sizeof t, "flashlm " FLM_FW_VERSION ": image refused");
         app_send_log(t);
     }
+    app_golden_check(0);
     app_send_hello();
 }
 
@@ -81,6 +82,7 @@ void flm_app_run(uint8_t *arena, size_t cap, uint32_t arena_tier) {
         case FLM_STOP: break;   /* nothing running */
         case FLM_RESEND: app_resend(flm_dev.rx.payload, flm_dev.rx.len); break;
         case FLM_GENERATE_TEXT: app_generate_text(); break;
+        case FLM_SELFTEST: app_selftest(flm_dev.rx.payload, flm_dev.rx.len); break;
         default: app_send_error(FLM_E_BAD_MESSAGE, "unknown message type"); break;
         }
     }

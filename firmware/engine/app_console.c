@@ -247,7 +247,7 @@ void app_text_session(void) {
         if (len > m->batch) len = m->batch;
         flm_body_many(&flm_dev.state, ctx + pos, len, pos, &st);
         if (pos + len < n) continue;                                      /* prefill: no output layer */
-        tok = flm_head_argmax(&flm_dev.state, &st);                       /* greedy: the pruned scan */
+        tok = flm_head_argmax(&flm_dev.state, &st);                       /* greedy: the tile scan */
         if (pos + len < m->seq_len) ctx[pos + len] = tok;
         generated++;
         if (flm_is_stop(m, tok)) { end = "end of text"; break; }

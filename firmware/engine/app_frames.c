@@ -54,6 +54,10 @@ void app_send_hello(void) {
     flm_tx_s8(&flm_dev.tx, FLM_FW_VERSION, app_slen(FLM_FW_VERSION));
     flm_tx_s8(&flm_dev.tx, board, app_slen(board));
     flm_tx_u8(&flm_dev.tx, (uint8_t)(flm_dev.image_ok ? flm_dev.model.batch : 0u));   /* tokens per forward pass */
+    flm_tx_u8(&flm_dev.tx, flm_dev.golden.state);           /* the golden check (app_golden.c) */
+    flm_tx_u16(&flm_dev.tx, flm_dev.golden.checked);
+    flm_tx_u16(&flm_dev.tx, flm_dev.golden.total);
+    flm_tx_u16(&flm_dev.tx, flm_dev.golden.first_diff);
     flm_tx_end(&flm_dev.tx);
     if (!flm_dev.image_ok) app_send_error(flm_dev.kernels_ok ? FLM_E_BAD_IMAGE : FLM_E_SELF_CHECK, flm_dev.image_err);
 }

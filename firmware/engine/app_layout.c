@@ -176,5 +176,6 @@ void app_set_layout(const uint8_t *p, size_t len) {
         return;
     }
     app_log_layout("switched to");
+    app_golden_check(0);   /* the new placement's numerics (its KV format) */
     app_send_hello();
 }

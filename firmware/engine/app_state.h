@@ -1,7 +1,8 @@
 /* What the files of the device app share (app.c: boot and the command loop; app_frames.c: frames
  * and the RESEND ring; app_generate.c: GENERATE; app_console.c: received bytes, text prompts and
- * the console; app_layout.c: placement; app_text.c: message text): the app's state and the
- * functions each file offers the others. Not part of the engine's interface (app.h is). */
+ * the console; app_layout.c: placement; app_golden.c: the golden check; app_text.c: message text):
+ * the app's state and the functions each file offers the others. Not part of the engine's
+ * interface (app.h is). */
 #ifndef FLM_APP_STATE_H
 #define FLM_APP_STATE_H
 #include "engine.h"
@@ -20,12 +21,21 @@
 #define FLM_RXBUF_BYTES (FLM_RX_CAP > 192 ? FLM_RX_CAP : 192)
 
 #ifndef FLM_MAX_ENTRIES
-/* tensor-table entries a LAYOUT may address: at most 11 outside the layers (tokenizer, tokenizer.enc,
- * rope.cos, rope.sin, tok_embeddings, ple.table, ple.proj, ple.norm, norm, output, head.prune) */
-#define FLM_MAX_ENTRIES (11 + 12 * FLM_MAX_LAYERS)
+/* tensor-table entries a LAYOUT may address: at most 15 outside the layers (tokenizer, tokenizer.stop,
+ * tokenizer.enc, rope.cos, rope.sin, tok_embeddings, ple.table, ple.proj, ple.norm, norm, output,
+ * head.centroids, head.tiles, draft, golden) */
+#define FLM_MAX_ENTRIES (15 + 12 * FLM_MAX_LAYERS)
 #endif
 
 typedef struct { uint8_t *base; size_t cap, used; } flm_pool;
+
+/* The golden check's result (app_golden.c; HELLO's last fields, docs/formats.md section 2) */
+enum { FLM_GOLDEN_NONE = 0, FLM_GOLDEN_NOT_RUN = 1, FLM_GOLDEN_EXACT = 2, FLM_GOLDEN_DIFFERS = 3 };
+typedef struct {
+    uint8_t state;                 /* FLM_GOLDEN_*: none (no golden for this image and KV format), ... */
+    uint16_t checked, total;       /* steps compared; steps the golden holds for this KV format */
+    uint16_t first_diff;           /* the first step that differs, 0xFFFF: none */
+} flm_golden;
 
 typedef struct {
     flm_model model;
@@ -38,6 +48,7 @@ typedef struct {
     uint32_t staged[FLM_N_TIERS];  /* bytes of tensors copied into each tier */
     int image_ok;
     int kernels_ok;                /* the boot self-check passed (flm_kernels_self_check) */
+    flm_golden golden;             /* the last golden check, for the placement in effect */
     char image_err[120];
     flm_tx tx;
     flm_rx rx;
@@ -122,6 +133,10 @@ uint32_t app_draft_propose(uint32_t *ctx, uint32_t pos, uint32_t k, flm_step_sta
 void app_draft_accepted(uint32_t pos, uint32_t used);
 /* The main window slid by n_drop: the draft's does too (its bytes added likewise). */
 void app_draft_slide(uint32_t n_drop, flm_step_stats *st, uint32_t bytes[FLM_N_TIERS]);
+/* app_golden.c: the golden check against the reference's steps (all = 1: every step, else the
+ * image's boot steps), for the placement in effect; SELFTEST */
+void app_golden_check(int all);
+void app_selftest(const uint8_t *p, size_t len);
 
 /* app_layout.c */
 int app_place(const uint8_t *tiers, uint32_t state_tiers, char *err, size_t en);

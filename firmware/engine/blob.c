@@ -39,6 +39,7 @@ static uint64_t stride_of(uint32_t fmt, uint32_t cols, uint32_t g, uint32_t scal
     return full * cg + cl + (scale16 ? (2u * ng + 3u) & ~(uint64_t)3u : 4u * ng);
 }
 
+#define ANY_ROWS 0xFFFFFFFFu   /* slot(): a row count checked later (head.centroids: one per tile) */
 #define N_LAYER_TENSORS 12   /* the first 9 always; the 3 PLE ones when ple_dim > 0 */
 static const char *const LAYER_NAMES[N_LAYER_TENSORS] = {"attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo",
                                                          "ffn_norm", "ffn.w1", "ffn.w2", "ffn.w3",
@@ -59,7 +60,8 @@ static flm_tensor *slot(flm_model *m, flm_tensor *tokenizer, const char *name, u
     *rows = 1; *cols = m->dim; *fmts = F32;
     if (!strcmp(name, "norm")) return &m->norm;
     if (!strcmp(name, "tokenizer")) { *fmts = 1u << FLM_BYTES; *cols = 0; return tokenizer; }
-    if (!strcmp(name, "head.prune")) { *fmts = 1u << FLM_BYTES; *cols = 8u * m->n_out; return &m->head_prune; }
+    if (!strcmp(name, "head.tiles")) { *fmts = 1u << FLM_BYTES; *cols = 0; return &m->head_tiles; }
+    if (!strcmp(name, "head.centroids")) { *fmts = 1u << FLM_Q8; *rows = ANY_ROWS; return &m->head_centroids; }
     if (!strcmp(name, "rope.cos") || !strcmp(name, "rope.sin")) {
         *rows = m->seq_len; *cols = m->head_dim / 2u;
         return name[5] == 'c' ? &m->rope_cos : &m->rope_sin;
@@ -87,6 +89,46 @@ static flm_tensor *slot(flm_model *m, flm_tensor *tokenizer, const char *name, u
         return layer_slot(&m->layers[l], k);
     }
     return 0;
+}
+
+/* The head index (docs/formats.md section 1): both its entries or neither; centre rows of the head's
+ * shape and groups, one per tile; tiles that start at stored row 0 and ascend, each non-empty;
+ * radii in +0..+inf (the scan's test is then sound); maps that are inverse permutations of
+ * 0..n_out-1, a tied head's token -> row map covering every embedding row (those past n_out map to
+ * themselves): every token's row is read through them. */
+static int check_index(flm_model *m, char *err, size_t en) {
+    const flm_tensor *c = &m->head_centroids, *t = &m->head_tiles;
+    if (!c->data && !t->data) return 0;
+    if (!c->data || !t->data) return fail(err, en, "image has half a head index: head.centroids and head.tiles come together", 0, 0, 0);
+    if (t->length < 32u) return fail(err, en, "head.tiles is too short", 0, 0, 0);
+    const uint32_t nt = flm_rd32(t->data), mb = flm_rd32(t->data + 4), n = m->n_out;
+    const uint32_t rows = m->tied ? m->vocab : n;   /* the token -> row map covers the head's tensor */
+    const uint64_t maps = (((uint64_t)mb * n + 3u) & ~(uint64_t)3u) + (((uint64_t)mb * rows + 3u) & ~(uint64_t)3u);
+    if (!nt || nt > n || mb != (n <= 65536u ? 2u : 4u) || t->length != 32u + 8u * (uint64_t)nt + maps ||
+        c->rows != nt || c->cols != m->dim || c->group != m->head.group || c->scale16 != m->head.scale16)
+        return fail(err, en, "head index does not fit the output layer", 0, 0, 0);
+    m->n_tiles = nt;
+    m->map_bytes = mb;
+    for (uint32_t i = 0; i < nt; i++) {
+        const uint8_t *r = t->data + 32u + 8u * i;
+        uint32_t a = flm_rd32(r), z = i + 1u < nt ? flm_rd32(r + 8) : n;
+        if ((i == 0 && a != 0) || a >= z || flm_rd32(r + 4) > 0x7f800000u)
+            return fail(err, en, "head.tiles: tiles must ascend from row 0, each non-empty, radii +0..+inf: tile", 0, i, 1);
+    }
+    for (uint32_t i = 0; i < rows; i++) {   /* rows past n_out (a tied head's) map to themselves */
+        uint32_t tok = i < n ? flm_head_map(m, 0, i) : i;
+        if (tok >= (i < n ? n : rows) || flm_head_map(m, 1, tok) != i)
+            return fail(err, en, "head.tiles: the row and token maps are not inverse permutations: row", 0, i, 1);
+    }
+    return 0;
+}
+
+uint32_t flm_head_map(const flm_model *m, int inverse, uint32_t i) {
+    const uint32_t mb = m->map_bytes;
+    const uint8_t *p = m->head_tiles.data + 32u + 8u * m->n_tiles;
+    if (inverse) p += (mb * m->n_out + 3u) & ~3u;
+    p += mb * i;
+    return mb == 2u ? (uint32_t)p[0] | (uint32_t)p[1] << 8 : flm_rd32(p);
 }
 
 int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t en) {
@@ -151,7 +193,7 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
         uint32_t fmts, wr, wc;
         flm_tensor *t = slot(m, &tokenizer, name, &fmts, &wr, &wc);
         if (!t) continue;
-        if (!((fmts >> fmt) & 1u) || rows != wr || (wc && cols != wc))
+        if (!((fmts >> fmt) & 1u) || (wr != ANY_ROWS && rows != wr) || (wc && cols != wc))
             return fail(err, en, "tensor has the wrong shape or format: ", name, 0, 0);
         if (fmt == FLM_Q8 || fmt == FLM_Q4) {
             if (g == 0 || g > 1024u || stride != stride_of(fmt, cols, g, s16) || (uint64_t)rows * stride != length)
@@ -164,7 +206,6 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
     const char *missing = !tokenizer.data ? "tokenizer" : !m->tok_emb.data ? "tok_embeddings"
                         : !m->norm.data ? "norm" : !m->rope_cos.data ? "rope.cos"
                         : !m->rope_sin.data ? "rope.sin" : (!m->tied && !m->head.data) ? "output"
-                        : !m->head_prune.data ? "head.prune"
                         : !m->ple_dim ? 0 : !m->ple_table.data ? "ple.table" : !m->ple_proj.data ? "ple.proj"
                         : !m->ple_norm.data ? "ple.norm" : 0;
     if (missing) return fail(err, en, "image lacks tensor ", missing, 0, 0);
@@ -172,10 +213,8 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
         for (int k = 0; k < layer_tensors(m); k++)
             if (!layer_slot(&m->layers[l], k)->data)
                 return fail(err, en, "image lacks a layer tensor: ", LAYER_NAMES[k], l, 1);
-    for (uint32_t i = 0; i < m->n_out; i++)   /* each record's row is read; its bound must be +0..+inf */
-        if (flm_rd32(m->head_prune.data + 8u * i) >= m->n_out || flm_rd32(m->head_prune.data + 8u * i + 4u) > 0x7f800000u)
-            return fail(err, en, "head.prune record names no head row or has a bad bound:", 0, i, 1);
     flm_blob_tie_head(m);
+    if (check_index(m, err, en) != 0) return -1;
     m->min_group = 1024u;
     for (uint32_t i = 0; flm_tensor_at(m, i); i++) {
         const flm_tensor *t = flm_tensor_at(m, i);
@@ -245,14 +284,17 @@ void flm_blob_tie_head(flm_model *m) {
 
 flm_tensor *flm_tensor_at(const flm_model *cm, uint32_t i) {
     flm_model *m = (flm_model *)(uintptr_t)cm;   /* like strchr: the caller decides what it may change */
-    flm_tensor *top[9];
+    flm_tensor *top[10];
     uint32_t n = 0;
     top[n++] = &m->tok_emb;
     if (!m->tied) top[n++] = &m->head;
     top[n++] = &m->norm;
     top[n++] = &m->rope_cos;
     top[n++] = &m->rope_sin;
-    top[n++] = &m->head_prune;
+    if (m->n_tiles) {
+        top[n++] = &m->head_centroids;
+        top[n++] = &m->head_tiles;
+    }
     if (m->ple_dim) {
         top[n++] = &m->ple_table;
         top[n++] = &m->ple_proj;

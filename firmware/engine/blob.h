@@ -44,7 +44,12 @@ typedef struct {
     float eps;
     uint8_t model_hash[16];
     flm_tensor tok_emb, head, norm, rope_cos, rope_sin;
-    flm_tensor head_prune;         /* n_out records (u32 row, f32 bound), bound descending (greedy scan) */
+    /* The head index (docs/formats.md sections 1 and 3; n_tiles 0: none): the head's first n_out
+     * rows are stored tile after tile; head_tiles holds a 32-byte header, per tile (u32 first
+     * stored row, f32 radius), then the row -> token and token -> row maps (map_bytes an entry). */
+    flm_tensor head_centroids;     /* q8 [n_tiles, dim]: each tile's centre row, the head's groups */
+    flm_tensor head_tiles;         /* bytes */
+    uint32_t n_tiles, map_bytes;
     flm_tensor ple_table, ple_proj, ple_norm;   /* ple_dim > 0 only */
     flm_layer layers[FLM_MAX_LAYERS];
     const uint8_t *tok_data;       /* piece bytes; piece i = tok_data[tok_off[i] .. tok_off[i+1]) */
@@ -77,4 +82,7 @@ int flm_is_stop(const flm_model *m, uint32_t id);
 /* Piece bytes of token id; *len receives the length. */
 const uint8_t *flm_piece(const flm_model *m, uint32_t id, uint32_t *len);
 uint32_t flm_rd32(const uint8_t *p);
+/* The head index's maps (n_tiles > 0): the token of stored head row i (inverse 0), or the stored
+ * row of token i < n_out (inverse 1); reads map_bytes bytes of head.tiles. */
+uint32_t flm_head_map(const flm_model *m, int inverse, uint32_t i);
 #endif

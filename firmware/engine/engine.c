@@ -6,9 +6,9 @@
 
 static size_t up8(size_t n) { return (n + 7u) & ~(size_t)7u; }
 
-/* Exact pruning of the greedy head (docs/formats.md section 3; converter/headprune.py). */
-#define PRUNE_MARGIN 0x1.02p+0f      /* 1 + 2^-7: covers every rounding of the bound test */
-#define PRUNE_FLOOR 0x1p-64f         /* below it nothing is pruned: no underflow can matter */
+/* Exact pruning of the greedy head by its tiles (docs/formats.md section 3; converter/headprune.py). */
+#define PRUNE_MARGIN 0x1.02p+0f      /* 1 + 2^-7: Xm >= ||x|| (1 + 2^-8) after every rounding */
+#define PRUNE_FLOOR 0x1p-64f         /* below it no tile is skipped: no underflow can matter */
 
 static uint32_t kv_row_bytes(const flm_model *m) {
     return m->kv_fmt == FLM_KV_INT8 ? 4u + ((m->head_dim + 3u) & ~3u) : m->head_dim * 4u;
@@ -51,7 +51,7 @@ static void layout(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_R
     s->sin = carve(&sc, nt * (m->head_dim / 2u) * 4u);
     s->pu = carve(&sc, nt * ple);
     s->pt = carve(&sc, nt > m->n_layers ? (size_t)nt * m->ple_dim * 4u : ple);   /* a table row, or the pass's gates */
-    s->xq = carve(&sc, (size_t)nt * s->xq_stride);
+    s->xq = carve(&sc, (size_t)nt * s->xq_stride * 2u);   /* flm_act codes: 2 bytes on SIMD cores, room for them everywhere */
     s->xs = carve(&sc, (size_t)nt * s->xs_stride * 4u);
     s->row_buf[0] = s->row_buf[1] = 0;
     if (nt > 1u) {
@@ -171,13 +171,13 @@ static void kv_put(const flm_state *s, uint8_t *row0, const float *v) {
     const uint32_t hd = m->head_dim;
     for (uint32_t h = 0; h < m->n_kv_heads; h++) {
         uint8_t *row = row0 + h * s->kv_row;
-        if (m->kv_fmt == FLM_KV_INT8) flm_quantize_act(v + h * hd, hd, hd, (int8_t *)(row + 4), (float *)(void *)row);
+        if (m->kv_fmt == FLM_KV_INT8) flm_quantize_i8(v + h * hd, hd, hd, (int8_t *)(row + 4), (float *)(void *)row);
         else memcpy(row, v + h * hd, hd * 4u);
     }
 }
 
 /* int8 KV: head h's query codes qc (scale qs) against a K row: float(sum qc*kc) * (qs * ks). */
-static float score_int8(const int8_t *qc, float qs, const uint8_t *row, uint32_t hd) {
+static float score_int8(const flm_act *qc, float qs, const uint8_t *row, uint32_t hd) {
     const int8_t *kc = (const int8_t *)(row + 4);
     int32_t isum = 0;
     for (uint32_t i = 0; i < hd; i++) isum += (int32_t)qc[i] * (int32_t)kc[i];
@@ -262,7 +262,7 @@ void flm_slide(flm_state *s, uint32_t n_drop, flm_step_stats *st) {
                     k[2 * i] = a * c + b * sn;
                     k[2 * i + 1] = b * c - a * sn;
                 }
-                if (i8) flm_quantize_act(k, hd, hd, (int8_t *)(dst + 4), (float *)(void *)dst);
+                if (i8) flm_quantize_i8(k, hd, hd, (int8_t *)(dst + 4), (float *)(void *)dst);
             }
         }
         memmove(kv_at(s, s->vc, l, 1u, 0), kv_at(s, s->vc, l, 1u + n_drop, 0), (size_t)moved * m->n_kv_heads * s->kv_row);
@@ -314,7 +314,12 @@ void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t po
 
     s->n_tok = n;
     for (uint32_t t = 0; t < n; t++) {
-        flm_dequant_row(&m->tok_emb, tokens[t], s->x + (size_t)t * dim);
+        uint32_t row = tokens[t];
+        if (m->tied && m->n_tiles) {   /* the head's rows are stored in tile order: the token -> row map */
+            row = flm_head_map(m, 1, row);
+            st->bytes[m->head_tiles.tier] += m->map_bytes;
+        }
+        flm_dequant_row(&m->tok_emb, row, s->x + (size_t)t * dim);
         st->bytes[m->tok_emb.tier] += m->tok_emb.stride;
     }
     if (m->ple_dim) ple_inputs(s, tokens, n, st);
@@ -368,13 +373,36 @@ void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t po
 
 void flm_body(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st) { flm_body_many(s, &token, 1u, pos, st); }
 
-/* Final RMSNorm and the whole output layer for tokens first..first+n-1 of the pass. */
-static const float *head_logits(flm_state *s, uint32_t first, uint32_t n, flm_step_stats *st) {
+/* The final RMSNorm of the pass's tokens first..first+n-1, quantized for the head: token i's codes
+ * and scales at its strides in s->xq / s->xs. */
+static void head_input(flm_state *s, uint32_t first, uint32_t n, flm_step_stats *st) {
     const flm_model *m = s->m;
-    uint64_t t0 = hal_time_us();
     rmsnorm(s->xb, s->x + (size_t)first * m->dim, m->dim, &m->norm, m->dim, n, m->eps, st);
-    matmul(s, &m->head, s->xb, m->dim, n, s->logits, m->n_out, st);
-    st->head_rows = m->head.rows;
+    quantize_all(s, &m->head, s->xb, m->dim, n);
+}
+
+/* Every head row for the n tokens of head_input, each head row read once for all: token i's logits
+ * at s->logits + i * n_out, in token order (with a head index the rows are stored in tile order, so
+ * each token's go through s->probs and the row -> token map). */
+static void whole_head(flm_state *s, uint32_t n, flm_step_stats *st) {
+    const flm_model *m = s->m;
+    product(s, &m->head, n, s->logits, m->n_out, st);
+    if (m->n_tiles) {
+        for (uint32_t t = 0; t < n; t++) {
+            float *lg = s->logits + (size_t)t * m->n_out;
+            memcpy(s->probs, lg, m->n_out * 4u);
+            for (uint32_t i = 0; i < m->n_out; i++) lg[flm_head_map(m, 0, i)] = s->probs[i];
+        }
+        st->bytes[m->head_tiles.tier] += n * m->n_out * m->map_bytes;
+    }
+    st->head_rows = m->n_out;
+}
+
+/* flm_head (the pass's last token) and flm_head_all (every token). */
+static const float *head_logits(flm_state *s, uint32_t first, uint32_t n, flm_step_stats *st) {
+    uint64_t t0 = hal_time_us();
+    head_input(s, first, n, st);
+    whole_head(s, n, st);
     st->us[FLM_PH_OUTPUT] += (uint32_t)(hal_time_us() - t0);
     return s->logits;
 }
@@ -383,59 +411,81 @@ const float *flm_head(flm_state *s, flm_step_stats *st) { return head_logits(s, 
 
 const float *flm_head_all(flm_state *s, flm_step_stats *st) { return head_logits(s, 0u, s->n_tok, st); }
 
+/* The first maximum of v[0..n): a NaN first stays (every comparison with it fails), a later NaN
+ * never wins. */
+static uint32_t first_max(const float *v, uint32_t n) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (flm_f32_gt(v[i], v[best])) best = i;
+    return best;
+}
+
+/* The tile scan (docs/formats.md section 3): U_t = C_t + R_t * Xm for every tile (C_t its centre
+ * row's logit), then the tile of the largest U, then every other tile in stored order unless
+ * U_t < best (U_t finite). A visited tile is a contiguous run of stored rows, computed as one block;
+ * its rows' tokens come from the row -> token map, and the best row is the largest logit, the lowest
+ * token among equal ones (flm_f32_gt/eq: the float comparisons, on the bits where there is no FPU).
+ * Returns the token; head_rows = the rows visited. */
+static uint32_t tile_scan(flm_state *s, float xm, flm_step_stats *st) {
+    const flm_model *m = s->m;
+    const uint32_t nt = m->n_tiles, n = m->n_out, mb = m->map_bytes;
+    const uint8_t *rec = m->head_tiles.data + 32u, *perm = rec + 8u * nt;
+    product(s, &m->head_centroids, 1u, s->probs, 0u, st);
+    uint32_t first = 0;
+    for (uint32_t t = 0; t < nt; t++) {   /* U into probs, each tile's first row into idx: records read once */
+        float r;
+        memcpy(&r, rec + 8u * t + 4u, 4);
+        s->idx[t] = flm_rd32(rec + 8u * t);
+        s->probs[t] = s->probs[t] + r * xm;
+        if (flm_f32_gt(s->probs[t], s->probs[first])) first = t;
+    }
+    st->bytes[m->head_tiles.tier] += 8u * nt;
+    float best = 0.0f;
+    uint32_t tok = 0, rows = 0;
+    for (uint32_t k = 0; k <= nt; k++) {
+        const uint32_t t = k ? k - 1u : first;
+        /* skipped only on a finite bound (an overflowed one proves nothing) */
+        if (k && (t == first || (flm_f32_finite(s->probs[t]) && flm_f32_gt(best, s->probs[t])))) continue;
+        const uint32_t a = s->idx[t], z = t + 1u < nt ? s->idx[t + 1u] : n;
+        flm_matvec_rows(&m->head, a, z, s->xq, s->xs, s->logits);   /* logits indexed by stored row here */
+        for (uint32_t i = a; i < z; i++) {
+            const uint8_t *p = perm + mb * i;
+            const uint32_t tk = mb == 2u ? (uint32_t)p[0] | (uint32_t)p[1] << 8 : flm_rd32(p);
+            const float lg = s->logits[i];
+            if ((!rows && i == a) || flm_f32_gt(lg, best) || (flm_f32_eq(lg, best) && tk < tok)) {
+                best = lg;
+                tok = tk;
+            }
+        }
+        rows += z - a;
+    }
+    st->head_rows = rows;
+    st->bytes[m->head.tier] += rows * m->head.stride;
+    st->bytes[m->head_tiles.tier] += rows * mb;
+    return tok;
+}
+
 uint32_t flm_head_argmax(flm_state *s, flm_step_stats *st) {
     const flm_model *m = s->m;
     const flm_tensor *w = &m->head;
     uint64_t t0 = hal_time_us();
-    rmsnorm(s->xb, s->x + (size_t)(s->n_tok - 1u) * m->dim, m->dim, &m->norm, m->dim, 1u, m->eps, st);
-    flm_quantize_act(s->xb, w->cols, w->group, s->xq, s->xs);
+    uint32_t tok;
+    head_input(s, s->n_tok - 1u, 1u, st);
     /* X2 = fold over groups of float(sum xq^2) * (xs * xs): ||x||^2 of the quantized input */
     float x2 = 0.0f;
-    for (uint32_t k = 0, gi = 0; k < w->cols; k += w->group, gi++) {
+    for (uint32_t k = 0, gi = 0; m->n_tiles && k < w->cols; k += w->group, gi++) {
         const uint32_t len = w->cols - k < w->group ? w->cols - k : w->group;
         int32_t sq = 0;
         for (uint32_t i = 0; i < len; i++) sq += (int32_t)s->xq[k + i] * (int32_t)s->xq[k + i];
         const float t = (float)sq * (s->xs[gi] * s->xs[gi]);
         x2 = gi == 0 ? t : x2 + t;
     }
-    const float xm = flm_sqrtf(x2) * PRUNE_MARGIN;
-    const int prunable = x2 >= PRUNE_FLOOR;
-    /* records: (u32 row, f32 bound), bound descending; 8-byte records in a 64-aligned section */
-    const uint32_t *rec = (const uint32_t *)(const void *)m->head_prune.data;
-    float best = 0.0f;
-    uint32_t best_row = 0, best_bits = 0, hi = 0, armed = 0, n = 0;
-    for (; n < m->n_out; n++) {
-        /* stop when b * xm < best (|logit| <= b ||x|| < best). Bounds are >= +0 (checked at boot),
-         * so float order is the order of the bit patterns; while b >= hi = (best / xm)(1 + 2^-20)
-         * (a normal number) the product cannot fall below best (its three roundings lose less
-         * than 2^-22), so only records below hi pay the multiply: the same test, cheap on cores
-         * without an FPU. */
-        const uint32_t bb = rec[2u * n + 1u];
-        if (armed && bb < hi) {
-            float b, p;
-            uint32_t pb;
-            memcpy(&b, &bb, 4);
-            p = b * xm;
-            memcpy(&pb, &p, 4);
-            if (pb < best_bits) break;   /* p >= 0 and best > 0: p < best */
-        }
-        const uint32_t r = rec[2u * n];
-        const float lg = flm_matvec_row(w, r, s->xq, s->xs);
-        if (!n || lg > best || (lg == best && r < best_row)) {
-            best = lg;
-            best_row = r;
-            armed = prunable && best >= PRUNE_FLOOR;   /* the guards of the proof */
-            if (armed) {   /* a subnormal quotient is not relatively accurate: then test every record */
-                const float t = best / xm * 0x1.00001p+0f;
-                memcpy(&best_bits, &best, 4);
-                memcpy(&hi, &t, 4);
-                if (!(t >= 0x1p-100f)) hi = 0xFFFFFFFFu;
-            }
-        }
+    if (m->n_tiles && x2 >= PRUNE_FLOOR) {
+        tok = tile_scan(s, flm_sqrtf(x2) * PRUNE_MARGIN, st);
+    } else {   /* no index, or an input too small for the bounds: every row */
+        whole_head(s, 1u, st);
+        tok = first_max(s->logits, m->n_out);
     }
-    st->head_rows = n;
-    st->bytes[w->tier] += n * w->stride;
-    st->bytes[m->head_prune.tier] += n * 8u + (n < m->n_out ? 4u : 0u);   /* + the bound that stopped it */
     st->us[FLM_PH_OUTPUT] += (uint32_t)(hal_time_us() - t0);
-    return best_row;
+    return tok;
 }

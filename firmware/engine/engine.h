@@ -3,6 +3,7 @@
 #ifndef FLM_ENGINE_H
 #define FLM_ENGINE_H
 #include "blob.h"
+#include "kernels.h"
 
 /* Phases, in the protocol's order: embed = everything before layer 0 (embedding row; with PLE the
  * table row, ple.proj and the per-layer inputs), ple = each layer's PLE gate/proj/norm/residual,
@@ -24,8 +25,8 @@ typedef struct {
     uint8_t *kc, *vc;               /* KV cache: one row per (layer, position, kv head), m->kv_fmt */
     uint32_t kv_row;                /* bytes of a row: f32 head_dim*4; int8 f32 scale + head_dim codes, padded to 4 */
     size_t kv_bytes;                /* bytes of the KV region, from kc to the end of vc */
-    int8_t *xq;
-    uint32_t xq_stride, xs_stride;  /* one token's activation codes (bytes, a multiple of 8) and scales (floats) */
+    flm_act *xq;                    /* activation codes (kernels.h) */
+    uint32_t xq_stride, xs_stride;  /* one token's activation codes (a multiple of 8) and scales (floats) */
     uint8_t *row_buf[2];            /* batch > 1: a weight row's copy, one per core (kernels.h flm_matmul_rows) */
     uint32_t *idx;
     uint32_t kv_tier;               /* where the KV cache lives (the arena's tier) */
@@ -56,19 +57,20 @@ void flm_state_init_regions(flm_state *s, const flm_model *m, uint8_t *const bas
  * phases' times and byte counts to st (zeroed by the caller), a head sets head_rows. */
 /* Tokens t[0..n) at positions pos..pos+n-1 (n <= m->batch, pos + n <= seq_len) through every layer
  * together: each weight row is read once for the n tokens, each token's arithmetic is the one-token
- * pass's bit for bit (docs/formats.md section 1.3). Token i's K and V rows are stored at pos + i
+ * pass's bit for bit (docs/formats.md section 1.5). Token i's K and V rows are stored at pos + i
  * before any token attends; token i attends positions 0..pos+i. */
 void flm_body_many(flm_state *s, const uint32_t *t, uint32_t n, uint32_t pos, flm_step_stats *st);
 /* flm_body_many of one token. */
 void flm_body(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st);
-/* Final RMSNorm and the whole output layer for the last token of the pass: its logits[n_out];
- * head_rows = n_out. */
+/* Final RMSNorm and the whole output layer for the last token of the pass: its logits[n_out] in token
+ * order (with a head index through its row -> token map); head_rows = n_out. */
 const float *flm_head(flm_state *s, flm_step_stats *st);
 /* ... for every token of the pass, each head row read once for all: token i's logits at
  * return + i * n_out; head_rows = n_out. */
 const float *flm_head_all(flm_state *s, flm_step_stats *st);
-/* Final RMSNorm and the greedy output layer, pruned exactly (docs/formats.md section 3), for the last
- * token of the pass: returns the full scan's first maximum; head_rows = the head.prune records visited. */
+/* Final RMSNorm and the greedy output layer for the last token of the pass: the full scan's first
+ * maximum (for finite logits), by the head index's tile scan (docs/formats.md section 3; head_rows =
+ * the rows of the tiles it visited), or without an index by the whole head (head_rows = n_out). */
 uint32_t flm_head_argmax(flm_state *s, flm_step_stats *st);
 /* Sliding window: keep position 0, drop positions [1, 1 + n_drop), move the cached rows of
  * [1 + n_drop, seq_len) down by n_drop (K rows rotated back by n_drop positions). Timed as attention. */

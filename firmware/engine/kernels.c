@@ -1,5 +1,6 @@
 #include "kernels.h"
 #include "flm_math.h"
+#include <math.h>
 #include <string.h>
 
 /* A block's little-endian f32 scale; blocks start 4-byte aligned (docs/formats.md), so this is
@@ -42,9 +43,7 @@ static float next_scale(row_reader *rr) {
     return s;
 }
 
-/* The comparisons are on the floats' bits (the same outcomes as the float comparisons, without a
- * soft-float call each on cores without an FPU): |x| as x without its sign bit orders as an
- * unsigned integer, and NaN (above 0x7f800000 so) never becomes the maximum. */
+#ifndef FLM_VECTOR
 #define BITS_127 0x42fe0000u   /* 127.0f */
 /* (int32_t)(v + 0.5f) for the float v of bits mag in [+0, 127] (the reference's round_half_away;
  * -v with -0.5f gives its negation), on the bits: no soft-float add and conversion per code on
@@ -57,48 +56,123 @@ static int32_t round_half_away(uint32_t mag) {
     /* its bits from the halves' place up (v >= 0.5: exponent 126..133, a shift of 31..24), plus a half */
     return (int32_t)(((sig >> (157u - (mag >> 23))) + 1u) >> 1);
 }
+#endif
 
-void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float *xs) {
-    for (uint32_t s = 0, gi = 0; s < n; s += g, gi++) {
-        uint32_t len = n - s < g ? n - s : g;
-        uint32_t amax_bits = 0;
-        for (uint32_t i = 0; i < len; i++) {
-            uint32_t a = flm_f32_bits(x[s + i]) & 0x7fffffffu;
-            if (a > amax_bits && a <= 0x7f800000u) amax_bits = a;
+#ifdef FLM_VECTOR
+/* Cores with vectors (and an FPU): the reference's own rounding, in blocks of 8 elements, loops of
+ * a constant length that compilers vectorise at -O2 (a signed maximum per lane over magnitudes
+ * below 2^31; clamps, conversions and stores per lane), then the rest one by one. */
+#define QBLOCK 8u
+static inline __attribute__((always_inline)) int32_t mag_or_0(float v) {
+    const int32_t a = (int32_t)(flm_f32_bits(v) & 0x7fffffffu);
+    return a <= 0x7f800000 ? a : 0;   /* NaN is never the maximum */
+}
+
+static inline __attribute__((always_inline)) uint32_t amax_bits_of(const float *restrict x, uint32_t len) {
+    int32_t lane[QBLOCK] = {0}, m = 0;
+    uint32_t i = 0;
+    for (; i + QBLOCK <= len; i += QBLOCK, x += QBLOCK)
+        for (uint32_t k = 0; k < QBLOCK; k++) {
+            const int32_t a = mag_or_0(x[k]);
+            lane[k] = a > lane[k] ? a : lane[k];
         }
+    for (uint32_t k = 0; k < QBLOCK; k++) m = lane[k] > m ? lane[k] : m;
+    for (; i < len; i++) {
+        const int32_t a = mag_or_0(*x++);
+        m = a > m ? a : m;
+    }
+    return (uint32_t)m;
+}
+
+/* clamp to +-127 before rounding (the same codes for every finite v); NaN from a broken model
+ * becomes 0, inf +-127, instead of an undefined float-to-int conversion. The clamp is masks on the
+ * bits (gcc vectorises no select of a value a float operation then takes under -ftrapping-math),
+ * then the reference's rounding, (int32_t)(v +- 0.5f). */
+static inline __attribute__((always_inline)) int32_t code_of(float v) {
+    const uint32_t b = flm_f32_bits(v), sign127 = (b & 0x80000000u) | 0x42fe0000u;   /* +-127.0f */
+    const int32_t mag = (int32_t)(b & 0x7fffffffu);
+    const uint32_t big = 0u - (uint32_t)(mag > 0x42fe0000), nan = 0u - (uint32_t)(mag > 0x7f800000);
+    v = flm_f32_from_bits(((b & ~big) | (sign127 & big)) & ~nan);
+    return (int32_t)(v + (isless(v, 0.0f) ? -0.5f : 0.5f));
+}
+#define CODES(T)                                                                                   \
+    {                                                                                              \
+        T *restrict c = (T *)q;                                                                    \
+        const float *restrict v = x;                                                               \
+        uint32_t i = 0;                                                                            \
+        for (; i + QBLOCK <= len; i += QBLOCK, c += QBLOCK, v += QBLOCK)                           \
+            for (uint32_t k = 0; k < QBLOCK; k++) c[k] = (T)code_of(v[k] * inv);                   \
+        for (; i < len; i++) *c++ = (T)code_of(*v++ * inv);                                        \
+    }
+#else
+/* The comparisons are on the floats' bits (the same outcomes as the float comparisons, without a
+ * soft-float call each on cores without an FPU): |x| as x without its sign bit orders as an
+ * unsigned integer, and NaN (above 0x7f800000 so) never becomes the maximum. */
+static inline __attribute__((always_inline)) uint32_t amax_bits_of(const float *x, uint32_t len) {
+    uint32_t amax_bits = 0;
+    for (uint32_t i = 0; i < len; i++) {
+        uint32_t a = flm_f32_bits(x[i]) & 0x7fffffffu;
+        if (a > amax_bits && a <= 0x7f800000u) amax_bits = a;
+    }
+    return amax_bits;
+}
+
+/* clamp to +-127 before rounding (same codes for every finite v); NaN from a broken model becomes
+ * 0, inf +-127, instead of an undefined float-to-int conversion */
+#define CODES(T)                                                                                   \
+    for (uint32_t i = 0; i < len; i++) {                                                           \
+        uint32_t b = flm_f32_bits(x[i] * inv), mag = b & 0x7fffffffu;                              \
+        int32_t c;                                                                                 \
+        if (mag > 0x7f800000u) c = 0;                                                              \
+        else if (mag > BITS_127) c = (b >> 31) ? -127 : 127;                                       \
+        else c = (b >> 31) ? -round_half_away(mag) : round_half_away(mag);                         \
+        ((T *)q)[i] = (T)c;                                                                        \
+    }
+#endif
+
+/* The codes of x[n] per group of g into q (int8_t or flm_act elements of `size` bytes: a constant
+ * once inlined), the scales into xs. */
+static inline __attribute__((always_inline)) void quantize(const float *x, uint32_t n, uint32_t g, void *q,
+                                                           size_t size, float *xs) {
+    for (uint32_t s = 0, gi = 0; s < n; s += g, gi++, x += g, q = (uint8_t *)q + g * size) {
+        const uint32_t len = n - s < g ? n - s : g, amax_bits = amax_bits_of(x, len);
         if (amax_bits == 0u) {
             xs[gi] = 0.0f;
-            memset(xq + s, 0, len);
+            memset(q, 0, len * size);
             continue;
         }
         const float amax = flm_f32_from_bits(amax_bits);
         xs[gi] = amax / 127.0f;
-        float inv = 127.0f / amax;
-        for (uint32_t i = 0; i < len; i++) {
-            float v = x[s + i] * inv;
-            uint32_t b = flm_f32_bits(v), mag = b & 0x7fffffffu;
-            /* clamp to +-127 before rounding (same codes for every finite v); NaN from a broken
-             * model becomes 0, inf +-127, instead of an undefined float-to-int conversion */
-            int32_t q;
-            if (mag > 0x7f800000u) q = 0;
-            else if (mag > BITS_127) q = (b >> 31) ? -127 : 127;
-            else q = (b >> 31) ? -round_half_away(mag) : round_half_away(mag);
-            xq[s + i] = (int8_t)q;
-        }
+        const float inv = 127.0f / amax;
+        if (size == 1u) CODES(int8_t)
+        else CODES(flm_act)
     }
+}
+#undef CODES
+
+void flm_quantize_act(const float *x, uint32_t n, uint32_t g, flm_act *xq, float *xs) {
+    quantize(x, n, g, xq, sizeof *xq, xs);
+}
+
+void flm_quantize_i8(const float *x, uint32_t n, uint32_t g, int8_t *q, float *xs) {
+#ifdef FLM_VECTOR
+    quantize(x, n, g, q, 1u, xs);
+#else
+    flm_quantize_act(x, n, g, q, xs);   /* flm_act is int8_t */
+#endif
 }
 
 /* ---- group dot products -------------------------------------------------------------------
  * The scalar kernels define the sums; the tuned ones must agree with them exactly (integer sums are
  * exact in any order), which flm_kernels_self_check verifies at boot. */
 
-static int32_t dot_q8_scalar(const int8_t *w, const int8_t *x, uint32_t n) {
+static int32_t dot_q8_scalar(const int8_t *w, const flm_act *x, uint32_t n) {
     int32_t s = 0;
     for (uint32_t i = 0; i < n; i++) s += (int32_t)w[i] * (int32_t)x[i];
     return s;
 }
 
-static int32_t dot_q4_scalar(const uint8_t *w, const int8_t *x, uint32_t n) {
+static int32_t dot_q4_scalar(const uint8_t *w, const flm_act *x, uint32_t n) {
     int32_t s = 0;
     for (uint32_t i = 0; i < n; i++) s += nib((uint32_t)w[i >> 1] >> (4u * (i & 1u))) * (int32_t)x[i];
     return s;
@@ -112,6 +186,7 @@ static int32_t dot_q4_scalar(const uint8_t *w, const int8_t *x, uint32_t n) {
 #define TUNED(s) (s)
 #endif
 
+#if defined(__ARM_ARCH_6M__)
 /* Each code byte read once (the tuned kernels' tails: the emulator's read counts must equal the
  * engine's, tests/test_rp2040_emu.py). */
 static int32_t dot_q4_bytes(const uint8_t *w, const int8_t *x, uint32_t n) {
@@ -125,7 +200,6 @@ static int32_t dot_q4_bytes(const uint8_t *w, const int8_t *x, uint32_t n) {
     return s;
 }
 
-#if defined(__ARM_ARCH_6M__)
 /* Cortex-M0+ (ARMv6-M: no DSP or SIMD instructions, 1-cycle MULS on the RP2040): word loads of codes
  * and activations (LDM with writeback, 2 cycles for 4 bytes against 2 for each LDRSB), each byte
  * sign-extended in registers by SXTB or a shift, one MULS and ADDS per product. 8 weights a turn. */
@@ -187,21 +261,53 @@ static inline __attribute__((always_inline)) int32_t dot_q4(const uint8_t *w, co
     return s + dot_q4_bytes(w, x, n);
 }
 #else
-/* Portable C: q8 unrolled by four (a compiler for a core with SIMD may vectorize it). */
-static inline int32_t dot_q8(const int8_t *w, const int8_t *x, uint32_t n) {
+/* Portable C in the shape compilers vectorise (gcc, clang; SSE2/AVX2 on x86-64, NEON on AArch64):
+ * plain reductions over restrict pointers, nibbles widened by masks, xor and subtract (no shift of
+ * a negative number). flm_isums_* below instantiate them with the common group sizes as constants,
+ * so a group's loop has a known trip count: no runtime checks or scalar epilogue per group. */
+static inline __attribute__((always_inline)) int32_t dot_q8(const int8_t *restrict w, const flm_act *restrict x,
+                                                            uint32_t n) {
     int32_t s = 0;
-    uint32_t i = 0;
-    for (; i + 4 <= n; i += 4)
-        s += (int32_t)w[i] * x[i] + (int32_t)w[i + 1] * x[i + 1] + (int32_t)w[i + 2] * x[i + 2] +
-             (int32_t)w[i + 3] * x[i + 3];
-    return TUNED(s + dot_q8_scalar(w + i, x + i, n - i));
+    for (uint32_t i = 0; i < n; i++) s += (int32_t)w[i] * (int32_t)x[i];
+    return TUNED(s);
 }
 
-static inline int32_t dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) { return dot_q4_bytes(w, x, n); }
+static inline int32_t lo4(uint32_t b) { return (int32_t)((b & 15u) ^ 8u) - 8; }
+static inline int32_t hi4(uint32_t b) { return (int32_t)((b >> 4 & 15u) ^ 8u) - 8; }
+
+#ifdef FLM_VECTOR
+/* Cores with vectors: up to 128 codes at a time unpacked into flm_act in element order (low nibble
+ * first), then a dot like q8's, whose 16-bit multiply-add takes codes and activations pairwise as
+ * they lie. */
+#define Q4_CHUNK 128u
+static inline __attribute__((always_inline)) int32_t dot_q4(const uint8_t *restrict w, const flm_act *restrict x,
+                                                            uint32_t n) {
+    int32_t s = 0;
+    for (uint32_t i = 0; i < n; i += Q4_CHUNK, w += Q4_CHUNK / 2u, x += Q4_CHUNK) {
+        const uint32_t m = (n - i < Q4_CHUNK ? n - i : Q4_CHUNK) / 2u;
+        flm_act c[Q4_CHUNK];
+        for (uint32_t j = 0; j < m; j++) {
+            c[2u * j] = (flm_act)lo4(w[j]);
+            c[2u * j + 1u] = (flm_act)hi4(w[j]);
+        }
+        for (uint32_t k = 0; k < 2u * m; k++) s += (int32_t)c[k] * (int32_t)x[k];
+        if (2u * m < Q4_CHUNK && (n & 1u)) s += lo4(w[m]) * (int32_t)x[2u * m];   /* an odd last code */
+    }
+    return s;
+}
+#else
+static inline __attribute__((always_inline)) int32_t dot_q4(const uint8_t *restrict w, const flm_act *restrict x,
+                                                            uint32_t n) {
+    int32_t s = 0;
+    for (uint32_t j = 0; j < n / 2u; j++) s += lo4(w[j]) * (int32_t)x[2u * j] + hi4(w[j]) * (int32_t)x[2u * j + 1u];
+    if (n & 1u) s += lo4(w[n / 2u]) * (int32_t)x[n - 1u];
+    return s;
+}
+#endif
 #endif
 
-int32_t flm_dot_q8(const int8_t *w, const int8_t *x, uint32_t n) { return dot_q8(w, x, n); }
-int32_t flm_dot_q4(const uint8_t *w, const int8_t *x, uint32_t n) { return dot_q4(w, x, n); }
+int32_t flm_dot_q8(const int8_t *w, const flm_act *x, uint32_t n) { return dot_q8(w, x, n); }
+int32_t flm_dot_q4(const uint8_t *w, const flm_act *x, uint32_t n) { return dot_q4(w, x, n); }
 
 /* A group's term as the reference forms it: float(isum) * (wscale * xscale). */
 static inline float group_term(int32_t isum, float sc, float xs) { return (float)isum * (sc * xs); }
@@ -209,12 +315,12 @@ static inline float group_term(int32_t isum, float sc, float xs) { return (float
 #define FLM_GROUP_TERM group_term
 #endif
 
-typedef int32_t (*dot8_fn)(const int8_t *, const int8_t *, uint32_t);
-typedef int32_t (*dot4_fn)(const uint8_t *, const int8_t *, uint32_t);
+typedef int32_t (*dot8_fn)(const int8_t *, const flm_act *, uint32_t);
+typedef int32_t (*dot4_fn)(const uint8_t *, const flm_act *, uint32_t);
 typedef float (*term_fn)(int32_t, float, float);
 
 /* One output row: per group float(isum) * (wscale * xscale), folded left to right. */
-static inline __attribute__((always_inline)) float row_with(const flm_tensor *w, uint32_t r, const int8_t *xq,
+static inline __attribute__((always_inline)) float row_with(const flm_tensor *w, uint32_t r, const flm_act *xq,
                                                             const float *xs, dot8_fn d8, dot4_fn d4, term_fn tf) {
     const uint32_t g = w->group, cols = w->cols;
     row_reader rr = row_at(w, r);
@@ -232,6 +338,70 @@ static inline __attribute__((always_inline)) float row_with(const flm_tensor *w,
     return acc;
 }
 
+/* ---- the integer dots of a row's groups ---------------------------------------------------- */
+
+#ifdef FLM_VECTOR
+/* Where the toolchain clones functions resolved at load time (x86-64 ELF, GNU ifunc: gcc, clang >= 14),
+ * the vectorised loops are compiled twice from this same C, for the x86-64 baseline (SSE2) and for
+ * AVX2, and the loader picks what this CPU runs; the boot self-check checks the one picked.
+ * FLM_NO_CLONES builds the baseline alone (tests/test_kernels.py checks both). */
+#if defined(__x86_64__) && defined(__ELF__) && defined(__linux__) && defined(__has_attribute) && !defined(FLM_NO_CLONES)
+#if __has_attribute(target_clones)
+#define FLM_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#endif
+#ifndef FLM_CLONES
+#define FLM_CLONES
+#endif
+
+/* isum[k], k < ng: inlined into every caller, so that a constant g makes each group's loop one of
+ * known length (no runtime checks or scalar epilogue per group). */
+static inline __attribute__((always_inline)) void isums(const uint8_t *codes, size_t step, const flm_act *x, uint32_t g,
+                                                        uint32_t ng, int q8, int32_t *isum) {
+    for (uint32_t k = 0; k < ng; k++, codes += step, x += g)
+        isum[k] = q8 ? dot_q8((const int8_t *)codes, x, g) : dot_q4(codes, x, g);
+}
+
+#ifdef FLM_VECTOR
+/* The shapes with their own instantiations, (format, q8, group size): loops of a constant length. */
+#define EACH_SHAPE(X) X(q8, 1, 32) X(q8, 1, 64) X(q8, 1, 128) X(q4, 0, 32) X(q4, 0, 64) X(q4, 0, 128)
+#define ISUMS(fmt, q8, G)                                                                                         \
+    static FLM_CLONES void isums_##fmt##_##G(const uint8_t *codes, size_t step, const flm_act *x, uint32_t ng,    \
+                                             int32_t *isum) {                                                     \
+        isums(codes, step, x, G##u, ng, q8, isum);                                                                \
+    }
+EACH_SHAPE(ISUMS)
+#undef ISUMS
+#endif
+
+/* The instantiation for group size g, or 0 (then the loops of the general length). */
+typedef void (*isums_fn)(const uint8_t *codes, size_t step, const flm_act *x, uint32_t ng, int32_t *isum);
+static isums_fn isums_for(uint32_t g, int q8) {
+#ifdef FLM_VECTOR
+#define PICK(f, is_q8, G) if (g == G##u && q8 == is_q8) return isums_##f##_##G;
+    EACH_SHAPE(PICK)
+#undef PICK
+#endif
+    (void)g, (void)q8;
+    return 0;
+}
+
+void flm_isums_q8(const uint8_t *codes, size_t step, const flm_act *xq, uint32_t g, uint32_t ng, int32_t *isum) {
+    const isums_fn f = isums_for(g, 1);
+    if (f) f(codes, step, xq, ng, isum);
+    else isums(codes, step, xq, g, ng, 1, isum);
+}
+
+void flm_isums_q4(const uint8_t *codes, size_t step, const flm_act *xq, uint32_t g, uint32_t ng, int32_t *isum) {
+    const isums_fn f = isums_for(g, 0);
+    if (f) f(codes, step, xq, ng, isum);
+    else isums(codes, step, xq, g, ng, 0, isum);
+}
+
+/* ---- whole rows ------------------------------------------------------------------------------ */
+
+#if defined(__ARM_ARCH_6M__)
 /* row_with for the common shape, f32 scales and whole groups of a multiple of 8 (word-aligned
  * activations): one lean loop without the per-group format tests and length arithmetic, which
  * cost more than a group's dot product on the Cortex-M0+. The same sums in the same order. */
@@ -260,26 +430,133 @@ static float row_fault(float v, int q8) { return flm_f32_from_bits(flm_f32_bits(
 
 /* The number of groups when the rows of w take the whole-row path, else 0: the shape tests (a
  * division each) once per matvec, not per row. */
-static uint32_t whole_groups(const flm_tensor *w, const int8_t *xq) {
+static uint32_t whole_groups(const flm_tensor *w, const flm_act *xq) {
     const uint32_t g = w->group;
     return !w->scale16 && w->cols % g == 0u && g % 8u == 0u && !((uintptr_t)xq & 3u) ? w->cols / g : 0u;
 }
 
-static float row_tuned(const flm_tensor *w, uint32_t r, uint32_t ng, const int8_t *xq, const float *xs) {
-    if (ng) return ROW_WHOLE(w->data + (size_t)r * w->stride, xq, xs, ng, w->group, w->fmt == FLM_Q8);
-    return row_with(w, r, xq, xs, dot_q8, dot_q4, FLM_GROUP_TERM);
-}
-
-float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs) {
-    return row_tuned(w, r, whole_groups(w, xq), xq, xs);
-}
-
-void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq, const float *xs, float *out) {
+static void rows_tuned(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_act *xq, const float *xs, float *out) {
     const uint32_t ng = whole_groups(w, xq);
-    for (uint32_t r = r0; r < r1; r++) out[r] = row_tuned(w, r, ng, xq, xs);
+    for (uint32_t r = r0; r < r1; r++)
+        *out++ = ng ? ROW_WHOLE(w->data + (size_t)r * w->stride, xq, xs, ng, w->group, w->fmt == FLM_Q8)
+                    : row_with(w, r, xq, xs, dot_q8, dot_q4, FLM_GROUP_TERM);
+}
+#else
+/* The integer dots of a block of a row's groups first (vectorised), then their terms folded in the
+ * reference's order: the float work per group stays group_term's, one add after another. */
+#define ISUM_BLOCK 32u   /* groups per block: the dots' array on the stack */
+
+#ifdef FLM_VECTOR
+/* A row of ng whole groups of g codes with f32 scales (blocks of step bytes: the scale, the codes). */
+static inline __attribute__((always_inline)) float row_f32(const uint8_t *row, size_t step, const flm_act *x,
+                                                           const float *xs, uint32_t g, uint32_t ng, int q8) {
+    int32_t isum[ISUM_BLOCK];
+    float acc = 0.0f;
+    for (uint32_t k = 0, nb; k < ng; k += nb) {
+        nb = ng - k < ISUM_BLOCK ? ng - k : ISUM_BLOCK;
+        isums(row + k * step + 4u, step, x + (size_t)k * g, g, nb, q8, isum);
+        uint32_t j = 0;
+        if (k == 0) acc = group_term(isum[j++], rdf(row), xs[0]);   /* the fold starts with the first term */
+        for (; j < nb; j++) acc = acc + group_term(isum[j], rdf(row + (k + j) * step), xs[k + j]);
+    }
+    return acc;
 }
 
-void flm_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out) {
+/* Rows [r0, r1) of a tensor of ng whole groups of a constant size G with f32 scales, into out[0..):
+ * each row's dots and fold, compiled for this core's vectors. */
+typedef void (*rows_fn)(const uint8_t *data, size_t stride, uint32_t r0, uint32_t r1, const flm_act *xq,
+                        const float *xs, uint32_t ng, float *out);
+#define ROWS_F32(fmt, q8, G)                                                                                     \
+    static FLM_CLONES void rows_##fmt##_##G(const uint8_t *data, size_t stride, uint32_t r0, uint32_t r1,          \
+                                            const flm_act *xq, const float *xs, uint32_t ng, float *out) {          \
+        for (uint32_t r = r0; r < r1; r++)                                                                       \
+            *out++ = row_f32(data + (size_t)r * stride, 4u + ((q8) ? G##u : G##u / 2u), xq, xs, G##u, ng, q8);  \
+    }
+EACH_SHAPE(ROWS_F32)
+#undef ROWS_F32
+
+static inline rows_fn rows_for(const flm_tensor *w) {
+    if (w->scale16 || w->cols % w->group) return 0;
+#define PICK(f, is_q8, G) if (w->group == G##u && (w->fmt == FLM_Q8) == is_q8) return rows_##f##_##G;
+    EACH_SHAPE(PICK)
+#undef PICK
+    return 0;
+}
+#endif
+
+/* Any shape: ng whole groups of g codes (group k's codes at first + k * step in a row) and a last
+ * group of tail elements (0: none), with f32 or fp16 scales; fixed per matvec. */
+typedef struct { uint32_t g, ng, tail, q8, s16; size_t first, step; } row_plan;
+
+static row_plan plan_of(const flm_tensor *w) {
+    const uint32_t g = w->group, ng = w->cols / g, tail = w->cols - ng * g, q8 = w->fmt == FLM_Q8;
+    const uint32_t code = ((q8 ? g : (g + 1u) / 2u) + 3u) & ~3u;   /* a group's codes, padded to 4 */
+    row_plan pl = {g, ng, tail, q8, w->scale16, 4u, 4u + code};
+    if (w->scale16) {
+        pl.first = (2u * (ng + (tail != 0u)) + 3u) & ~3u;
+        pl.step = code;
+    }
+    return pl;
+}
+
+static float scale_of(const row_plan *pl, const uint8_t *row, uint32_t k) {
+    return pl->s16 ? rdh(row + 2u * k) : rdf(row + k * pl->step);
+}
+
+static float row_any(const flm_tensor *w, uint32_t r, const row_plan *pl, const flm_act *x, const float *xs) {
+    const uint8_t *row = w->data + (size_t)r * w->stride, *codes = row + pl->first;
+    int32_t isum[ISUM_BLOCK];
+    float acc = 0.0f;
+    uint32_t k = 0;
+    for (uint32_t nb; k < pl->ng; k += nb) {
+        nb = pl->ng - k < ISUM_BLOCK ? pl->ng - k : ISUM_BLOCK;
+        (pl->q8 ? flm_isums_q8 : flm_isums_q4)(codes + k * pl->step, pl->step, x + (size_t)k * pl->g, pl->g, nb, isum);
+        for (uint32_t j = 0; j < nb; j++) {
+            const float t = group_term(isum[j], scale_of(pl, row, k + j), xs[k + j]);
+            acc = k + j == 0 ? t : acc + t;
+        }
+    }
+    if (pl->tail) {
+        const uint8_t *c = codes + k * pl->step;
+        const flm_act *xt = x + (size_t)k * pl->g;
+        const float t = group_term(pl->q8 ? dot_q8((const int8_t *)c, xt, pl->tail) : dot_q4(c, xt, pl->tail),
+                                   scale_of(pl, row, k), xs[k]);
+        acc = k == 0 ? t : acc + t;
+    }
+    return acc;
+}
+
+static __attribute__((noinline)) void rows_any(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_act *xq,
+                                               const float *xs, float *out) {
+    const row_plan pl = plan_of(w);
+    for (uint32_t r = r0; r < r1; r++) *out++ = row_any(w, r, &pl, xq, xs);
+}
+
+/* (the shape tests inline: a single row's call, the pruned head's, costs little more than the row) */
+static inline __attribute__((always_inline)) void rows_tuned(const flm_tensor *w, uint32_t r0, uint32_t r1,
+                                                             const flm_act *xq, const float *xs, float *out) {
+#ifdef FLM_VECTOR
+    const rows_fn fast = rows_for(w);
+    if (fast) {
+        fast(w->data, w->stride, r0, r1, xq, xs, w->cols / w->group, out);
+        return;
+    }
+#endif
+    rows_any(w, r0, r1, xq, xs, out);
+}
+#endif
+
+float flm_matvec_row(const flm_tensor *w, uint32_t r, const flm_act *xq, const float *xs) {
+    float v;
+    rows_tuned(w, r, r + 1u, xq, xs, &v);
+    return v;
+}
+
+void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_act *xq, const float *xs, float *out) {
+    rows_tuned(w, r0, r1, xq, xs, out + r0);
+}
+
+void flm_matvec(const flm_tensor *w, const flm_act *xq, const float *xs, float *out) {
     flm_matvec_rows(w, 0, w->rows, xq, xs, out);
 }
 
@@ -293,12 +570,11 @@ void flm_matmul_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_ba
      * equal, and no cache has to keep a row for the n tokens */
     flm_tensor row = *w;
     row.data = row_buf;
-    const uint32_t ng = whole_groups(w, b->xq);
     for (uint32_t r = r0; r < r1; r++) {
         memcpy(row_buf, w->data + (size_t)r * w->stride, w->stride);
         for (uint32_t t = 0; t < b->n; t++)
-            b->out[(size_t)t * b->out_stride + r] = row_tuned(&row, 0, ng, b->xq + (size_t)t * b->xq_stride,
-                                                              b->xs + (size_t)t * b->xs_stride);
+            rows_tuned(&row, 0, 1u, b->xq + (size_t)t * b->xq_stride, b->xs + (size_t)t * b->xs_stride,
+                       b->out + (size_t)t * b->out_stride + r);
     }
 }
 
@@ -309,42 +585,62 @@ __attribute__((weak)) void hal_matmul(const flm_tensor *w, const flm_batch *b, u
 
 /* ---- boot self-check ---------------------------------------------------------------------- */
 
-/* A built-in tensor of 3 rows in groups of 24 (the whole-row loops' odd step and a whole turn of
- * two, softfloat_m0.s), as q8 and q4 with f32 and fp16 scales: 72 columns
- * (whole groups: row_whole's path with f32 scales) and 69 (a short last group, odd for q4: the
- * tuned loops' scalar tails); pseudo-random codes, activations with -127 and 127 among them. */
+/* Built-in tensors of 3 rows and 3 groups of g, as q8 and q4 with f32 and fp16 scales, each with
+ * 3g columns (whole groups) and 3g - 3 (a short last group): g = 24 (the Cortex-M0+ whole-row
+ * loops' odd step and a whole turn of two, softfloat_m0.s), 23 (odd groups: q4 halves a byte), and
+ * on cores with SIMD the group sizes of the vectorised rows (32, 64, 128); pseudo-random codes,
+ * activations with -127 and 127 among them. Every row alone (flm_matvec_row) and all three at once
+ * (flm_matvec_rows) against the scalar kernels, bit for bit. */
 #define SC_ROWS 3u
-#define SC_G 24u
 #define SC_NG 3u
+#ifdef FLM_VECTOR
+static const uint32_t sc_groups[] = {24u, 23u, 32u, 64u, 128u};
+#define SC_GMAX 128u
+#else
+static const uint32_t sc_groups[] = {24u, 23u};
+#define SC_GMAX 24u
+#endif
 
 static uint32_t sc_mix(uint32_t h) {
     h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
     return h;
 }
 
+/* The tensor of group size g, format fmt, scales s16 and cols columns, filled into buf. */
+static flm_tensor sc_tensor(uint8_t *buf, uint32_t g, uint32_t fmt, uint32_t s16, uint32_t cols) {
+    const uint32_t code = ((fmt == FLM_Q8 ? g : (g + 1u) / 2u) + 3u) & ~3u;   /* a whole group's, padded */
+    const uint32_t stride = s16 ? ((2u * SC_NG + 3u) & ~3u) + SC_NG * code : SC_NG * (4u + code);
+    for (uint32_t i = 0; i < SC_ROWS * stride; i++) buf[i] = (uint8_t)sc_mix(i + 977u * fmt + 131u * g + cols);
+    for (uint32_t r = 0; r < SC_ROWS; r++) {   /* scales: 1.5 * 2^-k, f32 or fp16 */
+        uint8_t *p = buf + r * stride;
+        for (uint32_t k = 0; k < SC_NG; k++) {
+            if (s16) { p[2u * k] = 0; p[2u * k + 1u] = (uint8_t)(0x3eu - 4u * k); }
+            else { uint8_t *q = p + k * (4u + code); q[0] = q[1] = 0; q[2] = 0xc0u; q[3] = (uint8_t)(0x3fu - k); }
+        }
+    }
+    flm_tensor w = {buf, fmt, SC_ROWS, cols, g, stride, FLM_TIER_SRAM, SC_ROWS * stride, s16};
+    return w;
+}
+
 int flm_kernels_self_check(void) {
-    static uint8_t buf[SC_ROWS * SC_NG * (4u + SC_G)] __attribute__((aligned(4)));
-    static int8_t xq[SC_NG * SC_G] __attribute__((aligned(4)));
+    static uint8_t buf[SC_ROWS * SC_NG * (4u + SC_GMAX)] __attribute__((aligned(4)));
+    static flm_act xq[SC_NG * SC_GMAX] __attribute__((aligned(4)));
     static const float xs[SC_NG] = {0.25f, -0.0078125f, 3.0f};
-    for (uint32_t i = 0; i < SC_NG * SC_G; i++) xq[i] = (int8_t)(i < 4u ? (i & 1u ? 127 : -127) : (int32_t)(sc_mix(i) % 255u) - 127);
-    for (uint32_t cols = SC_NG * SC_G - 3u; cols <= SC_NG * SC_G; cols += 3u) {
-        for (uint32_t fmt = FLM_Q8; fmt <= FLM_Q4; fmt++) {
-            for (uint32_t s16 = 0; s16 < 2u; s16++) {
-                uint32_t code = fmt == FLM_Q8 ? SC_G : SC_G / 2u;
-                uint32_t stride = s16 ? ((2u * SC_NG + 3u) & ~3u) + SC_NG * code : SC_NG * (4u + code);
-                for (uint32_t i = 0; i < SC_ROWS * stride; i++) buf[i] = (uint8_t)sc_mix(i + 977u * fmt + cols);
-                for (uint32_t r = 0; r < SC_ROWS; r++) {   /* scales: 1.5 * 2^-k, f32 or fp16 */
-                    uint8_t *p = buf + r * stride;
-                    for (uint32_t k = 0; k < SC_NG; k++) {
-                        if (s16) { p[2u * k] = 0; p[2u * k + 1u] = (uint8_t)(0x3eu - 4u * k); }
-                        else { uint8_t *q = p + k * (4u + code); q[0] = q[1] = 0; q[2] = 0xc0u; q[3] = (uint8_t)(0x3fu - k); }
+    for (uint32_t i = 0; i < SC_NG * SC_GMAX; i++)
+        xq[i] = (flm_act)(i < 4u ? (i & 1u ? 127 : -127) : (int32_t)(sc_mix(i) % 255u) - 127);
+    for (uint32_t gi = 0; gi < sizeof sc_groups / sizeof sc_groups[0]; gi++) {
+        const uint32_t g = sc_groups[gi];
+        for (uint32_t cols = SC_NG * g - 3u; cols <= SC_NG * g; cols += 3u) {
+            for (uint32_t fmt = FLM_Q8; fmt <= FLM_Q4; fmt++) {
+                for (uint32_t s16 = 0; s16 < 2u; s16++) {
+                    const flm_tensor w = sc_tensor(buf, g, fmt, s16, cols);
+                    float all[SC_ROWS];
+                    flm_matvec_rows(&w, 0, SC_ROWS, xq, xs, all);
+                    for (uint32_t r = 0; r < SC_ROWS; r++) {
+                        const float one = flm_matvec_row(&w, r, xq, xs);
+                        const float ref = row_with(&w, r, xq, xs, dot_q8_scalar, dot_q4_scalar, group_term);
+                        if (memcmp(&one, &ref, 4) != 0 || memcmp(&all[r], &ref, 4) != 0) return -1;
                     }
-                }
-                flm_tensor w = {buf, fmt, SC_ROWS, cols, SC_G, stride, FLM_TIER_SRAM, SC_ROWS * stride, s16};
-                for (uint32_t r = 0; r < SC_ROWS; r++) {
-                    float fast = flm_matvec_row(&w, r, xq, xs);
-                    float ref = row_with(&w, r, xq, xs, dot_q8_scalar, dot_q4_scalar, group_term);
-                    if (memcmp(&fast, &ref, 4) != 0) return -1;
                 }
             }
         }

@@ -3,19 +3,34 @@
 #define FLM_KERNELS_H
 #include "blob.h"
 
-/* Quantize x[n] to int8 codes per group of g: scale = amax/127, code = round-half-away(x*127/amax). */
-void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int8_t *xq, float *xs);
+/* Activation codes (int8 values, -127..127) as the kernels read them: held in int16 on cores with SIMD
+ * (x86 SSE2, Arm NEON), because gcc's and clang's vectorisers form the 16-bit multiply-add (SSE2
+ * PMADDWD, NEON SMLAL) from 16-bit operands in memory; in int8 elsewhere. The engine's buffer holds
+ * 2 bytes a code on every target (one state layout, converter/footprint.py). */
+#if !defined(__ARM_ARCH_6M__) && (defined(__SSE2__) || defined(__ARM_NEON) || defined(__ARM_NEON__))
+#define FLM_VECTOR 1
+typedef int16_t flm_act;
+#else
+typedef int8_t flm_act;
+#endif
+
+/* Quantize x[n] to int8 codes per group of g: scale = amax/127, code = round-half-away(x*127/amax),
+ * into flm_act codes (the input of a matvec or of attention's int8 scores) */
+void flm_quantize_act(const float *x, uint32_t n, uint32_t g, flm_act *xq, float *xs);
+/* or into int8_t codes (the int8 KV cache's rows): the same codes and scales. */
+void flm_quantize_i8(const float *x, uint32_t n, uint32_t g, int8_t *q, float *xs);
 /* out[r] = fold over groups of float(int32 group dot) * (wscale * xscale); xq/xs from flm_quantize_act
- * with the tensor's group size. All rows on the calling core (the engine calls hal_matvec). */
-void flm_matvec(const flm_tensor *w, const int8_t *xq, const float *xs, float *out);
-/* Rows [r0, r1) of flm_matvec's output, bit for bit (for a hal_matvec that splits the rows). */
-void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const int8_t *xq, const float *xs, float *out);
+ * with the tensor's group size. All rows on the calling core (the engine calls hal_matmul). */
+void flm_matvec(const flm_tensor *w, const flm_act *xq, const float *xs, float *out);
+/* Rows [r0, r1) of flm_matvec's output, bit for bit (for a hal_matmul that splits the rows, and the
+ * greedy head's tile scan: a tile is a run of rows). */
+void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_act *xq, const float *xs, float *out);
 /* The quantized inputs of n tokens for one matrix, and where their outputs go: token t's codes at
- * xq + t * xq_stride (a multiple of 4, so every token's codes stay word aligned), its group scales at
- * xs + t * xs_stride, its output row r at out[t * out_stride + r]. */
+ * xq + t * xq_stride (codes; a multiple of 4, so every token's codes stay word aligned), its group
+ * scales at xs + t * xs_stride, its output row r at out[t * out_stride + r]. */
 typedef struct {
     uint32_t n;
-    const int8_t *xq;
+    const flm_act *xq;
     const float *xs;
     float *out;
     uint32_t xq_stride, xs_stride, out_stride;
@@ -25,17 +40,25 @@ typedef struct {
  * SRAM buffer of at least the row's stride, word aligned), and every token's group dots read the copy
  * (docs/formats.md section 2: a forward pass reads each weight byte once, whatever its tokens). */
 void flm_matmul_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_batch *b, uint8_t *row_buf);
-/* Row r of flm_matvec's output, bit for bit (the pruned greedy head computes rows one at a time;
- * the tensor must be row-major). */
-float flm_matvec_row(const flm_tensor *w, uint32_t r, const int8_t *xq, const float *xs);
+/* Row r of flm_matvec's output, bit for bit (the boot self-check compares rows one at a time; the
+ * tensor must be row-major). */
+float flm_matvec_row(const flm_tensor *w, uint32_t r, const flm_act *xq, const float *xs);
 /* Dequantize row r of a q8/q4 tensor into out[cols]: code * scale. */
 void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out);
 /* One group's exact dot product of n codes (int8, or int4 two per byte, low nibble first) with n
  * activation codes: the tuned kernel of this core (Cortex-M0+ assembly, else portable C). */
-int32_t flm_dot_q8(const int8_t *w, const int8_t *x, uint32_t n);
-int32_t flm_dot_q4(const uint8_t *w, const int8_t *x, uint32_t n);
-/* Boot-time check: the tuned kernels against the scalar ones on a built-in tensor (q8 and q4, f32
- * and fp16 scales), bit for bit. 0 when they agree, -1 when not (the firmware then refuses to
- * generate). */
+int32_t flm_dot_q8(const int8_t *w, const flm_act *x, uint32_t n);
+int32_t flm_dot_q4(const uint8_t *w, const flm_act *x, uint32_t n);
+/* The integer part of a row: isum[k] = the exact dot of group k's g codes (at codes + k * step; q8, or
+ * q4 as in flm_dot_q4) with xq[k*g .. k*g + g), for k < ng, with this core's tuned dots (on cores
+ * with SIMD vectorised, loops of a constant length for g = 32, 64, 128). A row kernel computes a
+ * block of its groups' dots this way, then scales and folds them by its weight format's rule in the
+ * reference's order (the general rows call these; the rows of the common shapes inline the same
+ * loops). */
+void flm_isums_q8(const uint8_t *codes, size_t step, const flm_act *xq, uint32_t g, uint32_t ng, int32_t *isum);
+void flm_isums_q4(const uint8_t *codes, size_t step, const flm_act *xq, uint32_t g, uint32_t ng, int32_t *isum);
+/* Boot-time check: the tuned rows against the scalar kernels on built-in tensors (q8 and q4, f32
+ * and fp16 scales, whole and short last groups, every group size with its own row kernel), bit for
+ * bit. 0 when they agree, -1 when not (the firmware then refuses to generate). */
 int flm_kernels_self_check(void);
 #endif

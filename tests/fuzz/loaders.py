@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import numpy as np  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, seed as hseed, settings, strategies as st  # noqa: E402
 
+from converter import headprune  # noqa: E402
 from converter.blob import build_blob, read_blob, read_header  # noqa: E402
 from converter.ir import ModelConfig, ModelError, ModelIR  # noqa: E402
 from converter.llama2c import write_llama2c  # noqa: E402
@@ -104,7 +105,9 @@ def make_seeds(d: Path) -> dict[str, tuple[str, bytes]]:
     seeds["pt"] = ("model.pt", p.read_bytes())
     seeds["tokenizer_bin"] = ("tokenizer.bin", _tokenizer_bin())
     seeds["tokenizer_json"] = ("tokenizer.json", bpe.encode())
-    seeds["blob"] = ("model.flmb", build_blob(quantize(_tiny_ir(tied=True), "q8", 4)))
+    qm = quantize(_tiny_ir(tied=True), "q8", 4)
+    qm.head_index = headprune.build(qm.head(), qm.config.n_out, 2)      # its tiles, maps and radii fuzzed too
+    seeds["blob"] = ("model.flmb", build_blob(qm))
     HF_FILES.update(_hf_folder(bpe, n_vocab))
     seeds["hf"] = (HF_DIR, b"")           # one of HF_FILES damaged per example, the others as they are
     return seeds

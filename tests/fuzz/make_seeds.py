@@ -19,8 +19,8 @@ from make_blob import FUZZ_MODEL, models  # noqa: E402
 from host import protocol as P  # noqa: E402
 
 REC, RAW_KIND, LAYOUT_AUTO = 1, 0xFF, 0xFE
-N_ENTRIES = 17     # table entries of FUZZ_MODEL's blob (checked in app_seeds; the draft is one)
-PSRAM_ALL = bytes([1] * (N_ENTRIES - 2) + [0, 1])   # every entry in PSRAM but the draft (last but one: flash only)
+N_ENTRIES = 20     # table entries of FUZZ_MODEL's blob: head index, draft and golden included (checked in app_seeds)
+PSRAM_ALL = bytes([1] * (N_ENTRIES - 2) + [0, 0])   # every entry in PSRAM but the draft and golden (last two: flash only)
 
 
 def rec(kind: int, payload: bytes = b"") -> bytes:
@@ -98,6 +98,9 @@ def app_seeds() -> dict[str, bytes]:
     s["layout_kv_int8_psram"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0x1111) + PSRAM_ALL) \
         + rec(2, gen([3], 4, 0.5, 0.0, 1, 1))
     s["layout_kv_bad"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0x2000) + bytes(N_ENTRIES)) + rec(1)
+    # SELFTEST: the golden check idle, with a payload, while generating, after a LAYOUT to the int8 cache
+    s["selftest"] = bytes([REC]) + rec(7) + rec(7, b"x") + rec(2, gen([1, 2], 6)) + rec(7) + rec(4) \
+        + rec(LAYOUT_AUTO, struct.pack("<I", 0x1000) + bytes(N_ENTRIES)) + rec(7) + rec(2, gen([1], 2))
     s["unknown_types"] = bytes([REC]) + rec(0x00) + rec(0x81, b"hello?") + rec(0x7F, b"x" * 40) + rec(1)
     s["raw_junk_then_frames"] = bytes([REC]) + rec(RAW_KIND, b"\xff\xfe junk\r\n\x00\x05\x00") + rec(1) \
         + rec(RAW_KIND, b"\x02\x02\x00") + rec(2, gen([2], 2))

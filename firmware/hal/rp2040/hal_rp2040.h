@@ -28,15 +28,6 @@ void hal_rp2040_mark_state(const void *state);
 #define FLM_STEP_END(step) hal_rp2040_step_end(step)
 #define FLM_STEP_STATE(state) hal_rp2040_mark_state(state)
 
-/* A matvec group's term (float)isum * (sc * xs), bit for bit, in one call (softfloat_m0.s): the
- * kernels use it instead of the plain expression (kernels.c FLM_GROUP_TERM). */
-float flm_group_term(int32_t isum, float sc, float xs);
-#define FLM_GROUP_TERM flm_group_term
-
-/* kernels.c row_whole (f32 scales, whole groups of a multiple of 8, word-aligned activations) with
- * the group loop in assembly (softfloat_m0.s): the same dots, terms and adds in the same order. */
-float flm_row_q8_m0(const uint8_t *p, const int8_t *x, const float *xs, uint32_t ng, uint32_t code_bytes);
-float flm_row_q4_m0(const uint8_t *p, const int8_t *x, const float *xs, uint32_t ng, uint32_t code_bytes);
-#define FLM_ROW_WHOLE(p, x, xs, ng, g, q8) \
-    ((q8) ? flm_row_q8_m0((p), (x), (xs), (ng), (g)) : flm_row_q4_m0((p), (x), (xs), (ng), (g) / 2u))
+/* the soft-float's group term and whole-row loops, for kernels.c */
+#include "softfloat_m0.h"
 #endif
