@@ -94,9 +94,10 @@ EXAMPLES = [
     GenerateText("Once upon a time é😀", 32, 0.75, 0.5, 9, True),
     GenerateText("", 1),
     SelfTest(),
-    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "native", True, True, "exact", 2, 4),
-    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 2, "0.1.0", "rp2040-emu", True, False, "differs", 2, 4, 1),
-    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "pico", True, False, "none"),
+    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "native", True, True, golden="exact", golden_checked=2, golden_total=4),
+    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 2, "0.1.0", "rp2040-emu", True, False, batch=4, golden="differs", golden_checked=2,
+          golden_total=4, golden_first_diff=1),
+    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "pico", True, False, golden="none"),
 ]
 
 
@@ -211,7 +212,7 @@ def test_wire_layout():
     assert P.encode_payload(Hello(2, True, bytes(16), 0, 0, 0, 0, 0, "", "", True))[1][2:4] == b"\x03\x00"
     assert P.encode_payload(Hello(2, True, bytes(16), 0, 0, 0, 0, 0, "", "", True, True))[1][2:4] == b"\x07\x00"
     v3 = P.encode_payload(Hello(3, True, bytes(16), 0, 0, 0, 0, 0, "a", "b", batch=8))[1]
-    assert v3[-5:] == b"\x01a\x01b\x08"                              # version 3: the batch after board
+    assert v3[-12:-7] == b"\x01a\x01b\x08"                          # version 3: the batch after board
     assert P.encode_payload(GenerateText("h\u00e9", 10, 0.5, 0.0, 3, True)) == (
         6, struct.pack("<IffQIBBBBH", 10, 0.5, 0.0, 3, 1, 0, 0, 0, 0, 3) + "h\u00e9".encode())
     v3 = P.encode_payload(Hello(3, True, bytes(16), 0, 0, 0, 0, 0, "", "b", False, False, 1, False, "differs", 3, 4, 2))[1]
