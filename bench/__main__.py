@@ -31,6 +31,12 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run the emul
   callgrind instructions, emulated RP2040 cycles) (bench/headindex.py);
 * ple_vs_dense — the shipped PLE model beside its equal-core dense twin: fp32 eval loss over
   all of eval.txt and the Pico plan's predicted bytes per token (bench/ple_vs_dense.py);
+* passes — forward passes of several tokens on the shipped models, native and emulated RP2040:
+  prefill cycles (µs) and flash bytes per prompt token at T = 1, 4, 8, and speculative decoding
+  (prompt lookup, the default model's draft model): acceptance, tokens per verifying pass, emitted
+  tok/s and bytes per emitted token against plain greedy decoding; beside them the planner's
+  predictions of the same passes (predicted/emulated ratios on the RP2040) and, predicted only,
+  for the ESP32-S3 and the Pico (bench/passes.py);
 * convert — load + quantize + blob time of a ~15M-parameter random llama2.c checkpoint.
 
 A section is ``Section(name, run, emulated)``: ``run(work_dir)`` (an empty directory of its own)
@@ -53,7 +59,7 @@ from typing import Callable
 
 from rich.console import Console
 
-from . import (callgrind, convert, emulated, headindex, kernels, native, native15m, ple_seed, ple_vs_dense, predict, speed,
+from . import (callgrind, convert, emulated, headindex, kernels, native, native15m, passes, ple_seed, ple_vs_dense, predict, speed,
                xip)
 from .model import ROOT, default_ir
 from .report import print_report
@@ -80,6 +86,7 @@ SECTIONS = [
     Section("speed", speed.section, emulated=True),
     Section("head_index", headindex.section, emulated=True),
     Section("ple_vs_dense", ple_vs_dense.section),
+    Section("passes", passes.section, emulated=True),
     Section("convert", convert.section),
 ]
 
@@ -130,6 +137,8 @@ def main(argv=None) -> int:
         native15m.print_table(results["native15m"])
     for board, f in results.get("speed", {}).items():
         speed.print_board(board, f)
+    if "passes" in results:
+        passes.print_passes(results["passes"], results.get("passes_predicted"))
     print_report(console, results, previous)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1) + "\n")

@@ -2,8 +2,9 @@
 same build, blob and prompt give the same counts on any load, unlike the host clock).
 
 The native board runs under ``valgrind --tool=callgrind`` collecting only inside the engine's step
-functions (app_generate.c calls them once per step: ``flm_body``, ``flm_head`` / ``flm_head_argmax``,
-``flm_sample``, ``flm_slide``), so the protocol, the serial link and the idle loop count nothing.
+functions (app_generate.c calls them once per forward pass, one token a pass in this bench's image:
+``flm_body_many``, ``flm_head`` / ``flm_head_all`` / ``flm_head_argmax``, ``flm_sample``, ``flm_slide``),
+so the protocol, the serial link and the idle loop count nothing.
 Two processes per format generate the same prompt, one stopping at its first token and one
 ``decode`` tokens later; their difference over ``decode`` is the instructions per decode token (at
 positions prompt..prompt+decode-1), in total and per function (callgrind_annotate, inclusive for
@@ -20,7 +21,7 @@ from host.virtual import start_native_board
 
 from .model import FORMATS, blob_and_firmware, default_quant, prompt_ids, session
 
-STEP_FUNCTIONS = ("flm_body", "flm_head", "flm_head_argmax", "flm_sample", "flm_slide")
+STEP_FUNCTIONS = ("flm_body_many", "flm_head", "flm_head_all", "flm_head_argmax", "flm_sample", "flm_slide")
 LINE = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(?:.*:)?([^\s:]+)(?:\s+\[[^\]]*\])?\s*$")
 
 
@@ -69,7 +70,7 @@ def profile(binary: Path, blob: Path, ids: list[int], new_tokens: int, out: Path
 
 def decode_figures(first: dict, longer: dict, decode: int, prompt_len: int) -> dict:
     """Per decode token: the difference of two runs over the decode tokens between them (and the
-    head rows those tokens computed, on average); per prefill step: the first run's ``flm_body`` over
+    head rows those tokens computed, on average); per prefill step: the first run's ``flm_body_many`` over
     its prompt steps."""
     per = lambda a, b: (b - a) / decode
     funcs = {f for f in set(first["self"]) | set(longer["self"]) if longer["self"].get(f, 0) != first["self"].get(f, 0)}
@@ -77,7 +78,7 @@ def decode_figures(first: dict, longer: dict, decode: int, prompt_len: int) -> d
         ir_per_decode_token=per(first["total"], longer["total"]),
         inclusive_per_decode_token={f: per(first["inclusive"][f], longer["inclusive"][f]) for f in STEP_FUNCTIONS},
         self_per_decode_token={f: per(first["self"].get(f, 0), longer["self"].get(f, 0)) for f in sorted(funcs)},
-        ir_per_prefill_step=first["inclusive"]["flm_body"] / prompt_len,
+        ir_per_prefill_step=first["inclusive"]["flm_body_many"] / prompt_len,
         ir_prompt_total=first["total"], decode_tokens=decode, prompt_tokens=prompt_len,
         head_rows_per_decode_token=sum(longer["head_rows"][-decode:]) / decode)
 

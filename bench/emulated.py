@@ -102,7 +102,7 @@ def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: st
     predict = predictor(blob, BOARD)
     pred = [predict(t.pos, _head(t)) for t in dec]
     last = dec[-1]
-    pred_us = {p: _median(x.phase_us[p] for x in pred) for p in PHASES}
+    pred_us = {p: _median(x.phase_us.get(p, 0.0) for x in pred) for p in PHASES}   # (draft: not predicted)
     return dict(
         clock=res.clock, decode_steps=len(dec),
         cycles_per_token=_median(c["cycles"] for c in h),

@@ -80,12 +80,12 @@ def prompt_ids(qm) -> list[int]:
     return encode(qm.tokenizer, PROMPT)
 
 
-def blob_and_firmware(qm, board: str, work: Path, kv: str = "int8"):
-    """Write the blob into ``work`` (KV cache ``kv``: ``flashlm convert``'s default int8) and build
-    ``board``'s firmware for it: (blob path, BuildResult)."""
+def blob_and_firmware(qm, board: str, work: Path, kv: str = "int8", batch: int = 1):
+    """Write the blob (KV cache format ``kv``: ``flashlm convert``'s default int8; passes of up to
+    ``batch`` tokens) into ``work`` and build ``board``'s firmware for it: (blob path, BuildResult)."""
     work.mkdir(parents=True, exist_ok=True)
     blob = work / "model.flmb"
-    write_blob(qm, blob, kv=kv)
+    write_blob(qm, blob, kv=kv, batch=batch)
     return blob, build_firmware(board, work / f"fw-{board}", blob)
 
 

@@ -111,7 +111,7 @@ def callgrind_table(r: dict) -> Group | None:
         return None
     first = next(iter(runs.values()))
     rows = [["per decode token"] + [x["ir_per_decode_token"] for x in runs.values()],
-            ["per prefill step (flm_body)"] + [x["ir_per_prefill_step"] for x in runs.values()]]
+            ["per prefill step (flm_body_many)"] + [x["ir_per_prefill_step"] for x in runs.values()]]
     rows += [[f"  {f} (inclusive)"] + [x["inclusive_per_decode_token"][f] for x in runs.values()]
              for f in first["inclusive_per_decode_token"] if any(x["inclusive_per_decode_token"][f] for x in runs.values())]
     funcs = sorted({f for x in runs.values() for f in x["self_per_decode_token"]},

@@ -34,7 +34,8 @@ TIER_CODE = {"flash": 0, "psram": 1, "sram": 2}
 TIER_NAME = {v: k for k, v in TIER_CODE.items()}
 NONE_ID = 0xFFFFFFFF
 CONFIG_FMT = "<10I2f4I"        # 64-byte config block at offset 48 (v2: ple_dim, out_vocab, 2 reserved)
-PINNED_TO_FLASH = ("tokenizer", "ple.table", golden.SECTION)   # sections the firmware reads from flash only
+PINNED_TO_FLASH = ("tokenizer", "ple.table", "draft", golden.SECTION)   # sections the firmware reads from flash only
+DRAFT = "draft"                # the draft model of speculative decoding: a blob in the blob (section 1.4)
 STOP_SECTION = "tokenizer.stop"   # u32 n, u32 ids[n]: generation ends at any of these ids
 ENTRY_FMT = "<32s8I"
 
@@ -205,12 +206,14 @@ def decode_stop_ids(buf: bytes, vocab: int) -> tuple[int, ...]:
     return ids
 
 
-def _sections(qm: QuantModel, golden_fault: int | None = None) -> list[tuple[str, str, int, int, int, int, bytes]]:
+def _sections(qm: QuantModel, batch: int = 1, golden_fault: int | None = None
+              ) -> list[tuple[str, str, int, int, int, int, bytes]]:
     """(name, fmt, rows, cols, group, format flags, data) in blob order: tokenizer (its stop ids,
     tokenizer.stop, and its device encoder's tables, tokenizer.enc), RoPE tables, tensors, with
     a head index its centre rows and tiles (the head's rows then stored in tile order,
-    converter/headprune.py), and the golden check (converter/golden.py; ``golden_fault``: a test's
-    deliberately wrong step)."""
+    converter/headprune.py), the draft model (a blob of its own, its passes as long as the
+    model's), and the golden check (converter/golden.py; ``golden_fault``: a test's deliberately
+    wrong step)."""
     c = qm.config
     tok = encode_tokenizer(qm.tokenizer, c.vocab_size)
     qm.stops.check(c.vocab_size)
@@ -239,6 +242,9 @@ def _sections(qm: QuantModel, golden_fault: int | None = None) -> list[tuple[str
                     encode_qtensor(cen)))
         tiles = headprune.section_bytes(index, qm.head().shape[0])
         out.append((headprune.SECTION, "bytes", 1, len(tiles), 0, False, tiles))
+    if qm.draft is not None:
+        d = build_blob(qm.draft.qm, kv=qm.draft.kv, batch=batch)
+        out.append((DRAFT, "bytes", 1, len(d), 0, False, d))
     gold = golden.section_bytes(qm, golden_fault)
     out.append((golden.SECTION, "bytes", 1, len(gold), 0, False, gold))
     return out
@@ -278,12 +284,17 @@ KV_CODE = {"f32": 0, "int8": 1}
 KV_NAME = {v: k for k, v in KV_CODE.items()}
 
 
-def pack_state_tiers(state: dict[str, str] | int | None, kv: str = "f32") -> int:
-    """Header field ``state_tiers`` from {"kv": "psram", ...} (missing or "default": the board's arena)
-    and the KV cache format ``kv`` (f32 or int8); an int is taken as the whole field."""
+BATCH_SHIFT = 16                              # state_tiers bits 16-23: the batch (0 stands for 1)
+MAX_BATCH = 255
+
+
+def pack_state_tiers(state: dict[str, str] | int | None, kv: str = "f32", batch: int = 1) -> int:
+    """Header field ``state_tiers`` from {"kv": "psram", ...} (missing or "default": the board's arena),
+    the KV cache format ``kv`` (f32 or int8) and the batch (the most tokens one forward pass runs);
+    an int is taken as the whole field."""
     if isinstance(state, int):
         return state
-    v = with_kv(0, kv)
+    v = with_batch(with_kv(0, kv), batch)
     if state is None:
         return v
     for i, region in enumerate(STATE_REGIONS):
@@ -301,6 +312,19 @@ def with_kv(state_tiers: int, kv: str) -> int:
     if kv not in KV_CODE:
         raise BlobError(f"KV cache format must be f32 or int8, got {kv!r}")
     return (state_tiers & ~(0xF << KV_SHIFT)) | (KV_CODE[kv] << KV_SHIFT)
+
+
+def with_batch(state_tiers: int, batch: int) -> int:
+    """A state_tiers field with its batch replaced (1 is written as 0, so a batch of one leaves the
+    field, and so the layout id, as it was before batches existed)."""
+    if not 1 <= int(batch) <= MAX_BATCH:
+        raise BlobError(f"batch must be 1..{MAX_BATCH} tokens per forward pass, got {batch}")
+    return (state_tiers & ~(0xFF << BATCH_SHIFT)) | ((int(batch) if batch > 1 else 0) << BATCH_SHIFT)
+
+
+def batch_of(state_tiers: int) -> int:
+    """The batch a header's (or LAYOUT's) state_tiers field names."""
+    return ((state_tiers >> BATCH_SHIFT) & 0xFF) or 1
 
 
 def kv_format(state_tiers: int) -> str:
@@ -325,15 +349,17 @@ def layout_id_of(tier_codes, state_tiers: int = 0) -> int:
 
 
 def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None,
-               state: dict[str, str] | int | None = None, kv: str = "f32", golden_fault: int | None = None) -> bytes:
+               state: dict[str, str] | int | None = None, kv: str = "f32", batch: int = 1,
+               golden_fault: int | None = None) -> bytes:
     """Serialize; ``tiers`` maps tensor name -> tier (default: everything read from flash);
     ``state`` places the engine's RAM buffers (``kv``, ``logits``, ``scratch``) on psram/sram;
-    ``kv`` is the KV cache's format (f32, int8); ``golden_fault`` (tests only): the golden check's
-    CRC of that step is wrong, so a board reports the step as the first that differs."""
+    ``kv`` is the KV cache's format (f32, int8); ``batch`` the most tokens one forward pass runs;
+    ``golden_fault`` (tests only): the golden check's CRC of that step is wrong, so a board reports
+    the step as the first that differs."""
     tiers = tiers or {}
     check_pinned(tiers)
-    state_tiers = pack_state_tiers(state, kv)
-    secs = _sections(qm, golden_fault)
+    state_tiers = pack_state_tiers(state, kv, batch)
+    secs = _sections(qm, batch_of(state_tiers), golden_fault)
     if any(len(s[0]) > 31 for s in secs):
         raise BlobError("a tensor name is longer than 31 bytes")
     table_off = HEADER_SIZE
@@ -366,7 +392,7 @@ def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None,
 
 
 def retier_blob(blob: bytes, tiers: dict[str, str] | None = None,
-                state: dict[str, str] | int | None = None, kv: str = "f32") -> bytes:
+                state: dict[str, str] | int | None = None, kv: str = "f32", batch: int = 1) -> bytes:
     """The same blob with a new placement: every table entry's tier (``tiers`` by name, others
     flash), the header's state_tiers (regions and KV format), layout_id and CRC rewritten; data and
     model hash unchanged."""
@@ -385,16 +411,17 @@ def retier_blob(blob: bytes, tiers: dict[str, str] | None = None,
             raise BlobError(f"unknown tier {t!r} for {e.name}")
         codes.append(TIER_CODE[t])
         struct.pack_into("<I", out, table_off + i * ENTRY_SIZE + 48, TIER_CODE[t])
-    st = pack_state_tiers(state, kv)
+    st = pack_state_tiers(state, kv, batch)
     struct.pack_into("<I", out, 32, layout_id_of(codes, st))
     struct.pack_into("<I", out, 44, st)
     struct.pack_into("<I", out, 12, zlib.crc32(memoryview(out)[16:]))
     return bytes(out)
 
 
-def write_blob(qm: QuantModel, path, tiers: dict[str, str] | None = None, kv: str = "f32") -> BlobInfo:
+def write_blob(qm: QuantModel, path, tiers: dict[str, str] | None = None, kv: str = "f32",
+               batch: int = 1) -> BlobInfo:
     path = Path(path)
-    blob = build_blob(qm, tiers, kv=kv)
+    blob = build_blob(qm, tiers, kv=kv, batch=batch)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(blob)
     tmp.replace(path)
@@ -414,6 +441,7 @@ class BlobHeader:
     eos_id: int | None
     entries: list[Entry]
     state_tiers: int = 0          # where the engine's RAM buffers live (see unpack_state_tiers)
+    draft: "BlobHeader | None" = None   # the header of its draft model's blob (section draft), if any
     head_scan: object = None      # costmodel.HeadScan: the head index's header, if the blob has one
 
     @property
@@ -450,7 +478,7 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
         cfg.validate()
     except (ModelError, ZeroDivisionError) as e:
         raise BlobError(f"{what}: bad model config in header: {e}") from None
-    if state_tiers >> (KV_SHIFT + 4) or (state_tiers >> KV_SHIFT) & 0xF not in KV_NAME or any(
+    if state_tiers >> (BATCH_SHIFT + 8) or (state_tiers >> KV_SHIFT) & 0xF not in KV_NAME or any(
             ((state_tiers >> (4 * i)) & 0xF) not in (STATE_DEFAULT, TIER_CODE["psram"], TIER_CODE["sram"])
             for i in range(len(STATE_REGIONS))):
         raise BlobError(f"{what}: bad state_tiers 0x{state_tiers:x} in header")
@@ -474,9 +502,11 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
         elif fname == "f32" and length != rows * cols * 4:
             raise BlobError(f"{what}: tensor {name}: length {length} != {rows}x{cols} f32")
         entries.append(Entry(name, fname, rows, cols, g, TIER_NAME[tier], off, length, stride, s16, rs))
+    d = next((e for e in entries if e.name == DRAFT), None)
+    draft = parse_header(blob[d.offset:d.offset + d.length], f"{what}: draft model", check_crc) if d else None
     return BlobHeader(version, total, crc, mhash, layout_id, cfg,
                       None if v[8] == NONE_ID else v[8], None if v[9] == NONE_ID else v[9], entries,
-                      state_tiers, _head_scan(blob, entries))
+                      state_tiers, draft, _head_scan(blob, entries))
 
 
 def _head_scan(blob: bytes, entries: list[Entry]):
@@ -539,6 +569,15 @@ def read_blob(path_or_bytes) -> QuantModel:
     except BlobError as err:
         raise BlobError(f"{what}: {err}") from None
     qm = QuantModel(c, tensors, rope["rope.cos"], rope["rope.sin"], tok, source=what, stops=stops)
+    if h.draft is not None:
+        from .draft import Draft, check_pair
+        e = by[DRAFT]
+        dq = read_blob(blob[e.offset:e.offset + e.length])
+        check_pair(qm, dq, pieces=False)
+        if dq.config.max_seq_len != c.max_seq_len:
+            raise BlobError(f"{what}: the draft model's context {dq.config.max_seq_len} is not the model's "
+                            f"{c.max_seq_len}")
+        qm.draft = Draft(dq, kv_format(h.draft.state_tiers))
     qm.head_index = _read_head_index(blob, by, qm, what)
     read_golden(blob, h, what)
     return qm

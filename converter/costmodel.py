@@ -258,10 +258,11 @@ class Use:
         return sum(self.read.values())
 
 
-def state_sizes(spec: ModelSpec, kv: str = "f32") -> dict[str, int]:
-    """Bytes of each state region the planner places (the prompt buffer rides with scratch)."""
+def state_sizes(spec: ModelSpec, kv: str = "f32", batch: int = 1) -> dict[str, int]:
+    """Bytes of each state region the planner places (the prompt buffer rides with scratch), for
+    forward passes of up to ``batch`` tokens."""
     cfg = spec.config
-    rb = region_bytes(cfg, spec.min_group, kv)
+    rb = region_bytes(cfg, spec.min_group, kv, batch)
     return {"kv": rb["kv"], "logits": rb["logits"], "scratch": rb["scratch"] + prompt_bytes(cfg)}
 
 

@@ -9,13 +9,13 @@ def _up8(n: int) -> int:
     return (n + 7) & ~7
 
 
-def state_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32") -> int:
-    return sum(region_bytes(cfg, min_group, kv).values())
+def state_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32", batch: int = 1) -> int:
+    return sum(region_bytes(cfg, min_group, kv, batch).values())
 
 
-def arena_bytes(cfg: ModelConfig, min_group: int) -> int:
+def arena_bytes(cfg: ModelConfig, min_group: int, batch: int = 1) -> int:
     """The engine's RAM for any placement of the model (an f32 KV cache is the larger format)."""
-    return state_bytes(cfg, min_group) + cfg.max_seq_len * 4
+    return state_bytes(cfg, min_group, batch=batch) + cfg.max_seq_len * 4
 
 
 # ---- per-region sizes and staging (firmware/engine/engine.c layout(), app_layout.c app_place()) -------------
@@ -33,18 +33,29 @@ def kv_row_bytes(cfg: ModelConfig, kv: str = "f32") -> int:
     return cfg.head_dim * 4 if kv == "f32" else 4 + ((cfg.head_dim + 3) & ~3)
 
 
-def region_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32") -> dict[str, int]:
-    """Bytes of each state region, as flm_state_region_bytes() with KV format ``kv`` (f32, int8);
-    they sum to state_bytes()."""
+def region_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32", batch: int = 1) -> dict[str, int]:
+    """Bytes of each state region, as flm_state_region_bytes() with KV format ``kv`` (f32, int8) and
+    a batch of ``batch`` tokens per forward pass (activations and logits per token; with more than one,
+    two copies of a weight row); they sum to state_bytes()."""
     wide = max(cfg.dim, cfg.hidden_dim, cfg.ple_dim)            # the longest matmul input
     kv = cfg.n_layers * cfg.max_seq_len * cfg.n_kv_heads * kv_row_bytes(cfg, kv)
-    ple = cfg.n_layers * cfg.ple_dim * 4                         # per-layer inputs; table row / gate
+    ple = cfg.n_layers * cfg.ple_dim * 4                         # per-layer inputs of a token
+    t = batch
     # ... and the activation codes, 2 bytes each on every target (kernels.h flm_act), and their scales
-    scratch = [cfg.dim * 4] * 4 + [cfg.max_seq_len * 4, cfg.hidden_dim * 4, cfg.hidden_dim * 4,
-                                   cfg.head_dim // 2 * 4, cfg.head_dim // 2 * 4, ple, ple, 2 * wide,
-                                   (wide // min_group + 1) * 4]
-    return {"kv": 2 * _up8(kv), "logits": 3 * _up8(cfg.n_out * 4),
+    scratch = [t * cfg.dim * 4] * 4 + [cfg.max_seq_len * 4, t * cfg.hidden_dim * 4, t * cfg.hidden_dim * 4,
+                                       t * (cfg.head_dim // 2) * 4, t * (cfg.head_dim // 2) * 4, t * ple,
+                                       max(t, cfg.n_layers) * cfg.ple_dim * 4,   # a table row, or the gates
+                                       t * 2 * _up8(wide), t * (wide // min_group + 1) * 4]
+    if t > 1:
+        scratch += [row_copy_bytes(wide, min_group)] * 2
+    return {"kv": 2 * _up8(kv), "logits": _up8(t * cfg.n_out * 4) + 2 * _up8(cfg.n_out * 4),
             "scratch": sum(_up8(p) for p in scratch)}
+
+
+def row_copy_bytes(wide: int, min_group: int) -> int:
+    """engine.c row_copy_bytes: room for a copy of any weight row of at most ``wide`` columns in groups of
+    at least ``min_group`` (q8 with f32 scales, each group's codes padded to 4)."""
+    return wide + 7 * (wide // min_group + 1) + 3
 
 
 def prompt_bytes(cfg: ModelConfig) -> int:
@@ -52,7 +63,7 @@ def prompt_bytes(cfg: ModelConfig) -> int:
 
 
 def tier_needs(cfg: ModelConfig, min_group: int, staged: dict[str, list[int]],
-               region_tiers: dict[str, str], kv: str = "f32") -> dict[str, int]:
+               region_tiers: dict[str, str], kv: str = "f32", batch: int = 1) -> dict[str, int]:
     """Bytes app_layout.c's app_place() takes from each RAM tier: the tensors staged there (``staged[tier]``,
     each rounded up to 64 bytes), the state regions placed there (``region_tiers[region]``, a tier
     name; multiples of 8) and, with the scratch region, the prompt buffer (last, unrounded)."""
@@ -60,7 +71,7 @@ def tier_needs(cfg: ModelConfig, min_group: int, staged: dict[str, list[int]],
     for tier, lengths in staged.items():
         if tier in need:
             need[tier] += sum(_up64(n) for n in lengths)
-    rb = region_bytes(cfg, min_group, kv)
+    rb = region_bytes(cfg, min_group, kv, batch)
     for r in REGIONS:
         need[region_tiers[r]] += rb[r]
     need[region_tiers["scratch"]] += prompt_bytes(cfg)
@@ -86,10 +97,21 @@ def staging_bound(cfg: ModelConfig, min_group: int) -> int:
     return total + 2 * _up64(cfg.max_seq_len * cfg.head_dim // 2 * 4) + index
 
 
+def draft_state_bytes(draft_header) -> int:
+    """RAM the draft model's state takes (its three regions, in the scratch region's tier after the
+    prompt buffer: app_speculate.c app_draft_place), from its blob's header; 0 without a draft."""
+    if draft_header is None:
+        return 0
+    from .blob import batch_of, kv_format
+    g = min(e.group_size for e in draft_header.entries if e.fmt in ("q8", "q4"))
+    return state_bytes(draft_header.config, g, kv_format(draft_header.state_tiers), batch_of(draft_header.state_tiers))
+
+
 def layout_needs(header, default: str = "sram") -> dict[str, int]:
-    """Bytes app.c's place() takes from each RAM tier for the blob ``header``'s own placement, the
-    state regions without a tier of their own going to ``default``."""
-    from .blob import kv_format, unpack_state_tiers
+    """Bytes app_layout.c's app_place() takes from each RAM tier for the blob ``header``'s own
+    placement (its batch, and its draft model's state, included), the state regions without a tier
+    of their own going to ``default``."""
+    from .blob import batch_of, kv_format, unpack_state_tiers
     cfg = header.config
     min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
     regions = {r: (default if t == "default" else t) for r, t in unpack_state_tiers(header.state_tiers).items()}
@@ -98,7 +120,9 @@ def layout_needs(header, default: str = "sram") -> dict[str, int]:
     for e in header.entries:
         if e.tier in staged and e.name in used:
             staged[e.tier].append(e.length)
-    return tier_needs(cfg, min_group, staged, regions, kv_format(header.state_tiers))
+    need = tier_needs(cfg, min_group, staged, regions, kv_format(header.state_tiers), batch_of(header.state_tiers))
+    need[regions["scratch"]] += draft_state_bytes(header.draft)
+    return need
 
 
 def build_arenas(header, prof: dict) -> tuple[int, int]:
@@ -108,11 +132,14 @@ def build_arenas(header, prof: dict) -> tuple[int, int]:
     so LAYOUT can switch freely; a bare-metal build (``build = "arm-gcc"``, the emulated RP2040)
     reserves its whole SRAM budget; other boards reserve what the blob's own layout needs (the
     PlatformIO boards choose the arena's tier with firmware.platformio.board_arena; a LAYOUT that
-    needs more than there is is refused by the device with the numbers)."""
+    needs more than there is is refused by the device with the numbers). A draft model's state is
+    reserved too."""
+    from .blob import batch_of
     cfg = header.config
     if prof.get("hal") == "native":
         min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
-        room = state_bytes(cfg, min_group) + prompt_bytes(cfg) + staging_bound(cfg, min_group)
+        room = (state_bytes(cfg, min_group, batch=batch_of(header.state_tiers)) + prompt_bytes(cfg)
+                + staging_bound(cfg, min_group) + draft_state_bytes(header.draft))
         return room, room
     need = layout_needs(header)
     if prof.get("build") == "arm-gcc":   # a statically linked arena: reserve the whole SRAM budget,

@@ -143,6 +143,7 @@ class Plan:
     overrides: list = field(default_factory=list)
     base: str = "auto"
     head: str | int | None = None     # the output layer the quote costs (costmodel.head_mode)
+    batch: int = 1                    # the most tokens one forward pass runs (scratch and logits grow with it)
 
     @property
     def config(self):
@@ -155,9 +156,9 @@ class Plan:
 
     @property
     def state_tiers(self) -> int:
-        """The header/LAYOUT field: region tiers and the KV cache format."""
+        """The header/LAYOUT field: region tiers, the KV cache format and the batch."""
         from .blob import pack_state_tiers
-        return pack_state_tiers(self.state, self.kv)
+        return pack_state_tiers(self.state, self.kv, self.batch)
 
     @property
     def tier_codes(self) -> bytes:
@@ -184,7 +185,7 @@ class Plan:
             u = self.uses.get(t.name)
             out.append(dict(name=t.name, kind=t.kind, shape=list(t.shape), format=t.fmt, bytes=t.length,
                             tier=self.tiers[t.name], read=u.counted if u else 0))
-        sizes = C.state_sizes(self.spec, self.kv)
+        sizes = C.state_sizes(self.spec, self.kv, self.batch)
         for r in C.REGIONS:
             u = self.uses[r]
             out.append(dict(name=r, kind="state", shape=[], format=self.kv if r == "kv" else "f32",
@@ -265,10 +266,11 @@ def _knapsack(items: list[tuple[str, int, float]], cap: int) -> set[str]:
 
 def plan(spec: ModelSpec, board: str | dict, *, overrides=(), kv: str = "f32", pos: int | None = None,
          line: int | None = None, base: str = "auto", sampling: str = "greedy",
-         suggest: bool = True, head: str | int | None = None) -> Plan:
+         suggest: bool = True, head: str | int | None = None, batch: int = 1) -> Plan:
     """The fastest placement of ``spec`` on ``board`` (a profile name or dict) within budgets, for
     decode steps whose output layer is ``head`` (costmodel.head_mode; None: greedy, the tile scan at
-    the calibration's expected rows, or the whole head without an index)."""
+    the calibration's expected rows, or the whole head without an index), with RAM for forward
+    passes of up to ``batch`` tokens."""
     prof = load_board(board) if isinstance(board, str) else board
     bname = prof.get("name", "?")
     if kv not in KV_FORMATS:
@@ -282,7 +284,10 @@ def plan(spec: ModelSpec, board: str | dict, *, overrides=(), kv: str = "f32", p
     places = overrides if overrides and isinstance(overrides[0], Place) else parse_place(overrides)
     fixed = resolve_overrides(spec, places, tm)
     uses = C.usage(spec, pos, kv, sampling, head)
-    sizes = C.state_sizes(spec, kv)
+    from .blob import MAX_BATCH
+    if not 1 <= int(batch) <= MAX_BATCH:
+        raise PlanError(f"batch must be 1..{MAX_BATCH} tokens per forward pass, got {batch}")
+    sizes = C.state_sizes(spec, kv, batch)
     budget = {t: tm[t].budget for t in tm}
     blob = spec.blob_bytes
 
@@ -329,11 +334,11 @@ def plan(spec: ModelSpec, board: str | dict, *, overrides=(), kv: str = "f32", p
             best = (key, tiers, regions, used)
     flash_short = blob - budget["flash"] if blob > budget["flash"] else 0
     if best is None or flash_short:
-        raise _no_fit(spec, prof, kv, places, blob, budget, ram, shortfalls, best, sizes, suggest, line)
+        raise _no_fit(spec, prof, kv, places, blob, budget, ram, shortfalls, best, sizes, suggest, line, batch)
     _, tiers, regions, used = best
     need = {"flash": blob, **used}
     pred = C.predict(spec, prof, tiers, regions, pos, kv, sampling, line, tm=tm, uses=uses, head=head)
-    return Plan(spec, bname, prof, tiers, regions, kv, pos, line, need, budget, pred, uses, places, base, head)
+    return Plan(spec, bname, prof, tiers, regions, kv, pos, line, need, budget, pred, uses, places, base, head, batch)
 
 
 def _assignments(regions: list[str], ram: list[str]) -> list[dict]:
@@ -354,7 +359,7 @@ def fits(spec: ModelSpec, board, **kw) -> bool:
         return False
 
 
-def _no_fit(spec, prof, kv, places, blob, budget, ram, shortfalls, best, sizes, suggest, line) -> NoFit:
+def _no_fit(spec, prof, kv, places, blob, budget, ram, shortfalls, best, sizes, suggest, line, batch=1) -> NoFit:
     bname = prof.get("name", "?")
     details, short = [], {}
     if blob > budget["flash"]:
@@ -379,7 +384,7 @@ def _no_fit(spec, prof, kv, places, blob, budget, ram, shortfalls, best, sizes, 
             for t in C.RAM_TIERS:
                 if t not in ram:
                     details.append(f"{t}: none on this board")
-    suggestions = _suggestions(spec, prof, kv, places, line) if suggest else []
+    suggestions = _suggestions(spec, prof, kv, places, line, batch) if suggest else []
     parts = [f"{t} short by {fmt_bytes(n - b)}" for t, (n, b) in short.items()]
     summary = f"the model does not fit on {bname}: " + ", ".join(parts)
     if suggestions:
@@ -411,9 +416,17 @@ def _max_ctx(spec: ModelSpec, board, kv, places, line) -> int | None:
     return lo
 
 
-def _suggestions(spec: ModelSpec, prof: dict, kv: str, places, line) -> list[str]:
-    """The cheapest changes that fit, cheapest first: model changes on this board, then boards."""
+def _suggestions(spec: ModelSpec, prof: dict, kv: str, places, line, batch: int = 1) -> list[str]:
+    """The cheapest changes that fit, cheapest first: a smaller batch, model changes on this board,
+    then boards (the model changes at a batch of one)."""
     out = []
+    if batch > 1:
+        fit = next((b for b in range(batch - 1, 0, -1)
+                    if fits(spec, prof, kv=kv, overrides=places, line=line, batch=b)), None)
+        if fit is not None:
+            out.append(f"a batch of {fit} token{'s' * (fit > 1)} per forward pass fits (--batch {fit}; "
+                       f"{batch} asked)")
+            return out
     if places and fits(spec, prof, kv=kv, line=line):
         out.append("it fits without the --place overrides ("
                    + ", ".join(repr(p.text) for p in places) + ")")

@@ -44,6 +44,7 @@ class QuantModel:
     recipe: dict[str, str] = field(default_factory=dict)   # name -> "q8:32" / "q4:128:f16" / "f32"
     source: str = ""
     stops: StopIds = StopIds((), "none")                   # generation ends at any of these ids
+    draft: object = None   # converter.draft.Draft: a small model proposing tokens for speculative decoding
     head_index: "HeadIndex | None" = None   # the greedy head's tiles (converter/headcalib.py decides)
 
     def head(self) -> QTensor:

@@ -167,6 +167,11 @@ class PackedMatrix:
         terms = isum.astype(F) * (self.scales * xs[None, :])
         return fold(terms, axis=1)
 
+    def matmul(self, xs: np.ndarray) -> np.ndarray:
+        """The matvec of each of several inputs xs [T, cols] -> [T, rows]: the engine's multi-token
+        product (each weight row read once for all T), every token's arithmetic its matvec's."""
+        return np.stack([self.matvec(x) for x in xs])
+
     def row(self, r: int) -> np.ndarray:
         return self.q.dequantize(r)
 
@@ -345,28 +350,36 @@ class Reference:
         self.ks[:, dst] = scales.reshape(k.shape[:-1])
         self.vc[:, dst], self.vs[:, dst] = self.vc[:, src], self.vs[:, src]
 
+    def body_many(self, tokens, pos: int) -> np.ndarray:
+        """Tokens at positions pos, pos + 1, ... through every layer together, as the engine's
+        multi-token pass (flm_body_many): their residual streams x [T, dim]. Every token's arithmetic
+        is the one-token pass's; each layer stores the K and V rows of all T before token i attends
+        positions up to pos + i (causal: it never reads a later token's rows)."""
+        c, m, v = self.cfg, self.mats, self.vecs
+        hd, n = c.head_dim, len(tokens)
+        cos, sin = self.qm.rope_cos[pos:pos + n], self.qm.rope_sin[pos:pos + n]
+        x = np.stack([m["tok_embeddings"].row(t) for t in tokens])
+        u = [self.ple_inputs(t, x[i]) for i, t in enumerate(tokens)] if c.ple_dim else None
+        for layer in range(c.n_layers):
+            p = f"layers.{layer}."
+            xb = np.stack([rmsnorm(xi, v[p + "attn_norm"], self.eps) for xi in x])
+            q = [rope(qi, c.n_heads, hd, cos[i], sin[i]) for i, qi in enumerate(m[p + "attn.wq"].matmul(xb))]
+            k = [rope(ki, c.n_kv_heads, hd, cos[i], sin[i]) for i, ki in enumerate(m[p + "attn.wk"].matmul(xb))]
+            for i, vi in enumerate(m[p + "attn.wv"].matmul(xb)):
+                self._store(layer, pos + i, k[i], vi)
+            att = np.stack([self._attend(layer, q[i], pos + i) for i in range(n)])
+            x = x + m[p + "attn.wo"].matmul(att)
+            xb = np.stack([rmsnorm(xi, v[p + "ffn_norm"], self.eps) for xi in x])
+            hb = silu(m[p + "ffn.w1"].matmul(xb)) * m[p + "ffn.w3"].matmul(xb)
+            x = x + m[p + "ffn.w2"].matmul(hb)
+            if u is not None:
+                h = gelu(m[p + "ple.gate"].matmul(x)) * np.stack([ui[layer] for ui in u])
+                x = x + np.stack([rmsnorm(yi, v[p + "ple.norm"], self.eps) for yi in m[p + "ple.proj"].matmul(h)])
+        return x
+
     def body(self, token: int, pos: int) -> np.ndarray:
         """Token at pos through every layer (its K and V rows stored): the residual stream x."""
-        c, m, v = self.cfg, self.mats, self.vecs
-        hd = c.head_dim
-        cos, sin = self.qm.rope_cos[pos], self.qm.rope_sin[pos]
-        x = m["tok_embeddings"].row(token)
-        u = self.ple_inputs(token, x) if c.ple_dim else None
-        for i in range(c.n_layers):
-            p = f"layers.{i}."
-            xb = rmsnorm(x, v[p + "attn_norm"], self.eps)
-            q = rope(m[p + "attn.wq"].matvec(xb), c.n_heads, hd, cos, sin)
-            k = rope(m[p + "attn.wk"].matvec(xb), c.n_kv_heads, hd, cos, sin)
-            self._store(i, pos, k, m[p + "attn.wv"].matvec(xb))
-            att = self._attend(i, q, pos)
-            x = x + m[p + "attn.wo"].matvec(att)
-            xb = rmsnorm(x, v[p + "ffn_norm"], self.eps)
-            hb = silu(m[p + "ffn.w1"].matvec(xb)) * m[p + "ffn.w3"].matvec(xb)
-            x = x + m[p + "ffn.w2"].matvec(hb)
-            if u is not None:
-                h = gelu(m[p + "ple.gate"].matvec(x)) * u[i]
-                x = x + rmsnorm(m[p + "ple.proj"].matvec(h), v[p + "ple.norm"], self.eps)
-        return x
+        return self.body_many([token], pos)[0]
 
     def head_input(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The final RMSNorm of x, quantized for the head: (codes, scales)."""
@@ -480,47 +493,156 @@ def sample(logits: np.ndarray, temperature: float, top_p: float, rng: Rng) -> in
     return int(order[hit[0]] if hit.size else order[last])
 
 
-def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float = 0.0,
-             top_p: float = 0.0, seed: int = 0, flags: int = 0, kv: str = "f32") -> list[dict]:
-    """What the device does for one GENERATE with these ``flags`` (FLAG_*): one record per forward
-    step — pos (the cache position), in_id, out_id (NO_TOKEN for a prompt step whose output is
-    unused), head_rows, logits (the whole output layer when the step computed it, else None) and
-    logits_crc (their crc32, else 0) — stopping on max tokens, any of the model's stop ids
-    (``qm.stops``) or a full context.
+PASS_ONE, PASS_PREFILL, PASS_VERIFY = "one", "prefill", "verify"   # the forward pass a step came from
+NGRAM_MAX = 3          # prompt lookup matches the context's last 3, 2, then 1 tokens
 
-    Without FLAG_LOGITS/FLAG_ALL_LOGITS a prompt step whose output is unused skips the head
-    (head_rows 0); the last prompt step and the generated ones compute it pruned when greedy,
-    whole when sampling."""
+
+def lookup_drafts(ctx: list[int], pos: int, k: int) -> list[int]:
+    """Prompt lookup: k tokens following the most recent earlier occurrence (ending at j < pos) of
+    the context's last n tokens ctx[pos-n+1..pos] (n = NGRAM_MAX down to 1, the longest that occurs
+    first): draft i is the token i places after j, the drafts extending the context as they are
+    made (so a repeating stretch shorter than k repeats); none when nothing matches."""
+    for n in range(NGRAM_MAX, 0, -1):
+        if pos < n:
+            continue
+        tail = ctx[pos - n + 1:pos + 1]
+        for j in range(pos - 1, n - 2, -1):
+            if ctx[j - n + 1:j + 1] == tail:
+                ext = list(ctx[:pos + 1])
+                for i in range(1, k + 1):
+                    ext.append(ext[j + i])
+                return ext[pos + 1:]
+    return []
+
+
+class DraftProposer:
+    """The draft model's side of speculative decoding (firmware/engine/app_speculate.c): its own cache,
+    kept in step with the context — it holds the context's positions [0, pos) — catching up in passes
+    of up to ``batch`` tokens before it proposes; its greedy tokens are the drafts."""
+
+    def __init__(self, draft, batch: int):
+        self.ref = Reference(draft.qm, draft.kv)
+        self.batch = max(1, batch)
+        self.pos = 0
+
+    def propose(self, ctx: list[int], pos: int, k: int) -> list[int]:
+        while self.pos <= pos:
+            n = min(self.batch, pos + 1 - self.pos)
+            xs = self.ref.body_many(ctx[self.pos:self.pos + n], self.pos)
+            self.pos += n
+        d = [self.ref.argmax(xs[-1])[0]]
+        while len(d) < k:
+            x = self.ref.body(d[-1], pos + len(d))
+            self.pos = pos + len(d) + 1
+            d.append(self.ref.argmax(x)[0])
+        return d
+
+    def accepted(self, pos: int, used: int) -> None:
+        """A verifying pass at pos produced `used` steps: rows after them are not the context's."""
+        self.pos = min(self.pos, pos + used)
+
+    def slide(self, n_drop: int) -> None:
+        self.ref.slide(n_drop)
+        self.pos = self.pos - n_drop if self.pos > 1 + n_drop else min(self.pos, 1)
+
+
+def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float = 0.0,
+             top_p: float = 0.0, seed: int = 0, flags: int = 0, kv: str = "f32", batch: int = 1,
+             speculate: str = "none", draft_k: int = 0) -> list[dict]:
+    """What the device does for one GENERATE with these ``flags`` (FLAG_*), prefill passes of up to
+    ``batch`` tokens and ``speculate`` ("none", "lookup", "draft": qm.draft's greedy tokens,
+    DraftProposer) with up to ``draft_k`` drafts a pass: one
+    record per step — pos (the cache position), in_id, out_id (NO_TOKEN for a prompt step whose
+    output is unused), head_rows, logits (the whole output layer when the step computed it, else
+    None), logits_crc (their crc32, else 0) and the forward pass it came from (chunk: its first step,
+    chunk_len: its tokens, chunk_used: the steps it produced, kind: PASS_*) — stopping on max tokens,
+    any of the model's stop ids (``qm.stops``) or a full context.
+
+    The prompt runs in passes of up to ``batch`` tokens, never crossing the context's end, the last
+    of them ending with the prompt's last token; then one token a pass. Without
+    FLAG_LOGITS/FLAG_ALL_LOGITS a prompt step whose output is unused skips the head (head_rows 0);
+    the last prompt step and the generated ones compute it pruned when greedy, whole when sampling.
+
+    Speculation (greedy only): after the prompt, each pass first drafts k = min(draft_k, tokens still
+    to generate - 1, positions left before the context's end - 1) tokens (lookup_drafts); with any,
+    the pass verifies them: it runs the last token and the drafts, computes every token's whole head,
+    and produces steps while each step's argmax equals the next draft (and is no stop id), plus the
+    step after the last accepted draft — so the tokens are plain greedy decoding's, one for one."""
+    if speculate not in ("none", "lookup", "draft"):
+        raise ValueError(f"speculate must be none, lookup or draft, got {speculate!r}")
+    if speculate != "none" and temperature > 0:
+        raise ValueError("speculative decoding verifies greedy tokens only (temperature 0)")
+    if speculate == "draft" and qm.draft is None:
+        raise ValueError("speculate='draft' needs a model carrying a draft (converter.draft.attach)")
     ref, rng = Reference(qm, kv), Rng(seed)
+    drafter = DraftProposer(qm.draft, batch) if speculate == "draft" else None
     stops = set(qm.stops.ids)
     every = bool(flags & (FLAG_LOGITS | FLAG_ALL_LOGITS))
     S = qm.config.max_seq_len
     steps, prompt = [], list(prompt_ids)
-    tok, generated, pos, step = prompt[0], 0, 0, 0
+    ctx = prompt + [0] * (S - len(prompt))      # the id at each cache position
+    tok, generated, pos = None, 0, 0        # tok: the last generated token
     while generated < max_new_tokens:
         if pos >= S:
             if not flags & FLAG_SLIDE or S < 3:
                 break
             n_drop = (S - 1) // 2
             ref.slide(n_drop)
+            if drafter is not None:
+                drafter.slide(n_drop)
             pos = S - n_drop
-        x = ref.body(tok, pos)
-        out, logits, rows = NO_TOKEN, None, 0
-        if every or step + 1 >= len(prompt) and temperature > 0:
-            logits = ref.logits(x)
+            ctx[1:pos] = ctx[1 + n_drop:S]
+        step = len(steps)
+        n, drafts = min(batch, len(prompt) - step, S - pos) if step + 1 < len(prompt) else 1, []
+        if step >= len(prompt):         # a generated token's pass (ctx holds the prompt's)
+            ctx[pos] = tok
+        if step + 1 >= len(prompt) and speculate != "none":
+            k = min(draft_k, max_new_tokens - generated - 1, S - 1 - pos)
+            drafts = [] if k <= 0 else drafter.propose(ctx, pos, k) if drafter else lookup_drafts(ctx, pos, k)
+            ctx[pos + 1:pos + 1 + len(drafts)] = drafts
+            n += len(drafts)
+        xs = ref.body_many(ctx[pos:pos + n], pos)
+        if drafts:                      # verify: every token's head, the argmax of each
+            logits = [ref.logits(x) for x in xs]
+            outs = [int(np.argmax(lg)) for lg in logits]
+            used = 1
+            while used < n and outs[used - 1] == ctx[pos + used] and outs[used - 1] not in stops:
+                used += 1
+            for i in range(used):
+                steps.append(dict(pos=pos + i, in_id=ctx[pos + i], out_id=outs[i], head_rows=qm.config.n_out,
+                                  logits=logits[i], logits_crc=zlib.crc32(logits[i].tobytes()),
+                                  chunk=step, chunk_len=n, chunk_used=used, kind=PASS_VERIFY))
+            generated += used
+            tok, out = outs[used - 1], outs[used - 1]
+            if drafter is not None:
+                drafter.accepted(pos, used)
+            pos += used
+            if out in stops:
+                break
+            continue
+        used = step + n >= len(prompt)
+        out, rows, logits = NO_TOKEN, 0, [None] * n
+        if every:
+            logits = [ref.logits(x) for x in xs]
             rows = qm.config.n_out
-        if step + 1 < len(prompt):
-            nxt = prompt[step + 1]
-        else:
-            if logits is None:
-                out, rows = ref.argmax(x)
+        elif used and temperature > 0:
+            logits[-1] = ref.logits(xs[-1])
+            rows = qm.config.n_out
+        if used:
+            if logits[-1] is None:
+                out, rows = ref.argmax(xs[-1])
             else:
-                out = sample(logits, temperature, top_p, rng)
-            nxt = out
+                out = sample(logits[-1], temperature, top_p, rng)
             generated += 1
-        steps.append(dict(pos=pos, in_id=tok, out_id=out, head_rows=rows, logits=logits,
-                          logits_crc=zlib.crc32(logits.tobytes()) if logits is not None else 0))
+            tok = out
+        kind = PASS_PREFILL if n > 1 else PASS_ONE
+        for i in range(n):
+            lg = logits[i]
+            steps.append(dict(pos=pos + i, in_id=ctx[pos + i], out_id=out if i == n - 1 else NO_TOKEN,
+                              head_rows=rows if every or i == n - 1 else 0, logits=lg,
+                              logits_crc=zlib.crc32(lg.tobytes()) if lg is not None else 0,
+                              chunk=step, chunk_len=n, chunk_used=n, kind=kind))
+        pos += n
         if out in stops:
             break
-        tok, pos, step = nxt, pos + 1, step + 1
     return steps

@@ -55,6 +55,7 @@ class Preset:
     ckpt_every: int = 500
     seed: int = 0
     description: str = ""
+    tokenizer_of: str = ""             # a shipped model folder whose tokenizer this one shares (a draft)
 
 
 def param_summary(cfg: ModelConfig) -> str:
@@ -76,6 +77,9 @@ _PLE = ModelConfig(**_PLE_FAMILY, hidden_dim=192, ple_dim=128)
 # the same family without PLE, its FFN widened until the core matches _PLE's (664,416 vs 664,928)
 _PLE_DENSE = ModelConfig(**_PLE_FAMILY, hidden_dim=320)
 _PLE_28M = SHAPES["ple-28m"]["config"]
+# the draft model of models/default's speculative decoding: its tokenizer, an eighth of its parameters
+_DRAFT_DEFAULT = ModelConfig(dim=48, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=1024, hidden_dim=128,
+                             max_seq_len=128, tied=True)
 _TINY_PLE = ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=320, hidden_dim=64,
                         max_seq_len=32, tied=True, ple_dim=16, out_vocab=300)
 
@@ -106,6 +110,13 @@ PRESETS: dict[str, Preset] = {
         config=_PLE_28M, steps=4000, batch_size=16, lr=2e-3, warmup=200, eval_every=250, ckpt_every=500,
         description="the 28.9M seed shape: vocab 32768 in / 25353 out, dim 96, 6 layers, 4 heads, FFN 66, "
                     f"PLE dim 128, context 256; {param_summary(_PLE_28M)}"),
+    # the shipped draft of models/default (models/default/draft): proposes tokens that the default
+    # model verifies several at a time (flashlm convert --draft, flashlm run --speculate draft)
+    "draft": Preset(
+        config=_DRAFT_DEFAULT, steps=1500, batch_size=32, lr=4e-3, warmup=100, eval_every=500, ckpt_every=500,
+        tokenizer_of="models/default",
+        description="draft of the default model (its tokenizer): dim 48, 2 layers, 2/1 heads, FFN 128; "
+                    f"{param_summary(_DRAFT_DEFAULT)}"),
     # seconds; PLE and an output layer smaller than the vocabulary, for smoke tests
     "tiny-ple": Preset(
         config=_TINY_PLE, steps=60, batch_size=8, lr=3e-3, warmup=5, eval_every=30, eval_max_tokens=4096,
@@ -359,7 +370,16 @@ def train(preset: str = "default", out_dir: str | os.PathLike = "runs/default", 
         raise TrainError("no held-out text to evaluate on; use a positive --eval-fraction")
 
     want_vocab = p.config.vocab_size if vocab_size is None else int(vocab_size)
-    tok = train_tokenizer(corp.train_docs, want_vocab)
+    if p.tokenizer_of:      # a draft speaks its model's tokens: its tokenizer, not a new one
+        src = Path(__file__).resolve().parent.parent / p.tokenizer_of / "tokenizer.json"
+        if not src.is_file():
+            raise TrainError(f"preset {preset} shares the tokenizer of {p.tokenizer_of}, but {src} is missing")
+        tok = tokenizer_from_json(src.read_text(encoding="utf-8"))
+        if tok.get_vocab_size() != want_vocab:
+            raise TrainError(f"preset {preset} shares {p.tokenizer_of}'s tokenizer of {tok.get_vocab_size()} tokens; "
+                             f"--vocab-size {want_vocab} does not fit it")
+    else:
+        tok = train_tokenizer(corp.train_docs, want_vocab)
     got_vocab = tok.get_vocab_size()
     if got_vocab != want_vocab:
         say(f"[yellow]note: the text only supports {got_vocab} BPE tokens; vocab size set to {got_vocab}")

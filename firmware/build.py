@@ -67,8 +67,9 @@ def engine_sources() -> list[str]:
 
 def render_project(board: str, out_dir, config: ModelConfig, min_group: int, header=None, text_bytes: int = 0) -> Path:
     """Write a complete project for ``board`` sized for a model of ``config`` into out_dir
-    (with ``header``, the blob's BlobHeader, sized for its placement too; ``text_bytes``: the
-    longest text prompt the device encoder takes, which the receive buffer must hold)."""
+    (with ``header``, the blob's BlobHeader, sized for its placement too — its batch and draft model
+    included; ``text_bytes``: the longest text prompt the device encoder takes, which the receive
+    buffer must hold)."""
     prof = load_board(board)
     out = Path(out_dir)
     src = out / "src"
@@ -97,7 +98,7 @@ def render_project(board: str, out_dir, config: ModelConfig, min_group: int, hea
     n_entries = len(header.entries) if header is not None else 0
     ctx = dict(board=prof, fw_version=FW_VERSION, max_layers=c.n_layers,
                arena_bytes=arena, psram_arena_bytes=psram_arena,
-               rx_cap=64 + max(28 + 4 * c.max_seq_len, 12 + n_entries, 26 + text_bytes + text_bytes // 254),
+               rx_cap=64 + max(32 + 4 * c.max_seq_len, 12 + n_entries, 30 + text_bytes + text_bytes // 254),
                engine_sources=engine_sources(), hal_sources=hal_sources,
                model_summary=(f"dim {c.dim}, {c.n_layers} layers, {c.n_heads}/{c.n_kv_heads} heads, "
                               f"hidden {c.hidden_dim}, vocab {c.vocab_size}, context {c.max_seq_len}"))

@@ -49,8 +49,12 @@ def _print_quality(console, rep: dict) -> None:
                       f"[bold]{rep.get('kl_mean', float('nan')):.5f}[/] nats")
 
 
+DEFAULT_BATCH = 4   # tokens per forward pass convert records: prefill chunks, speculative verification
+
+
 def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32, quant=(),
-            report=True, scales=None, kv="int8", context=None, head_index="auto") -> dict:
+            report=True, scales=None, kv="int8", context=None, batch=DEFAULT_BATCH, draft=None,
+            head_index="auto") -> dict:
     """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}; returns the manifest.
     ``context``: the positions the converted model holds (default: the checkpoint's); ``head_index``:
     auto, on or off (the greedy head's tile index, see _head_index)."""
@@ -90,9 +94,11 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
             rep = Q.quality_report(ir, qm)
         _print_quality(console, rep)
     index_report = _head_index(console, qm, head_index)
+    if draft is not None:
+        qm = attach_draft(console, qm, draft, fmt, group_size, scales)
     outdir.mkdir(parents=True, exist_ok=True)
     step(console, f"writing {outdir / BLOB_NAME}")
-    info = write_blob(qm, outdir / BLOB_NAME, kv=kv)
+    info = write_blob(qm, outdir / BLOB_NAME, kv=kv, batch=batch)
     tok_name = _write_tokenizer(ir, tokenizer, outdir)
     if tok_name is None:
         console.print("  [yellow]no tokenizer: runs of this model need --prompt-ids[/]")
@@ -120,6 +126,9 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
         "quantization": {"default_format": fmt, "group_size": group_size, "overrides": list(quant or ()),
                          "scales": scales},
         "kv": kv,
+        "batch": batch,
+        "draft": None if qm.draft is None else {"source": str(qm.draft.qm.source), "kv": qm.draft.kv,
+                                                "config": asdict(qm.draft.qm.config)},
         "source": str(qm.source or ir.source or ckpt),
         "quality": "quality.json" if rep is not None else None,
         "device_tokenizer": enc_about,
@@ -160,5 +169,24 @@ def _head_index(console, qm, mode: str) -> dict:
 def cmd_convert(args, console) -> int:
     convert(console, args.checkpoint, args.output, tokenizer=args.tokenizer, fmt=args.format,
             group_size=args.group_size, quant=args.quant, scales=args.scales, report=not args.no_report,
-            kv=args.kv, context=args.ctx, head_index=args.head_index)
+            kv=args.kv, context=args.ctx, batch=args.batch, draft=args.draft, head_index=args.head_index)
     return 0
+
+
+def attach_draft(console, qm, draft, fmt, group_size, scales):
+    """qm carrying the draft model at ``draft`` (a checkpoint, or a `flashlm train` folder),
+    quantized like qm: what `flashlm run --speculate draft` proposes tokens with."""
+    from converter.draft import attach
+    from converter.load import load_model
+    from converter.quantize import quantize
+    path = Path(draft)
+    if path.is_dir():
+        path = path / "model.pt"
+    if not path.exists():
+        raise UserError(f"draft model {draft} does not exist (a checkpoint, or a flashlm train folder)")
+    step(console, f"adding the draft model {path}")
+    d = quantize(load_model(str(path)), default_format=fmt, group_size=group_size, scales=scales)
+    out = attach(qm, d)
+    c = out.draft.qm.config
+    console.print(f"  draft: dim {c.dim}, {c.n_layers} layers, {c.n_params():,} parameters, KV cache {out.draft.kv}")
+    return out

@@ -35,7 +35,7 @@ def kv_layout(blob: Path, kv: str) -> tuple[int, int, bytes]:
 def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max_tokens=32,
         temperature=0.0, top_p=0.0, seed=0, json_path=None, csv_path=None, png_path=None,
         baud=115200, timeout=10.0, retries=3, encode_on="host", slide=False, all_logits=False, kv=None,
-        xip_model=True, selftest=False) -> int:
+        batch=None, speculate=None, draft_k=None, xip_model=True, selftest=False) -> int:
     from contextlib import ExitStack
 
     from . import report as R
@@ -121,6 +121,10 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
                                 f"firmware, or an image without a device tokenizer); use --encode-on host")
             if not on_device:
                 check_prompt_length(len(ids), int(hello.max_seq_len), f"board {hello.board}'s")
+            from .passes import check as check_passes
+            why = check_passes(hello, batch, speculate, draft_k, temperature)
+            if why:
+                raise UserError(why)
             cfg = manifest["config"]
             want = (int(cfg["vocab_size"]), int(cfg.get("out_vocab") or cfg["vocab_size"]))
             if (int(hello.vocab_size), int(hello.out_vocab)) != want:
@@ -142,16 +146,18 @@ def run(console, model, prompt=None, prompt_ids=None, board=None, port=None, max
             step(console, f"generating up to {max_tokens} tokens from "
                            + ("a text prompt the board encodes" if on_device else f"a {len(ids)}-token prompt")
                            + (", sliding the window when the context fills" if slide else "")
-                           + (", every step's whole head (ALL_LOGITS)" if all_logits else ""))
+                           + (", every step's whole head (ALL_LOGITS)" if all_logits else "")
+                           + (f", speculating ({speculate})" if speculate else ""))
             if emulated:
                 vb.read_counts()      # the emulator's per-step read counts: only this generation's
             with R.LiveView(console, hello, piece_of=piece_of, prompt_text=prompt_text,
-                            ple=bool(manifest["config"].get("ple_dim"))) as view:
+                            ple=bool(manifest["config"].get("ple_dim")), draft=bool(speculate)) as view:
                 result = sess.generate_with_recovery(ids, max_tokens, temperature=temperature, top_p=top_p,
                                                      seed=seed, on_token=view.on_token, reconnect=reconnect,
                                                      max_recoveries=retries, handshake_timeout=timeout,
                                                      slide=slide, all_logits=all_logits,
-                                                     after_handshake=after_handshake)
+                                                     after_handshake=after_handshake, batch=batch or 0,
+                                                     speculate=speculate or "none", draft_k=draft_k or 0)
             if emulated:
                 result.harness = vb.read_counts()
         except BoardError as e:    # DeviceError, LinkTimeout, LinkLost, BoardReset, ModelMismatch, ...
@@ -227,7 +233,8 @@ def cmd_run(args, console) -> int:
                port=args.port, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                seed=args.seed, json_path=args.json, csv_path=args.csv, png_path=args.png, baud=args.baud,
                timeout=args.timeout, retries=max(0, args.retries), encode_on=args.encode_on, slide=args.slide,
-               all_logits=args.all_logits, kv=args.kv, xip_model=args.xip_model == "on", selftest=args.selftest)
+               all_logits=args.all_logits, kv=args.kv, batch=args.batch, speculate=args.speculate,
+               draft_k=args.draft_k, xip_model=args.xip_model == "on", selftest=args.selftest)
 
 
 # ---------------------------------------------------------------------------------------------

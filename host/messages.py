@@ -31,7 +31,7 @@ class MsgType(enum.IntEnum):
     RESENT = 0x87
 
 
-PHASES = ("embed", "attention", "ffn", "ple", "output", "sampling")
+PHASES = ("embed", "attention", "ffn", "ple", "output", "sampling", "draft")
 TIERS = ("flash", "psram", "sram")
 NO_TOKEN = 0xFFFFFFFF
 STOP_REASONS = ("max_tokens", "eos", "context_full", "stopped")
@@ -55,9 +55,12 @@ GENERATE_FLAG_ALL_LOGITS = 0x4  # every step computes the whole output layer (ne
 HELLO_FLAG_IMAGE_OK = 0x1
 HELLO_FLAG_RESEND = 0x2       # the device keeps recent TOKEN frames and answers RESEND
 HELLO_FLAG_TEXT = 0x4         # the device encodes text prompts (GENERATE_TEXT, the text console)
+HELLO_FLAG_DRAFT = 0x8        # the device holds a draft model it can speculate with (version 3)
 RESEND_MAX = 32               # steps one RESEND may name
 RESEND_DONE = 0xFFFFFFFF      # the step number that asks for the generation's DONE
 RESENT_STATES = ("idle", "generating", "ended")
+SPECULATE = ("none", "lookup", "draft")   # GENERATE speculate: no drafts, prompt lookup, the draft model
+PASS_KINDS = ("one", "prefill", "verify")  # TOKEN kind: the forward pass a step came from
 GOLDEN_STATES = ("none", "not_run", "exact", "differs")   # HELLO's golden check (docs/formats.md 1.3)
 GOLDEN_NO_STEP = 0xFFFF
 
@@ -110,6 +113,8 @@ class Resent:
 
 @dataclass(frozen=True)
 class Generate:
+    """``batch``: tokens per prefill pass (0: the device's batch); ``speculate``: where drafts come
+    from (SPECULATE); ``draft_k``: drafts per verifying pass (0: the batch minus one)."""
     prompt_ids: list[int]
     max_new_tokens: int
     temperature: float = 0.0
@@ -118,6 +123,9 @@ class Generate:
     send_logits: bool = False
     slide: bool = False
     all_logits: bool = False
+    batch: int = 0
+    speculate: str = "none"
+    draft_k: int = 0
 
 
 @dataclass(frozen=True)
@@ -132,6 +140,9 @@ class GenerateText:
     send_logits: bool = False
     slide: bool = False
     all_logits: bool = False
+    batch: int = 0
+    speculate: str = "none"
+    draft_k: int = 0
 
 
 GENERATE_FLAGS = GENERATE_FLAG_LOGITS | GENERATE_FLAG_SLIDE | GENERATE_FLAG_ALL_LOGITS
@@ -165,6 +176,8 @@ class Hello:
     board: str
     can_resend: bool = False  # HELLO flag bit1
     can_encode: bool = False  # HELLO flag bit2
+    batch: int = 1            # the most tokens one forward pass runs (version 3)
+    can_draft: bool = False   # HELLO flag bit3 (version 3)
     golden: str = "none"      # the golden check: one of GOLDEN_STATES (version 3)
     golden_checked: int = 0   # steps compared
     golden_total: int = 0     # steps the image's golden holds for the KV format in effect
@@ -197,6 +210,16 @@ class Token:
     head_rows: int  # rows of the output layer this step computed (0: head skipped; < out_vocab: pruned)
     logits_crc: int
     piece: bytes
+    # the forward pass the step came from (version 3): us and bytes_read above are the whole pass's
+    pass_index: int = 0        # the step's place in it (its first step: step - pass_index)
+    chunk_len: int = 1         # tokens it ran
+    chunk_used: int = 1        # steps it produced (a verifying pass: the accepted drafts + 1)
+    kind: str = "one"          # PASS_KINDS
+
+    @property
+    def chunk(self) -> int:
+        """The pass's first step."""
+        return self.step - self.pass_index
 
 
 @dataclass(frozen=True)
@@ -206,6 +229,14 @@ class Done:
     reason: str  # one of STOP_REASONS
     total_us: int
     phase_us: tuple[int, ...]  # per phase, PHASES order
+    # version 3: forward passes, the verifying ones, drafts proposed and accepted, bytes per tier
+    # (proposing drafts included), of which proposing drafts read
+    passes: int = 0
+    verify_passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    bytes_read: tuple[int, ...] = (0, 0, 0)
+    draft_bytes: tuple[int, ...] = (0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -275,18 +306,24 @@ def _fixed(values, n: int, what: str) -> tuple[int, ...]:
     return values
 
 
+def _gen_head(m: Generate | GenerateText) -> bytes:
+    """The fields GENERATE and GENERATE_TEXT share (28 bytes)."""
+    if m.speculate not in SPECULATE:
+        raise ProtocolError(f"speculate {m.speculate!r} is not one of {SPECULATE}")
+    return struct.pack("<IffQIBBBB", m.max_new_tokens, m.temperature, m.top_p, m.seed, generate_flags(m), m.batch,
+                       SPECULATE.index(m.speculate), m.draft_k, 0)
+
+
 def _enc_generate(m: Generate) -> bytes:
     ids = [int(i) for i in m.prompt_ids]
-    head = struct.pack("<IffQII", m.max_new_tokens, m.temperature, m.top_p, m.seed, generate_flags(m), len(ids))
-    return head + struct.pack(f"<{len(ids)}I", *ids)
+    return _gen_head(m) + struct.pack(f"<I{len(ids)}I", len(ids), *ids)
 
 
 def _enc_generate_text(m: GenerateText) -> bytes:
     raw = m.text.encode("utf-8")
     if len(raw) > 0xFFFF:
         raise ProtocolError(f"GENERATE_TEXT: text of {len(raw)} bytes does not fit in s16")
-    return (struct.pack("<IffQIH", m.max_new_tokens, m.temperature, m.top_p, m.seed, generate_flags(m), len(raw))
-            + raw)
+    return _gen_head(m) + struct.pack("<H", len(raw)) + raw
 
 
 def _enc_hello(m: Hello) -> bytes:
@@ -294,7 +331,7 @@ def _enc_hello(m: Hello) -> bytes:
     if len(model_hash) != 16:
         raise ProtocolError(f"HELLO model_hash must be 16 bytes, got {len(model_hash)}")
     flags = ((HELLO_FLAG_IMAGE_OK if m.image_ok else 0) | (HELLO_FLAG_RESEND if m.can_resend else 0)
-             | (HELLO_FLAG_TEXT if m.can_encode else 0))
+             | (HELLO_FLAG_TEXT if m.can_encode else 0) | (HELLO_FLAG_DRAFT if m.can_draft else 0))
     if m.proto_version == 1:   # version 1 had no out_vocab (what an old board sends)
         if m.out_vocab != m.vocab_size:
             raise ProtocolError("HELLO version 1 cannot carry an out_vocab other than vocab_size")
@@ -311,6 +348,7 @@ def _enc_hello(m: Hello) -> bytes:
         + sizes
         + _s8(m.fw_version)
         + _s8(m.board)
+        + (struct.pack("<B", m.batch) if m.proto_version >= 3 else b"")
         + golden
     )
 
@@ -324,7 +362,8 @@ def _enc_token(m: Token) -> bytes:
         struct.pack("<4I", m.step, m.pos, m.in_id, out_id)
         + struct.pack(f"<{len(PHASES)}I", *_fixed(m.us, len(PHASES), "TOKEN us"))
         + struct.pack("<3I", *_fixed(m.bytes_read, len(TIERS), "TOKEN bytes_read"))
-        + struct.pack("<IIB", m.head_rows, m.logits_crc, len(piece))
+        + struct.pack("<IIBBBBB", m.head_rows, m.logits_crc, m.pass_index, m.chunk_len, m.chunk_used,
+                      PASS_KINDS.index(m.kind), len(piece))
         + piece
     )
 
@@ -332,9 +371,11 @@ def _enc_token(m: Token) -> bytes:
 def _enc_done(m: Done) -> bytes:
     if m.reason not in STOP_REASONS:
         raise ProtocolError(f"DONE reason {m.reason!r} is not one of {STOP_REASONS}")
-    return struct.pack("<IIBQ", m.steps, m.generated, STOP_REASONS.index(m.reason), m.total_us) + (
-        struct.pack(f"<{len(PHASES)}Q", *_fixed(m.phase_us, len(PHASES), "DONE phase_us"))
-    )
+    return (struct.pack("<IIBQ", m.steps, m.generated, STOP_REASONS.index(m.reason), m.total_us)
+            + struct.pack(f"<{len(PHASES)}Q", *_fixed(m.phase_us, len(PHASES), "DONE phase_us"))
+            + struct.pack("<4I", m.passes, m.verify_passes, m.drafted, m.accepted)
+            + struct.pack("<3Q", *_fixed(m.bytes_read, len(TIERS), "DONE bytes_read"))
+            + struct.pack("<3Q", *_fixed(m.draft_bytes, len(TIERS), "DONE draft_bytes")))
 
 
 def _enc_logits(m: Logits) -> bytes:
@@ -444,26 +485,34 @@ def _dec_empty(cls):
     return dec
 
 
+def _dec_gen_head(name: str, r: _Reader) -> tuple:
+    max_new, temp, top_p, seed, flags, batch, spec, draft_k, zero = r.unpack("IffQIBBBB")
+    if spec >= len(SPECULATE) or zero:
+        raise ProtocolError(f"{name}: speculate {spec} is unknown or its reserved byte is not 0")
+    return (max_new, temp, top_p, seed, *_flag_fields(name, flags), batch, SPECULATE[spec], draft_k)
+
+
 def _dec_generate(r: _Reader) -> Generate:
-    max_new, temp, top_p, seed, flags, n = r.unpack("IffQII")
+    head = _dec_gen_head("GENERATE", r)
+    (n,) = r.unpack("I")
     if len(r.data) - r.pos != 4 * n:
         raise ProtocolError(
             f"GENERATE payload: n_prompt={n} needs {r.pos + 4 * n} bytes, got {len(r.data)}"
         )
     ids = list(r.unpack(f"{n}I"))
     r.end()
-    return Generate(ids, max_new, temp, top_p, seed, *_flag_fields("GENERATE", flags))
+    return Generate(ids, *head)
 
 
 def _dec_generate_text(r: _Reader) -> GenerateText:
-    max_new, temp, top_p, seed, flags = r.unpack("IffQI")
+    head = _dec_gen_head("GENERATE_TEXT", r)
     text = r.s16()
     r.end()
     try:
         s = text.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ProtocolError(f"GENERATE_TEXT text is not UTF-8: {e}") from None
-    return GenerateText(s, max_new, temp, top_p, seed, *_flag_fields("GENERATE_TEXT", flags))
+    return GenerateText(s, *head)
 
 
 def _dec_hello(r: _Reader) -> Hello:
@@ -475,35 +524,42 @@ def _dec_hello(r: _Reader) -> Hello:
     else:
         layout_id, vocab, out_vocab, max_seq, clock = r.unpack("IIIIB")
     fw, board = _text(r.s8()), _text(r.s8())
-    golden, checked, total, first = 0, 0, 0, GOLDEN_NO_STEP
+    batch, golden, checked, total, first = 1, 0, 0, 0, GOLDEN_NO_STEP
     if version >= 3:
-        golden, checked, total, first = r.unpack("BHHH")
+        batch, golden, checked, total, first = r.unpack("BBHHH")
         if golden >= len(GOLDEN_STATES):
             raise ProtocolError(f"HELLO golden state {golden} is unknown")
     r.end()
     return Hello(version, bool(flags & HELLO_FLAG_IMAGE_OK), model_hash, layout_id, vocab, out_vocab,
-                 max_seq, clock, fw, board, bool(flags & HELLO_FLAG_RESEND), bool(flags & HELLO_FLAG_TEXT),
-                 GOLDEN_STATES[golden], checked, total, None if first == GOLDEN_NO_STEP else first)
+                 max_seq, clock, fw, board, bool(flags & HELLO_FLAG_RESEND), bool(flags & HELLO_FLAG_TEXT), batch,
+                 bool(flags & HELLO_FLAG_DRAFT), GOLDEN_STATES[golden], checked, total,
+                 None if first == GOLDEN_NO_STEP else first)
 
 
 def _dec_token(r: _Reader) -> Token:
     step, pos, in_id, out_id = r.unpack("4I")
     us = r.unpack(f"{len(PHASES)}I")
     bytes_read = r.unpack("3I")
-    head_rows, logits_crc = r.unpack("II")
+    head_rows, logits_crc, index, chunk_len, chunk_used, kind = r.unpack("IIBBBB")
     piece = r.s8()
     r.end()
+    if kind >= len(PASS_KINDS) or index > step:
+        raise ProtocolError(f"TOKEN pass kind {kind} is unknown or its place {index} is past step {step}")
     return Token(step, pos, in_id, None if out_id == NO_TOKEN else out_id, us, bytes_read,
-                 head_rows, logits_crc, piece)
+                 head_rows, logits_crc, piece, index, chunk_len, chunk_used, PASS_KINDS[kind])
 
 
 def _dec_done(r: _Reader) -> Done:
     steps, generated, reason, total = r.unpack("IIBQ")
     phase_us = r.unpack(f"{len(PHASES)}Q")
+    passes, verify, drafted, accepted = r.unpack("4I")
+    bytes_read = r.unpack("3Q")
+    draft_bytes = r.unpack("3Q")
     r.end()
     if reason >= len(STOP_REASONS):
         raise ProtocolError(f"DONE reason code {reason} is unknown")
-    return Done(steps, generated, STOP_REASONS[reason], total, phase_us)
+    return Done(steps, generated, STOP_REASONS[reason], total, phase_us, passes, verify, drafted, accepted, bytes_read,
+                draft_bytes)
 
 
 def _dec_error(r: _Reader) -> Error:

@@ -6,10 +6,11 @@ import argparse
 from .args import (Parser, add_generation_args, add_xip_arg, nonneg_int, output_dir, output_file, positive_int,
                    seconds)
 from .cmd_build import cmd_build, cmd_flash
-from .cmd_convert import cmd_convert
+from .cmd_convert import DEFAULT_BATCH, cmd_convert
 from .cmd_demo import cmd_demo
 from .cmd_run import cmd_faultproxy, cmd_run, cmd_serve
 from .cmd_train import cmd_eval
+from .passes import add_arguments as add_pass_arguments
 from .prompt import DEFAULT_PROMPT
 
 
@@ -36,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--ctx", "--context", type=positive_int, metavar="N", dest="ctx",
                    help="context length of the converted model (default: the checkpoint's, e.g. a Hugging Face "
                         "max_position_embeddings); at most the checkpoint's")
+    c.add_argument("--batch", type=positive_int, default=DEFAULT_BATCH, metavar="T",
+                   help=f"the most tokens one forward pass runs, recorded in the blob: prefill in chunks of T, "
+                        f"speculative drafts up to T-1; scratch RAM grows with T (default {DEFAULT_BATCH})")
+    c.add_argument("--draft", metavar="DIR",
+                   help="a small model of the same tokenizer (checkpoint or flashlm train folder) to carry in the "
+                        "image for speculative decoding (flashlm run --speculate draft)")
     c.add_argument("--head-index", choices=("auto", "on", "off"), default="auto",
                    help="the greedy head's tile index: auto keeps it when calibration shows it pays, on always, off never")
     c.add_argument("--no-report", action="store_true", help="skip the quality report")
@@ -68,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="verification mode: every step computes the whole output layer (no prefill skip, no pruning)")
     r.add_argument("--kv", choices=("f32", "int8"),
                    help="switch the board's KV cache format first (a LAYOUT; default: the blob's)")
+    add_pass_arguments(r)
     r.add_argument("--selftest", action="store_true",
                    help="run every step of the image's golden check first (SELFTEST; the boot check runs a few)")
     r.set_defaults(func=cmd_run)

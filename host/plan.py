@@ -17,6 +17,7 @@ from pathlib import Path
 from .args import add_generation_args, nonneg_int, output_file, positive_int
 from .errors import UserError
 from .model_dir import load_manifest
+from .plan_roofline import add_roofline_args, check_args, roofline
 
 PHASE_LABEL = {"embed": "embed", "attention": "attention", "ffn": "FFN", "ple": "PLE", "output": "output",
                "sampling": "sampling"}
@@ -113,7 +114,7 @@ def print_plan(console, plan, collapse: bool = True) -> None:
     p = plan.prediction
     c = plan.config
     head = (f"[bold]{plan.board}[/] ({plan.prof.get('description', '')}): context {c.max_seq_len}, KV {plan.kv}, "
-            f"layout {plan.layout_id}" + (f", base {plan.base}" if plan.base != "auto" else ""))
+            f"batch {plan.batch}, layout {plan.layout_id}" + (f", base {plan.base}" if plan.base != "auto" else ""))
     console.print(head, soft_wrap=True)
     rows = plan.rows()
     if collapse:
@@ -306,9 +307,9 @@ def apply_plan(console, info: dict, plan) -> None:
     atomic_write_bytes(blob_path, new)
     nh = B.parse_header(new, str(blob_path))
     manifest.update(blob_size=len(new), blob_crc=nh.crc, model_hash=bytes(nh.model_hash).hex(),
-                    layout_id=nh.layout_id, kv=plan.kv)
+                    layout_id=nh.layout_id, kv=plan.kv, batch=plan.batch)
     manifest["config"]["max_seq_len"] = nh.config.max_seq_len
-    manifest["layout"] = {"board": plan.board, "layout_id": nh.layout_id, "kv": plan.kv,
+    manifest["layout"] = {"board": plan.board, "layout_id": nh.layout_id, "kv": plan.kv, "batch": plan.batch,
                           "regions": dict(plan.regions),
                           "overrides": [o.text for o in plan.overrides], "base": plan.base}
     atomic_write_bytes(d / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
@@ -335,22 +336,34 @@ def kv_of(args, info) -> str:
     return kv_format(info["header"].state_tiers) if "header" in info else "int8"
 
 
+def plan_batch(args, info) -> int:
+    """--batch, else the batch the model's blob header names, else 1."""
+    from converter.blob import batch_of
+    if args.batch:
+        return args.batch
+    return batch_of(info["header"].state_tiers) if "header" in info else 1
+
+
 def cmd_plan(args, console) -> int:
     from converter.planner import parse_layout
+    check_args(args)
     spec, info = load_spec(args.model, args.format, args.group_size, args.quant, args.tokenizer, args.scales,
                            args.ctx)
     if args.ctx:
         spec = spec.with_context(args.ctx)
     base, places = parse_layout(",".join(["auto" if not args.flash_only else "flash"] + list(args.place)))
-    pl = _plan_or_explain(console, spec, args.board, overrides=places, base=base, kv=kv_of(args, info),
-                          pos=args.pos, line=args.line)
+    plan_kw = dict(overrides=places, base=base, kv=kv_of(args, info), pos=args.pos, line=args.line)
+    pl = _plan_or_explain(console, spec, args.board, batch=plan_batch(args, info), **plan_kw)
     print_plan(console, pl, collapse=not args.all)
-    if args.png:
+    out = pl.to_dict()
+    if args.roofline:       # --png is the roofline's
+        out["roofline"] = roofline(console, args, spec, info, plan_kw, args.png or Path(f"roofline-{pl.board}.png"))
+    elif args.png:
         memory_map_png(pl, args.png)
         console.print(f"[green]wrote[/] memory map {args.png}")
     if args.json:
         from .report import atomic_write_bytes
-        atomic_write_bytes(args.json, (json.dumps(pl.to_dict(), indent=1) + "\n").encode())
+        atomic_write_bytes(args.json, (json.dumps(out, indent=1) + "\n").encode())
         console.print(f"[green]wrote[/] JSON {args.json}")
     if args.apply:
         apply_plan(console, info, pl)
@@ -408,7 +421,8 @@ def cmd_compare(args, console) -> int:
         cols = []
         for lay in layouts:
             try:
-                pl = plan_layout(spec, b, lay, kv=kv_of(args, info), pos=args.pos, line=args.line, suggest=False)
+                pl = plan_layout(spec, b, lay, kv=kv_of(args, info), pos=args.pos, line=args.line, suggest=False,
+                                 batch=plan_batch(args, info))
             except PlanError as e:   # does not fit, or an override this board cannot honour
                 console.print(f"  {b} {names[lay]}: refused: {e}", soft_wrap=True)
                 continue
@@ -465,12 +479,13 @@ def measure_layouts(sess, plans: dict, prompt_ids, max_tokens: int, temperature=
         except DeviceError as e:
             out[name] = dict(error=str(e))
             continue
-        res = sess.generate(prompt_ids, max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        # one-token passes: what the planner predicts step by step
+        res = sess.generate(prompt_ids, max_tokens, temperature=temperature, top_p=top_p, seed=seed, batch=1)
         sampling = "greedy" if temperature <= 0 else "temperature"
         gen = res.generated_steps
         preds = {t.step: pl.predict_at(t.pos, sampling, step_head(t, sampling)) for t in res.tokens}
         measured = {ph: mean(t.us[i] for t in gen) for i, ph in enumerate(PHASES)} if gen else {}
-        predicted = {ph: mean(preds[t.step].phase_us[ph] for t in gen) for ph in PHASES} if gen else {}
+        predicted = {ph: mean(preds[t.step].phase_us.get(ph, 0.0) for t in gen) for ph in PHASES} if gen else {}  # (draft: not predicted, 0)
         tiers = ("flash", "psram", "sram")
         mbytes = {k: mean(t.bytes_read[i] for t in gen) for i, k in enumerate(tiers)} if gen else {}
         pbytes = {k: mean(preds[t.step].bytes_read[k] for t in gen) for k in tiers} if gen else {}
@@ -573,6 +588,9 @@ def add_commands(sub) -> None:
         p.add_argument("--kv", choices=("f32", "int8"),
                        help="KV cache format (default: the blob's, or for a checkpoint or shape int8 as convert "
                             "writes; int8: a scale and int8 codes per row; --apply records it)")
+        p.add_argument("--batch", type=positive_int, metavar="T",
+                       help="the most tokens one forward pass runs (batched prefill, speculative verification); "
+                            "scratch RAM grows with it (default: the model's own, else 1; --apply records it)")
         p.add_argument("--pos", type=nonneg_int, metavar="P", help="position to quote per-token figures at (default: mid-context)")
         p.add_argument("--line", type=positive_int, metavar="BYTES", help="cache line size (boards with seq_read_MBps_by_line)")
         p.add_argument("--format", choices=("q8", "q4"), default="q8", help="for a checkpoint: quantize like convert")
@@ -581,8 +599,8 @@ def add_commands(sub) -> None:
         p.add_argument("--scales", choices=("row", "f32", "f16"), default=None,
                        help="for a checkpoint: group scales as convert's --scales")
         p.add_argument("--tokenizer", metavar="PATH")
-        p.add_argument("--png", metavar="FILE", type=output_file, help="write a PNG (plan: the memory map; compare: "
-                       "the layouts side by side)")
+        p.add_argument("--png", metavar="FILE", type=output_file, help="write a PNG (plan: the memory map, with "
+                       "--roofline the roofline; compare: the layouts side by side)")
         p.add_argument("--json", metavar="FILE", type=output_file)
 
     p = sub.add_parser("plan", help="place a model's tensors on a board's memory tiers; predict per-token cost")
@@ -593,6 +611,7 @@ def add_commands(sub) -> None:
     p.add_argument("--flash-only", action="store_true", help="leave every tensor not --place'd in flash")
     p.add_argument("--all", action="store_true", help="one table row per tensor (no grouping of layers)")
     p.add_argument("--apply", action="store_true", help="record the placement in the model dir's blob header")
+    add_roofline_args(p)
     p.set_defaults(func=cmd_plan)
 
     c = sub.add_parser("compare", help="layouts side by side: predicted, and with --run measured on a board")

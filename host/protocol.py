@@ -19,8 +19,9 @@ from .cobs import (  # noqa: F401
 )
 from .messages import (  # noqa: F401
     PROTO_VERSION, MsgType, PHASES, TIERS, NO_TOKEN, STOP_REASONS, ERROR_CODES, CLOCKS, GENERATE_FLAG_LOGITS,
-    GENERATE_FLAG_SLIDE, GENERATE_FLAG_ALL_LOGITS, HELLO_FLAG_IMAGE_OK, HELLO_FLAG_RESEND, HELLO_FLAG_TEXT,
-    RESEND_MAX, RESEND_DONE, RESENT_STATES, GOLDEN_STATES, Ping, SelfTest, Stop, Layout, Resend, Resent, Generate, GenerateText,
+    GENERATE_FLAG_SLIDE, GENERATE_FLAG_ALL_LOGITS, HELLO_FLAG_IMAGE_OK, HELLO_FLAG_RESEND, HELLO_FLAG_TEXT, HELLO_FLAG_DRAFT,
+    RESEND_MAX, RESEND_DONE, RESENT_STATES, SPECULATE, PASS_KINDS, GOLDEN_STATES, Ping, SelfTest, Stop, Layout, Resend, Resent,
+    Generate, GenerateText,
     GENERATE_FLAGS, generate_flags, Hello, Token, Done, Error, Logits, Log, Message, Frame, encode_payload,
     encode_frame, decode_payload,
 )

@@ -6,8 +6,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from . import protocol as P
-from .run_result import RunResult, prompt_of
+from .run_result import RunResult, done_from_steps, prompt_of
 from .session_errors import BoardError, BoardReset, DeviceError, Diverged, LinkLost, LinkTimeout, ModelMismatch
 
 
@@ -20,7 +19,8 @@ class Recovery:
                                send_logits: bool = False, frame_timeout: float | None = None,
                                reconnect: Callable | None = None, max_recoveries: int = 3,
                                handshake_timeout: float = 5.0, slide: bool = False,
-                               all_logits: bool = False, after_handshake: Callable | None = None) -> RunResult:
+                               all_logits: bool = False, after_handshake: Callable | None = None,
+                               batch: int = 0, speculate: str = "none", draft_k: int = 0) -> RunResult:
         """``generate`` that survives a vanished port (LinkLost), a board that restarted
         (BoardReset) or went silent (LinkTimeout), and steps that could not be re-sent.
 
@@ -58,7 +58,7 @@ class Recovery:
                 try:
                     if run is None:
                         run = self._start(prompt, max_new, temperature, top_p, seed, show, send_logits,
-                                          frame_timeout, True, slide, all_logits)
+                                          frame_timeout, True, slide, all_logits, batch, speculate, draft_k)
                     self._collect(run)
                     part, err = run.finish(), None
                 except (LinkLost, BoardReset, LinkTimeout) as e:
@@ -173,7 +173,7 @@ def _merge(total: RunResult | None, part: RunResult, name: str) -> RunResult:
         if o is None:
             by[t.step] = t
             continue
-        if (o.in_id != t.in_id or o.logits_crc != t.logits_crc
+        if (o.in_id != t.in_id or (o.logits_crc and t.logits_crc and o.logits_crc != t.logits_crc)
                 or (o.out_id is not None and t.out_id is not None and o.out_id != t.out_id)):
             raise Diverged(f"{name}: step {t.step} came out differently when generated again (input "
                            f"{o.in_id}/{t.in_id}, logits crc {o.logits_crc:08x}/{t.logits_crc:08x}, "
@@ -182,9 +182,7 @@ def _merge(total: RunResult | None, part: RunResult, name: str) -> RunResult:
     total.tokens = toks
     if part.done is not None and total.done is None:   # (a refill that stopped early has its own DONE)
         d = part.done
-        total.done = P.Done(d.steps, sum(t.out_id is not None for t in toks), d.reason,
-                            sum(sum(t.us) for t in toks),
-                            tuple(sum(t.us[i] for t in toks) for i in range(len(P.PHASES))))
+        total.done = done_from_steps(toks, d.steps, d.reason)
         total.done_from_host = True
     have = set(by)
     if total.done is not None:

@@ -28,6 +28,9 @@ class RunResult:
     seed: int = 0
     slide: bool = False                                  # GENERATE flag SLIDE: a full context slid its window
     all_logits: bool = False                             # GENERATE flag ALL_LOGITS (or LOGITS): every step's whole head
+    batch: int = 0                                       # GENERATE: tokens per prefill pass (0: the device's)
+    speculate: str = "none"                              # GENERATE: where drafts come from (protocol SPECULATE)
+    draft_k: int = 0                                     # GENERATE: drafts per verifying pass (0: the device's)
     tokens: list = field(default_factory=list)          # protocol Token, in step order
     done: P.Done | None = None
     missing_steps: list[int] = field(default_factory=list)
@@ -109,4 +112,28 @@ def prompt_of(tokens) -> list[int]:
         if t.out_id is not None:
             return ids
     return []
+
+
+def step_share(t) -> dict:
+    """A step's share of the forward pass it came from (a TOKEN's us and bytes_read are the whole
+    pass's, repeated in each step it produced): the pass's figures divided by those steps, so that
+    sums over steps count every pass once."""
+    k = 1.0 / max(1, t.chunk_used)
+    verify = k if t.kind == "verify" else 0.0
+    return {"us": [u * k for u in t.us], "bytes": [b * k for b in t.bytes_read],
+            "passes": k, "verify_passes": verify, "drafted": (t.chunk_len - 1) * verify,
+            "accepted": (t.chunk_used - 1) * verify}
+
+
+def done_from_steps(tokens, steps: int, reason: str):
+    """A DONE summed by the host over the steps it has (merged runs): every pass counted once (the
+    split of drafting's bytes is not in TOKEN frames: 0)."""
+    sh = [step_share(t) for t in tokens]
+
+    def total(key, i=None):
+        return round(sum(x[key] if i is None else x[key][i] for x in sh))
+    return P.Done(steps, sum(t.out_id is not None for t in tokens), reason,
+                  round(sum(sum(x["us"]) for x in sh)), tuple(total("us", i) for i in range(len(P.PHASES))),
+                  total("passes"), total("verify_passes"), total("drafted"), total("accepted"),
+                  tuple(total("bytes", i) for i in range(len(P.TIERS))), (0, 0, 0))
 

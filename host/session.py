@@ -204,10 +204,12 @@ class Session(Collector, Recovery):
     def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_p: float = 0.0,
                  seed: int = 0, on_token: Callable | None = None, send_logits: bool = False,
                  frame_timeout: float | None = None, resend: bool = True, slide: bool = False,
-                 all_logits: bool = False) -> RunResult:
+                 all_logits: bool = False, batch: int = 0, speculate: str = "none", draft_k: int = 0) -> RunResult:
         """Send GENERATE (GENERATE_TEXT when ``prompt_ids`` is a str: the device encodes it, and the
         ids it used come back in the TOKEN frames), collect TOKEN frames until DONE. ``send_logits``,
-        ``slide`` and ``all_logits`` are the GENERATE flags (docs/formats.md section 2).
+        ``slide`` and ``all_logits`` are the GENERATE flags, ``batch`` the tokens per prefill pass
+        (0: the device's), ``speculate`` and ``draft_k`` the drafts to verify (docs/formats.md
+        section 2, 2.4).
 
         With a device that answers RESEND (HELLO flag bit1; docs/formats.md section 2.1) every lost
         TOKEN, and a lost DONE, is asked for again while the device still keeps it; what cannot be
@@ -215,20 +217,21 @@ class Session(Collector, Recovery):
         vanished port LinkLost, a board that restarted BoardReset (all carry ``.partial``).
         Ctrl-C sends STOP and returns what arrived."""
         run = self._start(prompt_ids, max_new_tokens, temperature, top_p, seed, on_token, send_logits,
-                          frame_timeout, resend, slide, all_logits)
+                          frame_timeout, resend, slide, all_logits, batch, speculate, draft_k)
         self._collect(run)
         return run.finish()
 
     def _start(self, prompt_ids, max_new_tokens, temperature, top_p, seed, on_token, send_logits,
-               frame_timeout, resend, slide=False, all_logits=False) -> "_Run":
+               frame_timeout, resend, slide=False, all_logits=False, batch=0, speculate="none", draft_k=0) -> "_Run":
         text = prompt_ids if isinstance(prompt_ids, str) else None
         prompt_ids = [] if text is not None else [int(i) for i in prompt_ids]
         res = RunResult(hello=self.hello, prompt_ids=prompt_ids, max_new_tokens=int(max_new_tokens),
                         temperature=float(temperature), top_p=float(top_p), seed=int(seed),
                         slide=bool(slide), all_logits=bool(all_logits or send_logits), board_name=self.name,
-                        prompt_text=text)
+                        prompt_text=text, batch=int(batch), speculate=speculate, draft_k=int(draft_k))
         params = dict(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
-                      seed=int(seed), send_logits=bool(send_logits), slide=bool(slide), all_logits=bool(all_logits))
+                      seed=int(seed), send_logits=bool(send_logits), slide=bool(slide), all_logits=bool(all_logits),
+                      batch=int(batch), speculate=speculate, draft_k=int(draft_k))
         msg = P.GenerateText(text, **params) if text is not None else P.Generate(prompt_ids=prompt_ids, **params)
         run = _Run(self, res, msg, self.frame_timeout if frame_timeout is None else frame_timeout, on_token)
         if resend and self.hello is not None and self.hello.can_resend:

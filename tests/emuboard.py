@@ -39,12 +39,14 @@ def image_for(blob: Path, build_root: Path) -> Path:
 
 
 @contextlib.contextmanager
-def emu_link(qm, tmp: Path, build_root: Path, blob_bytes: bytes | None = None, xip_model: bool = True):
-    """Yields (link, boot_frames, board) for an emulated RP2040 running qm (or raw blob_bytes),
-    with the harness's XIP model on or off."""
+def emu_link(qm, tmp: Path, build_root: Path, blob_bytes: bytes | None = None, kv: str = "f32", batch: int = 1,
+             xip_model: bool = True):
+    """Yields (link, boot_frames, board) for an emulated RP2040 running qm (or raw blob_bytes), with
+    the harness's XIP model on or off; the image reserves the chip's whole SRAM budget, whatever the
+    blob's batch."""
     require_emulator()
     blob = tmp / "model.flmb"
-    write_blob(qm, blob)
+    write_blob(qm, blob, kv=kv, batch=batch)
     image = image_for(blob, build_root)
     if blob_bytes is not None:
         blob.write_bytes(blob_bytes)

@@ -1,4 +1,4 @@
-"""A small fake device for host tests: speaks protocol v2 (docs/formats.md section 2) on the
+"""A small fake device for host tests: speaks protocol v3 (docs/formats.md section 2) on the
 master side of an ``os.openpty()`` pair, from a thread.  The host opens ``board.path`` (the
 slave) like any serial port.
 
@@ -8,7 +8,8 @@ host/protocol.py, so the host is tested against the document rather than against
 The "model": the token after ``x`` at position ``p`` is ``(5 * x + p + 3) % vocab``; piece i is
 ``PIECES[i]``.  Faults to inject: junk before answering, ignored PINGs, dropped / corrupted
 TOKEN frames (by step), going silent after some TOKENs, a bad image, an ERROR for GENERATE, an
-old board speaking protocol v1 (``proto=1``: its HELLO only). ``ple=True``: steps spend time in
+old board speaking protocol v1 or v2 (``proto=1``, ``proto=2``: its HELLO only). Every step is a
+forward pass of its own (no prefill chunks, no drafts). ``ple=True``: steps spend time in
 the PLE phase (a model with Per-Layer Embeddings); ``out_vocab`` rows of the output layer.
 """
 from __future__ import annotations
@@ -35,8 +36,8 @@ def next_token(x: int, pos: int, vocab: int) -> int:
 
 
 def step_us(step: int, prompt: bool, ple: bool = False) -> tuple[int, ...]:
-    """embed, attention, ffn, ple, output, sampling"""
-    return (10 + step, 100 + 3 * step, 200 + step, 30 + step if ple else 0, 50, 0 if prompt else 7)
+    """embed, attention, ffn, ple, output, sampling, draft"""
+    return (10 + step, 100 + 3 * step, 200 + step, 30 + step if ple else 0, 50, 0 if prompt else 7, 0)
 
 
 def step_bytes(pos: int) -> tuple[int, int, int]:
@@ -196,7 +197,7 @@ class FakeBoard:
                  else struct.pack("<IIIIB", self.layout_id, self.vocab, self.out_vocab, self.max_seq_len, self.clock))
         golden = struct.pack("<BHHH", *self.golden) if self.proto >= 3 else b""
         return (struct.pack("<HH", self.proto, 1 if self.image_ok else 0) + self.model_hash + sizes
-                + bytes([len(fw)]) + fw + bytes([len(board)]) + board + golden)
+                + bytes([len(fw)]) + fw + bytes([len(board)]) + board + (b"\x01" + golden if self.proto >= 3 else b""))
 
     def _error(self, code: int, text: str) -> None:
         raw = text.encode()
@@ -231,8 +232,8 @@ class FakeBoard:
         self._send(0x81, self._hello())
 
     def _on_generate(self, p: bytes) -> None:
-        max_new, temp, top_p, seed, flags, n = struct.unpack_from("<IffQII", p)
-        prompt = list(struct.unpack_from(f"<{n}I", p, 28))
+        max_new, temp, top_p, seed, flags, batch, spec, draft_k, _, n = struct.unpack_from("<IffQIBBBBI", p)
+        prompt = list(struct.unpack_from(f"<{n}I", p, 32))
         if not self.image_ok:
             return self._error(7, "no model image")
         if self.generate_error:
@@ -240,7 +241,7 @@ class FakeBoard:
         if not prompt or n > self.max_seq_len:
             return self._error(4, f"prompt of {n} tokens exceeds the context of {self.max_seq_len}")
         self._log(f"generate {n} prompt tokens, max {max_new}")
-        totals, steps, gen, reason = [0] * 6, 0, 0, "max_tokens"
+        totals, nbytes, steps, gen, reason = [0] * 7, [0] * 3, 0, 0, "max_tokens"
         for step, pos, in_id, out_id in expected_run(prompt, max_new, self.vocab, self.max_seq_len):
             if self._stop.is_set():
                 return
@@ -255,14 +256,15 @@ class FakeBoard:
             us = step_us(step, out_id is None, self.ple)
             pc = piece(out_id) if out_id is not None else b""
             payload = (struct.pack("<4I", step, pos, in_id, NO_TOKEN if out_id is None else out_id)
-                       + struct.pack("<6I", *us) + struct.pack("<3I", *step_bytes(pos))
-                       + struct.pack("<IIB", self.out_vocab, 0x1234 + step, len(pc)) + pc)
+                       + struct.pack("<7I", *us) + struct.pack("<3I", *step_bytes(pos))
+                       + struct.pack("<IIBBBBB", self.out_vocab, 0x1234 + step, 0, 1, 1, 0, len(pc)) + pc)
             mangle = "drop" if step in self.drop_steps else "corrupt" if step in self.corrupt_steps else None
             self._send(0x82, payload, mangle)
             self.tokens_sent += 1
             if self.silent_after is not None and self.tokens_sent >= self.silent_after:
                 self.silent = True
             totals = [a + b for a, b in zip(totals, us)]
+            nbytes = [a + b for a, b in zip(nbytes, step_bytes(pos))]
             steps += 1
             gen += out_id is not None
         else:
@@ -270,7 +272,8 @@ class FakeBoard:
                 reason = "context_full"
         self._stop_gen = False
         self._send(0x83, struct.pack("<IIBQ", steps, gen, REASONS[reason], sum(totals))
-                   + struct.pack("<6Q", *totals))
+                   + struct.pack("<7Q", *totals) + struct.pack("<4I", steps, 0, 0, 0) + struct.pack("<3Q", *nbytes)
+                   + struct.pack("<3Q", 0, 0, 0))
 
     def _log(self, text: str) -> None:
         raw = text.encode()

@@ -21,21 +21,23 @@ _builds: dict = {}
 
 
 def binary_for(blob: Path, build_root: Path) -> Path:
-    from converter.blob import read_header
+    from converter.blob import batch_of, read_header
     from converter.tokenizer_enc import section_info
     h = read_header(blob)
     enc = section_info(blob, h)     # its text capacity sizes the receive buffer
-    key = (h.config, min(e.group_size for e in h.entries if e.group_size), enc.span if enc else 0)
+    d = h.draft                     # the arena grows with the batch and holds a draft model's state
+    key = (h.config, min(e.group_size for e in h.entries if e.group_size), enc.span if enc else 0,
+           batch_of(h.state_tiers), (d.config, d.state_tiers) if d else None)
     if key not in _builds:
         _builds[key] = build_firmware("native", build_root / f"fw{len(_builds)}", blob).binary
     return _builds[key]
 
 
 @contextlib.contextmanager
-def native_link(qm, tmp: Path, build_root: Path, blob_bytes: bytes | None = None):
+def native_link(qm, tmp: Path, build_root: Path, blob_bytes: bytes | None = None, kv: str = "f32", batch: int = 1):
     """Yields (link, hello_frames) for a board running qm (or raw blob_bytes sized like qm)."""
     blob = tmp / "model.flmb"
-    write_blob(qm, blob)
+    write_blob(qm, blob, kv=kv, batch=batch)
     binary = binary_for(blob, build_root)
     if blob_bytes is not None:
         blob.write_bytes(blob_bytes)
@@ -83,10 +85,11 @@ def recv_until(link, done, timeout: float = 30.0) -> list:
     raise AssertionError(f"no answer from the board within {timeout}s; got {out[-3:]}")
 
 
-def run(link, prompt, n, temperature=0.0, top_p=0.0, seed=0, logits=True, slide=False, all_logits=False):
+def run(link, prompt, n, temperature=0.0, top_p=0.0, seed=0, logits=True, slide=False, all_logits=False, batch=0,
+        speculate="none", draft_k=0):
     """One GENERATE; logits=True sets the LOGITS flag (every step's whole head, sent as LOGITS)."""
     link.send(Generate(list(prompt), n, temperature, top_p, seed, send_logits=logits, slide=slide,
-                       all_logits=all_logits))
+                       all_logits=all_logits, batch=batch, speculate=speculate, draft_k=draft_k))
     msgs = recv_until(link, lambda m: isinstance(m, (Done, Error)))
     return ([m for m in msgs if isinstance(m, Token)], [m for m in msgs if isinstance(m, Logits)],
             msgs[-1])
@@ -102,7 +105,8 @@ def drain(link, quiet: float = 0.3) -> list:
 
 def assert_steps_match(toks, ref) -> None:
     """TOKEN frames of one generation equal reference.generate(...) with the same flags: ids, cache
-    positions, head rows computed and logits CRC-32 (0 where the step computed no whole head)."""
+    positions, head rows computed, logits CRC-32 (0 where the step computed no whole head) and the
+    forward pass each step came from."""
     assert len(toks) == len(ref)
     assert [t.step for t in toks] == list(range(len(ref)))
     assert [t.in_id for t in toks] == [r["in_id"] for r in ref]
@@ -110,6 +114,8 @@ def assert_steps_match(toks, ref) -> None:
     assert [t.pos for t in toks] == [r["pos"] for r in ref]
     assert [t.head_rows for t in toks] == [r["head_rows"] for r in ref]
     assert [t.logits_crc for t in toks] == [r["logits_crc"] for r in ref]
+    assert ([(t.chunk, t.chunk_len, t.chunk_used, t.kind) for t in toks]
+            == [(r["chunk"], r["chunk_len"], r["chunk_used"], r["kind"]) for r in ref])
 
 
 def assert_matches_reference(toks, logits, ref) -> None:

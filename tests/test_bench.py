@@ -36,13 +36,15 @@ def test_parse_totals():
 
 
 def test_decode_figures_divide_the_difference():
-    incl = lambda body, head: {"flm_body": body, "flm_head": 0, "flm_head_argmax": head, "flm_sample": 0, "flm_slide": 0}
+    incl = lambda body, head: {"flm_body_many": body, "flm_head": 0, "flm_head_all": 0, "flm_head_argmax": head,
+                               "flm_sample": 0, "flm_slide": 0}
     first = dict(total=1000, inclusive=incl(900, 100), self={"a": 600, "b": 400, "same": 5}, head_rows=[10])
     longer = dict(total=5000, inclusive=incl(4500, 500), self={"a": 3000, "b": 1995, "same": 5, "new": 5},
                   head_rows=[10, 7, 8, 9, 6])
     f = decode_figures(first, longer, decode=4, prompt_len=3)
     assert f["ir_per_decode_token"] == 1000 and f["head_rows_per_decode_token"] == 7.5
-    assert f["inclusive_per_decode_token"]["flm_body"] == 900 and f["inclusive_per_decode_token"]["flm_head_argmax"] == 100
+    assert f["inclusive_per_decode_token"]["flm_body_many"] == 900
+    assert f["inclusive_per_decode_token"]["flm_head_argmax"] == 100
     assert f["self_per_decode_token"] == {"a": 600, "b": 398.75, "new": 1.25}    # unchanged functions left out
     assert f["ir_per_prefill_step"] == 300
 
@@ -79,7 +81,7 @@ def fake_results(scale: float) -> dict:
                               predicted_over_emulated_token=0.9, bytes_per_token=by, bytes_per_token_harness=by,
                               bytes_per_token_predicted=by, bytes_per_token_at_pos=34),
         "callgrind_native_q8": dict(ir_per_decode_token=scale * 7e6, ir_per_prefill_step=scale * 6e6,
-                                    inclusive_per_decode_token={"flm_body": 6e6, "flm_head_argmax": 1e6},
+                                    inclusive_per_decode_token={"flm_body_many": 6e6, "flm_head_argmax": 1e6},
                                     self_per_decode_token={"flm_matvec_row": 5e6}, prompt_tokens=23, decode_tokens=32),
         "predicted": {"pico": {"default_q8": dict(fits=1, phase_ms=ph, total_ms=21.0, tok_per_s=47.6, bytes_per_token=by),
                                "ple_28m": dict(fits=0, why="flash short by 13.1 MB")}},
@@ -132,6 +134,35 @@ def test_run_merges_sections_and_their_ratios():
     assert r["a"] == {"x": 1} and r["b"] == {"x": 1}
     assert r["ratios"] == {"a ratio": 0.5, "b ratio": 0.5} and set(r["bench_wall_s"]) == {"a", "b"}
     assert r["default_model"]["params"] > 0
+
+
+def test_passes_figures_print_and_flag_tokens_that_differ(capsys):
+    import bench.passes as passes
+    pre = {f"T{t}": {"tokens": 16, "passes": 16 // t, "us_per_token": 100.0 / t ** 0.5,
+                     "flash_bytes_per_token": 800_000 / t, "cycles_per_token": 2e7} for t in (1, 4, 8)}
+    spec = {"none": {"acceptance": None, "accepted": 0, "drafted": 0, "tokens_per_verify_pass": None,
+                     "tok_per_s": 6.0, "us_per_token": 160_000.0, "cycles_per_token": 2e7,
+                     "bytes_per_token": {"flash": 950_000.0}, "same_tokens_as_plain": 1},
+            "lookup": {"acceptance": 0.25, "accepted": 3, "drafted": 12, "tokens_per_verify_pass": 1.75,
+                       "tok_per_s": 4.0, "us_per_token": 250_000.0, "cycles_per_token": 3e7,
+                       "bytes_per_token": {"flash": 600_000.0}, "same_tokens_as_plain": 0}}
+    pre["T4"]["predicted"] = {"us_per_token": 60.0}
+    spec["lookup"]["predicted"] = {"us_per_token": 200_000.0}
+    predicted = {"esp32s3-n16r8": {"clock": "predicted from the esp32s3-n16r8 profile (240 MHz)",
+                                   "prefill": {"ple": {"T1": {"us_per_token": 900.0, "bytes_per_token": {"psram": 5e5}},
+                                                       "T8": None}},
+                                   "speculation": {"default": {m: {"tok_per_s": tps, "us_per_token": 1e6 / tps,
+                                                                   "draft_us_per_token": 0.0,
+                                                                   "bytes_per_token": {"psram": 7e5}}
+                                                               for m, tps in (("none", 40.0), ("lookup", 50.0))}}}}
+    passes.print_passes({"rp2040-emu": {"clock": "emulated timer", "prefill": {"default": pre},
+                                        "speculation": {"default": spec}}}, predicted)
+    out = capsys.readouterr().out
+    assert "T=8: 100,000 B (20.00 M cycles = 35 µs)" in out and "acceptance 25 % (3/12), 1.75 tokens per verifying pass" in out
+    assert out.count("TOKENS DIFFER FROM PLAIN DECODING") == 1
+    assert "T=4: 200,000 B (20.00 M cycles = 50 µs; predicted 60 µs (1.20x measured))" in out
+    assert "per emitted token; predicted 200,000 µs (0.80x measured)" in out
+    assert "esp32s3-n16r8, PREDICTED" in out and "T=8: does not fit its RAM" in out and "= 1.25x plain" in out
 
 
 def test_native15m_table_labels_the_published_figure(capsys):

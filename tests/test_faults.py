@@ -446,12 +446,12 @@ def test_refill_window():
     from host.session import RunResult, _resume_point
 
     def tok(step, out):
-        return P.Token(step, step, 0, out, (0,) * 6, (0,) * 3, 0, 0, b"")
+        return P.Token(step, step, 0, out, (0,) * 7, (0,) * 3, 0, 0, b"")
 
     prompt = [1, 2, 3]
     r = RunResult(hello=None, prompt_ids=prompt, max_new_tokens=60)
     r.tokens = [tok(0, None), tok(1, None)] + [tok(s, 100 + s) for s in range(2, 62) if s not in (10, 11, 50)]
-    r.done = P.Done(62, 60, "max_tokens", 0, (0,) * 6)
+    r.done = P.Done(62, 60, "max_tokens", 0, (0,) * 7)
     r.missing_steps = [10, 11, 50]
     p, n = _resume_point(r, prompt, 60, 0.0)
     assert p == prompt + [102 + i for i in range(7)]        # steps 2..8 known; 9 recomputed as a check

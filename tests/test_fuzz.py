@@ -61,7 +61,7 @@ def test_firmware_refuses_nonfinite_sampling(toolchain):
     exe = fuzzrun.build("app")
     stream = bytearray([1])
     for temp in (float("nan"), float("inf"), 2e-43):
-        payload = struct.pack("<IffQII", 3, temp, 0.5, 1, 0, 1) + struct.pack("<I", 1)
+        payload = struct.pack("<IffQIBBBBI", 3, temp, 0.5, 1, 0, 0, 0, 0, 0, 1) + struct.pack("<I", 1)
         stream += bytes([2, len(payload)]) + payload
     f = HERE.parent / "build" / "fuzz" / "nonfinite.bin"
     f.write_bytes(bytes(stream))

@@ -197,16 +197,18 @@ def test_predictions_monotone_in_bytes_moved(cfg, prof, data):
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(configs.filter(lambda c: c.vocab_size <= 300), st.sampled_from([7, 16, 32]), st.data())
 def test_region_sizes_mirror_engine_state(blob_checker, tmp_path, cfg, g, data):
-    """converter/footprint.py's region sizes are the engine's own (flm_state_region_bytes on the blob)."""
+    """converter/footprint.py's region sizes are the engine's own (flm_state_region_bytes on the blob),
+    at every batch."""
     from modelzoo import random_ple_model
     ir = random_ple_model(seed=0, **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
     qm = quantize(ir, data.draw(st.sampled_from(["q8", "q4"])), g, [f"layers.0.ffn.w2=q8:{g + 3}"])
-    (tmp_path / "m.flmb").write_bytes(build_blob(qm))
+    batch = data.draw(st.sampled_from([1, 2, 3, 8]))       # activations and logits grow with it
+    (tmp_path / "m.flmb").write_bytes(build_blob(qm, batch=batch))
     out = subprocess.run([str(blob_checker), str(tmp_path / "m.flmb")], capture_output=True, text=True, check=True)
     min_group = min(t.group_size for t in qm.tensors.values() if hasattr(t, "codes"))
-    rb = region_bytes(cfg, min_group)
+    rb = region_bytes(cfg, min_group, batch=batch)
     assert out.stdout.split() == ["ok", str(rb["kv"]), str(rb["logits"]), str(rb["scratch"])]
-    assert sum(rb.values()) == state_bytes(cfg, min_group)
+    assert sum(rb.values()) == state_bytes(cfg, min_group, batch=batch)
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -258,6 +260,27 @@ def test_15m_llama2c_shape_fits_esp32s3_n16r8_and_not_pico():
         assert "psram: none on this board" in e.value.details
         assert any("no quantization or context change" in s for s in e.value.suggestions)
     assert any("esp32s3-n16r8" in s for s in e.value.suggestions)   # q4: fits as is there
+
+
+def test_batch_trades_ram_for_tokens_per_pass():
+    """The batch (tokens per forward pass) grows scratch and the logits buffers; a batch that does not
+    fit is refused with the largest one that does, and --apply's state_tiers carries it."""
+    from converter.blob import batch_of
+    spec = ModelSpec.from_config(ModelConfig(dim=128, n_layers=4, n_heads=4, n_kv_heads=1, vocab_size=1024,
+                                             hidden_dim=352, max_seq_len=128, tied=True), "q8", 32)
+    sizes = {b: C.state_sizes(spec, "f32", b) for b in (1, 4, 8)}
+    assert sizes[1]["kv"] == sizes[4]["kv"] == sizes[8]["kv"]
+    assert sizes[1]["scratch"] < sizes[4]["scratch"] < sizes[8]["scratch"]
+    assert sizes[8]["logits"] - sizes[1]["logits"] == 7 * 1024 * 4
+    pl = plan(spec, "pico", batch=8)
+    assert pl.batch == 8 and batch_of(pl.state_tiers) == 8 and plan(spec, "pico").state_tiers & 0xFF0000 == 0
+    with pytest.raises(NoFit) as e:
+        plan(spec, "pico", batch=40)
+    fit = next(s for s in e.value.suggestions if s.startswith("a batch of"))
+    n = int(fit.split()[3])
+    assert 8 <= n < 40 and plan(spec, "pico", batch=n).batch == n
+    with pytest.raises(NoFit):
+        plan(spec, "pico", batch=n + 1, suggest=False)
 
 
 def test_ple_seed_shape_fits_esp32s3_n16r8_with_the_table_in_flash():

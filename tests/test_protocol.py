@@ -44,13 +44,15 @@ messages = st.one_of(
     st.just(Ping()),
     st.just(Stop()),
     st.builds(Layout, u32, u32, st.binary(max_size=40)),
-    st.builds(Generate, st.lists(u32, max_size=40), u32, f32, f32, u64, st.booleans()),
-    st.builds(GenerateText, st.text(max_size=60), u32, f32, f32, u64, st.booleans()),
-    st.builds(Hello, st.sampled_from([0, 2]), st.booleans(), st.binary(min_size=16, max_size=16), u32, u32,
-              u32, u32, u8, text, text),
+    st.builds(Generate, st.lists(u32, max_size=40), u32, f32, f32, u64, st.booleans(), st.booleans(), st.booleans(),
+              u8, st.sampled_from(P.SPECULATE), u8),
+    st.builds(GenerateText, st.text(max_size=60), u32, f32, f32, u64, st.booleans(), st.booleans(), st.booleans(),
+              u8, st.sampled_from(P.SPECULATE), u8),
     st.builds(Token, u32, u32, u32, st.one_of(st.none(), st.integers(0, 0xFFFFFFFE)),
-              st.tuples(*[u32] * 6), st.tuples(*[u32] * 3), u32, u32, st.binary(max_size=255)),
-    st.builds(Done, u32, u32, st.sampled_from(P.STOP_REASONS), u64, st.tuples(*[u64] * 6)),
+              st.tuples(*[u32] * 7), st.tuples(*[u32] * 3), u32, u32, st.binary(max_size=255), st.just(0), u8, u8,
+              st.sampled_from(P.PASS_KINDS)),
+    st.builds(Done, u32, u32, st.sampled_from(P.STOP_REASONS), u64, st.tuples(*[u64] * 7), u32, u32, u32, u32,
+              st.tuples(*[u64] * 3), st.tuples(*[u64] * 3)),
     st.builds(Error, u16, text),
     st.builds(Logits, u32, st.lists(st.one_of(st.just(0.0), f32), max_size=300).map(
         lambda v: np.array(v, dtype=np.float32))),
@@ -60,7 +62,7 @@ messages = st.one_of(
     st.builds(Hello, st.sampled_from([0, 2]), st.booleans(), st.binary(min_size=16, max_size=16), u32, u32,
               u32, u32, u8, text, text, st.booleans(), st.booleans()),
     st.builds(Hello, st.integers(3, 0xFFFF), st.booleans(), st.binary(min_size=16, max_size=16), u32, u32,
-              u32, u32, u8, text, text, st.booleans(), st.booleans(), st.sampled_from(P.GOLDEN_STATES), u16, u16,
+              u32, u32, u8, text, text, st.booleans(), st.booleans(), u8, st.booleans(), st.sampled_from(P.GOLDEN_STATES), u16, u16,
               st.one_of(st.none(), st.integers(0, 0xFFFE))),
     st.just(SelfTest()),
 )
@@ -71,10 +73,14 @@ EXAMPLES = [
     Layout(0xDEADBEEF, 0x21, b"\x00\x01\x02\x00"),
     Generate([1, 0, 258, 0xFFFFFFFF], 32, 0.75, 0.5, 2**63 + 5, True),
     Generate([], 0),
-    Hello(2, True, bytes(range(16)), 7, 512, 400, 256, 1, "0.1.0", "esp32s3-devkit"),
-    Token(3, 3, 17, None, (1, 2, 3, 0, 4, 5), (1000, 0, 64), 512, 0, b""),
-    Token(4, 4, 17, 99, (10, 20, 30, 35, 40, 50), (0, 2**32 - 1, 8), 0, 0xDEADBEEF, b" the\x00"),
-    Done(10, 6, "context_full", 2**40, (1, 2, 3, 4, 5, 2**35)),
+    Hello(3, True, bytes(range(16)), 7, 512, 400, 256, 1, "0.1.0", "esp32s3-devkit", batch=8),
+    Hello(2, True, bytes(range(16)), 7, 512, 400, 256, 1, "0.1.0", "an older board"),
+    Token(3, 3, 17, None, (1, 2, 3, 0, 4, 5, 0), (1000, 0, 64), 512, 0, b""),
+    Token(4, 4, 17, 99, (10, 20, 30, 35, 40, 50, 0), (0, 2**32 - 1, 8), 0, 0xDEADBEEF, b" the\x00"),
+    Token(9, 9, 17, 99, (10, 20, 30, 35, 40, 50, 300), (7, 0, 8), 512, 0xDEADBEEF, b"x", 1, 4, 2, "verify"),
+    Generate([1, 2, 3], 5, batch=4, speculate="lookup", draft_k=3),
+    Done(10, 6, "context_full", 2**40, (1, 2, 3, 4, 5, 2**35, 0)),
+    Done(10, 6, "eos", 2**40, (1, 2, 3, 4, 5, 2**35, 77), 7, 2, 6, 3, (2**40, 0, 9), (1, 2, 3)),
     Error(4, "prompt of 300 ids > max_seq_len 256"),
     Error(99, ""),
     Logits(5, np.array([0.0, -1.5, 3.25, 0.0, 0.0, 1e-30], dtype=np.float32)),
@@ -82,15 +88,16 @@ EXAMPLES = [
     Resend(3, (4, 5, P.RESEND_DONE)),
     Resend(0xFFFFFFFF),
     Resent("generating", 3, 40, 8, (2, P.RESEND_DONE)),
-    Hello(2, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "native", True),
+    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "native", True),
     Hello(1, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.0.9", "an old board"),
-    Hello(2, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "native", True, True),
+    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "native", True, True),
     GenerateText("Once upon a time é😀", 32, 0.75, 0.5, 9, True),
     GenerateText("", 1),
     SelfTest(),
-    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "native", True, True, "exact", 2, 4),
-    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 2, "0.1.0", "rp2040-emu", True, False, "differs", 2, 4, 1),
-    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "pico", True, False, "none"),
+    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "native", True, True, golden="exact", golden_checked=2, golden_total=4),
+    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 2, "0.1.0", "rp2040-emu", True, False, batch=4, golden="differs", golden_checked=2,
+          golden_total=4, golden_first_diff=1),
+    Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "pico", True, False, golden="none"),
 ]
 
 
@@ -186,12 +193,15 @@ def test_message_round_trip(msg, seq):
 
 
 def test_wire_layout():
-    assert P.encode_payload(Generate([5, 6], 10, 0.5, 0.0, 3, True)) == (
-        2, struct.pack("<IffQII2I", 10, 0.5, 0.0, 3, 1, 2, 5, 6))
-    t, p = P.encode_payload(Token(1, 2, 3, None, (0,) * 6, (0,) * 3, 9, 7, b"ab"))
-    assert t == 0x82 and p[12:16] == b"\xff" * 4 and p[-3:] == b"\x02ab" and len(p) == 63
-    assert p[52:60] == struct.pack("<II", 9, 7)                       # head_rows, logits_crc
-    assert P.encode_payload(Done(1, 2, "stopped", 3, (0,) * 6))[1][8] == 3
+    assert P.encode_payload(Generate([5, 6], 10, 0.5, 0.0, 3, True, batch=4, speculate="draft", draft_k=3)) == (
+        2, struct.pack("<IffQIBBBBI2I", 10, 0.5, 0.0, 3, 1, 4, 2, 3, 0, 2, 5, 6))
+    t, p = P.encode_payload(Token(1, 2, 3, None, (0,) * 7, (0,) * 3, 9, 7, b"ab", 1, 3, 2, "verify"))
+    assert t == 0x82 and p[12:16] == b"\xff" * 4 and p[-3:] == b"\x02ab" and len(p) == 71
+    assert p[56:64] == struct.pack("<II", 9, 7)                       # head_rows, logits_crc
+    assert p[64:68] == bytes([1, 3, 2, 2])                            # the pass: place, tokens, steps, kind
+    d = P.encode_payload(Done(1, 2, "stopped", 3, (0,) * 7, 4, 1, 3, 2, (9, 0, 8), (6, 0, 0)))[1]
+    assert len(d) == 137 and d[73:137] == struct.pack("<4I3Q3Q", 4, 1, 3, 2, 9, 0, 8, 6, 0, 0)
+    assert P.encode_payload(Done(1, 2, "stopped", 3, (0,) * 7))[1][8] == 3
     h = P.encode_payload(Hello(2, True, bytes(16), 5, 300, 200, 64, 1, "", ""))[1]
     assert h[20:37] == struct.pack("<IIIIB", 5, 300, 200, 64, 1)      # out_vocab after vocab_size
     old = P.encode_payload(Hello(1, True, bytes(16), 5, 300, 300, 64, 1, "", ""))[1]
@@ -201,10 +211,12 @@ def test_wire_layout():
     assert P.encode_payload(Resent("ended", 7, 9, 1, (0,))) == (0x87, struct.pack("<B5I", 2, 7, 9, 1, 1, 0))
     assert P.encode_payload(Hello(2, True, bytes(16), 0, 0, 0, 0, 0, "", "", True))[1][2:4] == b"\x03\x00"
     assert P.encode_payload(Hello(2, True, bytes(16), 0, 0, 0, 0, 0, "", "", True, True))[1][2:4] == b"\x07\x00"
+    v3 = P.encode_payload(Hello(3, True, bytes(16), 0, 0, 0, 0, 0, "a", "b", batch=8))[1]
+    assert v3[-12:-7] == b"\x01a\x01b\x08"                          # version 3: the batch after board
     assert P.encode_payload(GenerateText("h\u00e9", 10, 0.5, 0.0, 3, True)) == (
-        6, struct.pack("<IffQIH", 10, 0.5, 0.0, 3, 1, 3) + "h\u00e9".encode())
-    v3 = P.encode_payload(Hello(3, True, bytes(16), 0, 0, 0, 0, 0, "", "b", False, False, "differs", 3, 4, 2))[1]
-    assert v3[-9:] == b"\x01b" + struct.pack("<BHHH", 3, 3, 4, 2)      # golden: state, checked, total, first
+        6, struct.pack("<IffQIBBBBH", 10, 0.5, 0.0, 3, 1, 0, 0, 0, 0, 3) + "h\u00e9".encode())
+    v3 = P.encode_payload(Hello(3, True, bytes(16), 0, 0, 0, 0, 0, "", "b", False, False, 1, False, "differs", 3, 4, 2))[1]
+    assert v3[-10:] == b"\x01b\x01" + struct.pack("<BHHH", 3, 3, 4, 2)   # batch, then golden: state, checked, total, first
     assert P.encode_payload(SelfTest()) == (7, b"")
     frame = P.encode_frame(Ping(), 0x0102)
     body = P.cobs_decode(frame[:-1])
@@ -235,11 +247,15 @@ def test_decode_payload_errors():
     Hello(2, True, b"short", 0, 0, 0, 0, 0, "", ""),
     Hello(1, True, bytes(16), 0, 10, 9, 0, 0, "", ""),
     Token(0, 0, 0, 0, (1, 2, 3, 4, 5), (0, 0, 0), 0, 0, b""),
-    Token(0, 0, 0, 0, (0,) * 6, (0,) * 3, 0, 0, b"x" * 256),
-    Done(0, 0, "bored", 0, (0,) * 6),
+    Token(0, 0, 0, 0, (0,) * 7, (0,) * 3, 0, 0, b"x" * 256),
+    Done(0, 0, "bored", 0, (0,) * 7),
     Done(0, 0, "eos", 0, (0,) * 5),
     Generate([-1], 1),
     Generate([1], 2**32),
+    Generate([1], 1, speculate="oracle"),
+    Generate([1], 1, batch=256),
+    Token(0, 0, 0, 0, (0,) * 7, (0,) * 3, 0, 0, b"", kind="magic"),
+    Token(0, 0, 0, 0, (0,) * 7, (0,) * 3, 0, 0, b"", pass_index=256),
     GenerateText("x" * 65536, 1),
     Error(70000, "x"),
     Resend(1, tuple(range(P.RESEND_MAX + 1))),
@@ -252,9 +268,11 @@ def test_encode_errors(msg):
 
 HOST_MESSAGES = st.one_of(
     st.just(Ping()), st.just(Stop()),
-    st.builds(Layout, u32, st.integers(0, 0xFFF), st.binary(max_size=300)),
-    st.builds(Generate, st.lists(u32, max_size=80), u32, f32, f32, u64, st.booleans()),
-    st.builds(GenerateText, st.text(max_size=200), u32, f32, f32, u64, st.booleans()),
+    st.builds(Layout, u32, st.integers(0, 0xFFFFFF), st.binary(max_size=300)),
+    st.builds(Generate, st.lists(u32, max_size=80), u32, f32, f32, u64, st.booleans(), st.booleans(), st.booleans(),
+              u8, st.sampled_from(P.SPECULATE), u8),
+    st.builds(GenerateText, st.text(max_size=200), u32, f32, f32, u64, st.booleans(), st.booleans(), st.booleans(),
+              u8, st.sampled_from(P.SPECULATE), u8),
     st.builds(Resend, u32, st.lists(u32, max_size=P.RESEND_MAX).map(tuple)),
     st.just(SelfTest()),
 )
@@ -365,7 +383,7 @@ BOOT_LOG = (b"ESP-ROM:esp32s3-20210327\r\nrst:0x1 (POWERON),boot:0x8 (SPI_FAST_F
 
 @pytest.mark.parametrize("sep", [b"", b"\x00", b"\x00\x00"])
 def test_junk_before_first_frame(sep):
-    hello = Hello(2, True, bytes(16), 1, 256, 256, 128, 1, "fw", "board")
+    hello = Hello(3, True, bytes(16), 1, 256, 256, 128, 1, "fw", "board")
     tail = P.encode_frame(Log("half a frame from before"), 77)[5:-1]  # partial frame at connect
     stream = tail + BOOT_LOG + sep + P.encode_frame(hello, 0) + P.encode_frame(Log("x"), 1)
     dec = FrameDecoder()
@@ -391,7 +409,7 @@ def test_gap_wrap_and_reset():
     got = dec.feed(b"".join(P.encode_frame(Log(str(s)), s) for s in seqs))
     assert [f.seq for f in got] == seqs
     assert dec.stats.gaps == [(2, 3)] and dec.stats.resets == 0
-    hello = Hello(2, False, bytes(16), 0, 0, 0, 0, 0, "", "")
+    hello = Hello(3, False, bytes(16), 0, 0, 0, 0, 0, "", "")
     got = dec.feed(P.encode_frame(hello, 0) + P.encode_frame(Log("after"), 1)
                    + P.encode_frame(Log("not hello"), 0))
     assert [f.seq for f in got] == [0, 1, 0]

@@ -70,13 +70,13 @@ def test_full_generate(connect):
     assert res.generated_ids == [o for *_, o in want if o is not None]
     assert res.text_bytes == b"".join(piece(o) for *_, o in want if o is not None)
     assert len(res.prompt_steps) == len(PROMPT) - 1 and len(res.generated_steps) == 6
-    assert res.tokens[0].us == (10, 100, 200, 0, 50, 0) and res.tokens[0].head_rows == 40
+    assert res.tokens[0].us == (10, 100, 200, 0, 50, 0, 0) and res.tokens[0].head_rows == 40
     assert res.logs and "generate" in res.logs[0]
     assert res.clock == "emulated timer" and res.board == "fakeboard"
     # the GENERATE the device got carries what we asked for
     gen = [p for t, _, p in fb.received if t == 0x02][-1]
     import struct
-    assert struct.unpack_from("<I", gen)[0] == 6 and list(struct.unpack_from("<4I", gen, 28)) == PROMPT
+    assert struct.unpack_from("<I", gen)[0] == 6 and list(struct.unpack_from("<4I", gen, 32)) == PROMPT
 
 
 def test_dropped_token_reported_by_step(connect):
@@ -261,9 +261,9 @@ def test_live_view_plain_and_terminal(result):
     R.print_summary(Console(file=(b2 := io.StringIO()), width=200), result)
     s = b2.getvalue()
     assert "tok/s" in s and "emulated timer" in s and "fakeboard" in s and "lost" in s
-    assert "PLE" not in s
-    d = R.result_dict(result)                           # JSON keeps all six phases
-    assert list(d["tokens"][0]["us"]) == ["embed", "attention", "ffn", "ple", "output", "sampling"]
+    assert "PLE" not in s and "draft µs" not in s       # nothing drafted: no drafting column
+    d = R.result_dict(result)                           # JSON keeps all seven phases
+    assert list(d["tokens"][0]["us"]) == ["embed", "attention", "ffn", "ple", "output", "sampling", "draft"]
 
 
 def test_ple_phase_shown_for_a_ple_model(connect):

@@ -79,7 +79,7 @@ def test_default_mode_matches_reference_and_all_logits_ids(case, tmp_path, build
 def test_unknown_generate_flags_are_refused(tmp_path, build_root):
     qm = qmodel("q8-no-index")
     with native_link(qm, tmp_path, build_root) as (link, _):
-        payload = struct.pack("<IffQII2I", 3, 0.0, 0.0, 0, 0x9, 2, 1, 2)
+        payload = struct.pack("<IffQIBBBBI2I", 3, 0.0, 0.0, 0, 0x9, 0, 0, 0, 0, 2, 1, 2)
         link.port.write(encode_raw_frame(MsgType.GENERATE, link.tx_seq, payload))
         link.tx_seq += 1
         err = recv_until(link, lambda m: isinstance(m, Error))[-1]
@@ -241,14 +241,14 @@ def test_cli_convert_kv_run_slide_and_the_prefill_decode_report(tmp_path, capsys
     assert json.loads((out / "manifest.json").read_text())["kv"] == "int8"
     qm = read_blob(out / "model.flmb")
     prompt = [1, 2, 3, 4]
-    for kv in (None, "f32"):
+    for kv, batch in ((None, 1), ("f32", None)):      # batch None: the blob's (convert's default, 4)
         args = ["run", "--board", "native", "--model", str(out), "--prompt-ids", ",".join(map(str, prompt)),
                 "--max-tokens", "30", "--slide", "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv"),
-                "--png", str(tmp_path / "r.png")] + (["--kv", kv] if kv else [])
+                "--png", str(tmp_path / "r.png")] + (["--kv", kv] if kv else []) + (["--batch", "1"] if batch else [])
         rc = main(args)
         cap = capsys.readouterr()
         assert rc == 0, cap.err
-        ref = generate(qm, prompt, 30, flags=FLAG_SLIDE, kv=kv or "int8")
+        ref = generate(qm, prompt, 30, flags=FLAG_SLIDE, kv=kv or "int8", batch=batch or 4)
         rows = list(csv.DictReader((tmp_path / "r.csv").open()))
         assert [(r["kind"], int(r["head_rows"]), int(r["logits_crc"]), int(r["pos"])) for r in rows] == [
             ("prefill" if x["out_id"] == NO_TOKEN else "decode", x["head_rows"], x["logits_crc"], x["pos"]) for x in ref]
@@ -257,7 +257,12 @@ def test_cli_convert_kv_run_slide_and_the_prefill_decode_report(tmp_path, capsys
         sm = d["summary"]
         assert d["params"]["slide"] and not d["params"]["all_logits"] and sm["flags"]["slide"]
         assert sm["prefill"]["steps"] == 3 and sm["decode"]["steps"] == 30
-        assert sm["prefill"]["head_rows"]["pct_of_out_vocab"] == 0 and sm["prefill"]["phases"]["output"]["sum"] == 0
+        assert [(int(r["pass_first"]), int(r["pass_tokens"])) for r in rows[:4]] == (
+            [(0, 1), (1, 1), (2, 1), (3, 1)] if batch else [(0, 4)] * 4)
+        if batch:    # one-token passes: the prompt steps whose output is unused spend nothing on the head
+            assert sm["prefill"]["head_rows"]["pct_of_out_vocab"] == 0 and sm["prefill"]["phases"]["output"]["sum"] == 0
+        else:        # one pass of the four prompt tokens; the report says so
+            assert sm["passes"]["prefill"]["passes"] == 1 and "prefill in 1 pass of 4.0 tokens" in cap.out
         assert 0 < sm["decode"]["head_rows"]["pct_of_out_vocab"] <= 100
         assert sm["prefill_tok_per_s"] > 0 and sm["tokens_per_s"] > 0
         assert "prefill: 3 prompt tokens" in cap.out and "head rows (% of out_vocab)" in cap.out

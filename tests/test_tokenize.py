@@ -291,8 +291,8 @@ def test_generate_text_on_the_native_board(bpe, tmp_path, build_root):
                 sess.generate(text, 1)
             assert e.value.error.code == code and what in str(e.value)
         for payload, code, what in (
-                (struct.pack("<IffQIH", 1, 0, 0, 0, 0, 3) + b"a\xffb", 2, "not UTF-8: bad byte at offset 1 of 3"),
-                (struct.pack("<IffQIH", 1, 0, 0, 0, 0, 9) + b"abc", 2, "GENERATE_TEXT payload has the wrong length"),
+                (struct.pack("<IffQIBBBBH", 1, 0, 0, 0, 0, 0, 0, 0, 0, 3) + b"a\xffb", 2, "not UTF-8: bad byte at offset 1 of 3"),
+                (struct.pack("<IffQIBBBBH", 1, 0, 0, 0, 0, 0, 0, 0, 0, 9) + b"abc", 2, "GENERATE_TEXT payload has the wrong length"),
                 (b"\x01\x02", 2, "wrong length")):
             link.port.write(P.encode_raw_frame(P.MsgType.GENERATE_TEXT, 0, payload))
             err = recv_until(link, lambda m: isinstance(m, Error))[-1]
@@ -398,7 +398,7 @@ def test_a_frame_after_console_line_ends_and_noise_lose_nothing(bpe, tmp_path, b
     pressed during a story stops it."""
     qm = model_with(bpe)
     with native_link(qm, tmp_path, build_root) as (link, boot):
-        seq, payload = 0x0101, struct.pack("<IffQII", 0x01010101, 0.0, 0.0, 0, 0, 1) + struct.pack("<I", 5)
+        seq, payload = 0x0101, struct.pack("<IffQIBBBBI", 0x01010101, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 1) + struct.pack("<I", 5)
         payload = bytearray(payload)
         struct.pack_into("<I", payload, 4, 0x3F000101)        # temperature bytes 01 01 00 3F: first 0x00 at 9
         frame = P.encode_raw_frame(P.MsgType.GENERATE, seq, bytes(payload))
@@ -448,7 +448,7 @@ def test_prompt_of_reads_the_ids_from_token_frames():
     from host.session import prompt_of
 
     def tok(step, in_id, out):
-        return Token(step, step, in_id, out, (0,) * 6, (0,) * 3, 0, 0, b"")
+        return Token(step, step, in_id, out, (0,) * 7, (0,) * 3, 0, 0, b"")
     assert prompt_of([tok(2, 7, 9), tok(0, 5, None), tok(1, 6, None), tok(3, 9, 4)]) == [5, 6, 7]
     assert prompt_of([tok(0, 5, None), tok(2, 7, 9)]) == []              # step 1 missing
     assert prompt_of([tok(0, 5, None), tok(1, 6, None)]) == []           # no generated step yet

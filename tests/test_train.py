@@ -243,6 +243,23 @@ def test_shipped_ple_models(name):
     assert fits(spec, "pico") and fits(spec, "esp32s3-n16r8")          # as 'flashlm convert' makes it
 
 
+def test_draft_preset_shares_the_default_models_tokenizer(tmp_path):
+    """`flashlm train --preset draft` trains on models/default's tokenizer (not a new one), so the
+    checkpoint converts as that model's draft (converter/draft.py refuses any other tokenizer)."""
+    from converter.draft import attach
+    from converter.load import load_model
+    from converter.quantize import quantize
+    res = T.train("draft", tmp_path / "d", steps=3, text_file=ROOT / "models" / "default" / "eval.txt", seed=0,
+                  threads=2, batch_size=2, eval_every=0, ckpt_every=0, progress=False, quiet=True)
+    assert (res.out_dir / "tokenizer.json").read_text() == (ROOT / "models" / "default" / "tokenizer.json").read_text()
+    main = quantize(load_model(str(ROOT / "models" / "default" / "model.pt")), "q8", 32)
+    d = attach(main, quantize(load_model(str(res.out_dir / "model.pt")), "q8", 32)).draft
+    assert d.qm.config == T.PRESETS["draft"].config and d.kv == "int8"
+    with pytest.raises(T.TrainError, match="shares models/default's tokenizer"):
+        T.train("draft", tmp_path / "e", steps=1, vocab_size=512, text_file=ROOT / "models" / "default" / "eval.txt",
+                progress=False, quiet=True)
+
+
 def test_sample_notes_say_when_the_model_is_untrained():
     """'flashlm train --steps 30' prints noise; it says so instead of passing it off as text."""
     notes = T.sample_notes("ab\ufffd\ufffd", 4.75, 320, 30)

@@ -29,6 +29,7 @@ static void boot(uint8_t *arena, size_t cap, uint32_t arena_tier) {
     } else if (!blob) {
         app_scopy(flm_dev.image_err, sizeof flm_dev.image_err, "no image in flash");
     } else if (flm_blob_open(&flm_dev.model, blob, len, flm_dev.image_err, sizeof flm_dev.image_err) == 0) {
+        app_draft_open();
         size_t need = flm_state_bytes(&flm_dev.model) + (size_t)flm_dev.model.seq_len * 4u;
         if (flm_dev.model.n_entries > FLM_MAX_ENTRIES) {
             app_fmt2(flm_dev.image_err, sizeof flm_dev.image_err, "image has ", flm_dev.model.n_entries,
@@ -52,6 +53,7 @@ static void boot(uint8_t *arena, size_t cap, uint32_t arena_tier) {
              (uint32_t)(flm_state_bytes(&flm_dev.model) + flm_dev.model.seq_len * 4u), " bytes used");
         app_send_log(t);
         app_log_layout("boot");
+        if (flm_dev.draft_open) app_send_log(flm_dev.draft_ok ? "draft model ready for speculative decoding" : flm_dev.draft_why);
     } else {
         app_scopy(t, sizeof t, "flashlm " FLM_FW_VERSION ": image refused");
         app_send_log(t);

@@ -42,7 +42,7 @@ const flm_tokenizer *app_text_encoder(void) {
         T.kv_fmt = m->kv_fmt;
         T.ok = flm_tok_open(&T.t, m, T.why, sizeof T.why) == 0;
         size_t need = T.ok ? flm_tok_scratch_bytes(&T.t, m->seq_len) : 0u, kv = flm_state_region_bytes(m, FLM_REG_KV);
-        size_t frame = 33u + (size_t)m->seq_len * T.t.span;   /* GENERATE_TEXT of the longest text that can fit */
+        size_t frame = 37u + (size_t)m->seq_len * T.t.span;   /* GENERATE_TEXT of the longest text that can fit */
         if (T.ok && need > kv) {
             T.ok = 0;
             app_fmt2(T.why, sizeof T.why, "the text encoder needs ", (uint32_t)need,
@@ -93,34 +93,34 @@ static void put_le32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
-/* GENERATE_TEXT payload: the GENERATE fields up to flags (24 bytes), then s16 text. Encoded, it
+/* GENERATE_TEXT payload: the GENERATE fields before n_prompt (28 bytes), then s16 text. Encoded, it
  * becomes the GENERATE of those ids (rewritten in place) and runs exactly as one. */
 void app_generate_text(void) {
     uint8_t *p = flm_rxbuf + (flm_dev.rx.payload - flm_rxbuf);    /* the payload, writable */
     size_t len = flm_dev.rx.len, i = 0;
     uint32_t n, us;
     char t[120];
-    if (len < 26u || len != 26u + (size_t)flm_get_u16(p + 24)) {
+    if (len < 30u || len != 30u + (size_t)flm_get_u16(p + 28)) {
         app_send_error(FLM_E_BAD_MESSAGE, "GENERATE_TEXT payload has the wrong length");
         return;
     }
-    uint16_t code = encode_text(p + 26, len - 26u, &n, &us, t, sizeof t);
-    if (!code && 28u + 4u * (size_t)n > sizeof flm_rxbuf - (size_t)(p - flm_rxbuf)) {
+    uint16_t code = encode_text(p + 30, len - 30u, &n, &us, t, sizeof t);
+    if (!code && 32u + 4u * (size_t)n > sizeof flm_rxbuf - (size_t)(p - flm_rxbuf)) {
         app_scopy(t, sizeof t, "prompt does not fit this build's receive buffer as ids");
         code = FLM_E_PROMPT_TOO_LONG;
     }
     if (code) { app_send_error(code, t); return; }
     app_put_str(t, &i, sizeof t, "text prompt: ");
-    app_put_dec(t, &i, sizeof t, (uint32_t)(len - 26u));
+    app_put_dec(t, &i, sizeof t, (uint32_t)(len - 30u));
     app_put_str(t, &i, sizeof t, " bytes, ");
     app_put_dec(t, &i, sizeof t, n);
     app_put_str(t, &i, sizeof t, " tokens, encoded in ");
     app_put_dec(t, &i, sizeof t, us);
     app_put_str(t, &i, sizeof t, " us");
     app_send_log(t);
-    put_le32(p + 24, n);
-    for (uint32_t k = 0; k < n; k++) put_le32(p + 28 + 4u * k, flm_dev.prompt[k]);
-    app_generate(p, 28u + 4u * (size_t)n);
+    put_le32(p + 28, n);
+    for (uint32_t k = 0; k < n; k++) put_le32(p + 32 + 4u * k, flm_dev.prompt[k]);
+    app_generate(p, 32u + 4u * (size_t)n);
 }
 
 /* The console. A host frame's first byte is its COBS code byte, below 0x20 (docs/formats.md 2.3),
@@ -236,15 +236,19 @@ void app_text_session(void) {
         return;
     }
     const char *end = "context full";
-    uint32_t tok = flm_dev.prompt[0], pos;
+    uint32_t *ctx = flm_dev.prompt, tok, pos, len;
     uint64_t t0 = hal_time_us();
-    for (pos = 0; pos < m->seq_len; pos++) {
+    for (pos = 0; pos < m->seq_len; pos += len) {
         if (console_interrupted()) { end = "stopped by a key"; break; }
         flm_step_stats st;
         memset(&st, 0, sizeof st);
-        flm_body(&flm_dev.state, tok, pos, &st);
-        if (pos + 1u < n) { tok = flm_dev.prompt[pos + 1u]; continue; }   /* prefill: no output layer */
+        /* the prompt in chunks of up to the batch, ending with its last token; then one at a time */
+        len = pos + 1u < n ? n - pos : 1u;
+        if (len > m->batch) len = m->batch;
+        flm_body_many(&flm_dev.state, ctx + pos, len, pos, &st);
+        if (pos + len < n) continue;                                      /* prefill: no output layer */
         tok = flm_head_argmax(&flm_dev.state, &st);                       /* greedy: the tile scan */
+        if (pos + len < m->seq_len) ctx[pos + len] = tok;
         generated++;
         if (flm_is_stop(m, tok)) { end = "end of text"; break; }
         uint32_t plen;

@@ -10,9 +10,10 @@
 #define FLM_RESEND_MAX 32u               /* steps one RESEND may name */
 enum { GEN_NONE = 0, GEN_RUNNING = 1, GEN_ENDED = 2 };
 
-typedef struct {
-    uint32_t step, pos, in, out, crc;
-    flm_step_stats st;
+typedef struct {   /* a TOKEN frame's fields: the step's, then its pass's */
+    uint32_t step, pos, in, out, head_rows, crc;
+    uint32_t us[FLM_N_PHASES], bytes[FLM_N_TIERS];
+    uint8_t index, len, used, kind;
 } flm_kept_token;
 
 static struct {
@@ -20,9 +21,7 @@ static struct {
     uint32_t generation;                   /* GENERATEs accepted since boot */
     uint32_t steps;                        /* TOKEN steps the current/last generation sent */
     uint8_t state;                         /* GEN_* */
-    uint32_t done_steps, done_generated;   /* the DONE of the last generation */
-    uint8_t done_reason;
-    uint64_t done_total, done_phase[FLM_N_PHASES];
+    flm_done done;                         /* the DONE of the last generation */
 } K;
 
 void app_send_error(uint16_t code, const char *text) {
@@ -44,7 +43,8 @@ void app_send_hello(void) {
     flm_tx_begin(&flm_dev.tx, FLM_HELLO);
     flm_tx_u16(&flm_dev.tx, FLM_PROTO_VERSION);
     flm_tx_u16(&flm_dev.tx, (uint16_t)((flm_dev.image_ok ? 1u : 0u) | 2u        /* bit1: answers RESEND */
-                                 | (app_text_encoder() ? 4u : 0u)));     /* bit2: encodes text */
+                                 | (app_text_encoder() ? 4u : 0u)        /* bit2: encodes text */
+                                 | (flm_dev.image_ok && flm_dev.draft_ok ? 8u : 0u)));   /* bit3: a draft model */
     flm_tx_put(&flm_dev.tx, flm_dev.image_ok ? flm_dev.model.model_hash : zero, 16);
     flm_tx_u32(&flm_dev.tx, flm_dev.image_ok ? flm_dev.model.layout_id : 0u);
     flm_tx_u32(&flm_dev.tx, flm_dev.image_ok ? flm_dev.model.vocab : 0u);
@@ -53,6 +53,7 @@ void app_send_hello(void) {
     flm_tx_u8(&flm_dev.tx, hal_clock_kind());
     flm_tx_s8(&flm_dev.tx, FLM_FW_VERSION, app_slen(FLM_FW_VERSION));
     flm_tx_s8(&flm_dev.tx, board, app_slen(board));
+    flm_tx_u8(&flm_dev.tx, (uint8_t)(flm_dev.image_ok ? flm_dev.model.batch : 0u));   /* tokens per forward pass */
     flm_tx_u8(&flm_dev.tx, flm_dev.golden.state);           /* the golden check (app_golden.c) */
     flm_tx_u16(&flm_dev.tx, flm_dev.golden.checked);
     flm_tx_u16(&flm_dev.tx, flm_dev.golden.total);
@@ -79,32 +80,46 @@ static void tx_token(const flm_kept_token *k) {
     flm_tx_u32(&flm_dev.tx, k->pos);
     flm_tx_u32(&flm_dev.tx, k->in);
     flm_tx_u32(&flm_dev.tx, k->out);
-    for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u32(&flm_dev.tx, k->st.us[i]);
-    for (int i = 0; i < FLM_N_TIERS; i++) flm_tx_u32(&flm_dev.tx, k->st.bytes[i]);
-    flm_tx_u32(&flm_dev.tx, k->st.head_rows);
+    for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u32(&flm_dev.tx, k->us[i]);
+    for (int i = 0; i < FLM_N_TIERS; i++) flm_tx_u32(&flm_dev.tx, k->bytes[i]);
+    flm_tx_u32(&flm_dev.tx, k->head_rows);
     flm_tx_u32(&flm_dev.tx, k->crc);
+    flm_tx_u8(&flm_dev.tx, k->index);
+    flm_tx_u8(&flm_dev.tx, k->len);
+    flm_tx_u8(&flm_dev.tx, k->used);
+    flm_tx_u8(&flm_dev.tx, k->kind);
     uint32_t plen = 0;
     const uint8_t *piece = k->out == FLM_NONE ? (const uint8_t *)"" : flm_piece(&flm_dev.model, k->out, &plen);
     flm_tx_s8(&flm_dev.tx, (const char *)piece, plen);
     flm_tx_end(&flm_dev.tx);
 }
 
-/* Send a TOKEN and keep it in the ring (steps of one generation are sent in order from 0). */
-void app_send_token(uint32_t step, uint32_t pos, uint32_t in, uint32_t out, const flm_step_stats *st,
-                       uint32_t crc) {
+void app_send_token(uint32_t step, uint32_t pos, uint32_t in, uint32_t out, uint32_t head_rows, uint32_t crc,
+                    const flm_pass *ps) {
     flm_kept_token *k = &K.ring[step % FLM_TOKEN_RING];
-    k->step = step; k->pos = pos; k->in = in; k->out = out; k->crc = crc; k->st = *st;
+    k->step = step; k->pos = pos; k->in = in; k->out = out; k->head_rows = head_rows; k->crc = crc;
+    memcpy(k->us, ps->st.us, sizeof k->us);
+    memcpy(k->bytes, ps->st.bytes, sizeof k->bytes);
+    k->index = (uint8_t)(step - ps->first);   /* the step's place in its pass */
+    k->len = ps->len; k->used = ps->used; k->kind = ps->kind;
     K.steps = step + 1u;
     tx_token(k);
 }
 
 static void send_done(void) {
+    const flm_done *d = &K.done;
     flm_tx_begin(&flm_dev.tx, FLM_DONE);
-    flm_tx_u32(&flm_dev.tx, K.done_steps);
-    flm_tx_u32(&flm_dev.tx, K.done_generated);
-    flm_tx_u8(&flm_dev.tx, K.done_reason);
-    flm_tx_u64(&flm_dev.tx, K.done_total);
-    for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u64(&flm_dev.tx, K.done_phase[i]);
+    flm_tx_u32(&flm_dev.tx, d->steps);
+    flm_tx_u32(&flm_dev.tx, d->generated);
+    flm_tx_u8(&flm_dev.tx, d->reason);
+    flm_tx_u64(&flm_dev.tx, d->total_us);
+    for (int i = 0; i < FLM_N_PHASES; i++) flm_tx_u64(&flm_dev.tx, d->phase_us[i]);
+    flm_tx_u32(&flm_dev.tx, d->passes);
+    flm_tx_u32(&flm_dev.tx, d->verify_passes);
+    flm_tx_u32(&flm_dev.tx, d->drafted);
+    flm_tx_u32(&flm_dev.tx, d->accepted);
+    for (int i = 0; i < FLM_N_TIERS; i++) flm_tx_u64(&flm_dev.tx, d->bytes[i]);
+    for (int i = 0; i < FLM_N_TIERS; i++) flm_tx_u64(&flm_dev.tx, d->draft_bytes[i]);
     flm_tx_end(&flm_dev.tx);
 }
 
@@ -164,12 +179,8 @@ void app_ring_begin(void) {
     K.steps = 0;
 }
 
-void app_ring_end(uint32_t steps, uint32_t generated, uint8_t reason, uint64_t total_us, const uint64_t phase_us[FLM_N_PHASES]) {
-    K.done_steps = steps;
-    K.done_generated = generated;
-    K.done_reason = reason;
-    K.done_total = total_us;
-    for (int i = 0; i < FLM_N_PHASES; i++) K.done_phase[i] = phase_us[i];
+void app_ring_end(const flm_done *d) {
+    K.done = *d;
     K.state = GEN_ENDED;
     send_done();
 }

@@ -1,5 +1,5 @@
-/* GENERATE: the prompt's steps, then generated ones, each a TOKEN frame, then DONE
- * (docs/formats.md section 2). */
+/* GENERATE: the prompt in chunks of up to the batch, then generated tokens, each step a TOKEN frame
+ * carrying the forward pass it belongs to, then DONE (docs/formats.md section 2, 2.4). */
 #include "app_state.h"
 #include "crc32.h"
 #include "hal.h"
@@ -7,25 +7,103 @@
 #include <string.h>
 
 /* Optional board hooks around each forward pass (the emulated RP2040's harness attributes the
- * core's memory reads to steps with them; see firmware/hal/rp2040/hal_rp2040.h). */
+ * core's memory reads to passes with them; see firmware/hal/rp2040/hal_rp2040.h). */
 #ifndef FLM_STEP_BEGIN
 #define FLM_STEP_BEGIN(step, state) ((void)0)
 #define FLM_STEP_END(step) ((void)0)
+#endif
+#ifndef FLM_STEP_STATE   /* another state's cache a pass reads (the draft model's) */
+#define FLM_STEP_STATE(state) ((void)0)
 #endif
 
 enum { REASON_MAX_TOKENS = 0, REASON_EOS = 1, REASON_CONTEXT = 2, REASON_STOPPED = 3 };
 /* GENERATE flags (docs/formats.md section 2) */
 enum { GEN_LOGITS = 1u, GEN_SLIDE = 2u, GEN_ALL_LOGITS = 4u, GEN_FLAGS = 7u };
+#define GEN_HEAD 28u          /* GENERATE's fixed fields before n_prompt; GENERATE_TEXT's before its text */
+enum { SPEC_NONE = 0u, SPEC_LOOKUP = 1u, SPEC_DRAFT = 2u };   /* GENERATE speculate: where drafts come from */
+
+/* One generation's settings and running totals. */
+static struct {
+    uint32_t n, max_new, flags, batch, speculate, draft_k;
+    float temperature, top_p;
+    int every, greedy;        /* every step computes the whole head (LOGITS, ALL_LOGITS); temperature <= 0 */
+    flm_rng rng;
+    flm_done d;
+} G;
+
+static void add_pass(const flm_pass *ps) {
+    G.d.passes++;
+    for (int i = 0; i < FLM_N_PHASES; i++) G.d.phase_us[i] += ps->st.us[i];
+    for (int i = 0; i < FLM_N_TIERS; i++) G.d.bytes[i] += ps->st.bytes[i];
+    for (int i = 0; i < FLM_N_TIERS; i++) G.d.draft_bytes[i] += ps->draft_bytes[i];
+    if (ps->kind == FLM_PASS_VERIFY) {
+        G.d.verify_passes++;
+        G.d.drafted += ps->len - 1u;
+        G.d.accepted += ps->used - 1u;
+    }
+}
+
+/* One forward pass over the n tokens ctx[pos..pos+n) as steps G.d.steps.., then its TOKEN (and
+ * LOGITS) frames: prompt steps, and the output of every token whose output is used. ps holds what
+ * proposing its drafts cost (n - 1 drafts at ctx[pos+1..], verified: every token's head, each
+ * token's argmax, steps produced while each equals the next draft). Returns the steps produced,
+ * the last one's output in *last (FLM_NONE: a prompt step). */
+static uint32_t run_pass(uint32_t *ctx, uint32_t pos, uint32_t n, uint32_t n_drop, flm_pass *ps, uint32_t *last) {
+    const flm_model *m = &flm_dev.model;
+    flm_state *s = &flm_dev.state;
+    const uint32_t step = G.d.steps;
+    const int verify = ps->kind == FLM_PASS_VERIFY;
+    const int used = step + n >= G.n;             /* the last token's output is used: the prompt's last, or generated */
+    ps->first = step;
+    ps->len = ps->used = (uint8_t)n;
+    if (n_drop) flm_slide(s, n_drop, &ps->st);
+    flm_body_many(s, ctx + pos, n, pos, &ps->st);
+    /* every token's logits (a verification; LOGITS, ALL_LOGITS), or the last token's when it
+     * samples, or the pruned scan */
+    const int all = G.every || verify;
+    const float *logits = all ? flm_head_all(s, &ps->st) : used && !G.greedy ? flm_head(s, &ps->st) : 0;
+    uint32_t out = FLM_NONE;
+    if (used && !logits) out = flm_head_argmax(s, &ps->st);   /* sampling 0 µs: the scan chose */
+    FLM_STEP_END(step);
+    const float *lg_last = logits && all ? logits + (size_t)(n - 1u) * m->n_out : logits;
+    uint64_t ts = hal_time_us();
+    if (verify) {   /* the greedy tokens; produced while each is the next draft (and not a stop id) */
+        uint32_t k = 1;
+        out = flm_sample(logits, m->n_out, 0.0f, 0.0f, &G.rng, s->probs, s->idx);
+        while (k < n && out == ctx[pos + k] && !flm_is_stop(m, out))
+            out = flm_sample(logits + (size_t)k++ * m->n_out, m->n_out, 0.0f, 0.0f, &G.rng, s->probs, s->idx);
+        ps->used = (uint8_t)k;
+        ps->st.us[FLM_PH_SAMPLE] = (uint32_t)(hal_time_us() - ts);
+    } else if (used && lg_last) {
+        out = flm_sample(lg_last, m->n_out, G.temperature, G.top_p, &G.rng, s->probs, s->idx);
+        ps->st.us[FLM_PH_SAMPLE] = (uint32_t)(hal_time_us() - ts);
+    }
+    add_pass(ps);
+    for (uint32_t i = 0; i < ps->used; i++) {
+        const int mine = all || i + 1u == n;      /* the head this token's step computed */
+        const float *lg = all ? logits + (size_t)i * m->n_out : i + 1u == n ? logits : 0;
+        /* a verification's step i produced ctx[pos+i+1] (an accepted draft), its last step out */
+        const uint32_t o = i + 1u == ps->used ? out : verify ? ctx[pos + i + 1u] : FLM_NONE;
+        app_send_token(step + i, pos + i, ctx[pos + i], o, mine ? ps->st.head_rows : 0u,
+                       lg ? flm_crc32_update(0, lg, (size_t)m->n_out * 4u) : 0u, ps);
+        if (G.flags & GEN_LOGITS) app_send_logits(step + i, lg);
+    }
+    G.d.steps += ps->used;
+    if (out != FLM_NONE) G.d.generated += verify ? ps->used : 1u;
+    *last = out;
+    return ps->used;
+}
 
 void app_generate(const uint8_t *p, size_t len) {
     const flm_model *m = &flm_dev.model;
-    char t[96];
+    char t[120];
     if (!flm_dev.image_ok) { app_send_error(app_no_model_code(), flm_dev.image_err); return; }
-    if (len < 28u || len != 28u + 4u * (size_t)flm_get_u32(p + 24)) {
+    if (len < GEN_HEAD + 4u || len != GEN_HEAD + 4u + 4u * (size_t)flm_get_u32(p + GEN_HEAD)) {
         app_send_error(FLM_E_BAD_MESSAGE, "GENERATE payload has the wrong length");
         return;
     }
-    uint32_t max_new = flm_get_u32(p), flags = flm_get_u32(p + 20), n = flm_get_u32(p + 24);
+    uint32_t max_new = flm_get_u32(p), flags = flm_get_u32(p + 20), n = flm_get_u32(p + GEN_HEAD);
+    uint32_t batch = p[24], speculate = p[25], draft_k = p[26] ? p[26] : m->batch - 1u;
     float temperature = flm_get_f32(p + 4), top_p = flm_get_f32(p + 8);
     if (n == 0) { app_send_error(FLM_E_BAD_MESSAGE, "empty prompt"); return; }
     if (flags & ~GEN_FLAGS) {
@@ -36,8 +114,33 @@ void app_generate(const uint8_t *p, size_t len) {
         app_send_error(FLM_E_BAD_MESSAGE, t);
         return;
     }
+    if (speculate > SPEC_DRAFT || p[27]) {
+        app_send_error(FLM_E_BAD_MESSAGE, "GENERATE: speculate must be 0 (none), 1 (prompt lookup) or 2 (the draft "
+                                          "model), the byte after draft_k 0");
+        return;
+    }
     if (temperature != temperature || temperature - temperature != 0.0f || top_p != top_p) {
         app_send_error(FLM_E_BAD_MESSAGE, "temperature must be a finite number and top_p a number");
+        return;
+    }
+    if (batch > m->batch) {
+        app_fmt2(t, sizeof t, "GENERATE asks for passes of ", batch, " tokens; this placement runs at most ", m->batch, "");
+        app_send_error(FLM_E_BAD_MESSAGE, t);
+        return;
+    }
+    if (speculate && temperature > 0.0f) {
+        app_send_error(FLM_E_BAD_MESSAGE, "speculative decoding verifies greedy tokens only: use temperature 0 "
+                                          "(exact speculative sampling is not implemented)");
+        return;
+    }
+    if (speculate && (draft_k < 1u || draft_k + 1u > m->batch)) {
+        app_fmt2(t, sizeof t, "speculative decoding: ", draft_k, " draft(s) need a batch of one more; this placement's is ",
+                 m->batch, "");
+        app_send_error(FLM_E_BAD_MESSAGE, t);
+        return;
+    }
+    if (speculate == SPEC_DRAFT && !flm_dev.draft_ok) {
+        app_send_error(FLM_E_BAD_MESSAGE, flm_dev.draft_why);
         return;
     }
     if (n > m->seq_len) {
@@ -46,7 +149,7 @@ void app_generate(const uint8_t *p, size_t len) {
         return;
     }
     for (uint32_t i = 0; i < n; i++) {
-        flm_dev.prompt[i] = flm_get_u32(p + 28 + 4u * i);
+        flm_dev.prompt[i] = flm_get_u32(p + GEN_HEAD + 4u + 4u * i);
         if (flm_dev.prompt[i] >= m->vocab) {
             app_fmt2(t, sizeof t, "prompt token ", flm_dev.prompt[i], " is outside the vocabulary of ", m->vocab, "");
             app_send_error(FLM_E_BAD_TOKEN, t);
@@ -54,44 +157,71 @@ void app_generate(const uint8_t *p, size_t len) {
         }
     }
     app_ring_begin();                   /* accepted: a new generation, the ring starts empty */
-    flm_rng rng;
-    flm_rng_seed(&rng, flm_get_u64(p + 12));
+    memset(&G, 0, sizeof G);
+    G.n = n;
+    G.max_new = max_new;
+    G.flags = flags;
+    G.batch = batch ? batch : m->batch;
+    G.speculate = speculate;
+    G.draft_k = draft_k;
+    G.temperature = temperature;
+    G.top_p = top_p;
+    flm_rng_seed(&G.rng, flm_get_u64(p + 12));
     /* LOGITS implies ALL_LOGITS: every step computes the whole head, never pruned or skipped */
-    const int every = (flags & (GEN_LOGITS | GEN_ALL_LOGITS)) != 0, greedy = !(temperature > 0.0f);
-    uint64_t tot[FLM_N_PHASES] = {0}, t_start = hal_time_us();
-    uint32_t tok = flm_dev.prompt[0], pos = 0, generated = 0, step = 0, reason = REASON_MAX_TOKENS;
+    G.every = (flags & (GEN_LOGITS | GEN_ALL_LOGITS)) != 0;
+    G.greedy = !(temperature > 0.0f);
+    app_draft_reset();
+    /* the prompt buffer holds the context from here on: ctx[q] = the id at cache position q (and a
+     * verification's drafts after the last known one) */
+    uint32_t *ctx = flm_dev.prompt;
+    uint64_t t_start = hal_time_us();
+    uint32_t pos = 0, tok = 0, reason = REASON_MAX_TOKENS;   /* tok: the last generated token */
     for (;;) {
-        if (generated >= max_new) { reason = REASON_MAX_TOKENS; break; }
+        if (G.d.generated >= max_new) { reason = REASON_MAX_TOKENS; break; }
         uint32_t n_drop = 0;
         if (pos >= m->seq_len) {
             if (!(flags & GEN_SLIDE) || m->seq_len < 3u) { reason = REASON_CONTEXT; break; }
             n_drop = (m->seq_len - 1u) / 2u;   /* position 0 stays: the attention sink */
             pos = m->seq_len - n_drop;
+            memmove(ctx + 1, ctx + 1 + n_drop, (size_t)(pos - 1u) * 4u);
         }
-        flm_step_stats st;
-        memset(&st, 0, sizeof st);
-        FLM_STEP_BEGIN(step, &flm_dev.state);
-        if (n_drop) flm_slide(&flm_dev.state, n_drop, &st);
-        flm_body(&flm_dev.state, tok, pos, &st);
-        const int prompt_step = step + 1u < n;
-        const float *logits = every || (!prompt_step && !greedy) ? flm_head(&flm_dev.state, &st) : 0;
-        uint32_t out = FLM_NONE, next = prompt_step ? flm_dev.prompt[step + 1u] : 0u;
-        if (!prompt_step && !logits) out = flm_head_argmax(&flm_dev.state, &st);   /* sampling 0 µs: the scan chose */
-        FLM_STEP_END(step);
-        if (!prompt_step && logits) {
-            uint64_t ts = hal_time_us();
-            out = flm_sample(logits, m->n_out, temperature, top_p, &rng, flm_dev.state.probs, flm_dev.state.idx);
-            st.us[FLM_PH_SAMPLE] = (uint32_t)(hal_time_us() - ts);
+        flm_pass ps;
+        memset(&ps, 0, sizeof ps);
+        if (G.d.steps >= n) ctx[pos] = tok;   /* a generated token's pass (ctx holds the prompt's) */
+        if (G.speculate == SPEC_DRAFT) FLM_STEP_STATE(&flm_dev.dstate);
+        FLM_STEP_BEGIN(G.d.steps, &flm_dev.state);   /* the mark covers proposing drafts and the pass */
+        if (n_drop && G.speculate == SPEC_DRAFT) {
+            uint64_t td = hal_time_us();
+            app_draft_slide(n_drop, &ps.st, ps.draft_bytes);
+            ps.st.us[FLM_PH_DRAFT] += (uint32_t)(hal_time_us() - td);
         }
-        if (!prompt_step) { next = out; generated++; }
-        app_send_token(step, pos, tok, out, &st, logits ? flm_crc32_update(0, logits, (size_t)m->n_out * 4u) : 0u);
-        if (flags & GEN_LOGITS) app_send_logits(step, logits);
-        for (int i = 0; i < FLM_N_PHASES; i++) tot[i] += st.us[i];
-        step++;
+        /* prompt steps whose output is unused run in chunks (up to the prompt's last token); after
+         * them a pass runs the last token and the drafts proposed for it, if any; a pass never
+         * crosses the context's end */
+        uint32_t len = 1;
+        if (G.d.steps + 1u < n) {
+            len = n - G.d.steps < G.batch ? n - G.d.steps : G.batch;
+            if (len > m->seq_len - pos) len = m->seq_len - pos;
+            ps.kind = len > 1u ? FLM_PASS_PREFILL : FLM_PASS_ONE;
+        } else if (G.speculate) {
+            uint32_t k = G.draft_k, left = max_new - G.d.generated - 1u, room = m->seq_len - 1u - pos;
+            if (k > left) k = left;
+            if (k > room) k = room;
+            uint64_t td = hal_time_us();
+            if (k) k = G.speculate == SPEC_DRAFT ? app_draft_propose(ctx, pos, k, &ps.st, ps.draft_bytes)
+                                                 : app_lookup_drafts(ctx, pos, k);
+            ps.st.us[FLM_PH_DRAFT] += (uint32_t)(hal_time_us() - td);
+            len += k;
+            ps.kind = k ? FLM_PASS_VERIFY : FLM_PASS_ONE;
+        }
+        uint32_t out, steps = run_pass(ctx, pos, len, n_drop, &ps, &out);
+        if (G.speculate == SPEC_DRAFT) app_draft_accepted(pos, steps);
+        pos += steps;
+        if (out != FLM_NONE) tok = out;
         if (out != FLM_NONE && flm_is_stop(m, out)) { reason = REASON_EOS; break; }
         if (app_stop_requested()) { reason = REASON_STOPPED; break; }
-        tok = next;
-        pos++;
     }
-    app_ring_end(step, generated, (uint8_t)reason, hal_time_us() - t_start, tot);
+    G.d.reason = (uint8_t)reason;
+    G.d.total_us = hal_time_us() - t_start;
+    app_ring_end(&G.d);
 }

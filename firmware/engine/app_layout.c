@@ -53,7 +53,8 @@ int app_place(const uint8_t *tiers, uint32_t state_tiers, char *err, size_t en) 
     flm_model *m = &flm_dev.model;
     flm_tensor *x;
     flm_blob_retier(m, tiers);
-    m->kv_fmt = (state_tiers >> FLM_KV_SHIFT) & 15u;   /* before the region sizes: they depend on it */
+    m->kv_fmt = (state_tiers >> FLM_KV_SHIFT) & 15u;   /* before the region sizes: they depend on both */
+    m->batch = flm_batch_of(state_tiers);
     m->ple_table.tier = FLM_TIER_FLASH;   /* a gather of one row per token: read in place, never staged */
     /* bytes per pool: tensors 64-aligned (cache lines), then the regions (multiples of 8), then the
      * prompt buffer last, so an arena of exactly state + prompt holds the default placement */
@@ -90,8 +91,9 @@ int app_place(const uint8_t *tiers, uint32_t state_tiers, char *err, size_t en) 
     uint8_t *base[FLM_N_REGIONS];
     for (int r = 0; r < FLM_N_REGIONS; r++)
         base[r] = take(&flm_dev.pool[state_pool(region_tier(state_tiers, r))], flm_state_region_bytes(m, r), 8u);
-    flm_dev.prompt = (uint32_t *)(void *)take(&flm_dev.pool[state_pool(region_tier(state_tiers, FLM_REG_SCRATCH))],
-                                        (size_t)m->seq_len * 4u, 8u);
+    const uint32_t scratch = region_tier(state_tiers, FLM_REG_SCRATCH);
+    flm_dev.prompt = (uint32_t *)(void *)take(&flm_dev.pool[state_pool(scratch)], (size_t)m->seq_len * 4u, 8u);
+    app_draft_place(&flm_dev.pool[state_pool(scratch)], scratch);   /* last: what is left, if it fits */
     flm_state_init_regions(&flm_dev.state, m, base, region_tier(state_tiers, FLM_REG_KV));
     for (uint32_t i = 0; i < m->n_entries && i < FLM_MAX_ENTRIES; i++)
         flm_dev.tiers[i] = tiers ? tiers[i] : (uint8_t)flm_rd32(m->blob + m->table + i * 64u + 48u);
@@ -143,6 +145,12 @@ void app_set_layout(const uint8_t *p, size_t len) {
         if (tiers[i] != FLM_TIER_FLASH && memcmp(m->blob + m->table + i * 64u, "ple.table", 10) == 0) {
             app_fmt2(err, sizeof err, "LAYOUT: entry ", i, " (ple.table) has tier ", tiers[i],
                  "; the PLE table is read from flash only, one row per token (tier 0)");
+            app_send_error(FLM_E_BAD_LAYOUT, err);
+            return;
+        }
+        if (tiers[i] != FLM_TIER_FLASH && memcmp(m->blob + m->table + i * 64u, "draft", 6) == 0) {
+            app_fmt2(err, sizeof err, "LAYOUT: entry ", i, " (draft) has tier ", tiers[i],
+                 "; the draft model is read from flash in place (tier 0)");
             app_send_error(FLM_E_BAD_LAYOUT, err);
             return;
         }

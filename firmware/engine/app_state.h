@@ -21,10 +21,10 @@
 #define FLM_RXBUF_BYTES (FLM_RX_CAP > 192 ? FLM_RX_CAP : 192)
 
 #ifndef FLM_MAX_ENTRIES
-/* tensor-table entries a LAYOUT may address: at most 14 outside the layers (tokenizer, tokenizer.stop,
+/* tensor-table entries a LAYOUT may address: at most 15 outside the layers (tokenizer, tokenizer.stop,
  * tokenizer.enc, rope.cos, rope.sin, tok_embeddings, ple.table, ple.proj, ple.norm, norm, output,
- * head.centroids, head.tiles, golden) */
-#define FLM_MAX_ENTRIES (14 + 12 * FLM_MAX_LAYERS)
+ * head.centroids, head.tiles, draft, golden) */
+#define FLM_MAX_ENTRIES (15 + 12 * FLM_MAX_LAYERS)
 #endif
 
 typedef struct { uint8_t *base; size_t cap, used; } flm_pool;
@@ -53,10 +53,34 @@ typedef struct {
     flm_tx tx;
     flm_rx rx;
     uint32_t bad_seen;
+    /* the draft model of speculative decoding (the image's section "draft", docs/formats.md 1.4) */
+    flm_model draft;
+    flm_state dstate;
+    int draft_open;                /* the section holds a model that fits the main one */
+    int draft_ok;                  /* ... and its state has RAM in this placement */
+    char draft_why[100];           /* why not */
 } flm_app;
 
 extern flm_app flm_dev;
 extern uint8_t flm_rxbuf[FLM_RXBUF_BYTES];
+
+/* A forward pass of a generation, as every TOKEN frame of the steps it produced carries it
+ * (docs/formats.md section 2.4): prompt steps in chunks, a decode step, or a verification of drafts. */
+enum { FLM_PASS_ONE = 0, FLM_PASS_PREFILL = 1, FLM_PASS_VERIFY = 2 };
+typedef struct {
+    uint32_t first;                    /* the step of its first token */
+    uint8_t len, used, kind;           /* tokens it ran, steps it produced, FLM_PASS_* */
+    flm_step_stats st;                 /* its µs per phase (proposing its drafts: FLM_PH_DRAFT) and bytes
+                                        * per tier, drafting's included (head_rows: per step) */
+    uint32_t draft_bytes[FLM_N_TIERS]; /* of which proposing its drafts read (DONE keeps the split) */
+} flm_pass;
+
+/* A generation's DONE. */
+typedef struct {
+    uint32_t steps, generated, passes, verify_passes, drafted, accepted;
+    uint8_t reason;
+    uint64_t total_us, phase_us[FLM_N_PHASES], bytes[FLM_N_TIERS], draft_bytes[FLM_N_TIERS];
+} flm_done;
 
 /* app_text.c: message text without a C library's printf */
 size_t app_slen(const char *s);
@@ -74,11 +98,12 @@ void app_report_bad_frames(void);
 void app_resend(const uint8_t *p, size_t len);
 void app_ring_reset(void);             /* at boot: no generation yet */
 void app_ring_begin(void);             /* a GENERATE was accepted: a new generation, the ring starts empty */
-/* Send a TOKEN and keep it in the ring (steps of one generation are sent in order from 0). */
-void app_send_token(uint32_t step, uint32_t pos, uint32_t in, uint32_t out, const flm_step_stats *st, uint32_t crc);
+/* Send a TOKEN of pass ps and keep it in the ring (steps of one generation are sent in order from 0). */
+void app_send_token(uint32_t step, uint32_t pos, uint32_t in, uint32_t out, uint32_t head_rows, uint32_t crc,
+                    const flm_pass *ps);
 void app_send_logits(uint32_t step, const float *logits);
 /* The generation ended: keep its DONE and send it. */
-void app_ring_end(uint32_t steps, uint32_t generated, uint8_t reason, uint64_t total_us, const uint64_t phase_us[FLM_N_PHASES]);
+void app_ring_end(const flm_done *d);
 int app_stop_requested(void);          /* between steps: answer PING and RESEND, honour STOP (returns 1) */
 
 /* app_generate.c */
@@ -91,6 +116,23 @@ void app_generate_text(void);
 void app_text_session(void);
 void app_report_console(void);
 
+/* app_speculate.c: proposing drafts (docs/formats.md section 2.4) */
+/* Prompt lookup: k drafts into ctx[pos+1..pos+k] from the most recent earlier occurrence of the
+ * context's last 3, 2 or 1 tokens ctx[..pos]; returns k, or 0 when nothing matches. */
+uint32_t app_lookup_drafts(uint32_t *ctx, uint32_t pos, uint32_t k);
+/* At boot: open the image's draft model (sets draft_open, or draft_why). */
+void app_draft_open(void);
+/* In a placement: carve the draft's state from pool p (in tier t) if it fits (sets draft_ok, draft_why). */
+void app_draft_place(flm_pool *p, uint32_t t);
+/* A generation begins: the draft's cache holds nothing. */
+void app_draft_reset(void);
+/* The draft model's k greedy tokens after ctx[..pos] into ctx[pos+1..pos+k] (its cache first catches
+ * up with the context); the bytes it read added to st and to bytes. Returns k. */
+uint32_t app_draft_propose(uint32_t *ctx, uint32_t pos, uint32_t k, flm_step_stats *st, uint32_t bytes[FLM_N_TIERS]);
+/* A verifying pass at pos produced `used` steps: the draft's rows after them are not the context's. */
+void app_draft_accepted(uint32_t pos, uint32_t used);
+/* The main window slid by n_drop: the draft's does too (its bytes added likewise). */
+void app_draft_slide(uint32_t n_drop, flm_step_stats *st, uint32_t bytes[FLM_N_TIERS]);
 /* app_golden.c: the golden check against the reference's steps (all = 1: every step, else the
  * image's boot steps), for the placement in effect; SELFTEST */
 void app_golden_check(int all);

@@ -107,7 +107,8 @@ static int check_index(flm_model *m, char *err, size_t en) {
     const uint32_t rows = m->tied ? m->vocab : n;   /* the token -> row map covers the head's tensor */
     const uint64_t maps = (((uint64_t)mb * n + 3u) & ~(uint64_t)3u) + (((uint64_t)mb * rows + 3u) & ~(uint64_t)3u);
     if (!nt || nt > n || mb != (n <= 65536u ? 2u : 4u) || t->length != 32u + 8u * (uint64_t)nt + maps ||
-        c->rows != nt || c->cols != m->dim || c->group != m->head.group || c->scale16 != m->head.scale16)
+        c->rows != nt || c->cols != m->dim || c->group != m->head.group || c->scale16 != m->head.scale16 ||
+        c->rowscale != m->head.rowscale)
         return fail(err, en, "head index does not fit the output layer", 0, 0, 0);
     m->n_tiles = nt;
     m->map_bytes = mb;
@@ -151,6 +152,7 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
     m->state_tiers = flm_rd32(b + 44);
     if (!flm_state_tiers_ok(m->state_tiers)) return fail(err, en, "bad state_tiers in image header", 0, 0, 0);
     m->kv_fmt = (m->state_tiers >> FLM_KV_SHIFT) & 15u;
+    m->batch = flm_batch_of(m->state_tiers);
     m->blob = b;
     m->n_entries = n;
     m->table = table;
@@ -249,12 +251,16 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
 }
 
 int flm_state_tiers_ok(uint32_t st) {
-    for (uint32_t r = 0; r < 8u; r++) {
+    for (uint32_t r = 0; r < 4u; r++) {   /* bits 16-23, the batch, may hold any value */
         uint32_t t = (st >> (4u * r)) & 15u;
-        if (r < 3u ? t != 0u && t != FLM_TIER_PSRAM && t != FLM_TIER_SRAM : r == 3u ? t > FLM_KV_INT8 : t != 0u)
-            return 0;
+        if (r < 3u ? t != 0u && t != FLM_TIER_PSRAM && t != FLM_TIER_SRAM : t > FLM_KV_INT8) return 0;
     }
-    return 1;
+    return st >> 24 == 0u;
+}
+
+uint32_t flm_batch_of(uint32_t st) {
+    uint32_t b = (st >> FLM_BATCH_SHIFT) & 255u;
+    return b ? b : 1u;
 }
 
 void flm_blob_retier(flm_model *m, const uint8_t *tiers) {

@@ -16,6 +16,7 @@ enum { FLM_F32 = 0, FLM_Q8 = 1, FLM_Q4 = 2, FLM_BYTES = 3 };
 enum { FLM_TIER_FLASH = 0, FLM_TIER_PSRAM = 1, FLM_TIER_SRAM = 2, FLM_N_TIERS = 3 };
 enum { FLM_KV_F32 = 0, FLM_KV_INT8 = 1 };   /* KV cache format: state_tiers bits 12-15 */
 #define FLM_KV_SHIFT 12u
+#define FLM_BATCH_SHIFT 16u      /* state_tiers bits 16-23: the most tokens one forward pass runs (0: 1) */
 #define FLM_NONE 0xFFFFFFFFu
 #define FLM_MAX_STOP 16u         /* stop ids a model may have (section tokenizer.stop) */
 
@@ -42,6 +43,8 @@ typedef struct {
     uint32_t min_group;            /* smallest group size of the quantized tensors */
     uint32_t state_tiers;          /* header: 4-bit tier per RAM region (FLM_REG_*), 0 = default arena */
     uint32_t kv_fmt;               /* placement: the KV cache's format (FLM_KV_*), from state_tiers */
+    uint32_t batch;                /* placement: the most tokens one forward pass runs (1..255; the
+                                    * scratch and logits regions grow with it), from state_tiers */
     const uint8_t *blob;           /* the image in flash, and where its tensor table is */
     uint32_t n_entries, table;
     float eps;
@@ -64,8 +67,10 @@ typedef struct {
  * then fill m. Returns 0, or -1 with a one-line reason in err. */
 int flm_blob_open(flm_model *m, const uint8_t *blob, size_t len, char *err, size_t errlen);
 /* 1 when a state_tiers field (header or LAYOUT) is valid: regions 0-2 a tier (0 default, psram,
- * sram), bits 12-15 a KV format (FLM_KV_*), everything else 0. */
+ * sram), bits 12-15 a KV format (FLM_KV_*), bits 16-23 the batch, bits 24-31 zero. */
 int flm_state_tiers_ok(uint32_t st);
+/* The batch a state_tiers field names: bits 16-23, 0 meaning 1. */
+uint32_t flm_batch_of(uint32_t st);
 /* Point every tensor the engine uses back at its bytes in the image (flash) and set its tier from
  * tiers[i] (one byte per table entry, table order; each < FLM_N_TIERS) or, when tiers is NULL,
  * from the table. For an m that flm_blob_open accepted. */

@@ -22,27 +22,43 @@ static void *carve(carver *c, size_t bytes) {
     return r;
 }
 
-/* Carves the regions; base[r] == 0 only measures. Returns region r's size in *size[r]. */
+/* Bytes of a copy of any weight row the engine multiplies (kernels.h flm_matmul_rows): a row of
+ * at most `wide` columns in groups of at least min_group, q8 with f32 scales the largest (each
+ * group's codes padded to 4, its scale 4 bytes; fp16 and row scales take less). */
+static size_t row_copy_bytes(const flm_model *m, uint32_t wide) {
+    return (size_t)wide + 7u * (wide / m->min_group + 1u) + 3u;
+}
+
+/* Carves the regions; base[r] == 0 only measures. Returns region r's size in *size[r]. A batch of
+ * one carves exactly the one-token engine's buffers. */
 static void layout(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_REGIONS], size_t size[FLM_N_REGIONS]) {
     carver sc = {base[FLM_REG_SCRATCH], 0, 0}, lg = {base[FLM_REG_LOGITS], 0, 0}, kvc = {base[FLM_REG_KV], 0, 0};
+    const uint32_t nt = m->batch;
     uint32_t wide = m->dim > m->hidden ? m->dim : m->hidden;   /* longest matmul input */
     if (m->ple_dim > wide) wide = m->ple_dim;
     size_t kv = (size_t)m->n_layers * m->seq_len * m->n_kv_heads * kv_row_bytes(m);
     size_t ple = (size_t)m->n_layers * m->ple_dim * 4u;
-    s->x = carve(&sc, m->dim * 4u);
-    s->xb = carve(&sc, m->dim * 4u);
-    s->xb2 = carve(&sc, m->dim * 4u);
-    s->q = carve(&sc, m->dim * 4u);
+    s->xq_stride = (uint32_t)up8(wide);
+    s->xs_stride = wide / m->min_group + 1u;   /* activation scales: one per group */
+    s->x = carve(&sc, nt * m->dim * 4u);
+    s->xb = carve(&sc, nt * m->dim * 4u);
+    s->xb2 = carve(&sc, nt * m->dim * 4u);
+    s->q = carve(&sc, nt * m->dim * 4u);
     s->att = carve(&sc, m->seq_len * 4u);
-    s->hb = carve(&sc, m->hidden * 4u);
-    s->hb2 = carve(&sc, m->hidden * 4u);
-    s->cos = carve(&sc, m->head_dim / 2u * 4u);
-    s->sin = carve(&sc, m->head_dim / 2u * 4u);
-    s->pu = carve(&sc, ple);
-    s->pt = carve(&sc, ple);
-    s->xq = carve(&sc, wide * 2u);   /* flm_act codes: 2 bytes on SIMD cores, room for them everywhere */
-    s->xs = carve(&sc, (wide / m->min_group + 1u) * 4u);   /* activation scales: one per group */
-    s->logits = carve(&lg, m->n_out * 4u);
+    s->hb = carve(&sc, nt * m->hidden * 4u);
+    s->hb2 = carve(&sc, nt * m->hidden * 4u);
+    s->cos = carve(&sc, nt * (m->head_dim / 2u) * 4u);
+    s->sin = carve(&sc, nt * (m->head_dim / 2u) * 4u);
+    s->pu = carve(&sc, nt * ple);
+    s->pt = carve(&sc, nt > m->n_layers ? (size_t)nt * m->ple_dim * 4u : ple);   /* a table row, or the pass's gates */
+    s->xq = carve(&sc, (size_t)nt * s->xq_stride * 2u);   /* flm_act codes: 2 bytes on SIMD cores, room for them everywhere */
+    s->xs = carve(&sc, (size_t)nt * s->xs_stride * 4u);
+    s->row_buf[0] = s->row_buf[1] = 0;
+    if (nt > 1u) {
+        s->row_buf[0] = carve(&sc, row_copy_bytes(m, wide));
+        s->row_buf[1] = carve(&sc, row_copy_bytes(m, wide));
+    }
+    s->logits = carve(&lg, (size_t)nt * m->n_out * 4u);
     s->probs = carve(&lg, m->n_out * 4u);
     s->idx = carve(&lg, m->n_out * 4u);
     s->kc = carve(&kvc, kv);
@@ -73,6 +89,7 @@ void flm_state_init_regions(flm_state *s, const flm_model *m, uint8_t *const bas
     layout(s, m, base, size);
     s->m = m;
     s->kv_tier = kv_tier;
+    s->n_tok = 1u;   /* until a pass runs, the heads read token 0's x */
 }
 
 int flm_state_init(flm_state *s, const flm_model *m, uint8_t *arena, size_t cap, uint32_t kv_tier) {
@@ -85,28 +102,49 @@ int flm_state_init(flm_state *s, const flm_model *m, uint8_t *arena, size_t cap,
     return 0;
 }
 
-static void rmsnorm(float *o, const float *x, const flm_tensor *w, uint32_t n, float eps, flm_step_stats *st) {
+/* RMSNorm of n vectors x + t * stride (each of n_dim) into o + t * stride (o may be x). The weights,
+ * a few hundred bytes, are read once per vector: one fused loop each, as fast as the one-token
+ * engine's (a pass's matrices are what a multi-token pass reads once). */
+static void rmsnorm(float *o, const float *x, uint32_t stride, const flm_tensor *w, uint32_t n_dim, uint32_t n,
+                    float eps, flm_step_stats *st) {
     const float *g = (const float *)(const void *)w->data;
-    float ss = flm_dot_f32(x, x, n);
-    ss = ss / (float)n + eps;
-    float inv = 1.0f / flm_sqrtf(ss);
-    for (uint32_t i = 0; i < n; i++) o[i] = (x[i] * inv) * g[i];
-    st->bytes[w->tier] += n * 4u;
+    for (uint32_t t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * stride;
+        float *ot = o + (size_t)t * stride;
+        float ss = flm_dot_f32(xt, xt, n_dim);
+        ss = ss / (float)n_dim + eps;
+        float inv = 1.0f / flm_sqrtf(ss);
+        for (uint32_t i = 0; i < n_dim; i++) ot[i] = (xt[i] * inv) * g[i];
+    }
+    st->bytes[w->tier] += n * n_dim * 4u;
 }
 
-static void matvec(flm_state *s, const flm_tensor *w, const float *x, float *out, flm_step_stats *st) {
-    flm_quantize_act(x, w->cols, flm_act_group(w), s->xq, s->xs);
-    hal_matvec(w, s->xq, s->xs, out);
+/* out + t * out_stride = w times the quantized x + t * x_stride, for the n tokens t whose codes and
+ * scales sit in s->xq / s->xs: the matrix read once (hal_matmul). */
+static void product(flm_state *s, const flm_tensor *w, uint32_t n, float *out, uint32_t out_stride, flm_step_stats *st) {
+    const flm_batch b = {n, s->xq, s->xs, out, s->xq_stride, s->xs_stride, out_stride};
+    hal_matmul(w, &b, s->row_buf);
     st->bytes[w->tier] += w->length;
 }
 
-/* matvec of the same input x as the matvec of prev just before: its codes are reused when the
+static void quantize_all(flm_state *s, const flm_tensor *w, const float *x, uint32_t x_stride, uint32_t n) {
+    for (uint32_t t = 0; t < n; t++)
+        flm_quantize_act(x + (size_t)t * x_stride, w->cols, flm_act_group(w), s->xq + (size_t)t * s->xq_stride,
+                         s->xs + (size_t)t * s->xs_stride);
+}
+
+static void matmul(flm_state *s, const flm_tensor *w, const float *x, uint32_t x_stride, uint32_t n, float *out,
+                   uint32_t out_stride, flm_step_stats *st) {
+    quantize_all(s, w, x, x_stride, n);
+    product(s, w, n, out, out_stride, st);
+}
+
+/* matmul of the same inputs x as the matmul of prev just before: their codes are reused when the
  * activation group is the same (the same codes and scales: quantization depends on x and it only). */
-static void matvec_same_x(flm_state *s, const flm_tensor *w, const flm_tensor *prev, const float *x, float *out,
-                          flm_step_stats *st) {
-    if (flm_act_group(w) != flm_act_group(prev)) flm_quantize_act(x, w->cols, flm_act_group(w), s->xq, s->xs);
-    hal_matvec(w, s->xq, s->xs, out);
-    st->bytes[w->tier] += w->length;
+static void matmul_same_x(flm_state *s, const flm_tensor *w, const flm_tensor *prev, const float *x, uint32_t x_stride,
+                          uint32_t n, float *out, uint32_t out_stride, flm_step_stats *st) {
+    if (flm_act_group(w) != flm_act_group(prev)) quantize_all(s, w, x, x_stride, n);
+    product(s, w, n, out, out_stride, st);
 }
 
 static void rope(float *v, uint32_t n_heads, uint32_t hd, const float *cos, const float *sin) {
@@ -223,15 +261,16 @@ static void attend_int8_head(flm_state *s, uint32_t l, uint32_t pos, uint32_t kh
     for (uint32_t i = 0; i < hd; i++) o[i] = (float)acc[i] * c2;
 }
 
-static void attention(flm_state *s, uint32_t l, uint32_t pos, flm_step_stats *st) {
+/* One token's attention: its query qv [n_heads * head_dim] against positions 0..pos, into out. */
+static void attention(flm_state *s, uint32_t l, uint32_t pos, const float *qv, float *out, flm_step_stats *st) {
     const flm_model *m = s->m;
     const uint32_t hd = m->head_dim, rep = m->n_heads / m->n_kv_heads;
     const int i8 = m->kv_fmt == FLM_KV_INT8;
     const float scale = 1.0f / flm_sqrtf((float)hd);
     for (uint32_t h = 0; h < m->n_heads; h++) {
-        const float *q = s->q + h * hd;
+        const float *q = qv + h * hd;
         const uint32_t kh = h / rep;
-        float *o = s->xb2 + h * hd;
+        float *o = out + h * hd;
         /* per row the engine reads: f32 the values; int8 the scale and the codes (not the padding) */
         st->bytes[s->kv_tier] += 2u * (pos + 1u) * (i8 ? 4u + hd : hd * 4u);
         if (i8) {
@@ -298,86 +337,98 @@ void flm_slide(flm_state *s, uint32_t n_drop, flm_step_stats *st) {
 }
 
 /* PLE, before layer 0: u_l = (rmsnorm((ple.proj x) * inv_sqrt_d)[l] + T[t][l] * sqrt_P) * inv_sqrt2
- * for every layer l (converter/reference.py Reference.ple_inputs). The table row is read in place
- * from its tier (flash: the firmware never stages ple.table), one row of row_stride bytes. */
-static void ple_inputs(flm_state *s, uint32_t token, flm_step_stats *st) {
+ * for every layer l and every token of the pass (converter/reference.py Reference.ple_inputs). The
+ * table rows are read in place from their tier (flash: the firmware never stages ple.table), one row
+ * of row_stride bytes per token. */
+static void ple_inputs(flm_state *s, const uint32_t *tokens, uint32_t n, flm_step_stats *st) {
     const flm_model *m = s->m;
-    const uint32_t P = m->ple_dim, n = m->n_layers * P;
+    const uint32_t P = m->ple_dim, lp = m->n_layers * P;
     const float inv_sqrt_d = 1.0f / flm_sqrtf((float)m->dim), sqrt_p = flm_sqrtf((float)P);
     const float inv_sqrt2 = 1.0f / flm_sqrtf(2.0f);
-    matvec(s, &m->ple_proj, s->x, s->pu, st);
-    for (uint32_t i = 0; i < n; i++) s->pu[i] = s->pu[i] * inv_sqrt_d;
-    flm_dequant_row(&m->ple_table, token, s->pt);
-    st->bytes[m->ple_table.tier] += m->ple_table.stride;
-    for (uint32_t l = 0; l < m->n_layers; l++) {
-        float *u = s->pu + l * P;
-        const float *t = s->pt + l * P;
-        rmsnorm(u, u, &m->ple_norm, P, m->eps, st);
-        for (uint32_t i = 0; i < P; i++) u[i] = (u[i] + t[i] * sqrt_p) * inv_sqrt2;
+    matmul(s, &m->ple_proj, s->x, m->dim, n, s->pu, lp, st);
+    for (uint32_t i = 0; i < n * lp; i++) s->pu[i] = s->pu[i] * inv_sqrt_d;
+    for (uint32_t l = 0; l < m->n_layers; l++) rmsnorm(s->pu + l * P, s->pu + l * P, lp, &m->ple_norm, P, n, m->eps, st);
+    for (uint32_t t = 0; t < n; t++) {
+        flm_dequant_row(&m->ple_table, tokens[t], s->pt);
+        st->bytes[m->ple_table.tier] += m->ple_table.stride;
+        float *u = s->pu + (size_t)t * lp;
+        for (uint32_t i = 0; i < lp; i++) u[i] = (u[i] + s->pt[i] * sqrt_p) * inv_sqrt2;
     }
 }
 
-/* PLE, after layer l's FFN: x += rmsnorm(ple.proj (gelu(ple.gate x) * u_l)). */
-static void ple_block(flm_state *s, uint32_t l, flm_step_stats *st) {
+/* PLE, after layer l's FFN: x += rmsnorm(ple.proj (gelu(ple.gate x) * u_l)), for every token. */
+static void ple_block(flm_state *s, uint32_t l, uint32_t n, flm_step_stats *st) {
     const flm_model *m = s->m;
     const flm_layer *L = &m->layers[l];
-    const float *u = s->pu + l * m->ple_dim;
-    matvec(s, &L->ple_gate, s->x, s->pt, st);
-    for (uint32_t i = 0; i < m->ple_dim; i++) s->pt[i] = flm_gelu(s->pt[i]) * u[i];
-    matvec(s, &L->ple_proj, s->pt, s->xb, st);
-    rmsnorm(s->xb, s->xb, &L->ple_norm, m->dim, m->eps, st);
-    for (uint32_t i = 0; i < m->dim; i++) s->x[i] = s->x[i] + s->xb[i];
+    const uint32_t P = m->ple_dim, lp = m->n_layers * P, dim = m->dim;
+    matmul(s, &L->ple_gate, s->x, dim, n, s->pt, P, st);
+    for (uint32_t t = 0; t < n; t++) {
+        const float *u = s->pu + (size_t)t * lp + l * P;
+        float *g = s->pt + (size_t)t * P;
+        for (uint32_t i = 0; i < P; i++) g[i] = flm_gelu(g[i]) * u[i];
+    }
+    matmul(s, &L->ple_proj, s->pt, P, n, s->xb, dim, st);
+    rmsnorm(s->xb, s->xb, dim, &L->ple_norm, dim, n, m->eps, st);
+    for (uint32_t i = 0; i < n * dim; i++) s->x[i] = s->x[i] + s->xb[i];
 }
 
-void flm_body(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st) {
+void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t pos, flm_step_stats *st) {
     const flm_model *m = s->m;
-    const uint32_t dim = m->dim, hd = m->head_dim;
+    const uint32_t dim = m->dim, hd = m->head_dim, half = hd / 2u;
     uint64_t t0 = hal_time_us();
 
-    uint32_t row = token;
-    if (m->tied && m->n_tiles) {   /* the head's rows are stored in tile order: the token -> row map */
-        row = flm_head_map(m, 1, token);
-        st->bytes[m->head_tiles.tier] += m->map_bytes;
+    s->n_tok = n;
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t row = tokens[t];
+        if (m->tied && m->n_tiles) {   /* the head's rows are stored in tile order: the token -> row map */
+            row = flm_head_map(m, 1, row);
+            st->bytes[m->head_tiles.tier] += m->map_bytes;
+        }
+        flm_dequant_row(&m->tok_emb, row, s->x + (size_t)t * dim);
+        st->bytes[m->tok_emb.tier] += m->tok_emb.stride;
     }
-    flm_dequant_row(&m->tok_emb, row, s->x);
-    st->bytes[m->tok_emb.tier] += m->tok_emb.stride;
-    if (m->ple_dim) ple_inputs(s, token, st);
+    if (m->ple_dim) ple_inputs(s, tokens, n, st);
     uint64_t t1 = hal_time_us();
     st->us[FLM_PH_EMBED] += (uint32_t)(t1 - t0);
 
-    /* this position's RoPE rows, read once */
-    memcpy(s->cos, m->rope_cos.data + (size_t)pos * hd / 2u * 4u, hd / 2u * 4u);
-    memcpy(s->sin, m->rope_sin.data + (size_t)pos * hd / 2u * 4u, hd / 2u * 4u);
-    st->bytes[m->rope_cos.tier] += hd / 2u * 4u;
-    st->bytes[m->rope_sin.tier] += hd / 2u * 4u;
+    /* these positions' RoPE rows (consecutive in the tables), read once */
+    memcpy(s->cos, m->rope_cos.data + (size_t)pos * half * 4u, (size_t)n * half * 4u);
+    memcpy(s->sin, m->rope_sin.data + (size_t)pos * half * 4u, (size_t)n * half * 4u);
+    st->bytes[m->rope_cos.tier] += n * half * 4u;
+    st->bytes[m->rope_sin.tier] += n * half * 4u;
 
     for (uint32_t l = 0; l < m->n_layers; l++) {
         const flm_layer *L = &m->layers[l];
-        rmsnorm(s->xb, s->x, &L->attn_norm, dim, m->eps, st);
-        matvec(s, &L->wq, s->xb, s->q, st);
-        matvec_same_x(s, &L->wv, &L->wq, s->xb, s->xb2, st);   /* v, then k, pass through scratch into the cache */
-        kv_put(s, kv_at(s, s->vc, l, pos, 0), s->xb2);          /* (int8 KV quantizes into its rows, not xq) */
-        matvec_same_x(s, &L->wk, &L->wv, s->xb, s->xb2, st);
-        rope(s->q, m->n_heads, hd, s->cos, s->sin);
-        rope(s->xb2, m->n_kv_heads, hd, s->cos, s->sin);
-        kv_put(s, kv_at(s, s->kc, l, pos, 0), s->xb2);   /* the step reads the KV cache only in attention */
-        attention(s, l, pos, st);
-        matvec(s, &L->wo, s->xb2, s->xb, st);
-        for (uint32_t i = 0; i < dim; i++) s->x[i] = s->x[i] + s->xb[i];
+        rmsnorm(s->xb, s->x, dim, &L->attn_norm, dim, n, m->eps, st);
+        matmul(s, &L->wq, s->xb, dim, n, s->q, dim, st);
+        /* v, then k, pass through scratch into the cache (int8 KV quantizes into its rows, not xq) */
+        matmul_same_x(s, &L->wv, &L->wq, s->xb, dim, n, s->xb2, dim, st);
+        for (uint32_t t = 0; t < n; t++) kv_put(s, kv_at(s, s->vc, l, pos + t, 0), s->xb2 + (size_t)t * dim);
+        matmul_same_x(s, &L->wk, &L->wv, s->xb, dim, n, s->xb2, dim, st);
+        for (uint32_t t = 0; t < n; t++) {
+            rope(s->q + (size_t)t * dim, m->n_heads, hd, s->cos + t * half, s->sin + t * half);
+            rope(s->xb2 + (size_t)t * dim, m->n_kv_heads, hd, s->cos + t * half, s->sin + t * half);
+            kv_put(s, kv_at(s, s->kc, l, pos + t, 0), s->xb2 + (size_t)t * dim);   /* read only in attention */
+        }
+        /* in order, causal: token t reads the rows of positions up to its own (its K row was stored
+         * above); its output replaces its K values in xb2, which the cache holds now */
+        for (uint32_t t = 0; t < n; t++) attention(s, l, pos + t, s->q + (size_t)t * dim, s->xb2 + (size_t)t * dim, st);
+        matmul(s, &L->wo, s->xb2, dim, n, s->xb, dim, st);
+        for (uint32_t i = 0; i < n * dim; i++) s->x[i] = s->x[i] + s->xb[i];
         uint64_t t2 = hal_time_us();
         st->us[FLM_PH_ATTN] += (uint32_t)(t2 - t1);
 
-        rmsnorm(s->xb, s->x, &L->ffn_norm, dim, m->eps, st);
-        matvec(s, &L->w1, s->xb, s->hb, st);
-        matvec_same_x(s, &L->w3, &L->w1, s->xb, s->hb2, st);
-        for (uint32_t i = 0; i < m->hidden; i++) s->hb[i] = flm_silu(s->hb[i]) * s->hb2[i];
-        matvec(s, &L->w2, s->hb, s->xb, st);
-        for (uint32_t i = 0; i < dim; i++) s->x[i] = s->x[i] + s->xb[i];
+        rmsnorm(s->xb, s->x, dim, &L->ffn_norm, dim, n, m->eps, st);
+        matmul(s, &L->w1, s->xb, dim, n, s->hb, m->hidden, st);
+        matmul_same_x(s, &L->w3, &L->w1, s->xb, dim, n, s->hb2, m->hidden, st);
+        for (uint32_t i = 0; i < n * m->hidden; i++) s->hb[i] = flm_silu(s->hb[i]) * s->hb2[i];
+        matmul(s, &L->w2, s->hb, m->hidden, n, s->xb, dim, st);
+        for (uint32_t i = 0; i < n * dim; i++) s->x[i] = s->x[i] + s->xb[i];
         t1 = hal_time_us();
         st->us[FLM_PH_FFN] += (uint32_t)(t1 - t2);
 
         if (m->ple_dim) {
-            ple_block(s, l, st);
+            ple_block(s, l, n, st);
             t2 = hal_time_us();
             st->us[FLM_PH_PLE] += (uint32_t)(t2 - t1);
             t1 = t2;
@@ -385,33 +436,45 @@ void flm_body(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st) {
     }
 }
 
-/* The final RMSNorm, quantized for the head: codes s->xq, scales s->xs. */
-static void head_input(flm_state *s, flm_step_stats *st) {
+void flm_body(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st) { flm_body_many(s, &token, 1u, pos, st); }
+
+/* The final RMSNorm of the pass's tokens first..first+n-1, quantized for the head: token i's codes
+ * and scales at its strides in s->xq / s->xs. */
+static void head_input(flm_state *s, uint32_t first, uint32_t n, flm_step_stats *st) {
     const flm_model *m = s->m;
-    rmsnorm(s->xb, s->x, &m->norm, m->dim, m->eps, st);
-    flm_quantize_act(s->xb, m->head.cols, flm_act_group(&m->head), s->xq, s->xs);
+    rmsnorm(s->xb, s->x + (size_t)first * m->dim, m->dim, &m->norm, m->dim, n, m->eps, st);
+    quantize_all(s, &m->head, s->xb, m->dim, n);
 }
 
-/* Every head row into s->logits in token order: with a head index the rows are stored in tile
- * order, so they go through s->probs and the row -> token map. */
-static void whole_head(flm_state *s, flm_step_stats *st) {
+/* Every head row for the n tokens of head_input, each head row read once for all: token i's logits
+ * at s->logits + i * n_out, in token order (with a head index the rows are stored in tile order, so
+ * each token's go through s->probs and the row -> token map). */
+static void whole_head(flm_state *s, uint32_t n, flm_step_stats *st) {
     const flm_model *m = s->m;
-    hal_matvec(&m->head, s->xq, s->xs, m->n_tiles ? s->probs : s->logits);
-    st->bytes[m->head.tier] += m->head.length;
+    product(s, &m->head, n, s->logits, m->n_out, st);
     if (m->n_tiles) {
-        for (uint32_t i = 0; i < m->n_out; i++) s->logits[flm_head_map(m, 0, i)] = s->probs[i];
-        st->bytes[m->head_tiles.tier] += m->n_out * m->map_bytes;
+        for (uint32_t t = 0; t < n; t++) {
+            float *lg = s->logits + (size_t)t * m->n_out;
+            memcpy(s->probs, lg, m->n_out * 4u);
+            for (uint32_t i = 0; i < m->n_out; i++) lg[flm_head_map(m, 0, i)] = s->probs[i];
+        }
+        st->bytes[m->head_tiles.tier] += n * m->n_out * m->map_bytes;
     }
     st->head_rows = m->n_out;
 }
 
-const float *flm_head(flm_state *s, flm_step_stats *st) {
+/* flm_head (the pass's last token) and flm_head_all (every token). */
+static const float *head_logits(flm_state *s, uint32_t first, uint32_t n, flm_step_stats *st) {
     uint64_t t0 = hal_time_us();
-    head_input(s, st);
-    whole_head(s, st);
+    head_input(s, first, n, st);
+    whole_head(s, n, st);
     st->us[FLM_PH_OUTPUT] += (uint32_t)(hal_time_us() - t0);
     return s->logits;
 }
+
+const float *flm_head(flm_state *s, flm_step_stats *st) { return head_logits(s, s->n_tok - 1u, 1u, st); }
+
+const float *flm_head_all(flm_state *s, flm_step_stats *st) { return head_logits(s, 0u, s->n_tok, st); }
 
 /* The first maximum of v[0..n): a NaN first stays (every comparison with it fails), a later NaN
  * never wins. */
@@ -432,8 +495,7 @@ static uint32_t tile_scan(flm_state *s, float xm, flm_step_stats *st) {
     const flm_model *m = s->m;
     const uint32_t nt = m->n_tiles, n = m->n_out, mb = m->map_bytes;
     const uint8_t *rec = m->head_tiles.data + 32u, *perm = rec + 8u * nt;
-    hal_matvec(&m->head_centroids, s->xq, s->xs, s->probs);
-    st->bytes[m->head_centroids.tier] += m->head_centroids.length;
+    product(s, &m->head_centroids, 1u, s->probs, 0u, st);
     uint32_t first = 0;
     for (uint32_t t = 0; t < nt; t++) {   /* U into probs, each tile's first row into idx: records read once */
         float r;
@@ -473,7 +535,7 @@ uint32_t flm_head_argmax(flm_state *s, flm_step_stats *st) {
     const flm_tensor *w = &m->head;
     uint64_t t0 = hal_time_us();
     uint32_t tok;
-    head_input(s, st);
+    head_input(s, s->n_tok - 1u, 1u, st);
     /* X2 = fold over groups of float(sum xq^2) * (xs * xs): ||x||^2 of the quantized input (one group
      * for a row-scaled head) */
     const uint32_t ag = flm_act_group(w);
@@ -488,7 +550,7 @@ uint32_t flm_head_argmax(flm_state *s, flm_step_stats *st) {
     if (m->n_tiles && x2 >= PRUNE_FLOOR) {
         tok = tile_scan(s, flm_sqrtf(x2) * PRUNE_MARGIN, st);
     } else {   /* no index, or an input too small for the bounds: every row */
-        whole_head(s, st);
+        whole_head(s, 1u, st);
         tok = first_max(s->logits, m->n_out);
     }
     st->us[FLM_PH_OUTPUT] += (uint32_t)(hal_time_us() - t0);

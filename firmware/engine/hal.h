@@ -31,9 +31,10 @@ const char *hal_board_name(void);
  * the app's from then on. A HAL without staging space need not define it (app_layout.c has a weak
  * default returning NULL). */
 uint8_t *hal_tier_arena(uint32_t tier, size_t *cap);
-/* out = w's matvec (kernels.h flm_matvec), the engine's every matrix product goes through here: a
- * board may split the rows across its cores (flm_matvec_rows; rows are independent, so any split
- * is bit for bit the same) or use its SIMD unit for the group dots. A HAL need not define it
- * (kernels.c has a weak default running flm_matvec on the calling core). */
-void hal_matvec(const flm_tensor *w, const flm_act *xq, const float *xs, float *out);
+/* w's rows for the n tokens of b (kernels.h flm_matmul_rows; n = 1: flm_matvec), the engine's every
+ * matrix product goes through here: a board may split the rows across its cores (rows are
+ * independent, so any split is bit for bit the same; each core copies rows into its own row_buf[c]
+ * when n > 1) or use its SIMD unit for the group dots. A HAL need not define it (kernels.c has a weak
+ * default running every row on the calling core with row_buf[0]). */
+void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *const row_buf[2]);
 #endif

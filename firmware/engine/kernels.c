@@ -738,9 +738,27 @@ void flm_matvec(const flm_tensor *w, const flm_act *xq, const float *xs, float *
     flm_matvec_rows(w, 0, w->rows, xq, xs, out);
 }
 
+void flm_matmul_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_batch *b, uint8_t *row_buf) {
+    if (b->n == 1u) {
+        flm_matvec_rows(w, r0, r1, b->xq, b->xs, b->out);
+        return;
+    }
+    /* the copy is the only read of the row's bytes in their tier (flash through an XIP or PSRAM
+     * cache, or SRAM): the engine's byte counts and the emulator's count of the core's loads stay
+     * equal, and no cache has to keep a row for the n tokens */
+    flm_tensor row = *w;
+    row.data = row_buf;
+    for (uint32_t r = r0; r < r1; r++) {
+        memcpy(row_buf, w->data + (size_t)r * w->stride, w->stride);
+        for (uint32_t t = 0; t < b->n; t++)
+            rows_tuned(&row, 0, 1u, b->xq + (size_t)t * b->xq_stride, b->xs + (size_t)t * b->xs_stride,
+                       b->out + (size_t)t * b->out_stride + r);
+    }
+}
+
 /* The default: every row on the calling core. */
-__attribute__((weak)) void hal_matvec(const flm_tensor *w, const flm_act *xq, const float *xs, float *out) {
-    flm_matvec(w, xq, xs, out);
+__attribute__((weak)) void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *const row_buf[2]) {
+    flm_matmul_rows(w, 0, w->rows, b, row_buf[0]);
 }
 
 /* ---- boot self-check ---------------------------------------------------------------------- */

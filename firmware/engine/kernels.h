@@ -24,11 +24,26 @@ void flm_quantize_i8(const float *x, uint32_t n, uint32_t g, int8_t *q, float *x
 uint32_t flm_act_group(const flm_tensor *w);
 /* out[r] = fold over groups of float(int32 group dot) * (wscale * xscale), or row-scaled
  * float(sum over groups of k * group dot) * (row scale * xscale); xq/xs from flm_quantize_act with
- * flm_act_group(w). All rows on the calling core (the engine calls hal_matvec). */
+ * flm_act_group(w). All rows on the calling core (the engine calls hal_matmul). */
 void flm_matvec(const flm_tensor *w, const flm_act *xq, const float *xs, float *out);
-/* Rows [r0, r1) of flm_matvec's output, bit for bit (for a hal_matvec that splits the rows, and the
+/* Rows [r0, r1) of flm_matvec's output, bit for bit (for a hal_matmul that splits the rows, and the
  * greedy head's tile scan: a tile is a run of rows). */
 void flm_matvec_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_act *xq, const float *xs, float *out);
+/* The quantized inputs of n tokens for one matrix, and where their outputs go: token t's codes at
+ * xq + t * xq_stride (codes; a multiple of 4, so every token's codes stay word aligned), its group
+ * scales at xs + t * xs_stride, its output row r at out[t * out_stride + r]. */
+typedef struct {
+    uint32_t n;
+    const flm_act *xq;
+    const float *xs;
+    float *out;
+    uint32_t xq_stride, xs_stride, out_stride;
+} flm_batch;
+/* Rows [r0, r1) of w for every token of b, each token's values flm_matvec_rows' bit for bit. One
+ * token reads the rows in place; more than one read each row once: it is copied into row_buf (an
+ * SRAM buffer of at least the row's stride, word aligned), and every token's group dots read the copy
+ * (docs/formats.md section 2: a forward pass reads each weight byte once, whatever its tokens). */
+void flm_matmul_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_batch *b, uint8_t *row_buf);
 /* Row r of flm_matvec's output, bit for bit (the boot self-check compares rows one at a time; the
  * tensor must be row-major). */
 float flm_matvec_row(const flm_tensor *w, uint32_t r, const flm_act *xq, const float *xs);

@@ -4,7 +4,12 @@
  * With a second argument "head": runs the engine's output layer on activations instead. stdin:
  * u32 n, then n vectors of dim f32 (the residual stream after the last layer); stdout, for each:
  * u32 pruned token, u32 head_rows (flm_head_argmax), u32 the full scan's first maximum (flm_head
- * and the sampler's greedy argmax), then the n_out logits of the full scan. */
+ * and the sampler's greedy argmax), then the n_out logits of the full scan.
+ *
+ * With "chunks T": the multi-token pass. stdin: u32 n, then n token ids; they run at positions 0..n-1
+ * in passes of up to T tokens (the state sized for a batch of T), each pass computing every token's
+ * whole head (flm_head_all); stdout: the n x n_out logits, then u32 bytes read per tier over all
+ * passes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +45,30 @@ static int heads(const flm_model *m) {
     return 0;
 }
 
+static int chunks(flm_model *m, uint32_t batch) {
+    uint32_t n;
+    if (batch < 1u || batch > 255u || fread(&n, 4, 1, stdin) != 1 || n > m->seq_len) return 2;
+    uint32_t *ids = malloc((n ? n : 1u) * 4u);
+    if (!ids || fread(ids, 4, n, stdin) != n) return 2;
+    m->batch = batch;
+    size_t need = flm_state_bytes(m);
+    uint8_t *arena = malloc(need);
+    flm_state s;
+    if (!arena || flm_state_init(&s, m, arena, need, FLM_TIER_SRAM) != 0) return 2;
+    flm_step_stats st;
+    memset(&st, 0, sizeof st);
+    for (uint32_t pos = 0; pos < n; pos += batch) {
+        uint32_t len = n - pos < batch ? n - pos : batch;
+        for (uint32_t i = 0; i < len; i++) if (ids[pos + i] >= m->vocab) return 2;
+        flm_body_many(&s, ids + pos, len, pos, &st);
+        fwrite(flm_head_all(&s, &st), 4, (size_t)len * m->n_out, stdout);
+    }
+    fwrite(st.bytes, 4, FLM_N_TIERS, stdout);
+    free(arena);
+    free(ids);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     FILE *f = argc > 1 ? fopen(argv[1], "rb") : 0;
     if (!f) return 2;
@@ -56,6 +85,8 @@ int main(int argc, char **argv) {
         puts(err);
     } else if (argc > 2 && !strcmp(argv[2], "head")) {
         rc = heads(&m);
+    } else if (argc > 3 && !strcmp(argv[2], "chunks")) {
+        rc = chunks(&m, (uint32_t)atoi(argv[3]));
     } else {
         uint32_t len;
         for (uint32_t i = 0; i < m.vocab; i++) (void)flm_piece(&m, i, &len);

@@ -6,7 +6,8 @@
  *   bit0: write the real size into total_size, bit1: write the right CRC-32 (so mutations get
  *   past the header checks to the table, section and tokenizer checks);
  *   bit2: when the image is accepted, run a few forward steps and the sampler on it (bit3: sample
- *   the whole head, else the pruned greedy scan; bit4: top-p; bit5: slide the window at the end).
+ *   the whole head, else the pruned greedy scan; bit4: top-p; bit5: slide the window at the end;
+ *   bit6: then a multi-token pass of the placement's batch with every token's head).
  * Oracle, beyond the sanitizers: a refusal is one NUL-terminated printable line; an accepted
  * image's pieces and tensors lie inside the image. An image with a tokenizer.enc section the
  * encoder accepts encodes a few texts (firmware/engine/tokenize.c) into ids inside the vocabulary. */
@@ -127,6 +128,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                     fprintf(stderr, "oracle: token or head rows outside the output vocabulary\n");
                     abort();
                 }
+            }
+            /* bit6: a multi-token pass of the placement's batch (fresh from position 0), every head */
+            if (mode & 64) {
+                uint32_t ids[255], n = m.batch < m.seq_len ? m.batch : m.seq_len;
+                flm_step_stats st;
+                memset(&st, 0, sizeof st);
+                for (uint32_t i = 0; i < n; i++) ids[i] = (tok + i) % m.vocab;
+                flm_body_many(&s, ids, n, 0, &st);
+                const float *lg = flm_head_all(&s, &st);
+                if (flm_sample(lg + (size_t)(n - 1u) * m.n_out, m.n_out, 0.0f, 0.0f, &rng, s.probs, s.idx) >= m.n_out) abort();
             }
         }
         free(arena);

@@ -19,7 +19,8 @@ from make_blob import FUZZ_MODEL, models  # noqa: E402
 from host import protocol as P  # noqa: E402
 
 REC, RAW_KIND, LAYOUT_AUTO = 1, 0xFF, 0xFE
-N_ENTRIES = 19     # table entries of FUZZ_MODEL's blob, head index and golden included (checked in app_seeds)
+N_ENTRIES = 20     # table entries of FUZZ_MODEL's blob: head index, draft and golden included (checked in app_seeds)
+PSRAM_ALL = bytes([1] * (N_ENTRIES - 2) + [0, 0])   # every entry in PSRAM but the draft and golden (last two: flash only)
 
 
 def rec(kind: int, payload: bytes = b"") -> bytes:
@@ -27,18 +28,19 @@ def rec(kind: int, payload: bytes = b"") -> bytes:
     return bytes([kind, len(payload)]) + payload
 
 
-def gen(prompt, max_new, temp=0.0, top_p=0.0, seed=0, flags=0) -> bytes:
-    return struct.pack(f"<IffQII{len(prompt)}I", max_new, temp, top_p, seed, flags, len(prompt), *prompt)
+def gen(prompt, max_new, temp=0.0, top_p=0.0, seed=0, flags=0, batch=0, spec=0, k=0) -> bytes:
+    return struct.pack(f"<IffQIBBBBI{len(prompt)}I", max_new, temp, top_p, seed, flags, batch, spec, k, 0, len(prompt),
+                       *prompt)
 
 
-def gen_text(text: bytes, max_new, temp=0.0, top_p=0.0, seed=0, flags=0) -> bytes:
-    return struct.pack("<IffQIH", max_new, temp, top_p, seed, flags, len(text)) + text
+def gen_text(text: bytes, max_new, temp=0.0, top_p=0.0, seed=0, flags=0, batch=0, spec=0, k=0) -> bytes:
+    return struct.pack("<IffQIBBBBH", max_new, temp, top_p, seed, flags, batch, spec, k, 0, len(text)) + text
 
 
 def lf_frame() -> bytes:
     """A GENERATE whose COBS code byte is LF (first 0x00 nine bytes in): what a console line end
     held back must not swallow."""
-    payload = struct.pack("<IIfQII", 0x01010101, 0x3F000101, 0.0, 0, 0, 1) + struct.pack("<I", 5)
+    payload = struct.pack("<IIfQIBBBBI", 0x01010101, 0x3F000101, 0.0, 0, 0, 0, 0, 0, 0, 1) + struct.pack("<I", 5)
     frame = P.encode_raw_frame(P.MsgType.GENERATE, 0x0101, payload)
     assert frame[0] == 0x0A
     return frame
@@ -61,13 +63,25 @@ def app_seeds() -> dict[str, bytes]:
     s["generate_busy"] = bytes([REC]) + rec(2, gen([3], 5)) + rec(2, gen([3], 5)) + rec(3, b"")
     s["generate_bad"] = bytes([REC]) + b"".join(rec(2, p) for p in (
         b"", gen([], 3), gen([V], 3), gen([1] * (C + 1), 3), gen([1, 2], 3)[:-2], gen([0], 0),
-        struct.pack("<IffQII", 3, float("nan"), float("inf"), 0, 0, 1) + b"\x01\0\0\0"))
+        struct.pack("<IffQIBBBBI", 3, float("nan"), float("inf"), 0, 0, 0, 0, 0, 0, 1) + b"\x01\0\0\0",
+        gen([1, 2], 3, batch=200), gen([1, 2], 3, spec=7), gen([1, 2], 3)[:28] + b"\x01" + gen([1, 2], 3)[29:]))
+    # speculative decoding: prompt lookup (k 3, the default k), the draft model, with logits, refused ones
+    rep = [1, 2, 3, 1, 2, 3, 1, 2]
+    for name, g in (("lookup", gen(rep, 6, spec=1, k=3)), ("lookup_default_k", gen(rep, 5, spec=1)),
+                    ("draft", gen(rep, 6, spec=2, k=2)), ("draft_logits", gen(rep, 4, flags=1, spec=2)),
+                    ("slide", gen(rep, 9, flags=2, spec=2))):
+        s[f"generate_speculate_{name}"] = bytes([REC]) + rec(2, g) + rec(1)     # one generation, then a PING
+    s["generate_speculate_refused"] = bytes([REC]) + rec(2, gen(rep, 3, 0.7, spec=1)) + rec(2, gen(rep, 3, spec=1, k=4)) \
+        + rec(2, gen(rep, 3, spec=3))
+    # batched prefill: the board's batch, passes of 2 and of 1, a prompt longer than the batch with logits
+    s["generate_batched"] = bytes([REC]) + rec(2, gen([1, 2, 3, 4, 5, 6], 3, batch=2)) + rec(2, gen([1] * 7, 2)) \
+        + rec(2, gen([2, 3, 4], 2, flags=1, batch=1)) + rec(2, gen([5, 6, 7, 8, 9], 2, 0.8, 0.9, 3, flags=4))
     s["resend_status"] = bytes([REC]) + rec(5, resend(0, [0xFFFE0001]))
     s["generate_resend"] = (bytes([REC]) + rec(2, gen([1, 2, 3], 9)) + rec(5, resend(1, [0, 2, 5, 0xFFFFFFFF]))
                             + rec(5, resend(1, list(range(32)))) + rec(5, resend(7, [1])) + rec(5, b"\x01\0\0\0\x40\0\0\0"))
     s["resend_during"] = bytes([REC]) + rec(2, gen([4], 10)) + rec(5, resend(1, [0, 0xFFFFFFFF])) + rec(4)
     s["layout_ok"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0) + bytes([0, 0, 0, 0, 1] + [2] * 10))
-    s["layout_state"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0x211) + bytes([1] * N_ENTRIES)) \
+    s["layout_state"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0x211) + PSRAM_ALL) \
         + rec(2, gen([1, 2], 3))
     s["layout_bad"] = bytes([REC]) + b"".join(rec(3, p) for p in (
         b"", struct.pack("<III", 0, 0, 3) + b"\0\0\0", struct.pack("<III", 1, 0, N_ENTRIES) + bytes(N_ENTRIES),
@@ -81,7 +95,7 @@ def app_seeds() -> dict[str, bytes]:
     # the KV cache format through LAYOUT: int8, int8 with the state in PSRAM, an unknown format
     s["layout_kv_int8"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0x1000) + bytes(N_ENTRIES)) \
         + rec(2, gen([1, 2], 20, flags=2))
-    s["layout_kv_int8_psram"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0x1111) + bytes([1] * N_ENTRIES)) \
+    s["layout_kv_int8_psram"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0x1111) + PSRAM_ALL) \
         + rec(2, gen([3], 4, 0.5, 0.0, 1, 1))
     s["layout_kv_bad"] = bytes([REC]) + rec(LAYOUT_AUTO, struct.pack("<I", 0x2000) + bytes(N_ENTRIES)) + rec(1)
     # SELFTEST: the golden check idle, with a payload, while generating, after a LAYOUT to the int8 cache
@@ -119,7 +133,7 @@ def app_seeds() -> dict[str, bytes]:
 def blob_seeds() -> dict[str, bytes]:
     s = {}
     for name, blob in models().items():
-        for mode in (0, 3, 7, 15, 31, 39):
+        for mode in (0, 3, 7, 15, 31, 39, 71):
             s[f"{name}_m{mode}"] = bytes([mode]) + blob
     return s
 

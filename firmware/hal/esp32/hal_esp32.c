@@ -8,7 +8,7 @@
  * no block that large it goes to PSRAM instead (hal_board_arena), and the app falls back from there.
  * Serial: the console port, UART0 (through the board's USB-UART bridge) or USB-Serial-JTAG.
  * Time: esp_timer_get_time(), µs since boot from the chip's system timer.
- * Matvec: on a dual-core chip (ESP32-S3) hal_matvec hands the second half of the rows to a task
+ * Matmul: on a dual-core chip (ESP32-S3) hal_matmul hands the second half of the rows to a task
  * on core 1 (the engine runs on core 0); the C3 has one core and uses the engine's own path. */
 #include "hal.h"
 #include "hal_board.h"
@@ -57,42 +57,40 @@ static void map_blob(void) {
 }
 
 #if portNUM_PROCESSORS > 1
-/* The matvec's rows are independent: any split is bit for bit the one-core result. */
+/* The rows are independent: any split is bit for bit the one-core result. */
 #define SPLIT_MIN_ROWS 32u   /* fewer rows: handing half over costs more than it saves */
 
 static struct {
     const flm_tensor *w;
-    const flm_act *xq;
-    const float *xs;
-    float *out;
+    const flm_batch *b;
+    uint8_t *row_buf;
     uint32_t r0;
     TaskHandle_t caller;
 } job;
 static TaskHandle_t worker;
 
-static void matvec_worker(void *arg) {
+static void matmul_worker(void *arg) {
     (void)arg;
     for (;;) {
         ulTaskNotifyTake(pdTRUE, portMAX_DELAY);
-        flm_matvec_rows(job.w, job.r0, job.w->rows, job.xq, job.xs, job.out);
+        flm_matmul_rows(job.w, job.r0, job.w->rows, job.b, job.row_buf);
         xTaskNotifyGive(job.caller);
     }
 }
 
-void hal_matvec(const flm_tensor *w, const flm_act *xq, const float *xs, float *out) {
+void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *const row_buf[2]) {
     if (!worker || w->rows < SPLIT_MIN_ROWS) {
-        flm_matvec(w, xq, xs, out);
+        flm_matmul_rows(w, 0, w->rows, b, row_buf[0]);
         return;
     }
     const uint32_t half = w->rows / 2u;
     job.w = w;
-    job.xq = xq;
-    job.xs = xs;
-    job.out = out;
+    job.b = b;
+    job.row_buf = row_buf[1];
     job.r0 = half;
     job.caller = xTaskGetCurrentTaskHandle();
     xTaskNotifyGive(worker);                        /* the notification orders the job's writes */
-    flm_matvec_rows(w, 0, half, xq, xs, out);
+    flm_matmul_rows(w, 0, half, b, row_buf[0]);
     ulTaskNotifyTake(pdTRUE, portMAX_DELAY);        /* core 1's rows are done */
 }
 #endif
@@ -101,8 +99,8 @@ int hal_init(int argc, char **argv) {
     (void)argc;
     (void)argv;
 #if portNUM_PROCESSORS > 1
-    /* same priority as the engine's task; without it (no memory) every matvec stays on core 0 */
-    if (xTaskCreatePinnedToCore(matvec_worker, "flm_matvec", 4096, NULL, uxTaskPriorityGet(NULL), &worker, 1) != pdPASS)
+    /* same priority as the engine's task; without it (no memory) every matmul stays on core 0 */
+    if (xTaskCreatePinnedToCore(matmul_worker, "flm_matmul", 4096, NULL, uxTaskPriorityGet(NULL), &worker, 1) != pdPASS)
         worker = NULL;
 #endif
     esp_log_level_set("*", ESP_LOG_NONE);   /* from here on the console port carries frames */

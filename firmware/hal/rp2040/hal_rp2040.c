@@ -227,11 +227,16 @@ static void mark_tensor(const flm_tensor *t) {
         mark_region(t->data, t->data + t->length, t->tier);
 }
 
+void hal_rp2040_mark_state(const void *state) {
+    const flm_state *s = (const flm_state *)state;
+    mark_region(s->kc, s->kc + s->kv_bytes, s->kv_tier);   /* kc and vc are adjacent in the arena */
+}
+
 void hal_rp2040_step_begin(uint32_t step, const void *state) {
     const flm_state *s = (const flm_state *)state;
     const flm_model *m = s->m;
     const flm_tensor *t;
-    mark_region(s->kc, s->kc + s->kv_bytes, s->kv_tier);   /* kc and vc are adjacent in the arena */
+    hal_rp2040_mark_state(s);
     for (uint32_t i = 0; (t = flm_tensor_at(m, i)) != 0; i++) mark_tensor(t);
     REG(WD_SCRATCH(2)) = step;
     REG(WD_SCRATCH(3)) = FLM_MARK_BEGIN;

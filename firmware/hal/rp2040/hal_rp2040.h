@@ -21,9 +21,12 @@
 /* state is the engine's flm_state (void * so this header needs no engine header). */
 void hal_rp2040_step_begin(uint32_t step, const void *state);
 void hal_rp2040_step_end(uint32_t step);
+/* Before a step_begin: another state whose KV cache the step reads (the draft model's). */
+void hal_rp2040_mark_state(const void *state);
 
 #define FLM_STEP_BEGIN(step, state) hal_rp2040_step_begin((step), (state))
 #define FLM_STEP_END(step) hal_rp2040_step_end(step)
+#define FLM_STEP_STATE(state) hal_rp2040_mark_state(state)
 
 /* the soft-float's group term, whole-row loops and integer kernels, for kernels.c */
 #include "softfloat_m0.h"
