@@ -20,6 +20,10 @@ MODELS = {
     "ple-f16": (lambda: random_ple_model(seed=3, out_vocab=61, vocab_size=70), "q4", 16, ["ple.proj=q8:12"],
                 "f16", "f32"),
     "ple-q8-mqa-int8kv": (lambda: random_ple_model(seed=4, n_kv_heads=1, ple_dim=8), "q8", 24, [], "f32", "int8"),
+    # convert's defaults: row scales (one activation scale per input) and integer attention
+    "q8-row-int8kv": (lambda: random_model(seed=5, dim=64, n_heads=4, n_kv_heads=2, hidden_dim=128)[1],
+                      "q8", 16, [], "row", "int8"),
+    "q4-row-untied": (lambda: random_model(seed=6, tied=False, dim=64, n_heads=4, hidden_dim=96)[1], "q4", 32, [], "row", "f32"),
 }
 
 
@@ -95,7 +99,7 @@ def build_root(tmp_path_factory):
     return tmp_path_factory.mktemp("builds")
 
 
-@pytest.mark.parametrize("name", ["q8-gqa", "q4-untied-int8kv", "ple-f16"])
+@pytest.mark.parametrize("name", ["q8-gqa", "q4-untied-int8kv", "ple-f16", "q8-row-int8kv", "q4-row-untied"])
 def test_batched_prefill_on_the_native_board_equals_the_reference(name, tmp_path, build_root):
     """GENERATE with prefill passes of T tokens: every step's logits (LOGITS flag) and tokens equal
     the reference's — which equal the one-token pass's — and the TOKEN frames name the passes."""
@@ -142,7 +146,7 @@ def test_prefill_bytes_fall_with_the_batch(tmp_path, build_root):
     assert per_token[1] / per_token[4] > 3.3 and per_token[1] / per_token[8] > 6.0
 
 
-@pytest.mark.parametrize("name", ["q8-gqa", "ple-q8-mqa-int8kv"])
+@pytest.mark.parametrize("name", ["q8-gqa", "ple-q8-mqa-int8kv", "q8-row-int8kv"])
 def test_batched_passes_on_the_emulated_rp2040(name, tmp_path):
     """The Cortex-M0+ build: prefill passes of T tokens give every step's logits bit for bit,
     speculative decoding (prompt lookup) gives plain greedy decoding's tokens, and the harness's count
@@ -214,7 +218,7 @@ def test_reference_speculation_is_greedy_exact(name):
         assert ver and [spec[i]["logits_crc"] for i in ver] == [plain[i]["logits_crc"] for i in ver]
 
 
-@pytest.mark.parametrize("name", ["q8-gqa", "q4-untied-int8kv", "ple-f16"])
+@pytest.mark.parametrize("name", ["q8-gqa", "q4-untied-int8kv", "ple-f16", "q8-row-int8kv"])
 def test_prompt_lookup_speculation_on_the_native_board(name, tmp_path, build_root):
     """Verifying passes on the device produce exactly the reference's steps (ids, passes, logits
     CRCs), whose tokens are plain greedy decoding's; LOGITS gives every verified step's logits bit for
@@ -271,7 +275,7 @@ def test_cli_run_batch_and_speculate(tmp_path, capsys):
     refusals are one line and exit code 2."""
     import json
 
-    from converter.blob import read_blob
+    from converter.blob import kv_format, read_blob, read_header
     from converter.reference import generate
     from converter.torch_import import save_checkpoint
     from host.cli import main
@@ -286,8 +290,9 @@ def test_cli_run_batch_and_speculate(tmp_path, capsys):
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     d = json.loads((tmp_path / "r.json").read_text())
-    ref = generate(qm, REPEATS, 20, batch=5, speculate="lookup", draft_k=4)
-    assert d["generated_ids"] == greedy_ids(ref) == greedy_ids(generate(qm, REPEATS, 20))
+    kv = kv_format(read_header(out / "model.flmb").state_tiers)      # convert's default: int8
+    ref = generate(qm, REPEATS, 20, batch=5, speculate="lookup", draft_k=4, kv=kv)
+    assert d["generated_ids"] == greedy_ids(ref) == greedy_ids(generate(qm, REPEATS, 20, kv=kv))
     pa = d["summary"]["passes"]
     assert pa["prefill"]["passes"] == 3 and pa["prefill"]["tokens"] == len(REPEATS)
     dec = pa["decode"]
@@ -310,7 +315,7 @@ def test_cli_run_batch_and_speculate(tmp_path, capsys):
 
 def with_draft(qm, seed=20, kv="int8"):
     from converter.draft import attach
-    _, ird = random_model(seed=seed, dim=24, n_heads=2, n_kv_heads=1, hidden_dim=32, n_layers=1,
+    _, ird = random_model(seed=seed, dim=32, n_heads=2, n_kv_heads=1, hidden_dim=32, n_layers=1,
                           vocab_size=qm.config.vocab_size, max_seq_len=16)
     return attach(qm, quantize(ird, "q8", 8), kv=kv)
 
