@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .console import step
 from .errors import UserError
-from .model_dir import BLOB_NAME, MANIFEST
+from .model_dir import BLOB_NAME, MANIFEST, checkpoint_of
 
 
 def _write_tokenizer(ir, tokenizer_arg, outdir: Path) -> str | None:
@@ -60,7 +60,7 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
     auto, on or off (the greedy head's tile index, see _head_index)."""
     from dataclasses import asdict
 
-    ckpt = Path(checkpoint)
+    ckpt = checkpoint_of(checkpoint)
     if not ckpt.exists():
         raise UserError(f"checkpoint {ckpt} does not exist")
     if tokenizer is not None and not Path(tokenizer).is_file():
@@ -179,10 +179,8 @@ def attach_draft(console, qm, draft, fmt, group_size, scales):
     from converter.draft import attach
     from converter.load import load_model
     from converter.quantize import quantize
-    path = Path(draft)
-    if path.is_dir():
-        path = path / "model.pt"
-    if not path.exists():
+    path = checkpoint_of(draft)
+    if not path.is_file():
         raise UserError(f"draft model {draft} does not exist (a checkpoint, or a flashlm train folder)")
     step(console, f"adding the draft model {path}")
     d = quantize(load_model(str(path)), default_format=fmt, group_size=group_size, scales=scales)

@@ -9,6 +9,18 @@ from .errors import UserError
 
 MANIFEST = "manifest.json"
 BLOB_NAME = "model.flmb"
+TRAIN_CHECKPOINT = "model.pt"     # what `flashlm train` writes in its folder (models/default holds one)
+
+
+def checkpoint_of(path) -> Path:
+    """A `flashlm train` folder (a model.pt, no manifest.json, no Hugging Face config.json) stands for
+    its checkpoint, so `flashlm convert models/default` and `flashlm plan models/default` work; any
+    other path is itself."""
+    p = Path(path)
+    if (p.is_dir() and not (p / MANIFEST).exists() and not (p / "config.json").exists()
+            and (p / TRAIN_CHECKPOINT).is_file()):
+        return p / TRAIN_CHECKPOINT
+    return p
 
 
 def load_manifest(model_dir) -> tuple[Path, dict]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .args import add_generation_args, nonneg_int, output_file, positive_int
 from .errors import UserError
-from .model_dir import load_manifest
+from .model_dir import checkpoint_of, load_manifest
 from .plan_roofline import add_roofline_args, check_args, roofline
 
 PHASE_LABEL = {"embed": "embed", "attention": "attention", "ffn": "FFN", "ple": "PLE", "output": "output",
@@ -46,7 +46,7 @@ def load_spec(model, fmt: str = "q8", group_size: int = 32, quant=(), tokenizer=
         from converter.shapes import shape_spec
         spec = shape_spec(str(model)[len(SHAPE_PREFIX):])
         return (spec.with_formats(list(quant)) if quant else spec), dict(kind="shape")
-    p = Path(model)
+    p = checkpoint_of(model)
     if (p.is_dir() and not is_hf_dir(p)) or p.name == "manifest.json":
         d, manifest = load_manifest(p)
         blob = d / manifest["blob"]

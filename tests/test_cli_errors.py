@@ -222,6 +222,18 @@ def test_plan_writes_no_png_unasked(capsys, tmp_path, monkeypatch):
     assert "wrote" not in capsys.readouterr().out and list(tmp_path.iterdir()) == []
 
 
+def test_a_train_folder_stands_for_its_checkpoint(capsys, tmp_path):
+    """`flashlm plan models/default` (a train folder: model.pt, no manifest) plans its checkpoint, as
+    convert does; a folder with neither is still a one-line error."""
+    from host.model_dir import checkpoint_of
+    root = Path(__file__).resolve().parent.parent
+    assert checkpoint_of(root / "models" / "default") == root / "models" / "default" / "model.pt"
+    assert checkpoint_of(tmp_path) == tmp_path
+    assert main(["plan", str(root / "models" / "default"), "--board", "pico"]) == 0
+    assert "predicted" in capsys.readouterr().out
+    _fails(capsys, ["plan", str(tmp_path), "--board", "pico"], "manifest.json")
+
+
 def test_piped_tables_are_printed_whole(capsys, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
     assert main(["plan", "shape:ple-28m", "--board", "esp32s3-n16r8"]) == 0

@@ -175,7 +175,9 @@ def test_all_faults_at_once_long_generation(env, board, ports):
         fig1 = record("all_kinds_generate", account(env["truth"][LONG], plain), fp)
         assert fig1["wrong"] == 0 and fig1["lost_silently"] == 0
         t0 = time.monotonic()
-        res = s.generate_with_recovery(PROMPT, LONG, frame_timeout=5, max_recoveries=4)
+        # each regeneration meets the same fault rates (2 on an idle host; a loaded one, reading later,
+        # finds more steps gone from the device's ring): completeness is asked of a generous budget
+        res = s.generate_with_recovery(PROMPT, LONG, frame_timeout=5, max_recoveries=10)
         fig = record("all_kinds_with_recovery", account(env["truth"][LONG], res), fp,
                      seconds=round(time.monotonic() - t0, 2), console_lines=console_lines(plain) + console_lines(res))
     assert fig["wrong"] == 0 and fig["lost_silently"] == 0
@@ -365,7 +367,7 @@ def test_ctrl_c_during_run_writes_a_valid_report(env, board, tmp_path):
             proc.send_signal(signal.SIGINT)               # STOP; keep what arrived
             time.sleep(0.3)
             proc.send_signal(signal.SIGINT)               # and stop waiting
-            _, err = proc.communicate(timeout=20)
+            _, err = proc.communicate(timeout=60)   # a loaded host starts and ends Python slowly
         finally:
             if proc.poll() is None:
                 proc.kill()
