@@ -177,7 +177,7 @@ static uint32_t time_matvec(uint32_t kind, uint32_t fmt, uint32_t g, uint32_t co
         }
     }
     for (uint32_t i = 0; i < cols; i++) xf[i] = f_of((fmix(~i) & 0x80ffffffu) | 0x3e000000u);
-    flm_tensor w = {wbuf, fmt, rows, cols, g, stride, FLM_TIER_SRAM, stride * rows, s16, rs, ng};
+    flm_tensor w = {wbuf, fmt, rows, cols, g, stride, FLM_TIER_SRAM, stride * rows, (uint8_t)s16, (uint8_t)rs};
     flm_quantize_act(xf, cols, flm_act_group(&w), xq, xs);
     volatile int32_t sink = 0;
     SYST_RVR = 0xffffffu;

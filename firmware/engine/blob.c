@@ -205,7 +205,7 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
         } else if ((fmt == FLM_F32 && (uint64_t)rows * cols * 4u != length) || (fmt == FLM_BYTES && wc && cols != length)) {
             return fail(err, en, "tensor has the wrong length: ", name, 0, 0);
         }
-        *t = (flm_tensor){b + off, fmt, rows, cols, g, stride, tier, length, s16, rs, g ? (cols + g - 1u) / g : 0u};
+        *t = (flm_tensor){b + off, fmt, rows, cols, g, stride, tier, length, (uint8_t)s16, (uint8_t)rs};
     }
     const char *missing = !tokenizer.data ? "tokenizer" : !m->tok_emb.data ? "tok_embeddings"
                         : !m->norm.data ? "norm" : !m->rope_cos.data ? "rope.cos"

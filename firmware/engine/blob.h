@@ -23,10 +23,10 @@ enum { FLM_KV_F32 = 0, FLM_KV_INT8 = 1 };   /* KV cache format: state_tiers bits
 typedef struct {
     const uint8_t *data;
     uint32_t fmt, rows, cols, group, stride, tier, length;   /* fmt: the base format (FLM_F32..) */
-    uint32_t scale16;              /* 1: fp16 scales, a row = its scales (padded to 4), then codes */
-    uint32_t rowscale;             /* 1: a row = f32 row scale, u8 multipliers (padded to 4), then codes
-                                    * (q4 offset by 8); one activation scale for the whole input */
-    uint32_t n_groups;             /* ceil(cols / group) (q8/q4): no division per row on cores without one */
+    uint8_t scale16;               /* 1: fp16 scales, a row = its scales (padded to 4), then codes */
+    uint8_t rowscale;              /* 1: a row = f32 row scale, u8 multipliers (padded to 4), then codes
+                                    * (q4 offset by 8); one activation scale for the whole input
+                                    * (bytes: a model holds hundreds of tensors in the RP2040's SRAM) */
 } flm_tensor;
 
 typedef struct {

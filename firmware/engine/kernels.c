@@ -390,7 +390,7 @@ typedef float (*term_fn)(int32_t, float, float);
  * docs/formats.md bounds them; an int64 sum), then the one scaling: float(acc) * (S_r * X). */
 static inline __attribute__((always_inline)) float row_rs(const flm_tensor *w, uint32_t r, const flm_act *xq,
                                                           const float *xs, dot8_fn d8, dot4_fn d4) {
-    const uint32_t g = w->group, cols = w->cols, ng = w->n_groups;
+    const uint32_t g = w->group, cols = w->cols, ng = (cols + g - 1u) / g;
     const uint8_t *p = w->data + (size_t)r * w->stride, *k = p + 4, *codes = p + 4 + ((ng + 3u) & ~3u);
     int64_t acc = 0;
     for (uint32_t s = 0, gi = 0; s < cols; s += g, gi++) {
@@ -518,7 +518,7 @@ static float row_fault(float v, int q8) { return flm_f32_from_bits(flm_f32_bits(
  * division each) once per matvec, not per row. */
 static uint32_t whole_groups(const flm_tensor *w, const flm_act *xq) {
     const uint32_t g = w->group;
-    return !w->scale16 && w->n_groups * g == w->cols && g % 8u == 0u && !((uintptr_t)xq & 3u) ? w->n_groups : 0u;
+    return !w->scale16 && w->cols % g == 0u && g % 8u == 0u && !((uintptr_t)xq & 3u) ? w->cols / g : 0u;
 }
 
 #ifdef FLM_RS_ROWS_Q8   /* a HAL's row-scaled rows, bit for bit row_rs (softfloat_m0.h) */
@@ -532,9 +532,9 @@ static uint32_t whole_groups(const flm_tensor *w, const flm_act *xq) {
  * columns (docs/formats.md). 0: another shape; else geom = n_groups | group << 16. */
 static uint32_t rs_geom(const flm_tensor *w, const flm_act *xq) {
     const uint32_t g = w->group, q8 = w->fmt == FLM_Q8;
-    const int ok = w->n_groups * g == w->cols && g % (q8 ? 8u : 32u) == 0u && w->cols <= (q8 ? 518u : LANE_COLS) &&
+    const int ok = w->cols % g == 0u && g % (q8 ? 8u : 32u) == 0u && w->cols <= (q8 ? 518u : LANE_COLS) &&
                    !((uintptr_t)xq & 3u);
-    return ok ? w->n_groups | g << 16 : 0u;
+    return ok ? w->cols / g | g << 16 : 0u;
 }
 
 static __attribute__((noinline)) void rows_rs_lanes(flm_rs_job *j, uint32_t cols) {
@@ -801,7 +801,7 @@ static flm_tensor sc_tensor(uint8_t *buf, uint32_t g, uint32_t fmt, uint32_t kin
             else { uint8_t *q = p + k * (4u + code); q[0] = q[1] = 0; q[2] = 0xc0u; q[3] = (uint8_t)(0x3fu - k); }
         }
     }
-    flm_tensor w = {buf, fmt, SC_ROWS, cols, g, stride, FLM_TIER_SRAM, SC_ROWS * stride, s16, rs, (cols + g - 1u) / g};
+    flm_tensor w = {buf, fmt, SC_ROWS, cols, g, stride, FLM_TIER_SRAM, SC_ROWS * stride, (uint8_t)s16, (uint8_t)rs};
     return w;
 }
 

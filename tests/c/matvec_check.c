@@ -21,7 +21,7 @@ int main(void) {
             fread(xs, 4, ng, stdin) != ng)
             return 2;
         for (uint32_t i = 0; i < cols; i++) xq[i] = codes[i];
-        const flm_tensor w = {data, h[0], rows, cols, g, h[5], FLM_TIER_SRAM, rows * h[5], h[4] == 1u, h[4] == 2u, ng};
+        const flm_tensor w = {data, h[0], rows, cols, g, h[5], FLM_TIER_SRAM, rows * h[5], h[4] == 1u, h[4] == 2u};
         flm_matvec_rows(&w, 0, rows, xq, xs, out);
         fwrite(out, 4, rows, stdout);
         for (uint32_t r = 0; r < rows; r++) out[r] = flm_matvec_row(&w, r, xq, xs);
