@@ -475,7 +475,8 @@ def test_text_prompt_survives_a_lossy_link(bpe, tmp_path, build_root):
             ser = open_port(fp.port)
             s = Session(Link(ser))
             s.handshake(timeout=5, interval=0.2)
-            res = s.generate_with_recovery(text, 60, frame_timeout=5, max_recoveries=4)
+            # a loaded host reads late and finds more steps gone from the ring: a generous budget
+            res = s.generate_with_recovery(text, 60, frame_timeout=5, max_recoveries=10)
             ser.close()
     assert truth.complete and res.complete and res.prompt_ids == truth.prompt_ids == encode(bpe, text)
     key = lambda t: (t.step, t.in_id, t.out_id, t.logits_crc)   # noqa: E731
