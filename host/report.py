@@ -27,6 +27,7 @@ import json
 import os
 import re
 import tempfile
+import textwrap
 from pathlib import Path
 
 from .protocol import PHASES, TIERS, Hello
@@ -674,6 +675,12 @@ def write_csv(result: RunResult, path) -> Path:
 
 
 def plot_png(result: RunResult, path) -> Path:
+    buf = io.BytesIO()
+    run_figure(result).savefig(buf, format="png")
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def run_figure(result: RunResult):
     """Stacked bars of per-phase device µs per step (a step's share of its forward pass), prefill
     steps hatched and paler on a grey band, dotted lines where a pass of several tokens begins; a
     line (right axis) gives the output-layer rows each step computed, % of out_vocab."""
@@ -727,15 +734,22 @@ def plot_png(result: RunResult, path) -> Path:
     rows_of_keys = -(-len(handles) // ncol)
     fig.legend(handles=handles, fontsize=8, ncol=ncol, loc="lower center", frameon=False)
     s = summarize(result)
-    tps = f", decode {s['tokens_per_s']:,.1f} tok/s" if s["tokens_per_s"] else ""
-    pps = f", prefill {s['prefill_tok_per_s']:,.1f} tok/s" if s["prefill_tok_per_s"] else ""
-    ax.set_title(f"{result.board} — {result.clock}: device µs per step (its share of its pass){tps}{pps}",
-                 fontsize=11)
+    speeds = [f"{kind} {s[key]:,.1f} tok/s" for kind, key in (("decode", "tokens_per_s"),
+                                                               ("prefill", "prefill_tok_per_s")) if s[key]]
+    head = f"{result.board} — {result.clock}: device µs per step (its share of its pass)"
+    ax.set_title(fitted_title(fig, 10, head, ", ".join(speeds)), fontsize=10)
     ax.set_xlabel("step")
     ax.set_ylabel(f"µs ({result.clock})")
     ax.set_xlim(-0.75, n - 0.25)
     ax.set_ylim(0, (top or 1.0) * 1.08)   # the tallest bar whole (the twin axis must not rescale it)
     fig.tight_layout(rect=(0, 0.045 + 0.04 * rows_of_keys, 1, 1))
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return atomic_write_bytes(path, buf.getvalue())
+    return fig
+
+
+def fitted_title(fig, fontsize: float, *lines: str) -> str:
+    """The lines (empty ones dropped), each wrapped to what the axes' width holds: a short run's
+    figure is 7 in wide and a one-line title with the speeds ran past both of its edges. The axes
+    are about 1.3 in narrower than the figure (the two y axes' labels); a character of the default
+    sans font is at most ~0.6 em wide on average."""
+    chars = int((fig.get_figwidth() - 1.3) * 72 / (0.6 * fontsize))
+    return "\n".join(textwrap.fill(line, chars) for line in lines if line)

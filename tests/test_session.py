@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import time
 
@@ -236,6 +237,21 @@ def test_json_csv_png_written(result, tmp_path):
     import matplotlib.image
     assert matplotlib.image.imread(str(p)).ndim == 3
     assert not list(tmp_path.glob(".*.tmp")) and not list((tmp_path / "out").glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("board", ["fakeboard", "a-board-with-a-much-longer-name-than-any-shipped-one"])
+def test_png_title_and_legend_inside_the_figure(result, board):
+    """A short run's figure is 7 in wide: its title, speeds included, once ran past both edges."""
+    result.hello = dataclasses.replace(result.hello, board=board)
+    fig = R.run_figure(result)
+    fig.canvas.draw()                       # lays the legend out
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    texts = [ax.title] + fig.legends[0].get_texts()
+    assert "tok/s" in ax.title.get_text()
+    for t in texts:
+        box = t.get_window_extent(renderer)
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.x1 and box.y0 >= 0 and box.y1 <= fig.bbox.y1, t.get_text()
 
 
 def test_live_view_plain_and_terminal(result):
