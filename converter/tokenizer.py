@@ -441,3 +441,13 @@ def decode(tok: Tokenizer, ids) -> bytes:
 
 __all__ = ["parse_tokenizer_bin", "read_tokenizer_bin", "tokenizer_bin_bytes", "write_tokenizer_bin",
            "from_hf_json", "load_tokenizer", "encode", "decode"]
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible_text(text: str) -> str:
+    """Decoded text for a terminal: control characters (C0 but newline and tab, DEL, C1) as
+    ``\\xNN``. An undertrained model samples stray bytes, and written raw they move the cursor,
+    clear lines or start escape sequences."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from .corpus import CORPORA, DEFAULT_EVAL_FRACTION, Corpus, CorpusError, get_corpus, join_docs, split_docs
 from .ir import ModelConfig, ModelError
 from .shapes import SHAPES
+from .tokenizer import visible_text
 from .torch_model import Transformer
 
 CHECKPOINT_FORMAT = "flashlm-checkpoint"
@@ -262,18 +263,22 @@ def generate(model: Transformer, tok, prompt: str = "", max_new_tokens: int = 10
     return tok.decode(ids[1:], skip_special_tokens=True)
 
 
-def sample_notes(sample: str, eval_loss: float, n_out: int, steps: int) -> list[str]:
-    """What to say beside a sample, honestly: a model still near a uniform guess writes noise, and
-    a byte-level tokenizer's stray bytes decode to U+FFFD."""
-    notes = []
+def sample_lines(sample: str, eval_loss: float, n_out: int, steps: int) -> list[str]:
+    """The sample as printed (control characters made visible, lines indented under its label),
+    then what to say beside it, honestly: a model still near a uniform guess writes noise, and a
+    byte-level tokenizer's stray bytes decode to U+FFFD or to control characters."""
+    shown = visible_text(sample)
+    lines = ["sample: " + shown.replace("\n", "\n        ")]
     if eval_loss > 0.75 * math.log(n_out):
-        notes.append(f"note: after {steps} steps the model is barely trained (eval perplexity {math.exp(eval_loss):,.0f}; "
+        lines.append(f"note: after {steps} steps the model is barely trained (eval perplexity {math.exp(eval_loss):,.0f}; "
                      f"a uniform guess over its {n_out} tokens scores {n_out}), so the sample is noise; "
                      f"train longer (the presets' default step counts) for text")
     if "\ufffd" in sample:
-        notes.append("note: \ufffd marks sampled bytes that do not form UTF-8 characters (byte-level tokens "
+        lines.append("note: \ufffd marks sampled bytes that do not form UTF-8 characters (byte-level tokens "
                      "the model has not learned to combine)")
-    return notes
+    if shown != sample:
+        lines.append("note: \\xNN marks sampled control characters (shown escaped, not sent to the terminal)")
+    return lines
 
 
 def make_checkpoint(model: Transformer, tokenizer_json: str, train_info: dict) -> dict:
@@ -361,7 +366,7 @@ def train(preset: str = "default", out_dir: str | os.PathLike = "runs/default", 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     console, prog = _progress(progress and not quiet)
-    say = (lambda *a: None) if quiet else console.print
+    say = (lambda *a, **k: None) if quiet else console.print
 
     corp: Corpus = get_corpus(text_file, corpus, eval_fraction)
     say(f"corpus {corp.name}: {len(corp.works)} documents, train {sum(map(len, corp.train_docs)):,} "
@@ -494,9 +499,8 @@ def train(preset: str = "default", out_dir: str | os.PathLike = "runs/default", 
     say(f"done in {info['wall_time_s']:.0f} s: train loss {info['train_loss']:.4f}, eval loss "
         f"{eval_loss:.4f}, ppl {math.exp(eval_loss):.2f} over {n_eval:,} held-out tokens")
     say(f"wrote {out / 'model.pt'}, {out / 'tokenizer.json'}, {out / 'eval.txt'}")
-    say("sample: " + sample.replace("\n", "\n        "))
-    for line in sample_notes(sample, eval_loss, cfg.n_out, steps):
-        say(line)
+    for line in sample_lines(sample, eval_loss, cfg.n_out, steps):
+        say(line, markup=False)          # the sample's brackets are text, not rich markup
     return TrainResult(out_dir=out, info=info, losses=losses)
 
 

@@ -30,6 +30,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from converter.tokenizer import visible_text
+
 from .protocol import PHASES, TIERS, Hello
 from .run_result import step_share
 from .session import RunResult, clock_name
@@ -370,7 +372,7 @@ class LiveView:
             style = "dim" if t.out_id is None else None
             table.add_row(r[0], r[1], r[2], self._token_cell(t), *r[3:], style=style)
         text = Text(self.prompt_text, style="dim")
-        text.append(self.text, style="bold")
+        text.append(visible_text(self.text), style="bold")
         return Group(table, Panel(text, title="text", title_align="left"))
 
     # streaming -------------------------------------------------------------------------------
@@ -417,7 +419,7 @@ class LiveView:
             from rich.text import Text
             t = Text("text: ", style="bold")
             t.append(self.prompt_text, style="dim")
-            t.append(self.text)
+            t.append(visible_text(self.text))
             self.console.print(t)
 
 

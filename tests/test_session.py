@@ -274,6 +274,11 @@ def test_live_view_plain_and_terminal(result):
         for t in result.tokens:
             v.on_token(t)
     assert "embed µs" in buf.getvalue() and "PLE µs" not in buf.getvalue()
+    # the text is shown with the sampled control characters escaped, as flashlm train's sample
+    buf = io.StringIO()
+    with R.LiveView(Console(file=buf, width=200), result.hello) as v:
+        v.on_token(dataclasses.replace(result.tokens[-1], piece=b"a\x1b[2Jb\x13\n"))
+    assert "text: a\\x1b[2Jb\\x13\n" in buf.getvalue() and "\x1b" not in buf.getvalue()
     R.print_summary(Console(file=(b2 := io.StringIO()), width=200), result)
     s = b2.getvalue()
     assert "tok/s" in s and "emulated timer" in s and "fakeboard" in s and "lost" in s

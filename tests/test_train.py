@@ -262,6 +262,15 @@ def test_draft_preset_shares_the_default_models_tokenizer(tmp_path):
 
 def test_sample_notes_say_when_the_model_is_untrained():
     """'flashlm train --steps 30' prints noise; it says so instead of passing it off as text."""
-    notes = T.sample_notes("ab\ufffd\ufffd", 4.75, 320, 30)
+    sample, *notes = T.sample_lines("ab\ufffd\ufffd", 4.75, 320, 30)
+    assert sample == "sample: ab\ufffd\ufffd"
     assert len(notes) == 2 and "barely trained" in notes[0] and "30 steps" in notes[0] and "UTF-8" in notes[1]
-    assert T.sample_notes("Once upon a time", 2.90, 1024, 2000) == []
+    assert T.sample_lines("Once upon a time", 2.90, 1024, 2000) == ["sample: Once upon a time"]
+
+
+def test_sample_control_characters_are_shown_escaped():
+    """An undertrained model samples C0 bytes (0x13, 0x15, 0x04, 0x1d...): printed raw they drive
+    the terminal. Newlines stay line breaks (indented under the label), tabs stay tabs."""
+    sample, *notes = T.sample_lines("a\x13b\x04\x1b[2J\tc\r\nd\x7f\x9b", 2.90, 1024, 2000)
+    assert sample == "sample: a\\x13b\\x04\\x1b[2J\tc\\x0d\n        d\\x7f\\x9b"
+    assert notes == ["note: \\xNN marks sampled control characters (shown escaped, not sent to the terminal)"]
