@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+import zipfile
 from typing import Mapping
 
 import numpy as np
@@ -155,7 +156,22 @@ def _config_from(path, cfg, tied: bool) -> ModelConfig:
     return c
 
 
+def _other_zip(path) -> bool:
+    """A zip archive that torch.save did not write (no FOLDER/data.pkl): torch.load would fail on
+    it with its C++ reader's internals ("[enforce fail at inline_container.cc...]"). Not a zip
+    archive, or unreadable: False, and torch.load says why (it also reads its legacy pickle files)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return False
+    return not any(n.count("/") == 1 and n.endswith("/data.pkl") for n in names)
+
+
 def load_checkpoint(path) -> ModelIR:
+    if _other_zip(path):
+        raise ModelError(f"not a llama2.c or flashlm checkpoint: {path}: a zip archive, but not a PyTorch "
+                         f"checkpoint (no data.pkl in it)")
     try:
         with warnings.catch_warnings():   # a damaged file makes torch warn on stderr; we say why in one line
             warnings.simplefilter("ignore")

@@ -249,6 +249,19 @@ def test_convert_a_torch_file_that_is_no_checkpoint(capsys, tmp_path):
     assert "state_dict_to_ir" not in line
 
 
+@pytest.mark.parametrize("name", ["some.zip", "model.pt"])
+def test_convert_a_zip_archive_that_is_no_torch_file(capsys, tmp_path, name):
+    """torch.load would say '[enforce fail at inline_container.cc:180] . file in archive is not in
+    a subdirectory'; the user hears what the file is."""
+    pytest.importorskip("torch")
+    import zipfile
+    with zipfile.ZipFile(tmp_path / name, "w") as z:
+        z.writestr("notes.txt", "hello")
+    line = _fails(capsys, ["convert", str(tmp_path / name), "-o", str(tmp_path / "o")],
+                  f"not a llama2.c or flashlm checkpoint: {tmp_path / name}: a zip archive")
+    assert "enforce" not in line and "inline_container" not in line
+
+
 # -- run --board native: the virtual board's failure modes --------------------------------------
 
 def _script(tmp_path, body: str) -> Path:
