@@ -61,14 +61,16 @@ def seconds(s: str) -> float:
 
 def _check_writable(s: str, folder: Path) -> None:
     """Refuse the output s unless the existing directory ``folder`` takes new files. Tried, not
-    guessed from permission bits: root passes those, and /proc or a read-only mount still refuse."""
+    guessed from permission bits: root passes those, and /proc or a read-only mount still refuse.
+    The reason is what creating s would meet; it is said of s, since "folder /proc: No such file or
+    directory" (the kernel's answer to a new file in /proc) read as if /proc were missing."""
     if not folder.is_dir():
         raise argparse.ArgumentTypeError(f"cannot write {s}: {folder} is not a folder")
     try:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as e:
-        raise argparse.ArgumentTypeError(f"cannot write {s}: folder {folder}: {e.strerror or e}") from None
+        raise argparse.ArgumentTypeError(f"cannot write {s}: {e.strerror or e}; {folder} takes no new files") from None
 
 
 def output_file(s: str) -> Path:

@@ -200,8 +200,16 @@ def test_output_file_in_a_missing_folder_creates_nothing(capsys, tmp_path):
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
 def test_output_in_an_unwritable_folder_names_the_file(capsys, tmp_path):
+    """/proc exists but takes no new files (the kernel answers ENOENT): the reason is said of the
+    file, not as if the folder were missing."""
     line = _fails(capsys, ["eval", "model.pt", "--json", "/proc/x.json"], "/proc/x.json")
     assert ".tmp" not in line
+    for argv, opt, path in ((["run", "--board", "native", "--model", "m", "--json"], "--json", "/proc/x.json"),
+                            (["run", "--board", "native", "--model", "m", "--png"], "--png", "/proc/x.png"),
+                            (["convert", "model.pt", "-o"], "-o/--output", "/proc/a/b")):
+        line = _fails(capsys, argv + [path], opt, f"cannot write {path}: No such file or directory; "
+                                                  f"/proc takes no new files")
+        assert "folder /proc" not in line
     from host.report import atomic_write_bytes
     with pytest.raises(OSError) as e:
         atomic_write_bytes("/proc/y.json", b"{}")
