@@ -1,5 +1,5 @@
 /* IEEE-754 binary32 arithmetic on the floats' bit patterns, for the boards without an FPU: the
- * Cortex-M0+ (RP2040: the run-time ABI entry points of rp2040/softfloat_m0.c and softfloat_m0.s,
+ * Cortex-M0+ (RP2040: the run-time ABI entry points of rp2040/softfloat_aeabi.c and softfloat_m0.s,
  * whose assembly fast paths hand every other case to the complete versions here) and the ESP32-C3's
  * rv32imc (softfloat_libgcc.c: libgcc's soft-fp names, linked in through --wrap). They replace the
  * toolchain's or the boot ROM's float routines: the ROM's are not proved IEEE, and libgcc's were the
