@@ -69,11 +69,6 @@ def soft_float(prof: dict) -> SoftFloat | None:
     return BY_CHIP.get(prof.get("chip"))
 
 
-def link_flags(sf: SoftFloat) -> list[str]:
-    """The linker options that bind the firmware's float helpers to the soft-float."""
-    return [f"-Wl,--wrap={s}" for s in sf.symbols] if sf.wrap else []
-
-
 def copy_sources(prof: dict, hal: Path) -> None:
     """Copy the board's soft-float, if it has one, into the project's ``src/hal``."""
     sf = soft_float(prof)
@@ -135,7 +130,8 @@ def add_to_project(prof: dict, out: Path) -> dict:
         (Path(out) / SCRIPT).write_text(_SCRIPT.format(version=FW_VERSION, board=prof["name"], symbols=sf.symbols))
         return {"extra_scripts": [f"post:{SCRIPT}"], "src_flags": [f"-include ${{PROJECT_DIR}}/src/hal/{sf.header}"],
                 "link_flags": []}
-    return {"extra_scripts": [], "src_flags": [], "link_flags": link_flags(sf) if sf else []}
+    wraps = [f"-Wl,--wrap={s}" for s in sf.symbols] if sf and sf.wrap else []
+    return {"extra_scripts": [], "src_flags": [], "link_flags": wraps}
 
 
 def cross_sources(prof: dict, out: Path) -> tuple[list[Path], list[str]]:
