@@ -60,7 +60,7 @@ def build_probe(work: Path, float_lib: str = "flashlm") -> Path:
     out = render_project("rp2040-emu", work / f"probe-{float_lib}", cfg, 32)
     if float_lib == "libgcc":
         hal = out / "src" / "hal"
-        for f in ("softfloat.c", "softfloat_m0.s"):
+        for f in ("softfloat.c", "softfloat_aeabi.c", "softfloat_m0.s"):
             (hal / f).unlink()
         (hal / "softfloat_m0.h").write_text("/* none: libgcc's soft-float, the portable kernels */\n")
     render_makefile(load_board("rp2040-emu"), out)

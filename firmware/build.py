@@ -84,6 +84,8 @@ def render_project(board: str, out_dir, config: ModelConfig, min_group: int, hea
     hal_sources = sorted(p.name for p in hal_dir.glob("*.c"))
     for p in hal_dir.iterdir():
         shutil.copy2(p, src / "hal" / p.name)
+    from .exact_float import copy_sources
+    copy_sources(prof, src / "hal")      # boards without an FPU: flashlm's float arithmetic
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(FW_DIR / "templates"),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     c = config

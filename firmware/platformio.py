@@ -374,13 +374,15 @@ def render_platformio(prof: dict, out: Path, blob: bytes, header) -> dict:
                               f"arena {arena.bytes:,} bytes in {arena.tier_name.upper()}"
                               + (f", {arena.other:,} staged in {'SRAM' if arena.tier == TIER_PSRAM else 'PSRAM'}"
                                  if arena.other else "")))
+    soft = exact_float.add_to_project(prof, out)
+    ctx["link_flags"] = soft["link_flags"]
     extra = _esp_files(prof, out, ctx, len(blob)) if is_esp(prof) else _rp_files(prof, out, ctx, blob)
     extra["baud"] = ctx["baud"]
     env = _env()
     (out / "platformio.ini").write_text(env.get_template("platformio.ini.j2").render(
         ctx, board_build=[(k, _ini_value(v)) for k, v in extra["board_build"].items()],
         board_upload=[(k, _ini_value(v)) for k, v in extra["board_upload"].items()], esp=is_esp(prof),
-        **exact_float.add_to_project(prof, out)))
+        extra_scripts=soft["extra_scripts"], src_flags=soft["src_flags"]))
     src = out / "src"
     (src / "main.c").write_text(env.get_template("main.c.j2").render(ctx, entry=extra["entry"]))
     (src / "hal" / "flm_board.h").write_text(_board_header(prof, arena, extra))
@@ -430,7 +432,7 @@ def cross_compile(prof: dict, out: Path) -> str:
     if objdir.exists():
         shutil.rmtree(objdir)
     objdir.mkdir()
-    soft_float, soft_flags = exact_float.cross_sources(out)     # the real Pico's float arithmetic
+    soft_float, soft_flags = exact_float.cross_sources(prof, out)     # boards without an FPU
     srcs = sorted((out / "src" / "engine").glob("*.c")) + [out / "src" / "main.c"] + soft_float
     cmd = [cc, *t.flags, *_libc_flags(cc), *CHECK_FLAGS, *soft_flags, "-include", str(out / "flm_config.h"),
            f"-I{out / 'src' / 'engine'}", f"-I{out / 'src' / 'hal'}", "-c", *map(str, srcs)]

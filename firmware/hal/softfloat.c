@@ -1,18 +1,17 @@
-/* IEEE-754 binary32 arithmetic for the Cortex-M0+ (no FPU): the run-time ABI entry points
- * (__aeabi_*) the engine's float code compiles to, replacing libgcc's versions, which were the
- * largest cost of a token (each group of a matvec does an int-to-float, two multiplies and an add).
- * Add, multiply, divide and the int-to-float conversions are assembly (softfloat_m0.s) for the
- * common case, the comparisons assembly throughout; flm_sf_add, flm_sf_mul and flm_sf_div here are
- * the complete versions, to which the assembly hands every other case.
+/* IEEE-754 binary32 arithmetic on the floats' bit patterns, for the boards without an FPU: the
+ * Cortex-M0+ (RP2040: the run-time ABI entry points of rp2040/softfloat_aeabi.c and softfloat_m0.s,
+ * whose assembly fast paths hand every other case to the complete versions here) and the ESP32-C3's
+ * rv32imc (softfloat_libgcc.c: libgcc's soft-fp names, linked in through --wrap). They replace the
+ * toolchain's or the boot ROM's float routines: the ROM's are not proved IEEE, and libgcc's were the
+ * largest cost of a token on the M0+ (each group of a matvec does an int-to-float, two multiplies
+ * and an add). firmware/exact_float.py puts these files into the projects.
  *
  * Exact IEEE semantics, as the NumPy reference computes on the host: round to nearest, ties to
  * even; subnormals kept (no flush to zero); infinities and NaN (a NaN operand comes back quieted,
- * an invalid operation gives the default NaN 0x7fc00000). tests/test_softfloat.py checks every
- * function bit for bit against the host's float over random and edge-case operands on the
- * emulator. Only integer operations here (but in flm_group_term_slow): a float expression in this
- * file would call the entry points it defines.
- *
- * Values travel as their bit patterns (the soft-float ABI passes floats in core registers). */
+ * an invalid operation gives the default NaN 0x7fc00000). tests/test_kernels.py checks the M0+
+ * build bit for bit against the host's float over random and edge-case operands on the emulator,
+ * tests/test_exact_float.py this file with softfloat_libgcc.c compiled for the host. Portable C,
+ * integer operations only: a float expression here would call the entry points built on it. */
 #include <stdint.h>
 
 #define SIGN 0x80000000u
@@ -23,7 +22,8 @@
 uint32_t flm_sf_add(uint32_t a, uint32_t b);
 uint32_t flm_sf_mul(uint32_t a, uint32_t b);
 uint32_t flm_sf_div(uint32_t a, uint32_t b);
-int32_t __aeabi_f2iz(uint32_t a);
+int32_t flm_sf_f2iz(uint32_t a);
+uint32_t flm_sf_from_int(uint32_t sign, uint32_t m);
 
 /* The number of left shifts that bring the highest set bit of m (m != 0) to bit 31 (the M0+ has
  * no CLZ instruction; a binary search costs a handful of cycles). */
@@ -174,7 +174,7 @@ uint32_t flm_sf_div(uint32_t a, uint32_t b) {
 
 /* Truncation toward zero; out of range saturates, NaN gives 0 (the engine converts only values
  * it has clamped). */
-int32_t __aeabi_f2iz(uint32_t a) {
+int32_t flm_sf_f2iz(uint32_t a) {
     uint32_t e = (a >> 23) & 255u;
     if (e < 127u) return 0;
     if (e >= 127u + 31u) {
@@ -186,7 +186,11 @@ int32_t __aeabi_f2iz(uint32_t a) {
     return (a & SIGN) ? -(int32_t)v : (int32_t)v;
 }
 
-/* flm_group_term's every case off its fast path (softfloat_m0.s): the two products as the plain
- * expression computes them. Floats here are compiled calls to the entry points above. */
-float flm_group_term_slow(int32_t isum, float sc, float xs);
-float flm_group_term_slow(int32_t isum, float sc, float xs) { return (float)isum * (sc * xs); }
+/* The float nearest (ties to even) to the integer m with the sign bit sign (SIGN or 0): the
+ * int-to-float conversions of softfloat_libgcc.c (the M0+ has its own in assembly). */
+uint32_t flm_sf_from_int(uint32_t sign, uint32_t m) {
+    if (m == 0u) return sign;
+    uint32_t s = lead_zeros(m);
+    /* leading one to bit 29 (m >> 2, the two bits shifted out kept sticky), value m * 2^(e-156) */
+    return pack(sign, (int32_t)(127u + 31u - s), shr_sticky(m << s, 2u));
+}
