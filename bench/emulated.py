@@ -29,7 +29,7 @@ import statistics
 from pathlib import Path
 
 from converter import costmodel as C
-from converter.blob import kv_format, read_header, unpack_state_tiers
+from converter.blob import kv_format, padding_per_step, read_header, unpack_state_tiers
 from converter.boards import load_board
 from host.protocol import PHASES, TIERS, Done, GenerateText, Log, Stop
 from host.virtual import start_emulated_board
@@ -79,6 +79,11 @@ def xip_per_token(h: list[dict], flash_bytes: int, device_us: float) -> dict:
                 flash_MBps_while_stalled=flash_bytes / data_stall_us, flash_MBps_per_token=flash_bytes / device_us)
 
 
+def unpadded(t, padding: dict[str, int]) -> list[int]:
+    """Token ``t``'s bytes per tier less ``padding`` (per tier): what the core loaded."""
+    return [b - padding.get(tier, 0) for tier, b in zip(TIERS, t.bytes_read)]
+
+
 def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: str = "int8") -> dict:
     """One generation of the prompt and ``new_tokens`` on the emulated RP2040 (deterministic: one run)
     with the KV cache ``kv``; with the XIP model, after a SELFTEST (every golden step)."""
@@ -100,6 +105,7 @@ def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: st
                     phase_cycles_median={p: us * MHZ for p, us in emu_us.items()},
                     emulated_mcycles_per_wall_s=_median(c["cycles"] / c["wall_ms"] / 1e3 for c in h))
     predict = predictor(blob, BOARD)
+    header = read_header(blob)
     pred = [predict(t.pos, _head(t)) for t in dec]
     last = dec[-1]
     pred_us = {p: _median(x.phase_us.get(p, 0.0) for x in pred) for p in PHASES}   # (draft: not predicted)
@@ -114,7 +120,9 @@ def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: st
         # the emulator's own work: the cycles of the instructions it ran (XIP stalls cost it nothing)
         instruction_mcycles_per_wall_s=_median((c["cycles"] - c["xip"]["stall_cycles"]) / c["wall_ms"] / 1e3
                                                for c in h),
-        harness_agrees=int(all(counts[t.step]["bytes"] == list(t.bytes_read) for t in res.tokens)),
+        # the harness's loads = the engine's bytes less the rows' padding, which no kernel loads
+        harness_agrees=int(all(counts[t.step]["bytes"] == unpadded(t, padding_per_step(header, qm.config.tied, t.head_rows))
+                               for t in res.tokens)),
         # per phase: firmware µs x clk_sys (median over decode steps); and how much of the harness's
         # cycles the timed phases cover
         phase_cycles_median={p: us * MHZ for p, us in emu_us.items()},

@@ -101,6 +101,32 @@ def row_stride(fmt: str, cols: int, g: int, scale16: bool = False, rowscale: boo
     return 4 * ng + codes
 
 
+
+def row_padding(e: Entry) -> int:
+    """Bytes of one of ``e``'s rows that the engine counts (whole strides) but no kernel loads: the
+    zeros that align each group's codes to 4, and those after a row's fp16 scales or multipliers."""
+    ng = -(-e.cols // e.group_size)
+    last = e.cols - (ng - 1) * e.group_size
+    code = (lambda n: n) if e.fmt == "q8" else (lambda n: (n + 1) // 2)
+    scales = 4 + ng if e.rowscale else (2 if e.scale16 else 4) * ng
+    return e.row_stride - (scales + (ng - 1) * code(e.group_size) + code(last))
+
+
+def padding_per_step(h: "BlobHeader", tied: bool, head_rows: int) -> dict[str, int]:
+    """Per tier, the padding (row_padding) inside the rows one forward step of one token reads:
+    every row of the layers' matrices, one row each of the gathered tables (the embedding, the PLE
+    table), and ``head_rows`` rows of the output layer (the embedding's rows when ``tied``)."""
+    by = {e.name: e for e in h.entries}
+    head = by["tok_embeddings" if tied else "output"]
+    rows = {e.name: e.rows for e in h.entries if e.fmt in ("q8", "q4")}
+    rows.update({"tok_embeddings": 1, "ple.table": 1, "output": 0})
+    rows[head.name] = rows.get(head.name, 0) + head_rows
+    out = {}
+    for name, n in rows.items():
+        if name in by:
+            out[by[name].tier] = out.get(by[name].tier, 0) + n * row_padding(by[name])
+    return out
+
 def _pack_codes(fmt: str, codes: np.ndarray, offset: bool = False) -> np.ndarray:
     """[rows, n] int8 codes -> [rows, code_bytes] bytes (int8, or int4 nibble pairs, low first:
     two's complement, or with ``offset`` code + 8)."""

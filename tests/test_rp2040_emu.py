@@ -9,6 +9,7 @@ import zlib
 import pytest
 
 from converter.blob import build_blob, parse_header
+from converter.blob import padding_per_step as blob_padding
 from converter.quantize import quantize
 from converter.reference import FLAG_ALL_LOGITS, FLAG_LOGITS, NO_TOKEN, generate
 from emuboard import BOARD, emu_link, image_for, require_emulator
@@ -33,25 +34,9 @@ def build_root(tmp_path_factory):
 
 
 def padding_per_step(qm) -> int:
-    """Bytes of padding inside the rows one step reads (the engine counts whole rows; the core
-    skips the ≤ 3 zero bytes that align each group's codes, and those after a row's fp16 scales or
-    its multipliers)."""
-    h = parse_header(build_blob(qm))
-    by = {e.name: e for e in h.entries}
-
-    def pad(e):
-        ng = -(-e.cols // e.group_size)
-        last = e.cols - (ng - 1) * e.group_size
-        code = (lambda n: n) if e.fmt == "q8" else (lambda n: (n + 1) // 2)
-        scales = 4 + ng if e.rowscale else (2 if e.scale16 else 4) * ng
-        return e.row_stride - (scales + (ng - 1) * code(e.group_size) + code(last))
-
-    gathered = ("tok_embeddings", "ple.table")        # one row each per step
-    mats = [e for e in h.entries if e.fmt in ("q8", "q4")]
-    total = sum(e.rows * pad(e) for e in mats if e.name not in gathered)
-    total += pad(by["ple.table"]) if "ple.table" in by else 0
-    emb = by["tok_embeddings"]
-    return total + pad(emb) * (1 + (qm.config.n_out if qm.config.tied else 0))
+    """The padding inside the rows one step reads with every logit computed (blob.padding_per_step),
+    all in flash here."""
+    return blob_padding(parse_header(build_blob(qm)), qm.config.tied, qm.config.n_out).get("flash", 0)
 
 
 def check_run(link, board, qm, prompt, n, temperature, top_p, seed, padding=0):
