@@ -19,6 +19,12 @@ and q4, decode and prefill apart, and decode again with the XIP model off.
   per group, f32 KV cache and float attention: what its 19.6M cycles per token were measured on),
   beside convert's default (row scales, int8 KV cache, integer attention), and the default's
   weights with the f32 KV cache (the attention phase then differs by the attention alone);
+* in those three XIP-off q8 runs, the harness's call profile: the cycles per decode token inside
+  the engine's calls of the parts of a layer (PROFILE), so the attention itself (``attention``:
+  scores, softmax, the values' weighted sum) is measured apart from the projections, the norm, the
+  RoPE and the KV stores that share its phase (the profile's check before every instruction slows
+  the emulator, not the emulated cycles: the emulator's speed is compared on the q4 runs, which
+  are not profiled);
 * the time the device tokenizer takes to encode text prompts (GENERATE_TEXT's LOG line);
 * the golden check's time at boot and on SELFTEST (its LOG line, the firmware's clock).
 """
@@ -31,12 +37,16 @@ from pathlib import Path
 from converter import costmodel as C
 from converter.blob import kv_format, padding_per_step, read_header, unpack_state_tiers
 from converter.boards import load_board
+from firmware.build_arm import symbols
 from host.protocol import PHASES, TIERS, Done, GenerateText, Log, Stop
 from host.virtual import start_emulated_board
 
 from .model import FORMATS, MODEL, PROMPT, blob_and_firmware, default_quant, prompt_ids, session
 
 BOARD = "rp2040-emu"
+# the engine's functions the call profile times (firmware/engine/engine.c, PROFILED): the attention
+# itself, the RoPE, the KV stores, the RMSNorms, the activations' quantization, the matrix products
+PROFILE = ("attention", "rope", "kv_put", "rmsnorm", "quantize_all", "product")
 MHZ = float(load_board(BOARD)["clock_mhz"])
 
 
@@ -84,12 +94,23 @@ def unpadded(t, padding: dict[str, int]) -> list[int]:
     return [b - padding.get(tier, 0) for tier, b in zip(TIERS, t.bytes_read)]
 
 
-def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: str = "int8") -> dict:
+def call_profile(h: list[dict]) -> dict:
+    """Per function of the call profile: cycles per decode token and calls (medians over ``h``)."""
+    return {name: dict(cycles=_median(c["calls"][name][0] for c in h), calls=_median(c["calls"][name][1] for c in h))
+            for name in PROFILE}
+
+
+def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: str = "int8",
+            profile: bool = False) -> dict:
     """One generation of the prompt and ``new_tokens`` on the emulated RP2040 (deterministic: one run)
-    with the KV cache ``kv``; with the XIP model, after a SELFTEST (every golden step)."""
+    with the KV cache ``kv``; with the XIP model, after a SELFTEST (every golden step); ``profile``:
+    with the call profile of the functions PROFILE (XIP model off only)."""
     blob, fw = blob_and_firmware(qm, BOARD, work, kv=kv)
     m = re.search(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s", fw.size_text, re.M)
-    with start_emulated_board(fw.binary, blob, xip_model=xip_model) as board, session(board.port) as s:
+    funcs = symbols(fw.binary.with_suffix(".elf")) if profile else {}
+    with start_emulated_board(fw.binary, blob, xip_model=xip_model,
+                              profile={n: funcs[n] for n in PROFILE} if profile else None) as board, \
+            session(board.port) as s:
         checked = s.selftest(timeout=600) if xip_model else None
         golden = golden_ms(s.logs)
         board.read_counts()
@@ -103,7 +124,9 @@ def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: st
     if not xip_model:
         return dict(cycles_per_token=_median(c["cycles"] for c in h), device_us_per_token=device_us,
                     phase_cycles_median={p: us * MHZ for p, us in emu_us.items()},
-                    emulated_mcycles_per_wall_s=_median(c["cycles"] / c["wall_ms"] / 1e3 for c in h))
+                    emulated_mcycles_per_wall_s=_median(c["cycles"] / c["wall_ms"] / 1e3 for c in h),
+                    decode_pos=[t.pos for t in dec],
+                    **({"call_profile": call_profile(h)} if profile else {}))
     predict = predictor(blob, BOARD)
     header = read_header(blob)
     pred = [predict(t.pos, _head(t)) for t in dec]
@@ -152,15 +175,15 @@ def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: st
 
 def section(work: Path) -> dict:
     out = {f"rp2040_emu_{fmt}": emu_run(default_quant(fmt), work / f"emu-{fmt}") for fmt in FORMATS}
-    out.update({f"rp2040_emu_{fmt}_xip_off": emu_run(default_quant(fmt), work / f"emu-{fmt}", xip_model=False)
-                for fmt in FORMATS})
+    out.update({f"rp2040_emu_{fmt}_xip_off": emu_run(default_quant(fmt), work / f"emu-{fmt}", xip_model=False,
+                                                     profile=fmt == "q8") for fmt in FORMATS})
     # issue 12's format: f32 scales per group, f32 KV cache (float attention), XIP model off
     out["rp2040_emu_q8_f32_scales_f32_kv_xip_off"] = base = emu_run(default_quant("q8", "f32"), work / "emu-q8-f32",
-                                                                     xip_model=False, kv="f32")
+                                                                     xip_model=False, kv="f32", profile=True)
     # the same row-scaled weights with the f32 KV cache: the attention phase's difference is the
     # attention itself (its projections are the same matvecs)
     out["rp2040_emu_q8_f32_kv_xip_off"] = fkv = emu_run(default_quant("q8"), work / "emu-q8-f32kv", xip_model=False,
-                                                        kv="f32")
+                                                        kv="f32", profile=True)
     e8, e4, off = out["rp2040_emu_q8"], out["rp2040_emu_q4"], out["rp2040_emu_q8_xip_off"]
     out["ratios"] = {
         "emulated q8 cycles per decode token / issue 12's target (10M), XIP model off": off["cycles_per_token"] / 10e6,
@@ -170,11 +193,18 @@ def section(work: Path) -> dict:
             off["phase_cycles_median"]["attention"] / base["phase_cycles_median"]["attention"],
         "emulated q8 attention phase cycles, int8 KV (integer) / f32 KV (float), row scales, XIP model off":
             off["phase_cycles_median"]["attention"] / fkv["phase_cycles_median"]["attention"],
+        # the attention itself (call profile: the attention function's calls, the same positions)
+        "emulated q8 attention itself (call profile), default / issue 12's format, XIP model off":
+            off["call_profile"]["attention"]["cycles"] / base["call_profile"]["attention"]["cycles"],
+        "emulated q8 attention itself (call profile), int8 KV / f32 KV, row scales, XIP model off":
+            off["call_profile"]["attention"]["cycles"] / fkv["call_profile"]["attention"]["cycles"],
+        "emulated q8 attention itself / attention phase, default, XIP model off":
+            off["call_profile"]["attention"]["cycles"] / off["phase_cycles_median"]["attention"],
         **{f"emulated {fmt} cycles per decode token, XIP model on/off": out[f"rp2040_emu_{fmt}"]["cycles_per_token"]
            / out[f"rp2040_emu_{fmt}_xip_off"]["cycles_per_token"] for fmt in FORMATS},
-        **{f"emulator speed, instruction Mcycles per wall s (host clock), XIP model on/off, {fmt}":
-           out[f"rp2040_emu_{fmt}"]["instruction_mcycles_per_wall_s"]
-           / out[f"rp2040_emu_{fmt}_xip_off"]["emulated_mcycles_per_wall_s"] for fmt in FORMATS},
+        # q4: its XIP-off run is not profiled (the profile's check slows the emulator)
+        "emulator speed, instruction Mcycles per wall s (host clock), XIP model on/off, q4":
+            e4["instruction_mcycles_per_wall_s"] / out["rp2040_emu_q4_xip_off"]["emulated_mcycles_per_wall_s"],
         **{f"emulated {fmt} XIP data misses / planner's flash lines per decode token":
            out[f"rp2040_emu_{fmt}"]["xip_data_misses_over_predicted_lines"] for fmt in FORMATS},
         "emulated q4/q8 cycles per decode token": e4["cycles_per_token"] / e8["cycles_per_token"],

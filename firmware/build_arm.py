@@ -78,7 +78,7 @@ def build_arm(board: str, prof: dict, out: Path, blob, header, min_group: int) -
         raise BuildError(f"firmware build failed: {lines[-1] if lines else 'no output'} (in {out})")
     elf = out / "firmware.elf"
     size = subprocess.run(["arm-none-eabi-size", str(elf)], capture_output=True, text=True).stdout.strip()
-    syms = _symbols(elf)
+    syms = symbols(elf)
     text_b = syms["__firmware_end"] - 0x10000000
     ram_used = syms["__bss_end"] - 0x20000000
     ram = int(prof["tiers"]["sram"]["capacity"])
@@ -87,7 +87,8 @@ def build_arm(board: str, prof: dict, out: Path, blob, header, min_group: int) -
     return BuildResult(board, out, out / "firmware.bin", size)
 
 
-def _symbols(elf: Path) -> dict[str, int]:
+def symbols(elf: Path) -> dict[str, int]:
+    """Name -> address of the symbols in ``elf`` (arm-none-eabi-nm; a Thumb function's with bit 0 clear)."""
     r = subprocess.run(["arm-none-eabi-nm", str(elf)], capture_output=True, text=True)
     out = {}
     for line in r.stdout.splitlines():

@@ -185,8 +185,8 @@ class EmulatedBoard(VirtualBoard):
     """A running rp2040js harness and the pty its UART0 is bridged to.
 
     The harness writes one JSON line per forward step to ``counts_path`` (bytes the core read per
-    tier, cycles, emulated µs, host ms, and with the XIP model on the step's XIP cache hits,
-    misses and stall cycles); ``read_counts()`` returns the lines written since the previous call."""
+    tier, cycles, emulated µs, host ms, with the XIP model on the step's XIP cache hits, misses and
+    stall cycles, with a profile its functions' cycles and calls); ``read_counts()`` returns the lines written since the previous call."""
 
     def __init__(self, proc, port, image: Path, blob_path: Path, stderr_tail, slave_fd: int,
                  counts_path: Path, own_counts: bool, board: str, xip_model: bool):
@@ -257,11 +257,14 @@ def emulator_missing() -> str | None:
 
 
 def start_emulated_board(image, blob_path, board: str = "rp2040-emu", timeout: float = 10,
-                         counts_path=None, xip_model: bool = True) -> EmulatedBoard:
+                         counts_path=None, xip_model: bool = True, profile: dict[str, int] | None = None
+                         ) -> EmulatedBoard:
     """Start the harness on ``image`` (firmware.bin) with the blob at the board's flash offset;
     UART0 is the pty the returned board's ``port`` names. ``xip_model``: flash reads go through the
     harness's XIP cache and QSPI timing model (host/emu/xip.mjs), whose stalls the emulated clock
-    counts; False runs rp2040js as is (a flash read costs what an SRAM read costs). Problems are
+    counts; False runs rp2040js as is (a flash read costs what an SRAM read costs). ``profile``:
+    function name -> entry address (the image's ELF symbols); each step's counts then hold
+    ``calls``: name -> [cycles inside its calls, calls] (the harness's call profile). Problems are
     one-line BoardErrors."""
     import tempfile
     import tty
@@ -294,7 +297,8 @@ def start_emulated_board(image, blob_path, board: str = "rp2040-emu", timeout: f
     try:
         proc = subprocess.Popen(["node", str(EMU_HARNESS), "--firmware", str(image), "--blob", str(blob_path),
                                  "--blob-offset", str(off), "--flash-size", str(flash),
-                                 "--counts", str(counts_path), "--xip-model", "on" if xip_model else "off"],
+                                 "--counts", str(counts_path), "--xip-model", "on" if xip_model else "off",
+                                 *(["--profile", ",".join(f"{n}={a:#x}" for n, a in profile.items())] if profile else [])],
                                 stdin=master, stdout=master, stderr=subprocess.PIPE, cwd=str(EMU_DIR),
                                 start_new_session=True, close_fds=True)
     except OSError as e:

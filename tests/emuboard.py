@@ -12,6 +12,7 @@ import serial
 from converter.blob import read_header, write_blob
 from converter.tokenizer_enc import section_info
 from firmware.build import build_firmware
+from firmware.build_arm import symbols
 from host.protocol import Hello, Link, Ping
 from host.virtual import emulator_missing, start_emulated_board
 from nativeboard import recv_until
@@ -40,17 +41,19 @@ def image_for(blob: Path, build_root: Path) -> Path:
 
 @contextlib.contextmanager
 def emu_link(qm, tmp: Path, build_root: Path, blob_bytes: bytes | None = None, kv: str = "f32", batch: int = 1,
-             xip_model: bool = True):
+             xip_model: bool = True, profile: tuple[str, ...] = ()):
     """Yields (link, boot_frames, board) for an emulated RP2040 running qm (or raw blob_bytes), with
-    the harness's XIP model on or off; the image reserves the chip's whole SRAM budget, whatever the
-    blob's batch."""
+    the harness's XIP model on or off and its call profile of the functions ``profile``; the image
+    reserves the chip's whole SRAM budget, whatever the blob's batch."""
     require_emulator()
     blob = tmp / "model.flmb"
     write_blob(qm, blob, kv=kv, batch=batch)
     image = image_for(blob, build_root)
     if blob_bytes is not None:
         blob.write_bytes(blob_bytes)
-    with start_emulated_board(image, blob, BOARD, xip_model=xip_model) as board:
+    funcs = symbols(image.with_suffix(".elf")) if profile else {}
+    with start_emulated_board(image, blob, BOARD, xip_model=xip_model,
+                              profile={n: funcs[n] for n in profile} or None) as board:
         port = serial.Serial(board.port, 115200, timeout=0.05)
         try:
             link = Link(port)

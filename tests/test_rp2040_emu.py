@@ -14,7 +14,7 @@ from converter.quantize import quantize
 from converter.reference import FLAG_ALL_LOGITS, FLAG_LOGITS, NO_TOKEN, generate
 from emuboard import BOARD, emu_link, image_for, require_emulator
 from firmware.build import BuildError, build_firmware
-from host.protocol import Error, Hello, Log
+from host.protocol import PHASES, Error, Hello, Log
 from modelzoo import random_ple_model, random_model, spread_head, with_head_index
 from nativeboard import assert_matches_reference, assert_steps_match, drain, run, token_bytes_read
 
@@ -158,6 +158,35 @@ def test_tensors_staged_in_sram_are_counted_there_by_both(tmp_path):
     for t in toks:
         assert counts[t.step]["bytes"] == list(t.bytes_read)
         assert t.bytes_read[2] > qm.config.vocab_size * qm.config.dim   # the tied embedding, read from SRAM
+
+
+def test_call_profile_times_the_engines_parts_and_changes_no_cycle(tmp_path, build_root):
+    """The harness's call profile (make bench's attention itself) on a 2-layer q8 model with the
+    int8 KV cache: every step costs the same cycles with the profile as without; per one-token step
+    each part of a layer is called as often as engine.c calls it, the parts never overlap, so their
+    cycles add up to no more than the step's, and the attention's fit inside the firmware's own
+    attention phase (its TIMER: emulated cycles at 125 MHz, a µs per timed interval)."""
+    from bench.emulated import PROFILE
+    _, ir = random_model(seed=9)
+    qm = quantize(ir, "q8", 32)
+    L = qm.config.n_layers
+    got = {}
+    for profile in ((), PROFILE):
+        with emu_link(qm, tmp_path, build_root, kv="int8", xip_model=False, profile=profile) as (link, _, board):
+            board.read_counts()
+            toks, _, _ = run(link, [1, 7, 3], 5, logits=False)
+            got[profile] = toks, {c["step"]: c for c in board.read_counts()}
+    (toks, plain), (_, prof) = got[()], got[PROFILE]
+    for t in toks:   # (the prompt's steps but its last skip the head and its norm)
+        calls_per_step = dict(attention=L, rope=2 * L, kv_put=2 * L, rmsnorm=2 * L + (t.head_rows > 0))
+        c = prof[t.step]
+        assert "calls" not in plain[t.step] and c["cycles"] == plain[t.step]["cycles"]
+        assert set(c["calls"]) == set(PROFILE) and all(cyc > 0 for cyc, _ in c["calls"].values())
+        assert {n: c["calls"][n][1] for n in calls_per_step} == calls_per_step
+        assert c["calls"]["product"][1] == 7 * L + (t.head_rows > 0)
+        assert sum(cyc for cyc, _ in c["calls"].values()) <= c["cycles"]
+        attn_us = t.us[PHASES.index("attention")]
+        assert c["calls"]["attention"][0] + c["calls"]["rope"][0] + c["calls"]["kv_put"][0] <= (attn_us + 1) * 125
 
 
 def test_bad_image_refused_over_the_emulated_uart(tmp_path, build_root):

@@ -6,6 +6,15 @@
 
 static size_t up8(size_t n) { return (n + 7u) & ~(size_t)7u; }
 
+/* The parts of a layer make bench's call profile times on the emulated RP2040 by their symbols
+ * (host/emu/harness.mjs --profile): out of line and not cloned, so each keeps its name. A few calls
+ * per layer and token: the calls themselves cost nothing measurable. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define PROFILED __attribute__((noinline, noclone))
+#else
+#define PROFILED __attribute__((noinline))
+#endif
+
 /* Exact pruning of the greedy head by its tiles (docs/formats.md section 3; converter/headprune.py). */
 #define PRUNE_MARGIN 0x1.02p+0f      /* 1 + 2^-7: Xm >= ||x|| (1 + 2^-8) after every rounding */
 #define PRUNE_FLOOR 0x1p-64f         /* below it no tile is skipped: no underflow can matter */
@@ -105,8 +114,8 @@ int flm_state_init(flm_state *s, const flm_model *m, uint8_t *arena, size_t cap,
 /* RMSNorm of n vectors x + t * stride (each of n_dim) into o + t * stride (o may be x). The weights,
  * a few hundred bytes, are read once per vector: one fused loop each, as fast as the one-token
  * engine's (a pass's matrices are what a multi-token pass reads once). */
-static void rmsnorm(float *o, const float *x, uint32_t stride, const flm_tensor *w, uint32_t n_dim, uint32_t n,
-                    float eps, flm_step_stats *st) {
+static PROFILED void rmsnorm(float *o, const float *x, uint32_t stride, const flm_tensor *w, uint32_t n_dim, uint32_t n,
+                             float eps, flm_step_stats *st) {
     const float *g = (const float *)(const void *)w->data;
     for (uint32_t t = 0; t < n; t++) {
         const float *xt = x + (size_t)t * stride;
@@ -121,13 +130,13 @@ static void rmsnorm(float *o, const float *x, uint32_t stride, const flm_tensor 
 
 /* out + t * out_stride = w times the quantized x + t * x_stride, for the n tokens t whose codes and
  * scales sit in s->xq / s->xs: the matrix read once (hal_matmul). */
-static void product(flm_state *s, const flm_tensor *w, uint32_t n, float *out, uint32_t out_stride, flm_step_stats *st) {
+static PROFILED void product(flm_state *s, const flm_tensor *w, uint32_t n, float *out, uint32_t out_stride, flm_step_stats *st) {
     const flm_batch b = {n, s->xq, s->xs, out, s->xq_stride, s->xs_stride, out_stride};
     hal_matmul(w, &b, s->row_buf);
     st->bytes[w->tier] += w->length;
 }
 
-static void quantize_all(flm_state *s, const flm_tensor *w, const float *x, uint32_t x_stride, uint32_t n) {
+static PROFILED void quantize_all(flm_state *s, const flm_tensor *w, const float *x, uint32_t x_stride, uint32_t n) {
     for (uint32_t t = 0; t < n; t++)
         flm_quantize_act(x + (size_t)t * x_stride, w->cols, flm_act_group(w), s->xq + (size_t)t * s->xq_stride,
                          s->xs + (size_t)t * s->xs_stride);
@@ -147,7 +156,7 @@ static void matmul_same_x(flm_state *s, const flm_tensor *w, const flm_tensor *p
     product(s, w, n, out, out_stride, st);
 }
 
-static void rope(float *v, uint32_t n_heads, uint32_t hd, const float *cos, const float *sin) {
+static PROFILED void rope(float *v, uint32_t n_heads, uint32_t hd, const float *cos, const float *sin) {
     for (uint32_t h = 0; h < n_heads; h++) {
         float *p = v + h * hd;
         for (uint32_t i = 0; i < hd / 2u; i++) {
@@ -166,7 +175,7 @@ static uint8_t *kv_at(const flm_state *s, uint8_t *base, uint32_t l, uint32_t t,
 
 /* Store v[kv_dim] as the rows of every kv head at row0: copied (f32) or quantized like an
  * activation with group head_dim: f32 scale, then the codes (int8). */
-static void kv_put(const flm_state *s, uint8_t *row0, const float *v) {
+static PROFILED void kv_put(const flm_state *s, uint8_t *row0, const float *v) {
     const flm_model *m = s->m;
     const uint32_t hd = m->head_dim;
     for (uint32_t h = 0; h < m->n_kv_heads; h++) {
@@ -262,7 +271,7 @@ static void attend_int8_head(flm_state *s, uint32_t l, uint32_t pos, uint32_t kh
 }
 
 /* One token's attention: its query qv [n_heads * head_dim] against positions 0..pos, into out. */
-static void attention(flm_state *s, uint32_t l, uint32_t pos, const float *qv, float *out, flm_step_stats *st) {
+static PROFILED void attention(flm_state *s, uint32_t l, uint32_t pos, const float *qv, float *out, flm_step_stats *st) {
     const flm_model *m = s->m;
     const uint32_t hd = m->head_dim, rep = m->n_heads / m->n_kv_heads;
     const int i8 = m->kv_fmt == FLM_KV_INT8;

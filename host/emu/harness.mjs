@@ -2,6 +2,7 @@
 //
 //   node harness.mjs --firmware firmware.bin --blob model.flmb --blob-offset 0x10000
 //                    [--flash-size 2097152] [--counts FILE] [--xip-model on|off]
+//                    [--profile NAME=ADDR[,NAME=ADDR...]]
 //
 // stdin/stdout are the UART0 byte stream (host/virtual.py passes the master side of a raw pty);
 // everything else (warnings, faults) goes to stderr. The firmware image is loaded at the start
@@ -26,6 +27,13 @@
 //    "wall_ms": host ms, "xip": {"hits", "misses", "fetch_misses", "stall_cycles", "miss_cycles"}}
 // ("xip" only with the model on: the step's cache hits, line transfers, those of them that were
 // instruction fetches, the cycles they stalled the core, and the cycles one transfer costs).
+//
+// Call profile: with --profile (function names and entry addresses, from the ELF's symbols) each
+// step's line also holds "calls": {NAME: [cycles, calls]}: the emulated cycles spent inside the
+// step's calls of each function, everything they ran included (callees, interrupts, flash
+// stalls). A call starts when the PC reaches the entry and ends when it reaches the return address
+// the LR held there with the SP back where it was; a function already running is not entered again
+// (recursion, a loop back to its first instruction). The cycles are the same with or without it.
 import fs from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { RP2040 } from 'rp2040js';
@@ -43,7 +51,7 @@ const VECTORS = FLASH_BASE + 0x100;
 const TX_BACKLOG_MAX = 1 << 20;   // bytes the host has not read yet before the "UART" drops
 
 function parseArgs(argv) {
-  const a = { flashSize: 2 * 1024 * 1024, counts: null, xipModel: true };
+  const a = { flashSize: 2 * 1024 * 1024, counts: null, xipModel: true, profile: new Map() };
   for (let i = 0; i < argv.length; i++) {
     const k = argv[i];
     const v = argv[i + 1];
@@ -55,12 +63,18 @@ function parseArgs(argv) {
     else if (k === '--xip-model') {
       if (v !== 'on' && v !== 'off') die(`--xip-model takes on or off, not ${v}`, 2);
       a.xipModel = v === 'on';
+    } else if (k === '--profile') {
+      for (const item of (v || '').split(',')) {
+        const m = /^([A-Za-z_][\w.]*)=(0x[0-9a-fA-F]+|\d+)$/.exec(item);
+        if (!m) die(`--profile takes NAME=ADDR[,NAME=ADDR...], not ${item}`, 2);
+        a.profile.set(Number(m[2]) & ~1, m[1]);   // a Thumb function's address has bit 0 set
+      }
     } else die(`unknown argument ${k}`, 2);
     i++;
   }
   if (!a.firmware || !a.blob || !Number.isInteger(a.blobOffset)) {
     die('usage: harness.mjs --firmware BIN --blob BLOB --blob-offset N [--flash-size N] [--counts FILE] '
-        + '[--xip-model on|off]', 2);
+        + '[--xip-model on|off] [--profile NAME=ADDR,...]', 2);
   }
   return a;
 }
@@ -224,7 +238,7 @@ watchdog.writeUint32 = (offset, value) => {
     // the marking instruction's own flash wait (``stall``, added to the cycles after it) is counted
     // in the XIP counters already: it belongs before the step, the END's to the step
     step = { gen, step: s[2] >>> 0, cycles: core.cycles + stall, nanos: clock.nanos, wall: performance.now(),
-             xip: cache.counters() };
+             xip: cache.counters(), calls: profileSnapshot() };
     bytes[0] = bytes[1] = bytes[2] = 0;
     use(counting);
   } else if (value === MARK_END) {
@@ -239,6 +253,12 @@ watchdog.writeUint32 = (offset, value) => {
         for (const k in now) rec.xip[k] = now[k] - step.xip[k];
         rec.xip.miss_cycles = cache.missCycles;
       }
+      if (args.profile.size) {
+        rec.calls = {};
+        for (const [name, [c, n]] of Object.entries(profileSnapshot())) {
+          rec.calls[name] = [c - step.calls[name][0], n - step.calls[name][1]];
+        }
+      }
       fs.writeSync(countsFd, JSON.stringify(rec) + '\n');
     }
     step = null;
@@ -246,6 +266,40 @@ watchdog.writeUint32 = (offset, value) => {
     fault = `exception ${s[2]} at pc 0x${(s[1] >>> 0).toString(16)}`;
   }
 };
+
+// ---- the call profile (--profile) ----------------------------------------------------------
+const profTotals = {};          // name -> [cycles of finished calls, calls]
+for (const name of args.profile.values()) profTotals[name] = [0, 0];
+const profFrames = [];          // the calls under way, innermost last: {name, ret, sp, start}
+const profRunning = new Set();  // their names
+
+// Before each instruction: end the calls that returned to where they were called from, start the
+// one whose entry this is.
+function profileAt() {
+  const pc = core.PC;
+  while (profFrames.length) {
+    const f = profFrames[profFrames.length - 1];
+    if (pc !== f.ret || core.SP !== f.sp) break;
+    profFrames.pop();
+    profRunning.delete(f.name);
+    const t = profTotals[f.name];
+    t[0] += core.cycles - f.start;
+    t[1]++;
+  }
+  const name = args.profile.get(pc);
+  if (name !== undefined && !profRunning.has(name)) {
+    profFrames.push({ name, ret: core.LR & ~1, sp: core.SP, start: core.cycles });
+    profRunning.add(name);
+  }
+}
+
+// Every function's cycles so far, the calls under way up to now included.
+function profileSnapshot() {
+  const out = {};
+  for (const [name, t] of Object.entries(profTotals)) out[name] = [t[0], t[1]];
+  for (const f of profFrames) out[f.name][0] += core.cycles + stall - f.start;
+  return out;
+}
 
 // ---- the run loop ------------------------------------------------------------------------
 let idle = false;
@@ -269,7 +323,9 @@ function run() {
     }
     const ns = 1e9 / mcu.clkSys;
     let i = 0;
+    const profiling = args.profile.size > 0;
     for (; i < 20000 && !core.waiting; i++) {
+      if (profiling) profileAt();
       let c = core.executeInstruction();
       if (stall) {          // the instruction waited for the flash: the core's cycles and the clock
         c += stall;
