@@ -22,9 +22,7 @@ and q4, decode and prefill apart, and decode again with the XIP model off.
 * in those three XIP-off q8 runs, the harness's call profile: the cycles per decode token inside
   the engine's calls of the parts of a layer (PROFILE), so the attention itself (``attention``:
   scores, softmax, the values' weighted sum) is measured apart from the projections, the norm, the
-  RoPE and the KV stores that share its phase (the profile's check before every instruction slows
-  the emulator, not the emulated cycles: the emulator's speed is compared on the q4 runs, which
-  are not profiled);
+  RoPE and the KV stores that share its phase (the profile changes no emulated cycle);
 * the time the device tokenizer takes to encode text prompts (GENERATE_TEXT's LOG line);
 * the golden check's time at boot and on SELFTEST (its LOG line, the firmware's clock).
 """
@@ -202,9 +200,9 @@ def section(work: Path) -> dict:
             off["call_profile"]["attention"]["cycles"] / off["phase_cycles_median"]["attention"],
         **{f"emulated {fmt} cycles per decode token, XIP model on/off": out[f"rp2040_emu_{fmt}"]["cycles_per_token"]
            / out[f"rp2040_emu_{fmt}_xip_off"]["cycles_per_token"] for fmt in FORMATS},
-        # q4: its XIP-off run is not profiled (the profile's check slows the emulator)
-        "emulator speed, instruction Mcycles per wall s (host clock), XIP model on/off, q4":
-            e4["instruction_mcycles_per_wall_s"] / out["rp2040_emu_q4_xip_off"]["emulated_mcycles_per_wall_s"],
+        **{f"emulator speed, instruction Mcycles per wall s (host clock), XIP model on/off, {fmt}":
+           out[f"rp2040_emu_{fmt}"]["instruction_mcycles_per_wall_s"]
+           / out[f"rp2040_emu_{fmt}_xip_off"]["emulated_mcycles_per_wall_s"] for fmt in FORMATS},
         **{f"emulated {fmt} XIP data misses / planner's flash lines per decode token":
            out[f"rp2040_emu_{fmt}"]["xip_data_misses_over_predicted_lines"] for fmt in FORMATS},
         "emulated q4/q8 cycles per decode token": e4["cycles_per_token"] / e8["cycles_per_token"],

@@ -268,36 +268,48 @@ watchdog.writeUint32 = (offset, value) => {
 };
 
 // ---- the call profile (--profile) ----------------------------------------------------------
-const profTotals = {};          // name -> [cycles of finished calls, calls]
-for (const name of args.profile.values()) profTotals[name] = [0, 0];
-const profFrames = [];          // the calls under way, innermost last: {name, ret, sp, start}
-const profRunning = new Set();  // their names
+// The check runs before every instruction, so its common case (neither an entry nor the innermost
+// call's return) is two comparisons: an entry table over the image's halfwords and that return.
+const profNames = [...args.profile.values()];
+const profTotals = profNames.map(() => [0, 0]);          // per function: cycles of finished calls, calls
+const profRunning = new Uint8Array(profNames.length);
+const profEntry = new Uint8Array((firmware.length >>> 1) + 1);   // (pc - FLASH_BASE) / 2 -> 1 + function
+for (const [addr, name] of args.profile) {
+  const i = (addr - FLASH_BASE) / 2;
+  if (!(i >= 0 && i < profEntry.length)) die(`--profile: ${name} at 0x${addr.toString(16)} is not in the firmware image`, 2);
+  profEntry[i] = profNames.indexOf(name) + 1;
+}
+const profFrames = [];          // the calls under way, innermost last: {fn, ret, sp, start}
+let profRet = -1;               // the innermost call's return address
 
 // Before each instruction: end the calls that returned to where they were called from, start the
 // one whose entry this is.
 function profileAt() {
   const pc = core.PC;
-  while (profFrames.length) {
-    const f = profFrames[profFrames.length - 1];
-    if (pc !== f.ret || core.SP !== f.sp) break;
-    profFrames.pop();
-    profRunning.delete(f.name);
-    const t = profTotals[f.name];
-    t[0] += core.cycles - f.start;
-    t[1]++;
+  if (pc === profRet) {
+    while (profFrames.length) {
+      const f = profFrames[profFrames.length - 1];
+      if (pc !== f.ret || core.SP !== f.sp) break;
+      profFrames.pop();
+      profRunning[f.fn] = 0;
+      profTotals[f.fn][0] += core.cycles - f.start;
+      profTotals[f.fn][1]++;
+    }
+    profRet = profFrames.length ? profFrames[profFrames.length - 1].ret : -1;
   }
-  const name = args.profile.get(pc);
-  if (name !== undefined && !profRunning.has(name)) {
-    profFrames.push({ name, ret: core.LR & ~1, sp: core.SP, start: core.cycles });
-    profRunning.add(name);
+  const e = profEntry[(pc - FLASH_BASE) >>> 1];   // undefined outside the image (SRAM code, the ROM)
+  if (e && !profRunning[e - 1]) {
+    profFrames.push({ fn: e - 1, ret: core.LR & ~1, sp: core.SP, start: core.cycles });
+    profRunning[e - 1] = 1;
+    profRet = core.LR & ~1;
   }
 }
 
-// Every function's cycles so far, the calls under way up to now included.
+// Every function's cycles so far (name -> [cycles, calls]), the calls under way up to now included.
 function profileSnapshot() {
   const out = {};
-  for (const [name, t] of Object.entries(profTotals)) out[name] = [t[0], t[1]];
-  for (const f of profFrames) out[f.name][0] += core.cycles + stall - f.start;
+  profNames.forEach((name, i) => { out[name] = [profTotals[i][0], profTotals[i][1]]; });
+  for (const f of profFrames) out[profNames[f.fn]][0] += core.cycles + stall - f.start;
   return out;
 }
 
