@@ -102,7 +102,7 @@ def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: st
             profile: bool = False) -> dict:
     """One generation of the prompt and ``new_tokens`` on the emulated RP2040 (deterministic: one run)
     with the KV cache ``kv``; with the XIP model, after a SELFTEST (every golden step); ``profile``:
-    with the call profile of the functions PROFILE (XIP model off only)."""
+    with the call profile of the functions PROFILE."""
     blob, fw = blob_and_firmware(qm, BOARD, work, kv=kv)
     m = re.search(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s", fw.size_text, re.M)
     funcs = symbols(fw.binary.with_suffix(".elf")) if profile else {}
@@ -116,6 +116,7 @@ def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: st
         counts = {c["step"]: c for c in board.read_counts()}
     dec, pre = res.generated_steps[1:], res.prompt_steps
     h = [counts[t.step] for t in dec]
+    profiled = {"call_profile": call_profile(h)} if profile else {}
     hp = [counts[t.step] for t in pre]
     emu_us = {p: _median(t.us[i] for t in dec) for i, p in enumerate(PHASES)}
     device_us = _median(sum(t.us) for t in dec)
@@ -123,8 +124,7 @@ def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: st
         return dict(cycles_per_token=_median(c["cycles"] for c in h), device_us_per_token=device_us,
                     phase_cycles_median={p: us * MHZ for p, us in emu_us.items()},
                     emulated_mcycles_per_wall_s=_median(c["cycles"] / c["wall_ms"] / 1e3 for c in h),
-                    decode_pos=[t.pos for t in dec],
-                    **({"call_profile": call_profile(h)} if profile else {}))
+                    decode_pos=[t.pos for t in dec], **profiled)
     predict = predictor(blob, BOARD)
     header = read_header(blob)
     pred = [predict(t.pos, _head(t)) for t in dec]
@@ -168,7 +168,7 @@ def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: st
         # the golden check (emulated ms): its boot steps (when the boot LOG reached the host) and all
         golden_boot_ms=next((ms for n, ms in golden.items() if n < checked.golden_checked), None),
         golden_selftest_ms=golden.get(checked.golden_checked), golden_steps=checked.golden_checked,
-        golden_bit_exact=int(checked.golden == "exact"))
+        golden_bit_exact=int(checked.golden == "exact"), **profiled)
 
 
 def section(work: Path) -> dict:

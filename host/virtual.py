@@ -186,7 +186,8 @@ class EmulatedBoard(VirtualBoard):
 
     The harness writes one JSON line per forward step to ``counts_path`` (bytes the core read per
     tier, cycles, emulated µs, host ms, with the XIP model on the step's XIP cache hits, misses and
-    stall cycles, with a profile its functions' cycles and calls); ``read_counts()`` returns the lines written since the previous call."""
+    stall cycles, with a profile its functions' cycles and calls); ``read_counts()`` returns the
+    lines written since the previous call."""
 
     def __init__(self, proc, port, image: Path, blob_path: Path, stderr_tail, slave_fd: int,
                  counts_path: Path, own_counts: bool, board: str, xip_model: bool):

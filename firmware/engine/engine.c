@@ -6,9 +6,9 @@
 
 static size_t up8(size_t n) { return (n + 7u) & ~(size_t)7u; }
 
-/* The parts of a layer make bench's call profile times on the emulated RP2040 by their symbols
- * (host/emu/harness.mjs --profile): out of line and not cloned, so each keeps its name. A few calls
- * per layer and token: the calls themselves cost nothing measurable. */
+/* The parts of a layer that make bench's call profile times by their symbols on the emulated
+ * RP2040 (host/emu/harness.mjs --profile): out of line and not cloned, so each keeps its name. A
+ * few calls per layer and token: the calls themselves cost nothing measurable. */
 #if defined(__GNUC__) && !defined(__clang__)
 #define PROFILED __attribute__((noinline, noclone))
 #else
