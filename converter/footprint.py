@@ -46,7 +46,7 @@ def region_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32", batch: int =
                                        t * (cfg.head_dim // 2) * 4, t * (cfg.head_dim // 2) * 4, t * ple,
                                        max(t, cfg.n_layers) * cfg.ple_dim * 4,   # a table row, or the gates
                                        t * 2 * _up8(wide), t * (wide // min_group + 1) * 4]
-    if t > 1:
+    if t > 1:   # the row buffer: two rows of the widest (engine.c, hal.h hal_matmul)
         scratch += [row_copy_bytes(wide, min_group)] * 2
     return {"kv": 2 * _up8(kv), "logits": _up8(t * cfg.n_out * 4) + 2 * _up8(cfg.n_out * 4),
             "scratch": sum(_up8(p) for p in scratch)}

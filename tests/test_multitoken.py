@@ -146,19 +146,21 @@ def test_prefill_bytes_fall_with_the_batch(tmp_path, build_root):
     assert per_token[1] / per_token[4] > 3.3 and per_token[1] / per_token[8] > 6.0
 
 
-@pytest.mark.parametrize("name", ["q8-gqa", "ple-q8-mqa-int8kv", "q8-row-int8kv"])
+@pytest.mark.parametrize("name", ["q8-gqa", "ple-q8-mqa-int8kv", "q8-row-int8kv", "q4-row-untied"])
 def test_batched_passes_on_the_emulated_rp2040(name, tmp_path):
-    """The Cortex-M0+ build: prefill passes of T tokens give every step's logits bit for bit,
-    speculative decoding (prompt lookup) gives plain greedy decoding's tokens, and the harness's count
-    of the bytes the core loaded in each pass equals the engine's (each weight row copied once per
-    pass, whatever T)."""
+    """The Cortex-M0+ build: prefill passes of T tokens give every step's logits bit for bit (the
+    HAL's row-scaled q8 and q4 kernels on blocks of copied rows included), speculative decoding
+    (prompt lookup) gives plain greedy decoding's tokens, and the harness's count of the bytes the
+    core loaded in each pass equals the engine's (each weight row copied once per pass, whatever T;
+    for a model whose rows carry padding no kernel loads, test_rp2040_emu checks the difference)."""
     from converter.reference import FLAG_LOGITS, generate
     from emuboard import emu_link, require_emulator
     from nativeboard import assert_matches_reference, assert_steps_match, run
     from test_rp2040_emu import padding_per_step
     require_emulator()
     qm, kv = model(name)
-    assert padding_per_step(qm) == 0        # the core reads exactly the bytes the engine counts
+    exact_bytes = padding_per_step(qm) == 0     # the core reads exactly the bytes the engine counts
+    assert exact_bytes or name == "q4-row-untied"
     prompt = [int(i) for i in np.random.default_rng(9).integers(0, qm.config.vocab_size, 9)]
     with emu_link(qm, tmp_path, tmp_path / "b", kv=kv, batch=4) as (link, boot, board):
         assert boot[-1].batch == 4
@@ -173,7 +175,7 @@ def test_batched_passes_on_the_emulated_rp2040(name, tmp_path):
             firsts = sorted({t.chunk for t in toks})
             assert sorted(counts) == firsts and len(firsts) == done.passes < len(toks)
             for t in toks:
-                if t.step == t.chunk:
+                if t.step == t.chunk and exact_bytes:
                     assert counts[t.step]["bytes"] == list(t.bytes_read), f"pass {t.step}"
         board.read_counts()
         ref = generate(qm, REPEATS, 12, kv=kv, batch=4, speculate="lookup", draft_k=3)
@@ -182,7 +184,7 @@ def test_batched_passes_on_the_emulated_rp2040(name, tmp_path):
         assert greedy_ids(ref) == greedy_ids(generate(qm, REPEATS, 12, kv=kv)) and done.verify_passes > 0
         counts = {c["step"]: c for c in board.read_counts()}
         assert sorted(counts) == sorted({t.chunk for t in toks})
-        assert all(counts[t.step]["bytes"] == list(t.bytes_read) for t in toks if t.step == t.chunk)
+        assert all(counts[t.step]["bytes"] == list(t.bytes_read) for t in toks if t.step == t.chunk and exact_bytes)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -62,10 +62,11 @@ static void layout(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_R
     s->pt = carve(&sc, nt > m->n_layers ? (size_t)nt * m->ple_dim * 4u : ple);   /* a table row, or the pass's gates */
     s->xq = carve(&sc, (size_t)nt * s->xq_stride * 2u);   /* flm_act codes: 2 bytes on SIMD cores, room for them everywhere */
     s->xs = carve(&sc, (size_t)nt * s->xs_stride * 4u);
-    s->row_buf[0] = s->row_buf[1] = 0;
-    if (nt > 1u) {
-        s->row_buf[0] = carve(&sc, row_copy_bytes(m, wide));
-        s->row_buf[1] = carve(&sc, row_copy_bytes(m, wide));
+    s->row_buf = 0;
+    s->row_buf_bytes = 0;
+    if (nt > 1u) {   /* two rows: one a core on two cores (halves 8-byte aligned), or blocks of two on one */
+        s->row_buf_bytes = 2u * up8(row_copy_bytes(m, wide));
+        s->row_buf = carve(&sc, s->row_buf_bytes);
     }
     s->logits = carve(&lg, (size_t)nt * m->n_out * 4u);
     s->probs = carve(&lg, m->n_out * 4u);
@@ -132,7 +133,7 @@ static PROFILED void rmsnorm(float *o, const float *x, uint32_t stride, const fl
  * scales sit in s->xq / s->xs: the matrix read once (hal_matmul). */
 static PROFILED void product(flm_state *s, const flm_tensor *w, uint32_t n, float *out, uint32_t out_stride, flm_step_stats *st) {
     const flm_batch b = {n, s->xq, s->xs, out, s->xq_stride, s->xs_stride, out_stride};
-    hal_matmul(w, &b, s->row_buf);
+    hal_matmul(w, &b, s->row_buf, s->row_buf_bytes);
     st->bytes[w->tier] += w->length;
 }
 

@@ -27,7 +27,8 @@ typedef struct {
     size_t kv_bytes;                /* bytes of the KV region, from kc to the end of vc */
     flm_act *xq;                    /* activation codes (kernels.h) */
     uint32_t xq_stride, xs_stride;  /* one token's activation codes (a multiple of 8) and scales (floats) */
-    uint8_t *row_buf[2];            /* batch > 1: a weight row's copy, one per core (kernels.h flm_matmul_rows) */
+    uint8_t *row_buf;               /* batch > 1: weight rows' copies, two rows of the widest (hal.h hal_matmul) */
+    size_t row_buf_bytes;
     uint32_t *idx;
     uint32_t kv_tier;               /* where the KV cache lives (the arena's tier) */
     uint32_t n_tok;                 /* tokens of the last flm_body_many */

@@ -33,8 +33,9 @@ const char *hal_board_name(void);
 uint8_t *hal_tier_arena(uint32_t tier, size_t *cap);
 /* w's rows for the n tokens of b (kernels.h flm_matmul_rows; n = 1: flm_matvec), the engine's every
  * matrix product goes through here: a board may split the rows across its cores (rows are
- * independent, so any split is bit for bit the same; each core copies rows into its own row_buf[c]
- * when n > 1) or use its SIMD unit for the group dots. A HAL need not define it (kernels.c has a weak
- * default running every row on the calling core with row_buf[0]). */
-void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *const row_buf[2]);
+ * independent, so any split is bit for bit the same; when n > 1 each core copies rows into its own
+ * half of row_buf, whose row_buf_bytes hold two rows of the widest matrix, a half 8-byte aligned) or
+ * use its SIMD unit for the group dots. A HAL need not define it (kernels.c has a weak default
+ * running every row on the calling core with the whole of row_buf). */
+void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes);
 #endif

@@ -738,27 +738,31 @@ void flm_matvec(const flm_tensor *w, const flm_act *xq, const float *xs, float *
     flm_matvec_rows(w, 0, w->rows, xq, xs, out);
 }
 
-void flm_matmul_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_batch *b, uint8_t *row_buf) {
+void flm_matmul_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_batch *b, uint8_t *row_buf,
+                     size_t buf_bytes) {
     if (b->n == 1u) {
         flm_matvec_rows(w, r0, r1, b->xq, b->xs, b->out);
         return;
     }
-    /* the copy is the only read of the row's bytes in their tier (flash through an XIP or PSRAM
+    /* the copy is the only read of the rows' bytes in their tier (flash through an XIP or PSRAM
      * cache, or SRAM): the engine's byte counts and the emulator's count of the core's loads stay
-     * equal, and no cache has to keep a row for the n tokens */
-    flm_tensor row = *w;
-    row.data = row_buf;
-    for (uint32_t r = r0; r < r1; r++) {
-        memcpy(row_buf, w->data + (size_t)r * w->stride, w->stride);
+     * equal, and no cache has to keep a row for the n tokens. Blocks of rows, not one: a kernel
+     * call costs its set-up per block, and the M0+'s row-scaled kernel takes rows two at a time. */
+    const uint32_t per = (uint32_t)(buf_bytes / w->stride);
+    flm_tensor rows = *w;
+    rows.data = row_buf;
+    for (uint32_t r = r0, k; r < r1; r += k) {
+        k = r1 - r < per ? r1 - r : per;
+        memcpy(row_buf, w->data + (size_t)r * w->stride, (size_t)k * w->stride);
         for (uint32_t t = 0; t < b->n; t++)
-            rows_tuned(&row, 0, 1u, b->xq + (size_t)t * b->xq_stride, b->xs + (size_t)t * b->xs_stride,
+            rows_tuned(&rows, 0, k, b->xq + (size_t)t * b->xq_stride, b->xs + (size_t)t * b->xs_stride,
                        b->out + (size_t)t * b->out_stride + r);
     }
 }
 
-/* The default: every row on the calling core. */
-__attribute__((weak)) void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *const row_buf[2]) {
-    flm_matmul_rows(w, 0, w->rows, b, row_buf[0]);
+/* The default: every row on the calling core, the whole row buffer its own. */
+__attribute__((weak)) void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes) {
+    flm_matmul_rows(w, 0, w->rows, b, row_buf, row_buf_bytes);
 }
 
 /* ---- boot self-check ---------------------------------------------------------------------- */

@@ -40,10 +40,12 @@ typedef struct {
     uint32_t xq_stride, xs_stride, out_stride;
 } flm_batch;
 /* Rows [r0, r1) of w for every token of b, each token's values flm_matvec_rows' bit for bit. One
- * token reads the rows in place; more than one read each row once: it is copied into row_buf (an
- * SRAM buffer of at least the row's stride, word aligned), and every token's group dots read the copy
+ * token reads the rows in place; more than one read each row once: as many whole rows as row_buf
+ * holds (an SRAM buffer of buf_bytes, at least the row's stride, word aligned) are copied into it,
+ * and every token's rows read the copy, a block of rows a kernel call, as a one-token matvec's
  * (docs/formats.md section 2: a forward pass reads each weight byte once, whatever its tokens). */
-void flm_matmul_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_batch *b, uint8_t *row_buf);
+void flm_matmul_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_batch *b, uint8_t *row_buf,
+                     size_t buf_bytes);
 /* Row r of flm_matvec's output, bit for bit (the boot self-check compares rows one at a time; the
  * tensor must be row-major). */
 float flm_matvec_row(const flm_tensor *w, uint32_t r, const flm_act *xq, const float *xs);

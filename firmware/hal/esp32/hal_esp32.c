@@ -64,6 +64,7 @@ static struct {
     const flm_tensor *w;
     const flm_batch *b;
     uint8_t *row_buf;
+    size_t row_buf_bytes;
     uint32_t r0;
     TaskHandle_t caller;
 } job;
@@ -73,24 +74,26 @@ static void matmul_worker(void *arg) {
     (void)arg;
     for (;;) {
         ulTaskNotifyTake(pdTRUE, portMAX_DELAY);
-        flm_matmul_rows(job.w, job.r0, job.w->rows, job.b, job.row_buf);
+        flm_matmul_rows(job.w, job.r0, job.w->rows, job.b, job.row_buf, job.row_buf_bytes);
         xTaskNotifyGive(job.caller);
     }
 }
 
-void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *const row_buf[2]) {
+void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes) {
     if (!worker || w->rows < SPLIT_MIN_ROWS) {
-        flm_matmul_rows(w, 0, w->rows, b, row_buf[0]);
+        flm_matmul_rows(w, 0, w->rows, b, row_buf, row_buf_bytes);
         return;
     }
     const uint32_t half = w->rows / 2u;
+    const size_t buf_half = row_buf_bytes / 2u;     /* each core its own half: a row of the widest */
     job.w = w;
     job.b = b;
-    job.row_buf = row_buf[1];
+    job.row_buf = row_buf + buf_half;
+    job.row_buf_bytes = buf_half;
     job.r0 = half;
     job.caller = xTaskGetCurrentTaskHandle();
     xTaskNotifyGive(worker);                        /* the notification orders the job's writes */
-    flm_matmul_rows(w, 0, half, b, row_buf[0]);
+    flm_matmul_rows(w, 0, half, b, row_buf, buf_half);
     ulTaskNotifyTake(pdTRUE, portMAX_DELAY);        /* core 1's rows are done */
 }
 #endif
