@@ -17,14 +17,13 @@ way of counting a token's traffic and arithmetic) with the matrices' reads taken
 ``costmodel.predict`` per tier. Nothing here adds a physical constant: bandwidths, line fills and the
 compute calibration are the board profile's (boards/*.toml) and costmodel's. The row copies are
 charged as the scratch tier's sequential traffic (on the ESP32-S3 its SRAM rate is a measured memcpy,
-[X51b] in its profile). The evidence, and where it falls short: on the emulated RP2040 (XIP model on)
-the predicted prefill of the default model per prompt token is 0.98x / 0.80x / 0.80x the emulated one
-at T = 1 / 4 / 8, with the bytes of every pass equal (bench.passes; tests/test_roofline.py holds a
-loose band). The shortfall is the M0+'s pass kernel: flm_matmul_rows multiplies the row's copy one
-token at a time (a kernel call per row and token, where a one-token matvec runs all rows in one
-call), and the harness's call profile (XIP model off) puts the matrix products of a prompt token at
-1.47x / 1.44x the one-token kernel's cycles at T = 4 / 8, the row copies included; nothing here
-charges that yet. BATCHES and BEST_T_TOLERANCE are choices of what to quote, not measurements.
+[X51b] in its profile). The evidence that this is enough: on the emulated RP2040 (XIP model on) the
+predicted prefill of the default model per prompt token is 0.98x / 0.95x / 0.97x the emulated one at
+T = 1 / 4 / 8, with the bytes of every pass equal (bench.passes; tests/test_roofline.py holds a loose
+band). What remains: the harness's call profile (XIP model off) puts a prompt token's matrix
+products at 1.11x / 1.08x the one-token kernel's cycles at T = 4 / 8, the row copies and a kernel
+call per pair of rows and token included, which nothing here charges. BATCHES and BEST_T_TOLERANCE
+are choices of what to quote, not measurements.
 """
 from __future__ import annotations
 
