@@ -101,7 +101,6 @@ def row_stride(fmt: str, cols: int, g: int, scale16: bool = False, rowscale: boo
     return 4 * ng + codes
 
 
-
 def row_padding(e: Entry) -> int:
     """Bytes of one of ``e``'s rows that the engine counts (whole strides) but no kernel loads: the
     zeros that align each group's codes to 4, and those after a row's fp16 scales or multipliers."""
@@ -126,6 +125,7 @@ def padding_per_step(h: "BlobHeader", tied: bool, head_rows: int) -> dict[str, i
         if name in by:
             out[by[name].tier] = out.get(by[name].tier, 0) + n * row_padding(by[name])
     return out
+
 
 def _pack_codes(fmt: str, codes: np.ndarray, offset: bool = False) -> np.ndarray:
     """[rows, n] int8 codes -> [rows, code_bytes] bytes (int8, or int4 nibble pairs, low first:

@@ -105,9 +105,15 @@ uint32_t flm_sf_add(uint32_t a, uint32_t b) {
     return FTZ(pack(sign, (int32_t)ea, m));
 }
 
-/* A nonzero subnormal's significand brought to a leading one at bit 23, its exponent adjusted. */
-static uint32_t normalize(uint32_t m, int32_t *e) {
-    uint32_t s = lead_zeros(m) - 8u;
+/* A nonzero finite operand's significand with its leading one at bit 23, and its exponent in *e
+ * (a subnormal's brought to that leading one, its exponent adjusted). */
+static uint32_t significand(uint32_t a, int32_t *e) {
+    const uint32_t ea = (a >> 23) & 255u, m = a & MANT;
+    if (ea) {
+        *e = (int32_t)ea;
+        return m | HID;
+    }
+    const uint32_t s = lead_zeros(m) - 8u;
     *e = 1 - (int32_t)s;
     return m << s;
 }
@@ -123,10 +129,8 @@ uint32_t flm_sf_mul(uint32_t a, uint32_t b) {
         return sign | 0x7f800000u;
     }
     if ((a << 1) == 0u || (b << 1) == 0u) return sign;
-    int32_t xa = (int32_t)ea, xb = (int32_t)eb;
-    uint32_t ma = a & MANT, mb = b & MANT;
-    if (ea) ma |= HID; else ma = normalize(ma, &xa);
-    if (eb) mb |= HID; else mb = normalize(mb, &xb);
+    int32_t xa, xb;
+    uint32_t ma = significand(a, &xa), mb = significand(b, &xb);
     /* 24 x 24 -> 48-bit product from 12-bit halves (the M0+ multiplies 32 x 32 -> 32 only) */
     uint32_t ah = ma >> 12, al = ma & 0xfffu, bh = mb >> 12, bl = mb & 0xfffu;
     uint32_t mid = ah * bl + al * bh;
@@ -156,10 +160,8 @@ uint32_t flm_sf_div(uint32_t a, uint32_t b) {
     }
     if ((b << 1) == 0u) return (a << 1) ? sign | 0x7f800000u : QNAN;   /* x / 0, 0 / 0 */
     if ((a << 1) == 0u) return sign;
-    int32_t xa = (int32_t)ea, xb = (int32_t)eb;
-    uint32_t ma = a & MANT, mb = b & MANT;
-    if (ea) ma |= HID; else ma = normalize(ma, &xa);
-    if (eb) mb |= HID; else mb = normalize(mb, &xb);
+    int32_t xa, xb;
+    uint32_t ma = significand(a, &xa), mb = significand(b, &xb);
     int32_t e = xa - xb + 127;
     if (ma < mb) { ma <<= 1; e--; }                                /* quotient in [1, 2) */
     /* restoring division, 30 quotient bits (leading one at bit 29), remainder as sticky */

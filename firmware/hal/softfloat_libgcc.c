@@ -62,10 +62,13 @@ uint32_t __wrap___fixunssfsi(uint32_t a) {
     return m >> (31u - (e - 127u));
 }
 
+/* Whether a or b is a NaN. */
+static int32_t either_nan(uint32_t a, uint32_t b) { return (a << 1) > 0xff000000u || (b << 1) > 0xff000000u; }
+
 /* -1, 0 or 1 as a is below, equal to or above b; unordered (a NaN operand) gives `unordered`.
  * +0 and -0 are equal. */
 static int32_t compare(uint32_t a, uint32_t b, int32_t unordered) {
-    if ((a << 1) > 0xff000000u || (b << 1) > 0xff000000u) return unordered;
+    if (either_nan(a, b)) return unordered;
     if (((a | b) << 1) == 0u) return 0;
     if (a == b) return 0;
     /* ordered: by sign, then by magnitude (reversed for negatives) */
@@ -84,4 +87,4 @@ int32_t __wrap___lesf2(uint32_t a, uint32_t b) { return compare(a, b, 1); }
 int32_t __wrap___gtsf2(uint32_t a, uint32_t b) { return compare(a, b, -1); }
 int32_t __wrap___gesf2(uint32_t a, uint32_t b) { return compare(a, b, -1); }
 /* nonzero iff a or b is a NaN */
-int32_t __wrap___unordsf2(uint32_t a, uint32_t b) { return (a << 1) > 0xff000000u || (b << 1) > 0xff000000u; }
+int32_t __wrap___unordsf2(uint32_t a, uint32_t b) { return either_nan(a, b); }
