@@ -35,7 +35,6 @@ from pathlib import Path
 from converter import costmodel as C
 from converter.blob import kv_format, padding_per_step, read_header, unpack_state_tiers
 from converter.boards import load_board
-from firmware.build_arm import symbols
 from host.protocol import PHASES, TIERS, Done, GenerateText, Log, Stop
 from host.virtual import start_emulated_board
 
@@ -105,9 +104,7 @@ def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: st
     with the call profile of the functions PROFILE."""
     blob, fw = blob_and_firmware(qm, BOARD, work, kv=kv)
     m = re.search(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s", fw.size_text, re.M)
-    funcs = symbols(fw.binary.with_suffix(".elf")) if profile else {}
-    with start_emulated_board(fw.binary, blob, xip_model=xip_model,
-                              profile={n: funcs[n] for n in PROFILE} if profile else None) as board, \
+    with start_emulated_board(fw.binary, blob, xip_model=xip_model, profile=PROFILE if profile else ()) as board, \
             session(board.port) as s:
         checked = s.selftest(timeout=600) if xip_model else None
         golden = golden_ms(s.logs)

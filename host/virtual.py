@@ -257,16 +257,26 @@ def emulator_missing() -> str | None:
     return None
 
 
+def _entries(image: Path, names) -> dict[str, int]:
+    """Name -> entry address of the functions ``names`` in the ELF beside ``image``."""
+    from firmware.build_arm import symbols
+    elf = image.with_suffix(".elf")
+    found = symbols(elf) if elf.is_file() else {}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise BoardError(f"cannot profile {', '.join(missing)}: not in {elf}")
+    return {n: found[n] for n in names}
+
+
 def start_emulated_board(image, blob_path, board: str = "rp2040-emu", timeout: float = 10,
-                         counts_path=None, xip_model: bool = True, profile: dict[str, int] | None = None
-                         ) -> EmulatedBoard:
+                         counts_path=None, xip_model: bool = True, profile: tuple[str, ...] = ()) -> EmulatedBoard:
     """Start the harness on ``image`` (firmware.bin) with the blob at the board's flash offset;
     UART0 is the pty the returned board's ``port`` names. ``xip_model``: flash reads go through the
     harness's XIP cache and QSPI timing model (host/emu/xip.mjs), whose stalls the emulated clock
     counts; False runs rp2040js as is (a flash read costs what an SRAM read costs). ``profile``:
-    function name -> entry address (the image's ELF symbols); each step's counts then hold
-    ``calls``: name -> [cycles inside its calls, calls] (the harness's call profile). Problems are
-    one-line BoardErrors."""
+    names of the image's functions (found in the firmware.elf beside it); each step's counts then
+    hold ``calls``: name -> [cycles inside its calls, calls] (the harness's call profile). Problems
+    are one-line BoardErrors."""
     import tempfile
     import tty
 
@@ -285,6 +295,7 @@ def start_emulated_board(image, blob_path, board: str = "rp2040-emu", timeout: f
     if blob_path.stat().st_size > flash - off:
         raise BoardError(f"model image {blob_path} is {blob_path.stat().st_size:,} bytes; {board}'s flash "
                          f"holds {flash - off:,} after the firmware")
+    entries = _entries(image, profile) if profile else {}
     own = counts_path is None
     if own:
         fd, name = tempfile.mkstemp(prefix="flashlm-emu-", suffix=".jsonl")
@@ -299,7 +310,7 @@ def start_emulated_board(image, blob_path, board: str = "rp2040-emu", timeout: f
         proc = subprocess.Popen(["node", str(EMU_HARNESS), "--firmware", str(image), "--blob", str(blob_path),
                                  "--blob-offset", str(off), "--flash-size", str(flash),
                                  "--counts", str(counts_path), "--xip-model", "on" if xip_model else "off",
-                                 *(["--profile", ",".join(f"{n}={a:#x}" for n, a in profile.items())] if profile else [])],
+                                 *(["--profile", ",".join(f"{n}={a:#x}" for n, a in entries.items())] if entries else [])],
                                 stdin=master, stdout=master, stderr=subprocess.PIPE, cwd=str(EMU_DIR),
                                 start_new_session=True, close_fds=True)
     except OSError as e:

@@ -12,7 +12,6 @@ import serial
 from converter.blob import read_header, write_blob
 from converter.tokenizer_enc import section_info
 from firmware.build import build_firmware
-from firmware.build_arm import symbols
 from host.protocol import Hello, Link, Ping
 from host.virtual import emulator_missing, start_emulated_board
 from nativeboard import recv_until
@@ -51,9 +50,7 @@ def emu_link(qm, tmp: Path, build_root: Path, blob_bytes: bytes | None = None, k
     image = image_for(blob, build_root)
     if blob_bytes is not None:
         blob.write_bytes(blob_bytes)
-    funcs = symbols(image.with_suffix(".elf")) if profile else {}
-    with start_emulated_board(image, blob, BOARD, xip_model=xip_model,
-                              profile={n: funcs[n] for n in profile} or None) as board:
+    with start_emulated_board(image, blob, BOARD, xip_model=xip_model, profile=profile) as board:
         port = serial.Serial(board.port, 115200, timeout=0.05)
         try:
             link = Link(port)
