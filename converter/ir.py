@@ -43,12 +43,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import FlashlmError
+
 FORMATS = ("f32", "q8", "q4")
 QMAX = {"q8": 127, "q4": 7}
 MAX_STOP_IDS = 16        # the firmware keeps the stop ids in a fixed array (blob section tokenizer.stop)
 
 
-class ModelError(ValueError):
+class ModelError(FlashlmError, ValueError):
     """A model file or model description that cannot be used; the message is for the user."""
 
 
