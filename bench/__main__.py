@@ -16,11 +16,11 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run the emul
   emulated Cortex-M0+ (bench/kernels.py: SysTick in a probe image);
 * callgrind — instructions per decode token and per prefill step of the native engine under
   valgrind's callgrind, per function (bench/callgrind.py; deterministic);
-* native15m — the native engine beside llama2.c's runq.c (issue 12): callgrind instructions per
-  decode token on the 15M llama2.c shape (our v2 Q8_0 file, imported as it is), pruned head and
-  --all-logits, with and without the AVX2 clones, beside runq.c's published 57.7M (the issue's
-  figure, not measured here); native tok/s of every shipped model, pruned vs --all-logits
-  (bench/native15m.py);
+* native15m — the native engine beside llama2.c's runq.c: callgrind instructions per decode
+  token on the 15M llama2.c shape (our v2 Q8_0 file, imported as it is), pruned head and
+  --all-logits, with and without the AVX2 clones, beside runq.c's 57.7M (measured once when the
+  native kernels were compared with it; llama2.c is not built here); native tok/s of every
+  shipped model, pruned vs --all-logits (bench/native15m.py);
 * predicted — the planner's predicted ms per phase on the ESP32-S3 N16R8 and Pico profiles for the
   default model and the ple-28m shape, and ple-28m beside its published measurement
   (bench/predict.py, bench/ple_seed.py);
