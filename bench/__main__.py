@@ -42,8 +42,8 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run the emul
 A section is ``Section(name, run, emulated)``: ``run(work_dir)`` (an empty directory of its own)
 returns a dict of top-level result entries; its optional ``ratios`` entry (label -> value) joins
 the table of ratios measured in this run (bench/kernels.py ``section`` is a short example). A full run (no ``--only``/``--quick``) writes
-bench/results.json after printing every figure beside the previous file's with their ratio; a
-partial run only prints (``--json FILE`` writes it).
+bench/results.json after printing every figure beside the previous file's with their ratio, and
+docs/bench.md from it (bench/docs_page.py); a partial run only prints (``--json FILE`` writes it).
 """
 from __future__ import annotations
 
@@ -59,12 +59,10 @@ from typing import Callable
 
 from rich.console import Console
 
-from . import (callgrind, convert, emulated, headindex, kernels, native, native15m, passes, ple_seed, ple_vs_dense, predict, speed,
-               xip)
+from . import (callgrind, convert, docs_page, emulated, headindex, kernels, native, native15m, passes, ple_seed, ple_vs_dense,
+               predict, speed, xip)
 from .model import ROOT, default_ir
-from .report import print_report
-
-RESULTS = Path(__file__).resolve().parent / "results.json"
+from .report import RESULTS, print_report
 
 
 @dataclass(frozen=True)
@@ -144,7 +142,7 @@ def main(argv=None) -> int:
         Path(a.json).write_text(json.dumps(results, indent=1) + "\n")
     if chosen == SECTIONS:
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
-        console.print(f"saved {RESULTS.relative_to(ROOT)}")
+        console.print(f"saved {RESULTS.relative_to(ROOT)} and {docs_page.write().relative_to(ROOT)}")
     return 0
 
 
