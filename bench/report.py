@@ -129,8 +129,8 @@ def callgrind_table(r: dict) -> Figures | None:
             ["per prefill step (flm_body_many)"] + [x["ir_per_prefill_step"] for x in runs.values()]]
     rows += [[f"  {f} (inclusive)"] + [x["inclusive_per_decode_token"][f] for x in runs.values()]
              for f in first["inclusive_per_decode_token"] if any(x["inclusive_per_decode_token"][f] for x in runs.values())]
-    funcs = sorted({f for x in runs.values() for f in x["self_per_decode_token"]},
-                   key=lambda f: -max(x["self_per_decode_token"].get(f, 0) for x in runs.values()))
+    funcs = sorted({f for x in runs.values() for f in x["self_per_decode_token"]},     # ties by name: one order
+                   key=lambda f: (-max(x["self_per_decode_token"].get(f, 0) for x in runs.values()), f))
     rows += [[f"  {f} (self)"] + [x["self_per_decode_token"].get(f) for x in runs.values()] for f in funcs]
     return Figures(f"callgrind: instructions of the native engine (x86-64 build, -O2) per step, decode tokens at "
                   f"positions {first['prompt_tokens']}..{first['prompt_tokens'] + first['decode_tokens'] - 1}",

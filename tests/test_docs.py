@@ -14,14 +14,19 @@ PAGES = [ROOT / "README.md", ROOT / "boards" / "README.md", *sorted((ROOT / "doc
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
+def without_code_blocks(text: str) -> str:
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
 def prose(text: str) -> str:
-    """``text`` without fenced code blocks and inline code, where brackets are not links."""
-    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
-    return re.sub(r"`[^`\n]*`", "", text)
+    """``text`` without code blocks and inline code, where brackets are not links."""
+    return re.sub(r"`[^`\n]*`", "", without_code_blocks(text))
 
 
 def headings(path: Path) -> set[str]:
-    return {docs_page.anchor(m.group(1).strip()) for m in re.finditer(r"^#+ (.+)$", prose(path.read_text()), re.M)}
+    """The anchors of ``path``'s headings (inline code in a heading keeps its text in the anchor)."""
+    text = without_code_blocks(path.read_text())
+    return {docs_page.anchor(m.group(1).strip()) for m in re.finditer(r"^#+ (.+)$", text, re.M)}
 
 
 def test_readme_is_a_first_hour_guide():
