@@ -8,6 +8,7 @@ tests/test_docs.py checks the committed page is what this module writes.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
@@ -47,6 +48,13 @@ def markdown(f: Figures) -> str:
     return "\n".join(lines + (["", f.caption] if f.caption else []))
 
 
+def per_run(title: str, runs: dict[str, dict], keys: list[tuple], caption: str | None = None) -> Figures:
+    """One column per run, one row per ``(label, key)``: a dotted path into the run's dict, or a function of it."""
+    get = lambda run, key: key(run) if callable(key) else functools.reduce(dict.__getitem__, key.split("."), run)
+    return Figures(title, ["figure"] + list(runs), [[label] + [get(x, key) for x in runs.values()] for label, key in keys],
+                   caption)
+
+
 def headline(r: dict) -> Figures | None:
     rows = []
     n8, n4 = r.get("native_q8"), r.get("native_q4")
@@ -71,30 +79,29 @@ def emulated_table(r: dict) -> Figures | None:
     runs = {fmt: r[f"rp2040_emu_{fmt}"] for fmt in ("q8", "q4") if f"rp2040_emu_{fmt}" in r}
     if not runs:
         return None
-    keys = [("cycles per decode token (harness)", lambda e: e["cycles_per_token"]),
-            ("emulated µs per decode token", lambda e: e["emulated_us_per_token"]),
-            ("emulated tok/s", lambda e: e["emulated_tok_per_s"]),
-            ("cycles per prefill step (harness)", lambda e: e["prefill_cycles_per_step"]),
-            ("XIP cache hits per decode token", lambda e: e["xip"]["hits"]),
-            ("XIP cache misses per decode token", lambda e: e["xip"]["misses"]),
-            ("of them, instruction fetches", lambda e: e["xip"]["fetch_misses"]),
-            ("cycles one miss stalls", lambda e: e["xip"]["miss_cycles"]),
-            ("stall cycles per decode token", lambda e: e["xip"]["stall_cycles"]),
-            ("stall share of the token", lambda e: e["xip"]["stall_share"]),
-            ("flash MB/s while stalled", lambda e: e["xip"]["flash_MBps_while_stalled"]),
-            ("flash MB/s over the token", lambda e: e["xip"]["flash_MBps_per_token"]),
-            ("XIP data misses / planner's predicted line fills", lambda e: e["xip_data_misses_over_predicted_lines"]),
-            ("predicted / emulated µs per decode token", lambda e: e["predicted_over_emulated_token"]),
-            ("golden check at boot, ms", lambda e: e["golden_boot_ms"]),
-            ("golden check on SELFTEST, ms", lambda e: e["golden_selftest_ms"]),
-            ("golden check bit-exact", lambda e: "yes" if e["golden_bit_exact"] else "no"),
-            ("image .text bytes", lambda e: e["image_text_bytes"]),
-            ("image .bss bytes", lambda e: e["image_bss_bytes"]),
-            ("blob bytes", lambda e: e["blob_bytes"]),
-            ("emulator wall ms per token (host clock)", lambda e: e["wall_ms_per_token"]),
-            ("emulated Mcycles per wall second (host clock)", lambda e: e["emulated_mcycles_per_wall_s"])]
-    return Figures("emulated RP2040, default model: one run per format", ["figure"] + list(runs),
-                   [[label] + [get(e) for e in runs.values()] for label, get in keys])
+    return per_run("emulated RP2040, default model: one run per format", runs, [
+        ("cycles per decode token (harness)", "cycles_per_token"),
+        ("emulated µs per decode token", "emulated_us_per_token"),
+        ("emulated tok/s", "emulated_tok_per_s"),
+        ("cycles per prefill step (harness)", "prefill_cycles_per_step"),
+        ("XIP cache hits per decode token", "xip.hits"),
+        ("XIP cache misses per decode token", "xip.misses"),
+        ("of them, instruction fetches", "xip.fetch_misses"),
+        ("cycles one miss stalls", "xip.miss_cycles"),
+        ("stall cycles per decode token", "xip.stall_cycles"),
+        ("stall share of the token", "xip.stall_share"),
+        ("flash MB/s while stalled", "xip.flash_MBps_while_stalled"),
+        ("flash MB/s over the token", "xip.flash_MBps_per_token"),
+        ("XIP data misses / planner's predicted line fills", "xip_data_misses_over_predicted_lines"),
+        ("predicted / emulated µs per decode token", "predicted_over_emulated_token"),
+        ("golden check at boot, ms", "golden_boot_ms"),
+        ("golden check on SELFTEST, ms", "golden_selftest_ms"),
+        ("golden check bit-exact", lambda e: "yes" if e["golden_bit_exact"] else "no"),
+        ("image .text bytes", "image_text_bytes"),
+        ("image .bss bytes", "image_bss_bytes"),
+        ("blob bytes", "blob_bytes"),
+        ("emulator wall ms per token (host clock)", "wall_ms_per_token"),
+        ("emulated Mcycles per wall second (host clock)", "emulated_mcycles_per_wall_s")])
 
 
 XIP_OFF_RUNS = {"rp2040_emu_q8_xip_off": "q8 (row scales, int8 KV)", "rp2040_emu_q4_xip_off": "q4 (row scales, int8 KV)",
@@ -106,13 +113,11 @@ def xip_off_table(r: dict) -> Figures | None:
     runs = {label: r[k] for k, label in XIP_OFF_RUNS.items() if k in r}
     if not runs:
         return None
-    rows = [["cycles per decode token"] + [e["cycles_per_token"] for e in runs.values()],
-            ["device µs per decode token"] + [e["device_us_per_token"] for e in runs.values()]]
-    rows += [[f"{ph} cycles (median)"] + [e["phase_cycles_median"][ph] for e in runs.values()]
-             for ph in PHASES if any(e["phase_cycles_median"][ph] for e in runs.values())]
-    rows.append(["emulated Mcycles per wall second (host clock)"] + [e["emulated_mcycles_per_wall_s"] for e in runs.values()])
-    return Figures("emulated RP2040 with the XIP model off, the default model's weights in four formats",
-                   ["figure"] + list(runs), rows)
+    phases = [ph for ph in PHASES if any(e["phase_cycles_median"][ph] for e in runs.values())]
+    return per_run("emulated RP2040 with the XIP model off, the default model's weights in four formats", runs,
+                   [("cycles per decode token", "cycles_per_token"), ("device µs per decode token", "device_us_per_token")]
+                   + [(f"{ph} cycles (median)", f"phase_cycles_median.{ph}") for ph in phases]
+                   + [("emulated Mcycles per wall second (host clock)", "emulated_mcycles_per_wall_s")])
 
 
 def call_profile_table(r: dict) -> Figures | None:
@@ -191,26 +196,25 @@ def speed_table(r: dict) -> Figures | None:
     s = r.get("speed")
     if not s:
         return None
-    keys = [("output µs per decode token, whole head", lambda f: f["output_us_full"]),
-            ("output µs per decode token, greedy tile scan", lambda f: f["output_us_pruned"]),
-            ("token µs, whole head", lambda f: f["token_us_full"]),
-            ("token µs, greedy tile scan", lambda f: f["token_us_pruned"]),
-            ("head rows visited, % of out_vocab (mean)", lambda f: f["head_rows_pct"]),
-            ("head rows visited, % (fewest)", lambda f: f["head_rows_min_pct"]),
-            ("prefill µs with the head", lambda f: f["prefill_with_head"]["total_us"]),
-            ("prefill µs without the head", lambda f: f["prefill_without_head"]["total_us"]),
-            ("attention µs, f32 KV cache", lambda f: f["attention_us_f32"]),
-            ("attention µs, int8 KV cache", lambda f: f["attention_us_int8"]),
-            ("KV bytes read per decode token, f32", lambda f: f["kv_read_per_token_f32"]),
-            ("KV bytes read per decode token, int8", lambda f: f["kv_read_per_token_int8"]),
-            ("KV bytes stored per position, f32", lambda f: f["kv_stored_per_position_f32"]),
-            ("KV bytes stored per position, int8", lambda f: f["kv_stored_per_position_int8"]),
-            ("int8 KV: greedy tokens", lambda f: "same" if f["int8_first_divergence"] is None
-             else f"differ from step {f['int8_first_divergence']}")]
-    return Figures("the default model q8: whole vs greedy head, prefill with and without the head, int8 vs f32 KV "
+    return per_run("the default model q8: whole vs greedy head, prefill with and without the head, int8 vs f32 KV "
                    "cache (per step the fastest round, then the median over steps)",
-                   ["figure"] + [f"{f['board']} ({f['clock']})" for f in s.values()],
-                   [[label] + [get(f) for f in s.values()] for label, get in keys])
+                   {f"{f['board']} ({f['clock']})": f for f in s.values()}, [
+                       ("output µs per decode token, whole head", "output_us_full"),
+                       ("output µs per decode token, greedy tile scan", "output_us_pruned"),
+                       ("token µs, whole head", "token_us_full"),
+                       ("token µs, greedy tile scan", "token_us_pruned"),
+                       ("head rows visited, % of out_vocab (mean)", "head_rows_pct"),
+                       ("head rows visited, % (fewest)", "head_rows_min_pct"),
+                       ("prefill µs with the head", "prefill_with_head.total_us"),
+                       ("prefill µs without the head", "prefill_without_head.total_us"),
+                       ("attention µs, f32 KV cache", "attention_us_f32"),
+                       ("attention µs, int8 KV cache", "attention_us_int8"),
+                       ("KV bytes read per decode token, f32", "kv_read_per_token_f32"),
+                       ("KV bytes read per decode token, int8", "kv_read_per_token_int8"),
+                       ("KV bytes stored per position, f32", "kv_stored_per_position_f32"),
+                       ("KV bytes stored per position, int8", "kv_stored_per_position_int8"),
+                       ("int8 KV: greedy tokens", lambda f: "same" if f["int8_first_divergence"] is None
+                        else f"differ from step {f['int8_first_divergence']}")])
 
 
 def head_decision_table(r: dict) -> Figures | None:
@@ -241,13 +245,13 @@ def ple_vs_dense_table(r: dict) -> Figures | None:
     p = r.get("ple_vs_dense")
     if not p:
         return None
-    keys = [("parameters", "params"), ("in the PLE table", "table"), ("core", "core"), ("eval loss, nats/token", "eval_loss"),
-            ("perplexity", "eval_ppl"), ("bits per character", "eval_bits_per_char"), ("blob bytes", "blob_bytes"),
-            ("tok/s PREDICTED", "tok_s_predicted")]
-    rows = [[label] + [m[k] for m in p["models"].values()] for label, k in keys]
-    rows += [[f"{t} B/token PREDICTED"] + [m["bytes_per_token_predicted"][t] for m in p["models"].values()] for t in TIERS]
-    return Figures(f"the PLE model beside its equal-core dense twin: fp32 eval over all of eval.txt; PREDICTED on "
-                   f"{p['board']} ({p['recipe']})", ["figure"] + list(p["models"]), rows,
+    return per_run(f"the PLE model beside its equal-core dense twin: fp32 eval over all of eval.txt; PREDICTED on "
+                   f"{p['board']} ({p['recipe']})", p["models"], [
+                       ("parameters", "params"), ("in the PLE table", "table"), ("core", "core"),
+                       ("eval loss, nats/token", "eval_loss"), ("perplexity", "eval_ppl"),
+                       ("bits per character", "eval_bits_per_char"), ("blob bytes", "blob_bytes"),
+                       ("tok/s PREDICTED", "tok_s_predicted")]
+                   + [(f"{t} B/token PREDICTED", f"bytes_per_token_predicted.{t}") for t in TIERS],
                    f"core ple/dense {p['core_ratio']:.4f}; PLE lowers the eval loss by {p['loss_gain_nats']:.4f} nats")
 
 
