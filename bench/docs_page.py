@@ -1,9 +1,11 @@
-"""docs/bench.md, written from bench/results.json: the last full ``make bench`` run's figures as
-Markdown tables, each naming its board, its clock and how memory was timed, predictions labelled
-as predictions. ``python -m bench`` rewrites the page after a full run (when it saves
-results.json); ``python -m bench.docs_page`` rewrites it from the results.json there is. Prose
-elsewhere links to the page instead of copying figures, so no figure goes stale by hand;
-tests/test_docs.py checks the committed page is what this module writes.
+"""Write docs/bench.md from bench/results.json.
+
+The page holds the last full ``make bench`` run's figures as Markdown tables, each section naming
+its board, its clock and how memory was timed, predictions labelled as predictions.
+``python -m bench`` rewrites the page after a full run (when it saves results.json);
+``python -m bench.docs_page`` rewrites it from the results.json there is. Prose elsewhere links to
+the page instead of copying figures, so no figure goes stale by hand; tests/test_docs.py checks
+the committed page is what this module writes.
 """
 from __future__ import annotations
 
