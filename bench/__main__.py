@@ -16,11 +16,11 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run the emul
   emulated Cortex-M0+ (bench/kernels.py: SysTick in a probe image);
 * callgrind — instructions per decode token and per prefill step of the native engine under
   valgrind's callgrind, per function (bench/callgrind.py; deterministic);
-* native15m — the native engine beside llama2.c's runq.c (issue 12): callgrind instructions per
-  decode token on the 15M llama2.c shape (our v2 Q8_0 file, imported as it is), pruned head and
-  --all-logits, with and without the AVX2 clones, beside runq.c's published 57.7M (the issue's
-  figure, not measured here); native tok/s of every shipped model, pruned vs --all-logits
-  (bench/native15m.py);
+* native15m — the native engine beside llama2.c's runq.c: callgrind instructions per decode
+  token on the 15M llama2.c shape (our v2 Q8_0 file, imported as it is), pruned head and
+  --all-logits, with and without the AVX2 clones, beside runq.c's 57.7M (measured once when the
+  native kernels were compared with it; llama2.c is not built here); native tok/s of every
+  shipped model, pruned vs --all-logits (bench/native15m.py);
 * predicted — the planner's predicted ms per phase on the ESP32-S3 N16R8 and Pico profiles for the
   default model and the ple-28m shape, and ple-28m beside its published measurement
   (bench/predict.py, bench/ple_seed.py);
@@ -42,8 +42,8 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run the emul
 A section is ``Section(name, run, emulated)``: ``run(work_dir)`` (an empty directory of its own)
 returns a dict of top-level result entries; its optional ``ratios`` entry (label -> value) joins
 the table of ratios measured in this run (bench/kernels.py ``section`` is a short example). A full run (no ``--only``/``--quick``) writes
-bench/results.json after printing every figure beside the previous file's with their ratio; a
-partial run only prints (``--json FILE`` writes it).
+bench/results.json after printing every figure beside the previous file's with their ratio, and
+docs/bench.md from it (bench/docs_page.py); a partial run only prints (``--json FILE`` writes it).
 """
 from __future__ import annotations
 
@@ -59,12 +59,10 @@ from typing import Callable
 
 from rich.console import Console
 
-from . import (callgrind, convert, emulated, headindex, kernels, native, native15m, passes, ple_seed, ple_vs_dense, predict, speed,
-               xip)
+from . import (callgrind, convert, docs_page, emulated, headindex, kernels, native, native15m, passes, ple_seed, ple_vs_dense,
+               predict, speed, xip)
 from .model import ROOT, default_ir
-from .report import print_report
-
-RESULTS = Path(__file__).resolve().parent / "results.json"
+from .report import RESULTS, print_report
 
 
 @dataclass(frozen=True)
@@ -144,7 +142,7 @@ def main(argv=None) -> int:
         Path(a.json).write_text(json.dumps(results, indent=1) + "\n")
     if chosen == SECTIONS:
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
-        console.print(f"saved {RESULTS.relative_to(ROOT)}")
+        console.print(f"saved {RESULTS.relative_to(ROOT)} and {docs_page.write().relative_to(ROOT)}")
     return 0
 
 

@@ -15,8 +15,9 @@ and q4, decode and prefill apart, and decode again with the XIP model off.
 * the planner's predicted µs per phase beside the emulated ones (rp2040-emu's flash tier: one
   line fill of ``line_cycles`` per 8 bytes, the harness's XIP model's cost);
 * with the XIP model off (rp2040js as is: a flash read costs what an SRAM read costs): cycles per
-  decode token and per phase; and so for the default q8 model in issue 12's format too (f32 scales
-  per group, f32 KV cache and float attention: what its 19.6M cycles per token were measured on),
+  decode token and per phase; and so for the default q8 model in the format before row scales too
+  (f32 scales per group, f32 KV cache and float attention: the format of the 19.6M cycles per token
+  measured before the Cortex-M0+ kernels were tuned),
   beside convert's default (row scales, int8 KV cache, integer attention), and the default's
   weights with the f32 KV cache (the attention phase then differs by the attention alone);
 * in those three XIP-off q8 runs, the harness's call profile: the cycles per decode token inside
@@ -172,7 +173,7 @@ def section(work: Path) -> dict:
     out = {f"rp2040_emu_{fmt}": emu_run(default_quant(fmt), work / f"emu-{fmt}") for fmt in FORMATS}
     out.update({f"rp2040_emu_{fmt}_xip_off": emu_run(default_quant(fmt), work / f"emu-{fmt}", xip_model=False,
                                                      profile=fmt == "q8") for fmt in FORMATS})
-    # issue 12's format: f32 scales per group, f32 KV cache (float attention), XIP model off
+    # the format before row scales: f32 scales per group, f32 KV cache (float attention), XIP model off
     out["rp2040_emu_q8_f32_scales_f32_kv_xip_off"] = base = emu_run(default_quant("q8", "f32"), work / "emu-q8-f32",
                                                                      xip_model=False, kv="f32", profile=True)
     # the same row-scaled weights with the f32 KV cache: the attention phase's difference is the
@@ -181,15 +182,16 @@ def section(work: Path) -> dict:
                                                         kv="f32", profile=True)
     e8, e4, off = out["rp2040_emu_q8"], out["rp2040_emu_q4"], out["rp2040_emu_q8_xip_off"]
     out["ratios"] = {
-        "emulated q8 cycles per decode token / issue 12's target (10M), XIP model off": off["cycles_per_token"] / 10e6,
+        "emulated q8 cycles per decode token / the Cortex-M0+ kernels' target (10M), XIP model off":
+            off["cycles_per_token"] / 10e6,
         "emulated q8 cycles per decode token, row scales + int8 KV / f32 scales + f32 KV, XIP model off":
             off["cycles_per_token"] / base["cycles_per_token"],
-        "emulated q8 attention phase cycles, default / issue 12's format, XIP model off":
+        "emulated q8 attention phase cycles, default / f32 scales + f32 KV, XIP model off":
             off["phase_cycles_median"]["attention"] / base["phase_cycles_median"]["attention"],
         "emulated q8 attention phase cycles, int8 KV (integer) / f32 KV (float), row scales, XIP model off":
             off["phase_cycles_median"]["attention"] / fkv["phase_cycles_median"]["attention"],
         # the attention itself (call profile: the attention function's calls, the same positions)
-        "emulated q8 attention itself (call profile), default / issue 12's format, XIP model off":
+        "emulated q8 attention itself (call profile), default / f32 scales + f32 KV, XIP model off":
             off["call_profile"]["attention"]["cycles"] / base["call_profile"]["attention"]["cycles"],
         "emulated q8 attention itself (call profile), int8 KV / f32 KV, row scales, XIP model off":
             off["call_profile"]["attention"]["cycles"] / fkv["call_profile"]["attention"]["cycles"],

@@ -18,7 +18,7 @@ computes the whole head and its argmax) — and for each:
   read it).
 
 The 15M shape is the random-weight ``bench.model.random_15m_ir`` written by our llama2.c v2 (Q8_0)
-writer and read back (``llama15m_v2``), as the issue measured it.
+writer and read back (``llama15m_v2``), as bench/native15m.py measures it.
 """
 from __future__ import annotations
 

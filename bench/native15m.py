@@ -1,4 +1,4 @@
-"""The native engine beside llama2.c's ``runq.c`` (issue 12), measured in one run:
+"""The native engine beside llama2.c's ``runq.c``, measured in one run:
 
 * instructions per decode token of the native engine under callgrind (bench/callgrind.py:
   deterministic, the difference of two runs) on the 15M-parameter llama2.c shape
@@ -9,8 +9,8 @@
   (every step's whole head, the argmax in sampling), as ``flashlm build``
   makes it (the loader picks the AVX2 clone of the row kernels on a CPU with AVX2) and as the
   x86-64 baseline alone (FLM_NO_CLONES); beside runq.c's 57.7M per token (built -O3,
-  single-threaded, callgrind on the same shape): THE ISSUE'S MEASUREMENT, NOT MEASURED IN THIS RUN
-  (llama2.c is neither built here nor committed);
+  single-threaded, callgrind on the same shape): MEASURED ONCE, WHEN THE NATIVE KERNELS WERE FIRST
+  COMPARED WITH runq.c, NOT IN THIS RUN (llama2.c is neither built here nor committed);
 * native tok/s on the host clock for every shipped model (models/default, ple, ple-dense at q8,
   group 32, the head index convert keeps: what ``flashlm convert`` makes) and the 15M shape,
   greedy head vs ``--all-logits``, the two generating the same prompt in alternating rounds (per
@@ -30,8 +30,8 @@ from . import callgrind
 from .model import ROOT, blob_and_firmware, converted, llama15m_v2, prompt_ids, session
 from .speed import fastest
 
-RUNQ_IR_PER_TOKEN = 57.7e6     # issue 12: runq.c -O3, callgrind, 201-step minus 1-step run, over 200
-IR_TARGET = 40e6               # issue 12's target for the native engine on this shape
+RUNQ_IR_PER_TOKEN = 57.7e6     # runq.c -O3 under callgrind, measured once: a 201-step minus a 1-step run, over 200
+IR_TARGET = 40e6               # the target set for the native engine on this shape when its kernels were tuned
 SHIPPED = ("default", "ple", "ple-dense")
 IDS_15M = [1, 450, 4799, 3874, 29879, 263, 931, 29892]   # the 15M shape has no tokenizer: fixed ids
 DECODE = 16                    # callgrind: decode tokens between the two runs
@@ -112,8 +112,8 @@ def section(work: Path) -> dict:
         runq_ir_per_token_issue=RUNQ_IR_PER_TOKEN, ir_target=IR_TARGET,
         callgrind=ir, tok_s=speed)}
     out["ratios"] = {
-        "15M native Ir/token / runq.c -O3 (issue's 57.7M), pruned head": per["clones_pruned"] / RUNQ_IR_PER_TOKEN,
-        "15M native Ir/token / runq.c -O3 (issue's 57.7M), --all-logits": per["clones_all_logits"] / RUNQ_IR_PER_TOKEN,
+        "15M native Ir/token / runq.c -O3 (57.7M, measured once), pruned head": per["clones_pruned"] / RUNQ_IR_PER_TOKEN,
+        "15M native Ir/token / runq.c -O3 (57.7M, measured once), --all-logits": per["clones_all_logits"] / RUNQ_IR_PER_TOKEN,
         "15M native Ir/token, x86-64 baseline / AVX2 clone, --all-logits":
             per["baseline_all_logits"] / per["clones_all_logits"],
         **{f"native tok/s pruned / --all-logits, {k}": v["tok_per_s_pruned"] / v["tok_per_s_all_logits"]
@@ -130,7 +130,7 @@ def print_table(r: dict) -> None:
         p, a = c[f"{build}_pruned"], c[f"{build}_all_logits"]
         print(f"{label:<36}{p['ir_per_decode_token'] / 1e6:>13.2f}M{a['ir_per_decode_token'] / 1e6:>13.2f}M"
               f"{p['head_rows_per_decode_token']:>11.0f}")
-    print(f"{'runq.c -O3 (ISSUE 12, NOT MEASURED HERE)':<36}{'':>14}{r['runq_ir_per_token_issue'] / 1e6:>13.1f}M")
+    print(f"{'runq.c -O3 (ONE-OFF, NOT MEASURED HERE)':<36}{'':>14}{r['runq_ir_per_token_issue'] / 1e6:>13.1f}M")
     print(f"target: <= {r['ir_target'] / 1e6:.0f}M")
     print("native tok/s (host clock), pruned head vs --all-logits:")
     for name, v in r["tok_s"].items():

@@ -1,7 +1,7 @@
 """``python -m bench.ple_seed``: the planner's *predicted* cost per token of the 28.9M-parameter
 Per-Layer-Embedding shape (converter/shapes.py ``ple-28m``: int4, groups of 128, fp16 scales) on
 the ESP32-S3 N16R8 profile, phase by phase, beside the *published measurement* of that model on
-that chip (the breakdown quoted in issue 5). Nothing here runs on a board: the left column is a
+that chip (the published per-phase breakdown, converter/shapes.py). Nothing here runs on a board: the left column is a
 prediction from boards/esp32s3-n16r8.toml, the right one somebody's measurement.
 
 Also prints where the planner puts the big tensors and the bytes a token reads per tier.
@@ -37,7 +37,7 @@ def seed_table(shape: str = "ple-28m", pos: int | None = None) -> dict:
 
 def print_table(t: dict) -> None:
     print(f"{t['shape']} on {t['board']}: planner PREDICTION at position {t['position']} (board profile) "
-          f"vs PUBLISHED MEASUREMENT (issue 5)")
+          f"vs PUBLISHED MEASUREMENT")
     print(f"{'phase':<16}{'predicted ms':>14}{'published ms':>14}{'pred/pub':>10}")
     for r in t["rows"]:
         pub = f"{r['published_ms']:.1f}" if r["published_ms"] is not None else "-"

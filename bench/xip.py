@@ -10,8 +10,8 @@ section xip; printed, never asserted).
   writes, the Pico SDK's) beside the ~400 ns an uncached load takes on a Pico (Oberon RTK, "Flash
   Memory": code run straight from flash, oberon-rtk.org/description/flash-memory), and the rate
   the line transfers delivered flash bytes while the core waited beside the ~16 MB/s a large fp32
-  model streamed from XIP at on an RP2350 (issue 13; another chip: the QMI at clk_sys / 3 of
-  150 MHz, which the pico2 profile estimates with the same line arithmetic).
+  model streamed from XIP at on an RP2350 (a published figure for another chip: the QMI at clk_sys / 3
+  of 150 MHz, which the pico2 profile estimates with the same line arithmetic).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from .model import GROUP, blob_and_firmware, default_ir, random_ir, session
 BOARD = "rp2040-emu"
 LAYOUTS = ("flash", "flash,head=sram")
 PUBLISHED_UNCACHED_LOAD_NS = 400.0      # Oberon RTK on a Pico (RP2040, 125 MHz, SDK boot2)
-PUBLISHED_RP2350_XIP_MBPS = 16.0        # issue 13: a large fp32 model streamed from XIP on an RP2350
+PUBLISHED_RP2350_XIP_MBPS = 16.0        # published: a large fp32 model streamed from XIP on an RP2350
 
 
 def head_placement(work: Path, new_tokens: int = 8) -> dict:
