@@ -1,4 +1,4 @@
-"""One host-side conversation with a board: open the port, handshake, check the model, generate.
+"""One host-side conversation with a board: handshake, check the model, switch the layout, generate.
 
 Everything that can go wrong on the board side is a ``BoardError`` with a one-line message;
 ``DeviceError`` (the device answered ERROR), ``LinkTimeout`` (the device went silent),
@@ -15,49 +15,16 @@ be re-sent.  Frame seq gaps and bad frames counted by the decoder are reported n
 """
 from __future__ import annotations
 
-import os
-import stat
 import time
+from dataclasses import replace
 from typing import Callable
 
-from . import protocol as P
+from ..errors import BoardError
+from ..link import messages as P
 from .collect import Collector, _Run
-from .recovery import Recovery, _resume_point  # noqa: F401  (_resume_point: tests)
-from .run_result import RunResult, clock_name, prompt_of, stats_dict  # noqa: F401
-from .session_errors import (BoardError, BoardReset, DeviceError, Diverged, LinkLost, LinkTimeout,  # noqa: F401
-                             ModelMismatch, _error_text)
-
-__all__ = ["BoardError", "BoardReset", "DeviceError", "Diverged", "LinkLost", "LinkTimeout", "ModelMismatch",
-           "RunResult", "Session", "open_port", "stats_dict"]
-
-
-def open_port(path, baud: int = 115200, timeout: float = 0.05):
-    """Open a serial port with pyserial; a missing or non-tty path is a one-line BoardError."""
-    import serial
-
-    path = os.fspath(path)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise BoardError(f"serial port {path} does not exist") from None
-    except OSError as e:
-        raise BoardError(f"serial port {path}: {e.strerror or e}") from None
-    if not stat.S_ISCHR(st.st_mode):
-        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a character device"
-        raise BoardError(f"serial port {path} is {kind}, not a serial port")
-    try:
-        return serial.Serial(path, baudrate=baud, timeout=timeout, write_timeout=5, exclusive=True)
-    except (serial.SerialException, OSError, ValueError) as e:
-        reason = str(e)
-        low = reason.lower()
-        if "termios" in low or "inappropriate ioctl" in low or "errno 25" in low:
-            reason = "not a tty"
-        elif "permission" in low:
-            reason = "permission denied (are you in the dialout group?)"
-        elif "lock" in low or "busy" in low or "resource temporarily" in low:
-            reason = "in use by another program"
-        raise BoardError(f"cannot open serial port {path}: {reason}") from None
-
+from .errors import DeviceError, LinkLost, LinkTimeout, ModelMismatch, error_text
+from .recovery import Recovery
+from .result import RunResult
 
 
 def _as_hash(h) -> bytes:
@@ -70,7 +37,7 @@ def _as_hash(h) -> bytes:
 
 
 class Session(Collector, Recovery):
-    """A conversation with one board over a ``protocol.Link``."""
+    """A conversation with one board over a ``Link`` (host/link/port.py)."""
 
     def __init__(self, link, name: str | None = None, frame_timeout: float = 10.0,
                  stop_timeout: float = 3.0):
@@ -126,7 +93,7 @@ class Session(Collector, Recovery):
         msg = (f"no HELLO from {self.name} within {timeout:g} s ({pings} PING{'s' * (pings != 1)} sent, "
                f"{frames} frame{'s' * (frames != 1)} and {bad} bad frame{'s' * (bad != 1)} received)")
         if errors:
-            msg += f"; last device error: {_error_text(errors[-1])}"
+            msg += f"; last device error: {error_text(errors[-1])}"
         elif not frames and not bad:
             msg += " — is the firmware running, and is the baud rate right?"
         raise LinkTimeout(msg)
@@ -146,7 +113,7 @@ class Session(Collector, Recovery):
                         break
                     if isinstance(fr.msg, P.Error):
                         errors.append(fr.msg)
-            why = _error_text(errors[-1]) if errors else "no reason given"
+            why = error_text(errors[-1]) if errors else "no reason given"
             raise DeviceError(f"{hello.board or self.name} rejected its model image: {why}",
                               errors[-1] if errors else None)
         self.hello = hello
@@ -194,45 +161,35 @@ class Session(Collector, Recovery):
                 return m
             if isinstance(m, P.Error):
                 raise DeviceError(f"{self.hello.board if self.hello else self.name} refused {what}: "
-                                  f"{_error_text(m)}", m)
+                                  f"{error_text(m)}", m)
             if isinstance(m, P.Log):
                 self.logs.append(m.text)
                 logs.append(m.text)
         raise LinkTimeout(f"{self.name} did not answer {what} within {timeout:g} s")
 
     # -- generation ------------------------------------------------------------------------
-    def generate(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_p: float = 0.0,
-                 seed: int = 0, on_token: Callable | None = None, send_logits: bool = False,
-                 frame_timeout: float | None = None, resend: bool = True, slide: bool = False,
-                 all_logits: bool = False, batch: int = 0, speculate: str = "none", draft_k: int = 0) -> RunResult:
-        """Send GENERATE (GENERATE_TEXT when ``prompt_ids`` is a str: the device encodes it, and the
-        ids it used come back in the TOKEN frames), collect TOKEN frames until DONE. ``send_logits``,
-        ``slide`` and ``all_logits`` are the GENERATE flags, ``batch`` the tokens per prefill pass
-        (0: the device's), ``speculate`` and ``draft_k`` the drafts to verify (docs/formats.md
-        section 2, 2.4).
+    def generate(self, request: P.Generate, on_token: Callable | None = None,
+                 frame_timeout: float | None = None) -> RunResult:
+        """Send the request (GENERATE, or GENERATE_TEXT for a text prompt: the device encodes it,
+        and the ids it used come back in the TOKEN frames), collect TOKEN frames until DONE.
 
         With a device that answers RESEND (HELLO flag bit1; docs/formats.md section 2.1) every lost
         TOKEN, and a lost DONE, is asked for again while the device still keeps it; what cannot be
         recovered is listed in ``missing_steps``. ERROR raises DeviceError, silence LinkTimeout, a
         vanished port LinkLost, a board that restarted BoardReset (all carry ``.partial``).
         Ctrl-C sends STOP and returns what arrived."""
-        run = self._start(prompt_ids, max_new_tokens, temperature, top_p, seed, on_token, send_logits,
-                          frame_timeout, resend, slide, all_logits, batch, speculate, draft_k)
+        run = self._start(request, on_token, frame_timeout)
         self._collect(run)
         return run.finish()
 
-    def _start(self, prompt_ids, max_new_tokens, temperature, top_p, seed, on_token, send_logits,
-               frame_timeout, resend, slide=False, all_logits=False, batch=0, speculate="none", draft_k=0) -> "_Run":
-        text = prompt_ids if isinstance(prompt_ids, str) else None
-        prompt_ids = [] if text is not None else [int(i) for i in prompt_ids]
-        res = RunResult(hello=self.hello, prompt_ids=prompt_ids, max_new_tokens=int(max_new_tokens),
-                        temperature=float(temperature), top_p=float(top_p), seed=int(seed),
-                        slide=bool(slide), all_logits=bool(all_logits or send_logits), board_name=self.name,
-                        prompt_text=text, batch=int(batch), speculate=speculate, draft_k=int(draft_k))
-        params = dict(max_new_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p),
-                      seed=int(seed), send_logits=bool(send_logits), slide=bool(slide), all_logits=bool(all_logits),
-                      batch=int(batch), speculate=speculate, draft_k=int(draft_k))
-        msg = P.GenerateText(text, **params) if text is not None else P.Generate(prompt_ids=prompt_ids, **params)
+    def _start(self, request: P.Generate, on_token, frame_timeout, resend: bool = True) -> _Run:
+        m = request
+        msg = replace(m, prompt=m.prompt if m.is_text else [int(i) for i in m.prompt],
+                      max_new_tokens=int(m.max_new_tokens), temperature=float(m.temperature), top_p=float(m.top_p),
+                      seed=int(m.seed), send_logits=bool(m.send_logits), slide=bool(m.slide),
+                      all_logits=bool(m.all_logits), batch=int(m.batch), draft_k=int(m.draft_k))
+        res = RunResult(hello=self.hello, request=msg, prompt_ids=[] if msg.is_text else list(msg.prompt),
+                        board_name=self.name)
         run = _Run(self, res, msg, self.frame_timeout if frame_timeout is None else frame_timeout, on_token)
         if resend and self.hello is not None and self.hello.can_resend:
             run.generation = self._next_generation(res)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import struct
 import zlib
 
+from converter.errors import FlashlmError
+
 MAX_FRAME = 65536  # bytes of type|seq|payload|crc before COBS
 FRAME_OVERHEAD = 7  # type + seq + crc
 MAX_PAYLOAD = MAX_FRAME - FRAME_OVERHEAD
@@ -19,7 +21,7 @@ def cobs_max_encoded(n: int) -> int:
 MAX_ENCODED = cobs_max_encoded(MAX_FRAME)
 
 
-class ProtocolError(ValueError):
+class ProtocolError(FlashlmError, ValueError):
     """A frame or message that does not follow the protocol (one-line message)."""
 
 
@@ -31,7 +33,6 @@ class FrameError(ProtocolError):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
-
 
 
 # ---------------------------------------------------------------------------------------------

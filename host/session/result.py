@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import protocol as P
+from ..link.frames import DecoderStats
+from ..link.messages import PHASES, TIERS, Done, Generate, Hello, clock_name
 
 
-def stats_dict(stats: P.DecoderStats) -> dict:
+def stats_dict(stats: DecoderStats) -> dict:
     """The link's decoder counters as a flat dict of numbers (``gaps`` as a count)."""
     return {"frames": stats.frames, "bad_crc": stats.bad_crc, "bad_cobs": stats.bad_cobs,
             "bad_message": stats.bad_message, "junk_bytes": stats.junk_bytes, "gaps": len(stats.gaps),
@@ -20,19 +21,11 @@ def _delta(after: dict, before: dict) -> dict:
 @dataclass
 class RunResult:
     """Everything one generation produced, as it arrived."""
-    hello: P.Hello | None                                # None if generate ran before a handshake
-    prompt_ids: list[int]                                # a text prompt's: from the TOKEN frames
-    max_new_tokens: int = 0
-    temperature: float = 0.0
-    top_p: float = 0.0
-    seed: int = 0
-    slide: bool = False                                  # GENERATE flag SLIDE: a full context slid its window
-    all_logits: bool = False                             # GENERATE flag ALL_LOGITS (or LOGITS): every step's whole head
-    batch: int = 0                                       # GENERATE: tokens per prefill pass (0: the device's)
-    speculate: str = "none"                              # GENERATE: where drafts come from (protocol SPECULATE)
-    draft_k: int = 0                                     # GENERATE: drafts per verifying pass (0: the device's)
+    hello: Hello | None                                  # None if generate ran before a handshake
+    request: Generate                                    # what was asked (the first request of a recovered run)
+    prompt_ids: list[int] = field(default_factory=list)  # the ids the steps ran (a text prompt's: from the TOKEN frames)
     tokens: list = field(default_factory=list)          # protocol Token, in step order
-    done: P.Done | None = None
+    done: Done | None = None
     missing_steps: list[int] = field(default_factory=list)
     duplicate_steps: list[int] = field(default_factory=list)
     stats: dict = field(default_factory=dict)            # link stats after the run (cumulative)
@@ -52,7 +45,16 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     recoveries: list[dict] = field(default_factory=list)   # reconnects / regenerations (generate_with_recovery)
     done_from_host: bool = False                         # DONE totals summed by the host over merged runs
-    prompt_text: str | None = None                       # the prompt, when the device encoded it (GENERATE_TEXT)
+
+    @property
+    def prompt_text(self) -> str | None:
+        """The prompt, when the device encoded it (GENERATE_TEXT)."""
+        return self.request.prompt if self.request.is_text else None
+
+    @property
+    def all_logits(self) -> bool:
+        """GENERATE flag ALL_LOGITS (or LOGITS): every step computed the whole head."""
+        return self.request.whole_heads
 
     @property
     def frame_gaps(self) -> int:
@@ -93,14 +95,6 @@ class RunResult:
         return self.done is not None and not self.missing_steps
 
 
-def clock_name(clock: int | None) -> str:
-    """The HELLO clock source by name; None (no HELLO yet) and unknown codes are shown as is."""
-    if clock is not None and 0 <= clock < len(P.CLOCKS):
-        return P.CLOCKS[clock]
-    return f"clock {clock}"
-
-
-
 def prompt_of(tokens) -> list[int]:
     """The prompt ids a generation's TOKEN frames show (step s reads prompt id s, up to the first
     step that produces a token), or [] while one of those steps is missing."""
@@ -132,8 +126,8 @@ def done_from_steps(tokens, steps: int, reason: str):
 
     def total(key, i=None):
         return round(sum(x[key] if i is None else x[key][i] for x in sh))
-    return P.Done(steps, sum(t.out_id is not None for t in tokens), reason,
-                  round(sum(sum(x["us"]) for x in sh)), tuple(total("us", i) for i in range(len(P.PHASES))),
+    return Done(steps, sum(t.out_id is not None for t in tokens), reason,
+                  round(sum(sum(x["us"]) for x in sh)), tuple(total("us", i) for i in range(len(PHASES))),
                   total("passes"), total("verify_passes"), total("drafted"), total("accepted"),
-                  tuple(total("bytes", i) for i in range(len(P.TIERS))), (0, 0, 0))
+                  tuple(total("bytes", i) for i in range(len(TIERS))), (0, 0, 0))
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import time
 
-from . import protocol as P
-from .run_result import RunResult, _delta, prompt_of, stats_dict
-from .session_errors import BoardError, BoardReset, DeviceError, LinkLost, LinkTimeout, _error_text
+from ..errors import BoardError
+from ..link import messages as P
+from ..link.frames import DecoderStats
+from .errors import BoardReset, DeviceError, LinkLost, LinkTimeout, error_text
+from .result import RunResult, _delta, prompt_of, stats_dict
 
 
 class Collector:
@@ -162,14 +164,14 @@ class Collector:
                 run.lost_until(int(m.steps))
         elif isinstance(m, P.Error):
             if m.code == 1:      # bad_frame: one of our frames was damaged on the way; asked again later
-                res.device_errors.append(_error_text(m))
+                res.device_errors.append(error_text(m))
                 if not run.seen and res.done is None:
                     run.last_probe = float("-inf")   # it may have been the GENERATE: probe when quiet
             elif m.code == 6 and run.gen_sends > 1:
-                res.device_errors.append(_error_text(m))   # a repeated GENERATE met the running one
+                res.device_errors.append(error_text(m))   # a repeated GENERATE met the running one
             else:
                 raise DeviceError(f"{self.hello.board if self.hello else self.name} refused the "
-                                  f"generation: {_error_text(m)}", m, run.finish())
+                                  f"generation: {error_text(m)}", m, run.finish())
         elif isinstance(m, P.Logits):
             res.logits[int(m.step)] = list(m.values)
         elif isinstance(m, P.Log):
@@ -246,7 +248,7 @@ class _Run:
         self.timeout = timeout
         self.on_token = on_token
         # a text prompt's length is the device's to find: up to the context (or on, sliding)
-        limit = len(gen_msg.prompt_ids) - 1 + int(gen_msg.max_new_tokens) if isinstance(gen_msg, P.Generate) else 1 << 20
+        limit = 1 << 20 if gen_msg.is_text else len(gen_msg.prompt) - 1 + int(gen_msg.max_new_tokens)
         if session.hello is not None and session.hello.max_seq_len and not gen_msg.slide:
             limit = min(limit, int(session.hello.max_seq_len))
         self.max_steps = max(1, min(limit, 1 << 20))
@@ -263,7 +265,7 @@ class _Run:
         self.last_token_t: float | None = None
         self.tries = session.resend_tries
         self.t0 = self.last_rx = self.last_probe = time.monotonic()
-        self._acc = {k: 0 for k in stats_dict(P.DecoderStats())}
+        self._acc = {k: 0 for k in stats_dict(DecoderStats())}
         self._acc_gaps: list = []
         self.rebase(session.link)
 

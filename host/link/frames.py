@@ -1,14 +1,12 @@
-"""Receiving frames: ``FrameDecoder`` turns a byte stream into ``Frame`` objects (with counters in
-``stats``), ``Link`` is a decoder plus a transmit seq over a pyserial-like port."""
+"""Receiving frames: ``FrameDecoder`` turns a byte stream into ``Frame`` objects, with counters
+in ``stats``."""
 from __future__ import annotations
 
-import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
+from .codec import decode_payload
 from .cobs import MAX_ENCODED, FrameError, ProtocolError, decode_raw_frame
-from .messages import Frame, Message, MsgType, decode_payload, encode_frame
+from .messages import Frame, MsgType
 
 _KNOWN_TYPES = frozenset(int(t) for t in MsgType)
 RESYNC_WINDOW = 8192  # how far into a failing chunk to look for a frame glued to junk
@@ -153,52 +151,3 @@ class FrameDecoder:
             return
         st.frames += 1
         out.append(Frame(seq, msg))
-
-
-# ---------------------------------------------------------------------------------------------
-# Link
-
-
-_POLL_S = 0.1
-
-
-class Link:
-    """Frames over a byte port with ``read(n)``, ``write(b)`` and a pyserial-style ``timeout``
-    attribute (``read`` returns what arrived, possibly ``b""``, after at most ``timeout`` s).
-
-    ``send`` numbers host frames from 0; ``recv`` returns the next received frame or None, never
-    waiting longer than its timeout in total (given a port that honours ``timeout``)."""
-
-    def __init__(self, port: Any, decoder: FrameDecoder | None = None):
-        self.port = port
-        self.decoder = decoder if decoder is not None else FrameDecoder()
-        self.tx_seq = 0
-        self._pending: deque[Frame] = deque()
-
-    @property
-    def stats(self) -> DecoderStats:
-        return self.decoder.stats
-
-    def send(self, msg: Message) -> int:
-        """Writes ``msg`` as one frame; returns the seq it was sent with."""
-        seq = self.tx_seq
-        self.port.write(encode_frame(msg, seq))
-        self.tx_seq = (seq + 1) & 0xFFFF
-        return seq
-
-    def recv(self, timeout: float) -> Frame | None:
-        deadline = time.monotonic() + max(0.0, timeout)
-        while not self._pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            waiting = getattr(self.port, "in_waiting", 0) or 0
-            if not waiting:
-                current = getattr(self.port, "timeout", None)
-                if current is None or current <= 0 or current > remaining:
-                    # Short polls keep pyserial from reconfiguring the port on every read.
-                    self.port.timeout = min(remaining, _POLL_S)
-            data = self.port.read(max(1, waiting))
-            if data:
-                self._pending.extend(self.decoder.feed(data))
-        return self._pending.popleft()

@@ -1,47 +1,55 @@
 """Surviving a lost link or a board reset (``Recovery``, a part of ``Session``): reconnect,
 handshake again, continue the generation the device still keeps or generate again what could not
-be re-sent, and merge the runs step by step."""
+be re-sent, and merge the runs step by step. ``Policy`` says how."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, replace
 from typing import Callable
 
-from .run_result import RunResult, done_from_steps, prompt_of
-from .session_errors import BoardError, BoardReset, DeviceError, Diverged, LinkLost, LinkTimeout, ModelMismatch
+from ..errors import BoardError
+from ..link.messages import Generate, Hello
+from .errors import BoardReset, DeviceError, Diverged, LinkLost, LinkTimeout, ModelMismatch
+from .result import RunResult, done_from_steps, prompt_of
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a generation survives a vanished port, a board that restarted or went silent, and lost
+    steps: at most ``retries`` recoveries; ``reconnect()`` returns a new ``Link`` (reopen the port,
+    restart a virtual board; None: the same link again, as for a board that reset behind the same
+    port); ``after_handshake(hello)`` runs after every re-handshake (e.g. to send again a LAYOUT a
+    restarted board forgot)."""
+    retries: int = 3
+    frame_timeout: float | None = None      # s of silence mid-generation (None: the session's)
+    handshake_timeout: float = 5.0          # s to wait for HELLO after a reconnect
+    reconnect: Callable | None = None
+    after_handshake: Callable[[Hello], None] | None = None
 
 
 class Recovery:
     """The recovering half of ``Session``."""
 
     # -- surviving a lost link or a board reset ----------------------------------------------
-    def generate_with_recovery(self, prompt_ids, max_new_tokens: int, temperature: float = 0.0,
-                               top_p: float = 0.0, seed: int = 0, on_token: Callable | None = None,
-                               send_logits: bool = False, frame_timeout: float | None = None,
-                               reconnect: Callable | None = None, max_recoveries: int = 3,
-                               handshake_timeout: float = 5.0, slide: bool = False,
-                               all_logits: bool = False, after_handshake: Callable | None = None,
-                               batch: int = 0, speculate: str = "none", draft_k: int = 0) -> RunResult:
+    def generate_with_recovery(self, request: Generate, policy: Policy = Policy(),
+                               on_token: Callable | None = None) -> RunResult:
         """``generate`` that survives a vanished port (LinkLost), a board that restarted
-        (BoardReset) or went silent (LinkTimeout), and steps that could not be re-sent.
+        (BoardReset) or went silent (LinkTimeout), and steps that could not be re-sent, as
+        ``policy`` says.
 
-        ``reconnect()`` returns a new ``Link`` (reopen the port, restart a virtual board); without
-        it the same link is used again (a board that reset behind the same port). After a
-        reconnect the host handshakes again and refuses to go on (ModelMismatch) if the board's
-        model hash is not the one of the first handshake. If the device still keeps this
+        After a reconnect the host handshakes again and refuses to go on (ModelMismatch) if the
+        board's model hash is not the one of the first handshake. If the device still keeps this
         generation it continues there (RESEND); otherwise the missing steps are generated again:
         greedy runs resume from the prompt plus the tokens known so far, sampled and sliding runs
         replay from the prompt with the same seed (the device's sampler is deterministic; a slid
         window is not the computation of a longer prompt). Every step both runs computed must agree
-        (input id, logits CRC, output id), or BoardError. ``after_handshake(hello)`` runs after every
-        re-handshake (e.g. to send again a LAYOUT a restarted board forgot). At most
-        ``max_recoveries`` recoveries; each is described in ``result.recoveries``. A text prompt
-        (a str) is encoded by the device; once its TOKEN frames have shown the ids, a recovery goes on
-        from the ids, else it sends the text again."""
+        (input id, logits CRC, output id), or BoardError. Each recovery is described in
+        ``result.recoveries``. A text prompt is encoded by the device; once its TOKEN frames have
+        shown the ids, a recovery goes on from the ids, else it sends the text again."""
         if self.hello is None:
             raise BoardError("generate_with_recovery needs a handshake first (it checks the model hash)")
         want = bytes(self.hello.model_hash)
-        text = prompt_ids if isinstance(prompt_ids, str) else None
-        prompt_ids = [] if text is not None else [int(i) for i in prompt_ids]
+        base = request               # the request, with the prompt as ids once the device showed them
         shown: set[int] = set()
 
         def show(t):
@@ -52,23 +60,22 @@ class Recovery:
 
         total: RunResult | None = None
         events: list[dict] = []
-        prompt, max_new, run = text if text is not None else prompt_ids, int(max_new_tokens), None
+        part, run = request, None
         try:
             while True:
                 try:
                     if run is None:
-                        run = self._start(prompt, max_new, temperature, top_p, seed, show, send_logits,
-                                          frame_timeout, True, slide, all_logits, batch, speculate, draft_k)
+                        run = self._start(part, show, policy.frame_timeout, resend=True)
                     self._collect(run)
-                    part, err = run.finish(), None
+                    got, err = run.finish(), None
                 except (LinkLost, BoardReset, LinkTimeout) as e:
                     if e.partial is None:
                         raise
-                    part, err = e.partial, e
-                total = _merge(total, part, self.name)
+                    got, err = e.partial, e
+                total = _merge(total, got, self.name)
                 if total.interrupted or (err is None and total.complete):
                     break
-                if len(events) >= max_recoveries:
+                if len(events) >= policy.retries:
                     if err is not None:
                         raise type(err)(f"{err} (gave up after {len(events)} recoveries)", total)
                     break
@@ -77,9 +84,9 @@ class Recovery:
                       "reason": str(err) if err else f"{len(total.missing_steps)} step(s) lost on the link",
                       "last_step": max(seen) if seen else None}
                 if err is not None:
-                    self._relink(reconnect, err, total, handshake_timeout, want)
-                    if after_handshake is not None:
-                        after_handshake(self.hello)
+                    self._relink(policy.reconnect, err, total, policy.handshake_timeout, want)
+                    if policy.after_handshake is not None:
+                        policy.after_handshake(self.hello)
                     ev["board"] = self.hello.board
                     if (not isinstance(err, BoardReset) and run is not None and run.generation is not None
                             and self.hello.can_resend):
@@ -92,16 +99,17 @@ class Recovery:
                             ev["action"] = "continued the same generation (lost steps re-sent from the device)"
                             events.append(ev)
                             continue
-                if text is not None and (prompt_ids := prompt_of(total.tokens)):
-                    text = None                 # the device's ids for the text are known now
+                if base.is_text and (ids := prompt_of(total.tokens)):
+                    base = replace(base, prompt=ids)     # the device's ids for the text are known now
                 run = None
-                if text is not None:
+                if base.is_text:
                     ev["action"] = "generated again from the text prompt"
                     events.append(ev)
                     continue
-                prompt, max_new = _resume_point(total, prompt_ids, int(max_new_tokens), float(temperature), slide)
-                ev["action"] = (f"generated again (prompt + {len(prompt) - len(prompt_ids)} known tokens), "
-                                f"steps {len(prompt) - 1}..{len(prompt) + max_new - 2}")
+                part = _resume_point(total, base)
+                n = len(part.prompt)
+                ev["action"] = (f"generated again (prompt + {n - len(base.prompt)} known tokens), "
+                                f"steps {n - 1}..{n + part.max_new_tokens - 2}")
                 events.append(ev)
         except KeyboardInterrupt:
             if total is None:
@@ -133,22 +141,20 @@ class Recovery:
                                 f"refusing to continue", total)
 
 
-
 REFILL_WINDOW = 32   # the device's ring (FLM_TOKEN_RING): a refill that ends within it can be patched by RESEND
 
 
-def _resume_point(total: RunResult, prompt_ids: list[int], max_new: int, temperature: float,
-                  slide: bool = False):
-    """(prompt, max_new_tokens) of the generation that recomputes what ``total`` lacks.
+def _resume_point(total: RunResult, request: Generate) -> Generate:
+    """The request that recomputes what ``total`` lacks (``request``: the prompt as ids).
 
     Greedy runs resume from the prompt plus the generated tokens known before the first gap;
     sampled and sliding runs replay from the prompt (the seed restarts the sampler). Without the DONE the
     run goes to the end (the device's DONE is needed); with it, only as far as the last missing
     step within REFILL_WINDOW steps of the first, so every step the refill computes is still
     kept on the device when it ends, and a loss in the refill itself can be re-sent."""
-    n = len(prompt_ids)
-    prompt = list(prompt_ids)
-    if temperature <= 0 and not slide:
+    n = len(request.prompt)
+    prompt = list(request.prompt)
+    if request.temperature <= 0 and not request.slide:
         by = {t.step: t for t in total.tokens}
         known, s = [], n - 1
         while s in by and by[s].out_id is not None:
@@ -157,10 +163,10 @@ def _resume_point(total: RunResult, prompt_ids: list[int], max_new: int, tempera
         k = max(len(known) - 1, 0)    # recompute the last known token too: a cross-check
         prompt += known[:k]
     if total.done is None or not total.missing_steps:
-        return prompt, max_new - (len(prompt) - n)
+        return replace(request, prompt=prompt, max_new_tokens=request.max_new_tokens - (len(prompt) - n))
     first = total.missing_steps[0]
     end = max(m for m in total.missing_steps if m < first + REFILL_WINDOW)
-    return prompt, max(end + 1 - (len(prompt) - 1), 1)
+    return replace(request, prompt=prompt, max_new_tokens=max(end + 1 - (len(prompt) - 1), 1))
 
 
 def _merge(total: RunResult | None, part: RunResult, name: str) -> RunResult:

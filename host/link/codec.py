@@ -1,282 +1,19 @@
-"""The protocol's messages (docs/formats.md section 2): dataclasses, and their payloads both ways
-(``encode_payload`` / ``decode_payload``; ``encode_frame`` wraps one in a frame)."""
+"""The wire form of the protocol's messages (docs/formats.md section 2): ``encode_payload`` /
+``decode_payload`` turn a message (host/link/messages.py) into (type, payload bytes) and back;
+``encode_frame`` wraps one in a frame. All integers are little-endian, floats IEEE-754 binary32."""
 from __future__ import annotations
 
-import enum
 import struct
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from .cobs import MAX_PAYLOAD, ProtocolError, encode_raw_frame
-
-PROTO_VERSION = 3
-
-
-class MsgType(enum.IntEnum):
-    PING = 0x01
-    GENERATE = 0x02
-    LAYOUT = 0x03
-    STOP = 0x04
-    RESEND = 0x05
-    GENERATE_TEXT = 0x06
-    SELFTEST = 0x07
-    HELLO = 0x81
-    TOKEN = 0x82
-    DONE = 0x83
-    ERROR = 0x84
-    LOGITS = 0x85
-    LOG = 0x86
-    RESENT = 0x87
-
-
-PHASES = ("embed", "attention", "ffn", "ple", "output", "sampling", "draft")
-TIERS = ("flash", "psram", "sram")
-NO_TOKEN = 0xFFFFFFFF
-STOP_REASONS = ("max_tokens", "eos", "context_full", "stopped")
-ERROR_CODES = {
-    1: "bad_frame",
-    2: "bad_message",
-    3: "bad_image",
-    4: "prompt_too_long",
-    5: "bad_token",
-    6: "busy",
-    7: "no_model",
-    8: "bad_layout",
-    9: "cannot_encode",
-    10: "self_check",
-}
-CLOCKS = ("host clock", "chip timer", "emulated timer")
-
-GENERATE_FLAG_LOGITS = 0x1      # a LOGITS frame after every step (implies ALL_LOGITS)
-GENERATE_FLAG_SLIDE = 0x2       # a full context slides its window instead of ending the generation
-GENERATE_FLAG_ALL_LOGITS = 0x4  # every step computes the whole output layer (never pruned or skipped)
-HELLO_FLAG_IMAGE_OK = 0x1
-HELLO_FLAG_RESEND = 0x2       # the device keeps recent TOKEN frames and answers RESEND
-HELLO_FLAG_TEXT = 0x4         # the device encodes text prompts (GENERATE_TEXT, the text console)
-HELLO_FLAG_DRAFT = 0x8        # the device holds a draft model it can speculate with (version 3)
-RESEND_MAX = 32               # steps one RESEND may name
-RESEND_DONE = 0xFFFFFFFF      # the step number that asks for the generation's DONE
-RESENT_STATES = ("idle", "generating", "ended")
-SPECULATE = ("none", "lookup", "draft")   # GENERATE speculate: no drafts, prompt lookup, the draft model
-PASS_KINDS = ("one", "prefill", "verify")  # TOKEN kind: the forward pass a step came from
-GOLDEN_STATES = ("none", "not_run", "exact", "differs")   # HELLO's golden check (docs/formats.md 1.3)
-GOLDEN_NO_STEP = 0xFFFF
-
-
-@dataclass(frozen=True)
-class SelfTest:
-    """Run every step of the image's golden check now; the device answers LOG and HELLO."""
-
-
-@dataclass(frozen=True)
-class Ping:
-    pass
-
-
-@dataclass(frozen=True)
-class Stop:
-    pass
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Switch placement without reflashing: one tier (0 flash, 1 psram, 2 sram) per tensor-table
-    entry in table order, and the state regions' tiers (the blob header's state_tiers field);
-    ``layout_id`` is what the device will report in HELLO (converter.blob.layout_id_of)."""
-
-    layout_id: int
-    state_tiers: int
-    tiers: bytes
-
-
-@dataclass(frozen=True)
-class Resend:
-    """Ask for kept frames of generation ``generation`` again (docs/formats.md section 2.1):
-    TOKEN steps, and ``RESEND_DONE`` for its DONE. No steps: a status query."""
-
-    generation: int
-    steps: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Resent:
-    """Ends the device's answer to a RESEND: its generation state and what it did not send."""
-
-    state: str  # one of RESENT_STATES
-    generation: int
-    steps: int  # TOKEN steps the current/last generation has sent
-    first_kept: int  # oldest step still kept
-    unavailable: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Generate:
-    """``batch``: tokens per prefill pass (0: the device's batch); ``speculate``: where drafts come
-    from (SPECULATE); ``draft_k``: drafts per verifying pass (0: the batch minus one)."""
-    prompt_ids: list[int]
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_p: float = 0.0
-    seed: int = 0
-    send_logits: bool = False
-    slide: bool = False
-    all_logits: bool = False
-    batch: int = 0
-    speculate: str = "none"
-    draft_k: int = 0
-
-
-@dataclass(frozen=True)
-class GenerateText:
-    """GENERATE with the prompt as UTF-8 text, which the device encodes (BOS first, as the host's
-    encode_prompt does) with its blob's tokenizer.enc section."""
-    text: str
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_p: float = 0.0
-    seed: int = 0
-    send_logits: bool = False
-    slide: bool = False
-    all_logits: bool = False
-    batch: int = 0
-    speculate: str = "none"
-    draft_k: int = 0
-
-
-GENERATE_FLAGS = GENERATE_FLAG_LOGITS | GENERATE_FLAG_SLIDE | GENERATE_FLAG_ALL_LOGITS
-
-
-def generate_flags(m: Generate | GenerateText) -> int:
-    """The u32 flags of a GENERATE or GENERATE_TEXT."""
-    return ((GENERATE_FLAG_LOGITS if m.send_logits else 0) | (GENERATE_FLAG_SLIDE if m.slide else 0)
-            | (GENERATE_FLAG_ALL_LOGITS if m.all_logits else 0))
-
-
-def _flag_fields(name: str, flags: int) -> tuple[bool, bool, bool]:
-    """(send_logits, slide, all_logits) of a flags field; unknown bits are a ProtocolError."""
-    if flags & ~GENERATE_FLAGS:
-        raise ProtocolError(f"{name} flags 0x{flags:x} has unknown bits (known: 0x{GENERATE_FLAGS:x})")
-    return (bool(flags & GENERATE_FLAG_LOGITS), bool(flags & GENERATE_FLAG_SLIDE),
-            bool(flags & GENERATE_FLAG_ALL_LOGITS))
-
-
-@dataclass(frozen=True)
-class Hello:
-    proto_version: int
-    image_ok: bool
-    model_hash: bytes
-    layout_id: int
-    vocab_size: int
-    out_vocab: int  # rows of the output layer: LOGITS carry this many values
-    max_seq_len: int
-    clock: int
-    fw_version: str
-    board: str
-    can_resend: bool = False  # HELLO flag bit1
-    can_encode: bool = False  # HELLO flag bit2
-    batch: int = 1            # the most tokens one forward pass runs (version 3)
-    can_draft: bool = False   # HELLO flag bit3 (version 3)
-    golden: str = "none"      # the golden check: one of GOLDEN_STATES (version 3)
-    golden_checked: int = 0   # steps compared
-    golden_total: int = 0     # steps the image's golden holds for the KV format in effect
-    golden_first_diff: int | None = None   # the first step that differs
-
-    @property
-    def clock_name(self) -> str:
-        return CLOCKS[self.clock] if 0 <= self.clock < len(CLOCKS) else f"clock {self.clock}"
-
-    @property
-    def bit_exact(self) -> str:
-        """"yes", "no (first step that differs: N)", or why the board cannot say."""
-        if self.golden == "exact":
-            return f"yes ({self.golden_checked} of {self.golden_total} golden steps)"
-        if self.golden == "differs":
-            return f"no (first step that differs: {self.golden_first_diff})"
-        if self.golden == "not_run":
-            return f"not checked yet ({self.golden_total} golden steps; flashlm run --selftest runs them)"
-        return "not checked (the image has no golden check for this KV format; re-run flashlm convert)"
-
-
-@dataclass(frozen=True)
-class Token:
-    step: int
-    pos: int
-    in_id: int
-    out_id: int | None  # None on the wire is NO_TOKEN (a prompt step whose output is unused)
-    us: tuple[int, ...]  # per phase, PHASES order
-    bytes_read: tuple[int, ...]  # per tier, TIERS order
-    head_rows: int  # rows of the output layer this step computed (0: head skipped; < out_vocab: pruned)
-    logits_crc: int
-    piece: bytes
-    # the forward pass the step came from (version 3): us and bytes_read above are the whole pass's
-    pass_index: int = 0        # the step's place in it (its first step: step - pass_index)
-    chunk_len: int = 1         # tokens it ran
-    chunk_used: int = 1        # steps it produced (a verifying pass: the accepted drafts + 1)
-    kind: str = "one"          # PASS_KINDS
-
-    @property
-    def chunk(self) -> int:
-        """The pass's first step."""
-        return self.step - self.pass_index
-
-
-@dataclass(frozen=True)
-class Done:
-    steps: int
-    generated: int
-    reason: str  # one of STOP_REASONS
-    total_us: int
-    phase_us: tuple[int, ...]  # per phase, PHASES order
-    # version 3: forward passes, the verifying ones, drafts proposed and accepted, bytes per tier
-    # (proposing drafts included), of which proposing drafts read
-    passes: int = 0
-    verify_passes: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    bytes_read: tuple[int, ...] = (0, 0, 0)
-    draft_bytes: tuple[int, ...] = (0, 0, 0)
-
-
-@dataclass(frozen=True)
-class Error:
-    code: int
-    text: str
-
-    @property
-    def name(self) -> str:
-        return ERROR_CODES.get(self.code, f"error_{self.code}")
-
-
-@dataclass(frozen=True, eq=False)
-class Logits:
-    step: int
-    values: np.ndarray  # float32, out_vocab entries
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Logits):
-            return NotImplemented
-        return self.step == other.step and (
-            np.asarray(self.values, dtype="<f4").tobytes()
-            == np.asarray(other.values, dtype="<f4").tobytes()
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-@dataclass(frozen=True)
-class Log:
-    text: str
-
-
-Message = Any  # one of the dataclasses above
-
-
-@dataclass(frozen=True)
-class Frame:
-    seq: int
-    msg: Message
+from .messages import (GENERATE_FLAG_ALL_LOGITS, GENERATE_FLAG_LOGITS, GENERATE_FLAG_SLIDE, GENERATE_FLAGS,
+                       GOLDEN_NO_STEP, GOLDEN_STATES, HELLO_FLAG_DRAFT, HELLO_FLAG_IMAGE_OK, HELLO_FLAG_RESEND,
+                       HELLO_FLAG_TEXT, NO_TOKEN, PASS_KINDS, PHASES, RESEND_MAX, RESENT_STATES, SPECULATE,
+                       STOP_REASONS, TIERS, Done, Error, Generate, Hello, Layout, Log, Logits, Message, MsgType, Ping,
+                       Resend, Resent, SelfTest, Stop, Token)
 
 
 def _cut_utf8(text: str, limit: int) -> bytes:
@@ -306,24 +43,26 @@ def _fixed(values, n: int, what: str) -> tuple[int, ...]:
     return values
 
 
-def _gen_head(m: Generate | GenerateText) -> bytes:
-    """The fields GENERATE and GENERATE_TEXT share (28 bytes)."""
-    if m.speculate not in SPECULATE:
-        raise ProtocolError(f"speculate {m.speculate!r} is not one of {SPECULATE}")
-    return struct.pack("<IffQIBBBB", m.max_new_tokens, m.temperature, m.top_p, m.seed, generate_flags(m), m.batch,
-                       SPECULATE.index(m.speculate), m.draft_k, 0)
+def _flags(m: Generate) -> int:
+    """The u32 flags of a GENERATE or GENERATE_TEXT."""
+    return ((GENERATE_FLAG_LOGITS if m.send_logits else 0) | (GENERATE_FLAG_SLIDE if m.slide else 0)
+            | (GENERATE_FLAG_ALL_LOGITS if m.all_logits else 0))
 
 
 def _enc_generate(m: Generate) -> bytes:
-    ids = [int(i) for i in m.prompt_ids]
-    return _gen_head(m) + struct.pack(f"<I{len(ids)}I", len(ids), *ids)
-
-
-def _enc_generate_text(m: GenerateText) -> bytes:
-    raw = m.text.encode("utf-8")
-    if len(raw) > 0xFFFF:
-        raise ProtocolError(f"GENERATE_TEXT: text of {len(raw)} bytes does not fit in s16")
-    return _gen_head(m) + struct.pack("<H", len(raw)) + raw
+    """GENERATE (the prompt as ids) or GENERATE_TEXT (as text): the fields both share (28 bytes),
+    then the prompt."""
+    if m.speculate not in SPECULATE:
+        raise ProtocolError(f"speculate {m.speculate!r} is not one of {SPECULATE}")
+    head = struct.pack("<IffQIBBBB", m.max_new_tokens, m.temperature, m.top_p, m.seed, _flags(m), m.batch,
+                       SPECULATE.index(m.speculate), m.draft_k, 0)
+    if m.is_text:
+        raw = m.prompt.encode("utf-8")
+        if len(raw) > 0xFFFF:
+            raise ProtocolError(f"GENERATE_TEXT: text of {len(raw)} bytes does not fit in s16")
+        return head + struct.pack("<H", len(raw)) + raw
+    ids = [int(i) for i in m.prompt]
+    return head + struct.pack(f"<I{len(ids)}I", len(ids), *ids)
 
 
 def _enc_hello(m: Hello) -> bytes:
@@ -402,7 +141,6 @@ _ENCODERS: dict[type, tuple[MsgType, Callable[[Any], bytes]]] = {
     Ping: (MsgType.PING, lambda m: b""),
     SelfTest: (MsgType.SELFTEST, lambda m: b""),
     Generate: (MsgType.GENERATE, _enc_generate),
-    GenerateText: (MsgType.GENERATE_TEXT, _enc_generate_text),
     Layout: (MsgType.LAYOUT, lambda m: struct.pack("<3I", m.layout_id, m.state_tiers, len(m.tiers))
              + bytes(m.tiers)),
     Stop: (MsgType.STOP, lambda m: b""),
@@ -423,6 +161,8 @@ def encode_payload(msg: Message) -> tuple[int, bytes]:
         msg_type, enc = _ENCODERS[type(msg)]
     except KeyError:
         raise ProtocolError(f"not a protocol message: {type(msg).__name__}") from None
+    if isinstance(msg, Generate) and msg.is_text:
+        msg_type = MsgType.GENERATE_TEXT      # one request, sent as the type its prompt's kind has
     try:
         return int(msg_type), enc(msg)
     except (struct.error, OverflowError, TypeError, ValueError) as e:
@@ -485,15 +225,27 @@ def _dec_empty(cls):
     return dec
 
 
-def _dec_gen_head(name: str, r: _Reader) -> tuple:
-    max_new, temp, top_p, seed, flags, batch, spec, draft_k, zero = r.unpack("IffQIBBBB")
-    if spec >= len(SPECULATE) or zero:
-        raise ProtocolError(f"{name}: speculate {spec} is unknown or its reserved byte is not 0")
-    return (max_new, temp, top_p, seed, *_flag_fields(name, flags), batch, SPECULATE[spec], draft_k)
+def _flag_fields(name: str, flags: int) -> tuple[bool, bool, bool]:
+    """(send_logits, slide, all_logits) of a flags field; unknown bits are a ProtocolError."""
+    if flags & ~GENERATE_FLAGS:
+        raise ProtocolError(f"{name} flags 0x{flags:x} has unknown bits (known: 0x{GENERATE_FLAGS:x})")
+    return (bool(flags & GENERATE_FLAG_LOGITS), bool(flags & GENERATE_FLAG_SLIDE),
+            bool(flags & GENERATE_FLAG_ALL_LOGITS))
 
 
 def _dec_generate(r: _Reader) -> Generate:
-    head = _dec_gen_head("GENERATE", r)
+    """GENERATE or GENERATE_TEXT (``r.name`` says which): the one request class either way."""
+    max_new, temp, top_p, seed, flags, batch, spec, draft_k, zero = r.unpack("IffQIBBBB")
+    if spec >= len(SPECULATE) or zero:
+        raise ProtocolError(f"{r.name}: speculate {spec} is unknown or its reserved byte is not 0")
+    head = (max_new, temp, top_p, seed, *_flag_fields(r.name, flags), batch, SPECULATE[spec], draft_k)
+    if r.name == "GENERATE_TEXT":
+        text = r.s16()
+        r.end()
+        try:
+            return Generate(text.decode("utf-8"), *head)
+        except UnicodeDecodeError as e:
+            raise ProtocolError(f"GENERATE_TEXT text is not UTF-8: {e}") from None
     (n,) = r.unpack("I")
     if len(r.data) - r.pos != 4 * n:
         raise ProtocolError(
@@ -502,17 +254,6 @@ def _dec_generate(r: _Reader) -> Generate:
     ids = list(r.unpack(f"{n}I"))
     r.end()
     return Generate(ids, *head)
-
-
-def _dec_generate_text(r: _Reader) -> GenerateText:
-    head = _dec_gen_head("GENERATE_TEXT", r)
-    text = r.s16()
-    r.end()
-    try:
-        s = text.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ProtocolError(f"GENERATE_TEXT text is not UTF-8: {e}") from None
-    return GenerateText(s, *head)
 
 
 def _dec_hello(r: _Reader) -> Hello:
@@ -616,7 +357,7 @@ _DECODERS: dict[int, Callable[[_Reader], Message]] = {
     MsgType.PING: _dec_empty(Ping),
     MsgType.SELFTEST: _dec_empty(SelfTest),
     MsgType.GENERATE: _dec_generate,
-    MsgType.GENERATE_TEXT: _dec_generate_text,
+    MsgType.GENERATE_TEXT: _dec_generate,
     MsgType.LAYOUT: _dec_layout,
     MsgType.STOP: _dec_empty(Stop),
     MsgType.RESEND: _dec_resend,

@@ -23,28 +23,19 @@ second, reading the board no faster than that, so a board blocks on a slow link 
 
 Every fault is counted in ``proxy.stats`` (per direction and kind). Usable from tests
 (``with FaultProxy(board.port, to_host=Faults(drop=1e-3)) as fp: ... fp.port``) and from the
-command line::
-
-    python -m host.faultproxy /dev/pts/7 --drop 0.001 --flip 0.001 --boot-noise --seed 3
-    pty /dev/pts/9            # then: flashlm run --port /dev/pts/9 ...
-
-It prints ``pty PATH`` and runs until Ctrl-C / SIGTERM, then prints its counters as JSON.
+command line (``flashlm faultproxy``, host/cli/faultproxy.py).
 """
 from __future__ import annotations
 
-import argparse
 import errno
-import json
 import os
 import random
 import select
-import signal
-import sys
 import termios
 import threading
 import time
 import tty
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 BOOT_LOG = (b"ESP-ROM:esp32s3-20210327\r\nBuild:Mar 27 2021\r\n"
             b"rst:0x1 (POWERON),boot:0x8 (SPI_FAST_FLASH_BOOT)\r\nSPIWP:0xee\r\n"
@@ -408,72 +399,3 @@ class FaultProxy:
             self._q_dev.clear()
             return
         del self._q_dev[:n]
-
-
-# ---------------------------------------------------------------------------------------------
-# command line
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options (shared by ``python -m host.faultproxy`` and ``flashlm faultproxy``)."""
-    p.add_argument("upstream", help="the board's serial port (e.g. a native board's pty)")
-    for k in KINDS:
-        p.add_argument(f"--{k}", type=float, default=0.0, metavar="RATE",
-                       help=f"per-byte probability of '{k}' on board→host bytes")
-    p.add_argument("--to-device", default="", metavar="SPEC",
-                   help="faults on host→board bytes, e.g. 'drop=0.001,flip=0.001'")
-    p.add_argument("--boot-noise", action="store_true", help="write a boot log to the host when it connects")
-    p.add_argument("--close-after", type=int, default=None, metavar="BYTES",
-                   help="close the line after this many bytes reached the host")
-    p.add_argument("--reopen-after", type=float, default=None, metavar="S",
-                   help="after a close, open a new pty after this many seconds (printed as 'pty PATH')")
-    p.add_argument("--baud", type=int, default=None, help="pace board→host bytes at baud/10 bytes/s")
-    p.add_argument("--seed", type=int, default=0)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m host.faultproxy",
-                                description="Serve a pty that forwards to UPSTREAM with injected faults.")
-    add_arguments(p)
-    return p
-
-
-def main(argv=None) -> int:
-    return serve(build_parser().parse_args(argv))
-
-
-def serve(args) -> int:
-    """Run the proxy from parsed options until SIGINT/SIGTERM; prints ``pty PATH`` lines on stdout
-    (again after each reopen) and the counters as one JSON line on stderr at the end."""
-    try:
-        faults = Faults(**{k: getattr(args, k) for k in KINDS})
-        to_dev = Faults.parse(args.to_device)
-    except ValueError as e:
-        print(f"faultproxy: error: {e}", file=sys.stderr)
-        return 2
-    try:
-        proxy = FaultProxy(args.upstream, faults, to_dev, seed=args.seed, boot_noise=args.boot_noise,
-                           close_after=args.close_after, reopen_after=args.reopen_after,
-                           baud=args.baud).start()
-    except OSError as e:
-        print(f"faultproxy: error: cannot open {args.upstream}: {e.strerror or e}", file=sys.stderr)
-        return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    shown = None
-    try:
-        while not stop.is_set():
-            if proxy.port != shown and proxy.line_up.is_set():
-                shown = proxy.port
-                print(f"pty {shown}", flush=True)
-            stop.wait(0.1)
-    finally:
-        proxy.stop()
-        print(json.dumps({"faults": proxy.faults_injected(), "stats": proxy.stats,
-                          "config": {"to_host": asdict(faults), "to_device": asdict(to_dev)}}),
-              file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
