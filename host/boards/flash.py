@@ -23,12 +23,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import serial
+from serial.tools import list_ports
+
+from converter.errors import FlashlmError
+from firmware import uf2
+
 PROJECT_FILE = "flashlm.json"
 COMBINED_UF2 = "flashlm-combined.uf2"
 ESPTOOL_BAUD = 460800
 
 
-class FlashError(Exception):
+class FlashError(FlashlmError):
     """A one-line reason the project cannot be flashed (the CLI prints it and exits 2)."""
 
 
@@ -88,7 +94,6 @@ def find_port(info: dict, ports=None) -> str | None:
     """The serial port whose USB VID/PID is one of the board's; None when there is none. The ids
     include common USB-to-UART bridges (CP210x, CH340, CH343) that other devices use too, so two
     matching ports are refused rather than guessed between."""
-    from serial.tools import list_ports
     ids = set(_ids(info))
     found = [p for p in (list_ports.comports() if ports is None else ports) if (p.vid, p.pid) in ids]
     if len(found) > 1:
@@ -143,12 +148,10 @@ def _wait_port(info: dict, port: str | None, timeout: float = 10.0) -> str | Non
 
 
 def _devices() -> set[str]:
-    from serial.tools import list_ports
     return {p.device for p in list_ports.comports()}
 
 
 def touch_1200(port: str) -> None:
-    import serial
     try:
         s = serial.Serial(port, 1200)
         s.dtr = False
@@ -158,7 +161,6 @@ def touch_1200(port: str) -> None:
 
 
 def write_combined(project: Path, info: dict) -> Path | None:
-    from firmware import uf2
     fw = project / ".pio" / "build" / info["env"] / "firmware.uf2"
     if not fw.is_file():
         return None
@@ -171,7 +173,6 @@ def write_combined(project: Path, info: dict) -> Path | None:
 
 def check_port(port: str) -> None:
     """A --port that names no serial port here is refused with the ones there are."""
-    from serial.tools import list_ports
     ports = sorted(p.device for p in list_ports.comports())
     if port in ports or os.path.exists(port):
         return

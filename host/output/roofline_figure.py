@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .report import PHASE_COLORS
+from .labels import PHASE_COLORS
 
 PASS_COLOR = "#222222"          # the whole pass
 MARKERS = ("o", "s", "D", "^", "v", "P")
