@@ -9,7 +9,7 @@ was made. Each fact is written once: the batch a forward pass runs, for one, is 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from converter.tokenizer import load_tokenizer
@@ -39,6 +39,7 @@ class ModelDir:
     """A model folder and its manifest (``open`` checks it; ``create`` and ``record_layout`` write it)."""
     path: Path
     _manifest: dict
+    _tokenizer: object = field(default=None, repr=False, compare=False)   # loaded once
 
     # -- reading ---------------------------------------------------------------------------
     @classmethod
@@ -126,6 +127,8 @@ class ModelDir:
     def tokenizer(self, required: bool):
         """The model's tokenizer, with BOS/EOS as convert chose them; None when there is none (or it
         cannot be loaded) and it is not required."""
+        if self._tokenizer is not None:
+            return self._tokenizer
         name = self._manifest.get("tokenizer")
         if not name:
             if required:
@@ -146,6 +149,7 @@ class ModelDir:
         for key in ("bos_id", "eos_id"):
             if key in cfg and (cfg[key] is None or isinstance(cfg[key], int)):
                 setattr(tok, key, cfg[key])
+        self._tokenizer = tok
         return tok
 
     # -- writing ---------------------------------------------------------------------------

@@ -12,69 +12,53 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .args import positive_int
-from .errors import UserError
+from converter import passcost as P
+from converter import roofline as R
+from converter import speculation as S
+from converter.blob import kv_format, read_blob
+from converter.boards import load_board
+from converter.costmodel import ModelSpec
+from converter.ir import ModelError
+from converter.passcost import HEAD_ALL, HEAD_SKIP, draft_placement
+from converter.planner import NoFit, default_pos, plan
+from converter.speculation import PassRecord, predict_run
+from converter.tokenizer import encode
 
-PHASE_LABEL = {"embed": "embed", "attention": "attention", "ffn": "FFN", "ple": "PLE", "output": "output",
-               "sampling": "sampling", "pass": "whole pass"}
+from ..defaults import MAX_DRAFTS
+from ..errors import UserError
+from ..output.roofline_figure import roofline_png
+from ..output.roofline_tables import (PHASE_LABEL, print_batches, print_measured, print_roofline,
+                                      print_speculation)
+from .model_source import Source
+
 CAL_PROMPTS = 6            # calibration: prompts cut from the text,
 CAL_PROMPT_TOKENS = 32     # of at most this many tokens (a quarter of the context at most),
 CAL_NEW_TOKENS = 64        # each decoded greedily for at most this many tokens
-MAX_DRAFTS = 7             # speculation is quoted for 1..7 drafts a verification (and the batch allows)
 PAYS = 1.05                # a predicted speed-up below this is "does not pay"
 MAX_GROUPS = 5             # measured: the kinds of pass drawn (the most frequent; the tables have all)
-
-
-def add_roofline_args(p) -> None:
-    g = p.add_argument_group("passes of several tokens (with --roofline)")
-    g.add_argument("--roofline", action="store_true",
-                   help="predict batched prefill per batch T, speculative decoding and each phase on a roofline; "
-                        "write a PNG (--png, default roofline-BOARD.png)")
-    g.add_argument("--measured", metavar="RUN.json",
-                   help="a 'flashlm run --json' report of this model on this board: its passes, measured, beside "
-                        "their predictions")
-    g.add_argument("--speculate", choices=("lookup", "draft"), action="append", metavar="lookup|draft",
-                   help="the proposer(s) to predict (default: prompt lookup, and the draft model when the image has one)")
-    g.add_argument("--acceptance", metavar="P[,P2...]",
-                   help="acceptance per draft position instead of a calibration (e.g. 0.6, or 0.8,0.6,0.5)")
-    g.add_argument("--calibration", metavar="TEXT",
-                   help="text whose greedy decoding by the reference measures acceptance (default: eval.txt beside "
-                        "the model's checkpoint)")
-    g.add_argument("--draft-k", type=positive_int, metavar="K",
-                   help=f"the most drafts a verification is quoted for (default {MAX_DRAFTS}, within the batch)")
-
-
-def check_args(args) -> None:
-    if args.roofline:
-        return
-    for flag, v in (("--measured", args.measured), ("--speculate", args.speculate), ("--acceptance", args.acceptance),
-                    ("--calibration", args.calibration), ("--draft-k", args.draft_k)):
-        if v:
-            raise UserError(f"{flag} belongs to --roofline (flashlm plan MODEL --board B --roofline {flag} ...)")
 
 
 # ---------------------------------------------------------------------------------------------
 # inputs: the quantized model, the calibration text, a measured run
 
-def quant_model(info: dict):
+def quant_model(info: Source):
     """The quantized model behind the MODEL argument (None for a shape: no weights)."""
-    from converter.blob import read_blob
-    if info["kind"] in ("dir", "blob"):
-        return read_blob(info["blob"])
-    return info.get("qm")
+    if info.kind in ("dir", "blob"):
+        return read_blob(info.blob)
+    return info.qm
 
 
-def calibration_text(args, info: dict) -> Path | None:
+def calibration_text(args, info: Source) -> Path | None:
     if args.calibration:
         p = Path(args.calibration)
         if not p.is_file():
             raise UserError(f"--calibration {p}: no such file")
         return p
     src = None
-    if info["kind"] == "dir":
-        src = Path(str(info["manifest"].get("source", "")))
-    elif info["kind"] == "checkpoint":
-        src = Path(info["path"])
+    if info.kind == "dir":
+        src = Path(info.model.source)
+    elif info.kind == "checkpoint":
+        src = Path(info.path)
     if src is not None:
         for folder in (src.parent, src) if src.is_dir() else (src.parent,):
             if (folder / "eval.txt").is_file():
@@ -82,17 +66,14 @@ def calibration_text(args, info: dict) -> Path | None:
     return None
 
 
-def _tokenizer(info: dict, qm):
-    if info["kind"] == "dir":
-        from .model_dir import load_model_tokenizer
-        return load_model_tokenizer(info["model_dir"], info["manifest"], required=False)
+def _tokenizer(info: Source, qm):
+    if info.kind == "dir":
+        return info.model.tokenizer(required=False)
     return qm.tokenizer if qm is not None and qm.tokenizer is not None and qm.tokenizer.kind != "blob" else None
 
 
-def acceptances(console, args, info: dict, k_max: int) -> tuple[list, list[str]]:
+def acceptances(console, args, info: Source, k_max: int) -> tuple[list, list[str]]:
     """[(proposer, Acceptance)] and notes on what was not predicted and why."""
-    from converter import speculation as S
-    from converter.ir import ModelError
     asked = list(dict.fromkeys(args.speculate or []))
     if args.acceptance:
         try:
@@ -116,7 +97,6 @@ def acceptances(console, args, info: dict, k_max: int) -> tuple[list, list[str]]
         if asked:
             raise UserError(msg)
         return [], [msg]
-    from converter.tokenizer import encode
     ctx = qm.config.max_seq_len
     n_prompt = max(2, min(CAL_PROMPT_TOKENS, ctx // 4))
     new = max(2, min(CAL_NEW_TOKENS, ctx - n_prompt - 1))
@@ -135,7 +115,7 @@ def acceptances(console, args, info: dict, k_max: int) -> tuple[list, list[str]]
     return out, []
 
 
-def load_run(path, board: str, info: dict) -> dict:
+def load_run(path, board: str, info: Source) -> dict:
     """A ``flashlm run --json`` report, checked to be of this model and board."""
     p = Path(path)
     try:
@@ -150,7 +130,7 @@ def load_run(path, board: str, info: dict) -> dict:
     if hello.get("board") != board:
         raise UserError(f"--measured {p} ran on board {hello.get('board')!r}, not {board!r}: plan with --board "
                         f"{hello.get('board')}")
-    h = info.get("header")
+    h = info.header
     if h is None:
         raise UserError("--measured compares a run with the model it ran: give the model directory (or .flmb) it ran")
     if hello.get("model_hash") != bytes(h.model_hash).hex():
@@ -183,7 +163,6 @@ def run_passes(run: dict) -> list[dict]:
 
 def pass_head(p: dict, run: dict):
     """The output layer a measured pass computed, in passcost's terms."""
-    from converter.passcost import HEAD_ALL, HEAD_SKIP
     prm = run.get("params") or {}
     if p["kind"] == "verify" or prm.get("all_logits"):
         return HEAD_ALL
@@ -195,7 +174,6 @@ def pass_head(p: dict, run: dict):
 
 def record(p: dict, run: dict):
     """A measured pass as speculation.predict_run takes it."""
-    from converter.speculation import PassRecord
     return PassRecord(p["pos"], p["tokens"], p["steps"], p["kind"], pass_head(p, run))
 
 
@@ -212,13 +190,8 @@ def category(p: dict) -> str:
 # ---------------------------------------------------------------------------------------------
 # the report
 
-def roofline(console, args, spec, info: dict, plan_kw: dict, png_path) -> dict:
+def roofline(console, args, spec, info: Source, plan_kw: dict, png_path) -> dict:
     """Predict, print, draw; returns the figures for --json."""
-    from converter import passcost as P
-    from converter import roofline as R
-    from converter import speculation as S
-    from converter.boards import load_board
-    from converter.planner import NoFit, default_pos, plan
 
     prof = load_board(args.board)
     board = prof["name"]
@@ -248,7 +221,7 @@ def roofline(console, args, spec, info: dict, plan_kw: dict, png_path) -> dict:
     if k_max >= 1:
         accs, notes = acceptances(console, args, info, k_max)
         place = placement(t_spec)
-        h = info.get("header")
+        h = info.header
         dpl = draft_of(h, place) if h is not None else None
         if any(m == "draft" for m, _ in accs) and dpl is None:
             raise UserError("--speculate draft: the model carries no draft model to cost (flashlm convert --draft)")
@@ -281,7 +254,6 @@ def roofline(console, args, spec, info: dict, plan_kw: dict, png_path) -> dict:
             "the bytes it moves from the tier that takes it longest to read. The cost model adds memory and compute "
             "time, so a point sits below both roofs. " + verdict(spec_out, decode))
     out = Path(png_path)
-    from .roofline_png import roofline_png
     roofline_png(roofs, groups, out, title, note, label_passes=measured is None)
     console.print(f"[green]wrote[/] roofline {out}")
     console.print(verdict(spec_out, decode), soft_wrap=True)
@@ -291,8 +263,7 @@ def roofline(console, args, spec, info: dict, plan_kw: dict, png_path) -> dict:
 def verdict(spec_out, decode) -> str:
     """Where speculation pays on this board, in a few words, from the predictions (``decode``: a
     decoding step's prediction)."""
-    from converter.roofline import pass_points
-    pts = pass_points(decode, "1 token")
+    pts = R.pass_points(decode, "1 token")
     whole = next(p for p in pts if p.phase == "pass")
     mem = [f"{PHASE_LABEL[p.phase]} ({p.tier})" for p in pts
            if p.phase != "pass" and p.bound == "memory" and p.us > 0.05 * whole.us]
@@ -312,14 +283,11 @@ def verdict(spec_out, decode) -> str:
     return out + (" Speculation: " + "; ".join(parts) + "." if parts else "")
 
 
-def measured_groups(console, run: dict, info: dict, prof: dict) -> dict:
+def measured_groups(console, run: dict, info: Source, prof: dict) -> dict:
     """The run's passes grouped by kind and size, each predicted at its own positions on the blob's
     own placement (the drafting before each verification too), with the measured µs per phase."""
-    from converter import passcost as P
-    from converter import roofline as R
-    from converter.speculation import predict_run
-    h = info["header"]
-    place = P.Placement.of_header(h, prof, str(info.get("blob", "")))
+    h = info.header
+    place = P.Placement.of_header(h, prof, str(info.blob or ""))
     prm = run.get("params") or {}
     sampling = "sampled" if float(prm.get("temperature") or 0) > 0 else "greedy"
     dpl = draft_of(h, place) if prm.get("speculate") == "draft" else None
@@ -361,111 +329,11 @@ def draft_of(h, place):
     """The draft model's placement beside ``place`` (None when the blob carries none)."""
     if h.draft is None:
         return None
-    from converter.blob import kv_format
-    from converter.costmodel import ModelSpec
-    from converter.passcost import draft_placement
     return draft_placement(ModelSpec.from_header(h.draft), place, kv_format(h.draft.state_tiers))
 
 
 # ---------------------------------------------------------------------------------------------
 # tables
-
-def _kb(n) -> str:
-    return f"{n / 1024:,.1f}"
-
-
-def print_batches(console, board, quotes, best, T, t_spec, count) -> None:
-    from rich.table import Table
-    t = Table(title=f"batched prefill on {board}: predicted per prompt token over a {count}-token prompt "
-                    f"(a prediction from the board profile)", title_justify="left")
-    for col in ("batch T", "fits", "RAM placed", "µs / prompt token", "× T=1", "flash KB / tok", "psram KB / tok"):
-        t.add_column(col, justify="left" if col == "fits" else "right")
-    one = next((q for q in quotes if q.batch == 1 and q.fits), None)
-    for q in quotes:
-        if not q.fits:
-            t.add_row(str(q.batch), "no", "-", "-", "-", "-", "-")
-            continue
-        mark = " ◀ best" if q is best else ""
-        t.add_row(f"{q.batch}{mark}", "yes", " + ".join(f"{_kb(v)} KB {k}" for k, v in q.ram.items() if v),
-                  f"{q.us_per_token:,.0f}", f"{one.us_per_token / q.us_per_token:.2f}" if one else "-",
-                  _kb(q.bytes_per_token["flash"]), _kb(q.bytes_per_token["psram"]))
-    console.print(t)
-    console.print(f"best batch the board's RAM allows: T = {best.batch} (the smallest within 5 % of the lowest "
-                  f"predicted µs per prompt token); the roofline's pass of several tokens: T = {T}; speculation "
-                  f"quoted up to {t_spec - 1} drafts (batch {t_spec})", soft_wrap=True)
-
-
-def print_speculation(console, board, spec_out, pos, T) -> None:
-    from rich.table import Table
-    for mode, qs in spec_out:
-        a = qs[0].acceptance
-        t = Table(title=f"speculative decoding with {mode} on {board}, batch {T}, at position {pos}: predicted per "
-                        f"emitted token (a prediction), against plain greedy decoding", title_justify="left")
-        for col in ("drafts k", "accept p_k", "tokens / verify", "tokens / pass", "verify ÷ plain step",
-                    "µs / token", "draft µs / token", "plain µs / token", "× plain tok/s", "flash KB / tok",
-                    "psram KB / tok"):
-            t.add_column(col, justify="right")
-        best = max(qs, key=lambda q: q.speedup)
-        for q in qs:
-            b = q.bytes_per_token()
-            t.add_row(f"{q.k}{' ◀' if q is best else ''}", f"{a.rate(q.k):.2f}", f"{q.tokens_per_verify:.2f}",
-                      f"{q.tokens_per_pass:.2f}", f"{q.pass_cost_ratio:.2f}", f"{q.us_per_token:,.0f}",
-                      f"{q.draft_us_per_token:,.0f}" if q.draft is not None else "-",
-                      f"{q.plain_us_per_token:,.0f}", f"{q.speedup:.2f}", _kb(b["flash"]), _kb(b["psram"]))
-        console.print(t)
-        ev = (f"; verifications reaching each position: {', '.join(map(str, a.reached))}" if a.reached else "")
-        console.print(f"[dim]acceptance: {a.source}; {100 * a.proposed:.0f} % of decoding passes had drafts{ev}. "
-                      f"Lookup's search is not costed (µs on the device: the draft phase).[/]", soft_wrap=True)
-
-
-def print_roofline(console, board, roofs, groups) -> None:
-    from rich.table import Table
-    measured = any(p.measured for _, ps in groups for p in ps)
-    t = Table(title=f"{board} roofline: ceilings {roofs.mac_per_s / 1e6:,.1f} M int8 MAC/s and "
-                    f"{roofs.flop_per_s / 1e6:,.2f} M float ops/s at {roofs.clock_mhz:g} MHz; roofs "
-                    + ", ".join(f"{k} {v / 1e6:,.1f} MB/s" for k, v in roofs.bandwidth.items())
-                    + " (board profile; predicted unless marked measured)", title_justify="left")
-    cols = ["pass", "phase", "M ops", "binding tier", "KB from it", "ops / B", "roof M ops/s",
-            "pred. M ops/s", "pred. µs", "bound"]
-    if measured:
-        cols += ["meas. µs", "meas. ÷ pred."]
-    for c in cols:
-        t.add_column(c, justify="left" if c in ("pass", "phase", "binding tier", "bound") else "right")
-    for label, ps in groups:
-        meas = {p.phase: p for p in ps if p.measured}
-        for p in ps:
-            if p.measured:
-                continue
-            ceiling = p.ops / (p.compute_us * 1e-6) if p.compute_us > 0 else roofs.peak
-            roof = min(ceiling, roofs.bandwidth[p.tier] * p.intensity)
-            row = [label, PHASE_LABEL.get(p.phase, p.phase), f"{p.ops / 1e6:,.2f}", p.tier, _kb(p.tier_bytes),
-                   f"{p.intensity:,.2f}", f"{roof / 1e6:,.1f}", f"{p.ops_per_s / 1e6:,.1f}", f"{p.us:,.0f}", p.bound]
-            if measured:
-                m = meas.get(p.phase)
-                row += [f"{m.us:,.0f}", f"{m.us / p.us:.2f}"] if m else ["-", "-"]
-            t.add_row(*row)
-    console.print(t)
-
-
-def print_measured(console, run: dict, cats: list[dict]) -> None:
-    from rich.table import Table
-    hello = run.get("hello") or {}
-    t = Table(title=f"measured on {hello.get('board')} ({hello.get('clock_name')}) vs predicted at the same "
-                    f"positions: per pass", title_justify="left")
-    for c in ("passes", "pass", "tokens / pass", "steps / pass", "meas. µs", "pred. µs", "meas. ÷ pred.",
-              "draft meas. µs", "draft pred. µs", "bytes = predicted"):
-        t.add_column(c, justify="left" if c == "pass" else "right")
-    for c in cats:
-        n = c["passes"]
-        meas = sum(v for k, v in c["us"].items() if k != "draft") / n
-        pred = c["pred"].total_us / n
-        dm = c["us"].get("draft", 0) / n
-        dp = c["draft"].total_us / n if c["draft"] is not None else None
-        t.add_row(str(n), c["label"], f"{c['tokens'] / n:.2f}", f"{c['steps'] / n:.2f}", f"{meas:,.0f}",
-                  f"{pred:,.0f}", f"{meas / pred:.2f}" if pred else "-", f"{dm:,.0f}" if dm else "-",
-                  f"{dp:,.0f}" if dp is not None else "-", "yes" if c["bytes_equal"] else "NO")
-    console.print(t)
-
 
 # ---------------------------------------------------------------------------------------------
 # JSON

@@ -1,14 +1,15 @@
-"""A run saved as files: JSON (everything, with the summary) and CSV (one row per step)."""
+"""A run saved as files: JSON (everything, with the summary), CSV (one row per step), and the\nfigure (figure.py): ``Outputs`` names which a run writes."""
 from __future__ import annotations
 
 import csv
 import io
-
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import files
 from ..link.messages import PHASES, TIERS, clock_name
 from ..session.result import RunResult, step_share
+from .figure import plot_png
 from .labels import piece_repr
 from .stats import harness_rows, step_total, summarize
 
@@ -111,3 +112,18 @@ def write_csv(result: RunResult, path) -> Path:
         row.update({f"{tier}_bytes": int(b) for tier, b in zip(TIERS, t.bytes_read)})
         w.writerow(row)
     return files.atomic_write_bytes(path, buf.getvalue().encode("utf-8"))
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """The files a run writes (None: not that one)."""
+    json: Path | None = None
+    csv: Path | None = None
+    png: Path | None = None
+
+    def write(self, console, result: RunResult) -> None:
+        for path, fn, what in ((self.json, write_json, "JSON"), (self.csv, write_csv, "CSV"),
+                               (self.png, plot_png, "plot")):
+            if path:
+                fn(result, path)
+                console.print(f"[green]wrote[/] {what} {path}")
