@@ -2,18 +2,30 @@
 board) and show where each token's time goes.
 
 Every user error prints ``flashlm: error: <one line>`` on stderr and exits 2; Ctrl-C exits 130.
-Set ``FLASHLM_DEBUG=1`` to get the traceback instead.  Heavy modules (torch, matplotlib, the
-converter) are imported inside the command that needs them.
+Set ``FLASHLM_DEBUG=1`` to get the traceback instead. Each command's module in host/cli/ declares
+its options and imports what runs it (host/commands/, numpy, torch, matplotlib) only once the
+command is chosen, so ``flashlm --help`` loads none of it.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
-from .cmd_train import cmd_train
-from .console import make_console
-from .errors import is_user_error, one_line
-from .parser import build_parser
+from ..errors import is_user_error, one_line
+from ..output.console import make_console
+from . import build, compare, convert, demo, eval, faultproxy, flash, plan, run, serve, train
+from .options import Parser
+
+COMMANDS = (convert, build, run, flash, plan, compare, serve, faultproxy, demo, eval, train)   # in --help's order
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="flashlm", description="Small transformer LMs on microcontrollers, with per-token timing.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return p
 
 
 def main(argv=None) -> int:
@@ -34,7 +46,7 @@ def main(argv=None) -> int:
     try:
         try:
             if getattr(args, "train", False):
-                return cmd_train(args, console, extra)
+                return train.cmd_train(console, extra)
             return int(args.func(args, console) or 0)
         except SystemExit as e:     # the train parser's own argparse errors / --help
             return e.code if isinstance(e.code, int) else 2
@@ -48,7 +60,3 @@ def main(argv=None) -> int:
             raise
         print(f"flashlm: error: {one_line(e)}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

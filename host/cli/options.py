@@ -1,11 +1,14 @@
-"""argparse pieces every command shares: the parser class whose errors are one line, the value
-types, and the options one generation on a board takes."""
+"""argparse pieces the commands share: the parser class whose errors are one line, the value types,
+and the option groups declared once: the quantization recipe, the prompt, sampling and the link of
+one generation on a board, the emulated RP2040's XIP model."""
 from __future__ import annotations
 
 import argparse
 import sys
 import tempfile
 from pathlib import Path
+
+from ..commands.recipe import Recipe
 
 
 class Parser(argparse.ArgumentParser):
@@ -99,23 +102,53 @@ def output_dir(s: str) -> Path:
     return p
 
 
+def add_recipe(p: argparse.ArgumentParser, title: str | None = None) -> None:
+    """--format, --group-size, --quant, --scales and --tokenizer: how a checkpoint is quantized
+    (``title``: under a heading of that name)."""
+    g = p.add_argument_group(title) if title else p
+    g.add_argument("--format", choices=("q8", "q4"), default="q8",
+                   help="weight format of the tensors no --quant names (default %(default)s)")
+    add_group_size(g)
+    g.add_argument("--quant", action="append", default=[], metavar="PATTERN=FMT[:G]",
+                   help="per-tensor override, e.g. 'layers.*.ffn=q4:32', 'head=q4' (repeatable)")
+    g.add_argument("--scales", choices=("row", "f32", "f16"), default=None,
+                   help="row (default): a power-of-two scale per row and an integer multiplier per group "
+                        "(a matvec row in integers, one float multiply); f32 or fp16: a float scale per group "
+                        "(the only form of llama2.c v2 Q8_0, which is imported as it is unless --scales is given)")
+    g.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json or llama2.c tokenizer.bin")
+
+
+def add_group_size(p) -> None:
+    p.add_argument("--group-size", type=positive_int, default=32, metavar="N",
+                   help="quantization group size (default %(default)s)")
+
+
+def recipe_of(args) -> Recipe:
+    """The Recipe the --format/--group-size/--quant/--scales options name."""
+    return Recipe(args.format, args.group_size, tuple(args.quant), args.scales)
+
+
 def add_generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     """What one generation on a board takes: prompt, sampling, and the serial link's settings."""
     pr = p.add_mutually_exclusive_group()
     pr.add_argument("--prompt", metavar="TEXT")
     pr.add_argument("--prompt-ids", metavar="1,2,3")
-    p.add_argument("--max-tokens", type=positive_int, default=max_tokens, metavar="N")
+    add_max_tokens(p, max_tokens)
     p.add_argument("--temperature", type=nonneg_float, default=0.0, metavar="T")
     p.add_argument("--top-p", type=top_p_value, default=0.0, metavar="P")
     p.add_argument("--seed", type=nonneg_int, default=0, metavar="S")
     p.add_argument("--baud", type=positive_int, default=115200, metavar="B")
+    add_board_wait(p)
+
+
+def add_max_tokens(p: argparse.ArgumentParser, default: int) -> None:
+    p.add_argument("--max-tokens", type=positive_int, default=default, metavar="N")
+
+
+def add_board_wait(p: argparse.ArgumentParser) -> None:
+    """--timeout and --xip-model: how a board is waited for, and the emulated board's XIP model."""
     p.add_argument("--timeout", type=seconds, default=10.0, metavar="S",
                    help="seconds to wait for the board and for each frame (default 10)")
-    add_xip_arg(p)
-
-
-def add_xip_arg(p: argparse.ArgumentParser) -> None:
-    """--xip-model for the commands that start an emulated board."""
     p.add_argument("--xip-model", choices=("on", "off"), default="on",
                    help="rp2040-emu: time flash reads through the XIP cache + QSPI model (on, the default), "
                         "or charge them like SRAM reads (off, rp2040js as is)")

@@ -16,7 +16,7 @@ from ..output.plan_figures import memory_map_png
 from ..output.plan_tables import print_no_fit, print_plan
 from .model_source import Source, load_spec
 from .recipe import Recipe
-from .roofline import check_args, roofline
+from .roofline import roofline
 
 
 def kv_of(args, source: Source) -> str:
@@ -53,7 +53,6 @@ def apply_plan(console, source: Source, pl) -> None:
 
 
 def run_plan(console, args, recipe: Recipe) -> int:
-    check_args(args)
     spec, source = load_spec(args.model, recipe, args.tokenizer, args.ctx)
     if args.ctx:
         spec = spec.with_context(args.ctx)
