@@ -38,15 +38,15 @@ def _token_dict(t) -> dict:
 
 
 def result_dict(result: RunResult) -> dict:
-    d = result.done
+    d, q = result.done, result.request
     return {
         "format": "flashlm-run", "version": 1,
         "hello": _hello_dict(result.hello),
         "params": {"prompt_ids": list(result.prompt_ids), "prompt_text": result.prompt_text,
-                   "max_new_tokens": result.max_new_tokens,
-                   "temperature": result.temperature, "top_p": result.top_p, "seed": result.seed,
-                   "slide": bool(result.slide), "all_logits": bool(result.all_logits),
-                   "batch": result.batch, "speculate": result.speculate, "draft_k": result.draft_k},
+                   "max_new_tokens": q.max_new_tokens,
+                   "temperature": q.temperature, "top_p": q.top_p, "seed": q.seed,
+                   "slide": bool(q.slide), "all_logits": bool(result.all_logits),
+                   "batch": q.batch, "speculate": q.speculate, "draft_k": q.draft_k},
         "done": None if d is None else {"steps": d.steps, "generated": d.generated, "reason": d.reason,
                                         "total_us": d.total_us, "phase_us": dict(zip(PHASES, map(int, d.phase_us))),
                                         "passes": d.passes, "verify_passes": d.verify_passes,

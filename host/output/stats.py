@@ -161,8 +161,8 @@ def pass_summary(result: RunResult) -> dict:
     dec_us = sum(p["total_us"] for p in dec)
     done = result.done
     return {
-        "batch": result.batch or (result.hello.batch if result.hello is not None else None),
-        "speculate": result.speculate, "draft_k": result.draft_k,
+        "batch": result.request.batch or (result.hello.batch if result.hello is not None else None),
+        "speculate": result.request.speculate, "draft_k": result.request.draft_k,
         "prefill": {"passes": len(pre), "tokens": n_pre,
                     "tokens_per_pass": n_pre / len(pre) if pre else None,
                     "us_per_pass": sum(p["total_us"] for p in pre) / len(pre) if pre else None,
@@ -211,7 +211,7 @@ def summarize(result: RunResult) -> dict:
         "frame_gaps": result.frame_gaps,
         "bad_frames": result.bad_frames,
         "out_vocab": out_vocab,
-        "flags": {"slide": bool(result.slide), "all_logits": bool(result.all_logits)},
+        "flags": {"slide": bool(result.request.slide), "all_logits": bool(result.all_logits)},
         "prefill": ps,
         "decode": gs,
         # device time only: generated tokens over the µs of the steps that produced them (drafting included)
