@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-pytest.importorskip("host.protocol")
+pytest.importorskip("host.link.messages")
 pytest.importorskip("serial")
 
 from fakeboard import FakeBoard, expected_run, piece  # noqa: E402

@@ -3,7 +3,6 @@ model before anything is sent."""
 from __future__ import annotations
 
 from converter.tokenizer import encode
-from converter.tokenizer_enc import section_info
 
 from ..errors import UserError
 from ..model_dir import ModelDir
@@ -48,6 +47,7 @@ def text_prompt(model: ModelDir, prompt: str | None, prompt_ids: str | None) -> 
         raise UserError("--encode-on device encodes a --prompt text; --prompt-ids are ids already")
     if prompt == "":
         raise UserError("the prompt is empty")
+    from converter.tokenizer_enc import section_info    # its Unicode tables: only --encode-on device needs them
     info = section_info(model.blob)
     if info is None:
         why = model.device_tokenizer or "its blob has no tokenizer.enc section"

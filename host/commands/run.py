@@ -11,7 +11,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from converter.blob import TIER_CODE, layout_id_of, read_header, with_kv
 from converter.tokenizer import decode
 
 from ..boards.builds import ensure_firmware
@@ -45,6 +44,8 @@ class Target:
 def kv_layout(blob: Path, kv: str) -> tuple[int, int, bytes]:
     """(layout_id, state_tiers, tiers) of the blob's own placement with the KV cache format kv: the
     LAYOUT that switches a board holding this blob to it."""
+    # the blob module loads the golden check's reference forward pass: only a run with --kv needs it
+    from converter.blob import TIER_CODE, layout_id_of, read_header, with_kv
     h = read_header(blob)
     st = with_kv(h.state_tiers, kv)
     tiers = bytes(TIER_CODE[e.tier] for e in h.entries)
