@@ -43,7 +43,7 @@ from host.boards.native import start_native_board
 from .model import MODEL, PROMPT, ROOT, blob_and_firmware, converted, default_ir, default_quant, session
 
 PREFILL_PROMPT = "HAMLET.\nTo be, or not to be, that is the question:"      # 23 tokens with <|bos|>
-OUT, ATTN, SAMPLE = 4, 1, 5      # phase indices (host.protocol.PHASES)
+OUT, ATTN, SAMPLE = 4, 1, 5      # phase indices (host.link.messages.PHASES)
 
 
 def _median(xs) -> float:

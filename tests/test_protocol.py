@@ -1,4 +1,4 @@
-"""Serial protocol: host/protocol.py, and firmware/engine/protocol.c through tests/c/proto_echo.c."""
+"""Serial protocol: host/link/, and firmware/engine/protocol.c through tests/c/proto_echo.c."""
 from __future__ import annotations
 
 import random

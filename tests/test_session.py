@@ -1,4 +1,4 @@
-"""host/session.py, host/report.py and `flashlm run --port` against a fake device on a pty."""
+"""host/session/, host/output/ and `flashlm run --port` against a fake device on a pty."""
 from __future__ import annotations
 
 import csv
