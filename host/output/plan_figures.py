@@ -73,8 +73,6 @@ def memory_map_png(plan, path) -> Path:
     return out
 
 
-
-
 def compare_png(entries, path, key: dict | None = None) -> Path:
     """Stacked per-phase ms per token, one group per (board, layout): predicted (hatched), and
     measured (solid) when there is one. ``entries``: list of dict(label, predicted: {phase: µs},

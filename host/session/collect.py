@@ -235,7 +235,6 @@ class Collector:
         return True
 
 
-
 STATUS_TAG = 0xFFFE0000   # status queries name a step STATUS_TAG + k: no real step, echoed as unavailable
 
 
