@@ -10,8 +10,7 @@ import contextlib
 import statistics
 from pathlib import Path
 
-from host.link.messages import PHASES, TIERS
-from host.link.messages import Generate
+from host.link.messages import Generate, PHASES, TIERS
 from host.boards.native import start_native_board
 
 from .model import FORMATS, blob_and_firmware, default_quant, prompt_ids, session

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from host.boards import virtual
-from host.commands import demo as demo_command
-from host.commands import run as run_command
+from host.commands import demo as demo_command, run as run_command
 from host.model_dir import ModelDir
 from host.cli.main import main
 from host.errors import UserError

@@ -29,8 +29,7 @@ from host.session.recovery import Policy  # noqa: E402
 from host.link.messages import Generate  # noqa: E402
 from host.link.codec import encode_frame  # noqa: E402
 from host.link.faultproxy import KINDS, FaultProxy, Faults  # noqa: E402
-from host.link.port import Link  # noqa: E402
-from host.link.port import open_port  # noqa: E402
+from host.link.port import Link, open_port  # noqa: E402
 from host.session.errors import BoardReset, ModelMismatch  # noqa: E402
 from host.session.session import Session  # noqa: E402
 from host.boards.native import start_native_board  # noqa: E402

@@ -15,11 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from host.link import messages as P
-from host.link.cobs import FrameError, MAX_ENCODED, MAX_PAYLOAD, cobs_decode, cobs_encode, cobs_max_encoded, decode_raw_frame, encode_raw_frame
+from host.link.cobs import FrameError, MAX_ENCODED, MAX_PAYLOAD, ProtocolError, cobs_decode, cobs_encode, cobs_max_encoded, decode_raw_frame, encode_raw_frame
 from host.link.codec import decode_payload, encode_frame, encode_payload
-from host.link.frames import DecoderStats
-from host.link.cobs import ProtocolError
-from host.link.frames import FrameDecoder
+from host.link.frames import DecoderStats, FrameDecoder
 from host.link.messages import Done, Error, Frame, Generate, Hello, Layout, Log, Logits, MsgType, Ping, Resend, Resent, SelfTest, Stop, Token
 from host.link.port import Link
 

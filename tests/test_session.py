@@ -14,15 +14,10 @@ pytest.importorskip("serial")
 from fakeboard import FakeBoard, expected_run, piece  # noqa: E402
 from host.link import messages as P  # noqa: E402
 from host.link.messages import Generate  # noqa: E402
-from host.output import export  # noqa: E402
-from host.output import figure  # noqa: E402
-from host.output import live  # noqa: E402
-from host.output import stats  # noqa: E402
-from host.output import summary  # noqa: E402
+from host.output import export, figure, live, stats, summary  # noqa: E402
 from host.cli.main import main  # noqa: E402
-from host.link.port import Link  # noqa: E402
+from host.link.port import Link, open_port  # noqa: E402
 from host.errors import BoardError  # noqa: E402
-from host.link.port import open_port  # noqa: E402
 from host.session.errors import DeviceError, LinkTimeout, ModelMismatch  # noqa: E402
 from host.session.session import Session  # noqa: E402
 

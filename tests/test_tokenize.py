@@ -25,11 +25,10 @@ from converter.tokenizer_enc import (CLASS_LETTER, CLASS_NUMBER, CLASS_OTHER, CL
                                      device_section, parse_section, unicode_classes, unicode_version)
 from host.link import messages as P
 from host.session.recovery import Policy
-from host.link.messages import Generate
+from host.link.messages import Done, Error, Generate, Hello, Log, Ping, Token
 from host.link.cobs import encode_raw_frame
 from host.link.codec import encode_frame
 from host.link.faultproxy import BOOT_LOG
-from host.link.messages import Done, Error, Hello, Log, Ping, Token
 from host.link.port import Link
 from host.session.errors import DeviceError
 from host.session.session import Session

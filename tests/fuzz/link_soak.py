@@ -24,8 +24,7 @@ from converter.quantize import quantize  # noqa: E402
 from host.link.faultproxy import KINDS, FaultProxy, Faults  # noqa: E402
 from host.session.recovery import Policy  # noqa: E402
 from host.link.messages import Generate  # noqa: E402
-from host.link.port import Link  # noqa: E402
-from host.link.port import open_port  # noqa: E402
+from host.link.port import Link, open_port  # noqa: E402
 from host.session.session import Session  # noqa: E402
 from host.boards.native import start_native_board  # noqa: E402
 from modelzoo import random_model  # noqa: E402
