@@ -17,7 +17,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from host.virtual import start_native_board
+from host.boards.native import start_native_board
+from host.link.messages import Generate
 
 from .model import FORMATS, blob_and_firmware, default_quant, prompt_ids, session
 
@@ -52,7 +53,7 @@ def profile(binary: Path, blob: Path, ids: list[int], new_tokens: int, out: Path
     board = start_native_board(binary, blob, timeout=120, wrapper=wrapper)
     try:
         with session(board.port, 120, 120) as s:
-            res = s.generate(ids, new_tokens, all_logits=all_logits)
+            res = s.generate(Generate(ids, new_tokens, all_logits=all_logits))
     finally:
         board.stop(timeout=120)       # callgrind writes its file as the board exits (SIGTERM)
     total = parse_totals(out.read_text())

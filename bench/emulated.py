@@ -36,8 +36,8 @@ from pathlib import Path
 from converter import costmodel as C
 from converter.blob import kv_format, padding_per_step, read_header, unpack_state_tiers
 from converter.boards import load_board
-from host.protocol import PHASES, TIERS, Done, GenerateText, Log, Stop
-from host.virtual import start_emulated_board
+from host.link.messages import PHASES, TIERS, Done, Generate, Log, Stop
+from host.boards.emulated import start_emulated_board
 
 from .model import FORMATS, MODEL, PROMPT, blob_and_firmware, default_quant, prompt_ids, session
 
@@ -110,7 +110,7 @@ def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: st
         checked = s.selftest(timeout=600) if xip_model else None
         golden = golden_ms(s.logs)
         board.read_counts()
-        res = s.generate(prompt_ids(qm), new_tokens)
+        res = s.generate(Generate(prompt_ids(qm), new_tokens))
         counts = {c["step"]: c for c in board.read_counts()}
     dec, pre = res.generated_steps[1:], res.prompt_steps
     h = [counts[t.step] for t in dec]
@@ -228,7 +228,7 @@ def encode_section(work: Path) -> dict:
     with start_emulated_board(fw.binary, blob) as board, session(board.port) as s:
         link = s.link
         for name, text in texts.items():
-            link.send(GenerateText(text, 1))
+            link.send(Generate(text, 1))
             got = None
             while True:
                 fr = link.recv(120)

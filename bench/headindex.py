@@ -34,7 +34,9 @@ from converter.load import load_model
 from converter.quantize import quantize
 from converter.tokenizer import encode
 from firmware.build import BuildError
-from host.virtual import start_emulated_board, start_native_board
+from host.boards.emulated import start_emulated_board
+from host.link.messages import Generate
+from host.boards.native import start_native_board
 
 from .callgrind import callgrind_missing, profile
 from .model import PROMPT, ROOT, blob_and_firmware, llama15m_v2, session
@@ -82,8 +84,8 @@ def measure_model(name: str, qm, ids: list[int], emu_kv: str | None, work: Path,
             start_native_board(blobs["whole"][1].binary, blobs["whole"][0]) as b, \
             session(a.port, 120) as sa, session(b.port, 120) as sb:
         for _ in range(ROUNDS):
-            runs["index"].append(sa.generate(ids, NATIVE_TOKENS))
-            runs["whole"].append(sb.generate(ids, NATIVE_TOKENS))
+            runs["index"].append(sa.generate(Generate(ids, NATIVE_TOKENS)))
+            runs["whole"].append(sb.generate(Generate(ids, NATIVE_TOKENS)))
     toks = {k: [t.out_id for t in r[0].generated_steps] for k, r in runs.items()}
     assert toks["index"] == toks["whole"], f"{name}: the index changed the greedy tokens"
     n_out = qm.config.n_out
@@ -103,7 +105,7 @@ def measure_model(name: str, qm, ids: list[int], emu_kv: str | None, work: Path,
                 qm.head_index = idx
                 blob, fw = blob_and_firmware(qm, "rp2040-emu", work / name / f"emu-{kind}", kv=emu_kv)
                 with start_emulated_board(fw.binary, blob, timeout=60) as board, session(board.port, 120, 60) as s:
-                    res = s.generate(ids, EMU_TOKENS)
+                    res = s.generate(Generate(ids, EMU_TOKENS))
                 out[kind]["emulated_output_cycles"] = MHZ * statistics.median(
                     t.us[OUT] + t.us[SAMPLE] for t in res.generated_steps)
                 out[kind]["emulated_head_rows_pct"] = 100 * statistics.mean(

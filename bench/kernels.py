@@ -76,7 +76,7 @@ class Probe:
 
     def __init__(self, image: Path, work: Path):
         from converter.boards import load_board
-        from host.virtual import EMU_DIR, EMU_HARNESS
+        from host.boards.emulated import EMU_DIR, EMU_HARNESS
         blob = work / "probe.blob"
         blob.write_bytes(b"\0" * 16)
         off = int(load_board("rp2040-emu")["flash"]["blob_offset"])

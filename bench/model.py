@@ -16,8 +16,8 @@ from converter.load import load_model
 from converter.quantize import quantize
 from converter.tokenizer import encode
 from firmware.build import build_firmware
-from host.protocol import Link
-from host.session import Session, open_port
+from host.link.port import Link, open_port
+from host.session.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "default"

@@ -10,8 +10,8 @@ import contextlib
 import statistics
 from pathlib import Path
 
-from host.protocol import PHASES, TIERS
-from host.virtual import start_native_board
+from host.link.messages import Generate, PHASES, TIERS
+from host.boards.native import start_native_board
 
 from .model import FORMATS, blob_and_firmware, default_quant, prompt_ids, session
 from .speed import fastest
@@ -41,7 +41,7 @@ def section(work: Path) -> dict:
             sessions[fmt] = stack.enter_context(session(board.port, 30))
         for _ in range(ROUNDS):
             for fmt, s in sessions.items():
-                runs[fmt].append(s.generate(prompt_ids(default_quant(fmt)), NEW_TOKENS))
+                runs[fmt].append(s.generate(Generate(prompt_ids(default_quant(fmt)), NEW_TOKENS)))
     out = {f"native_{fmt}": figures(r) for fmt, r in runs.items()}
     q8, q4 = out["native_q8"], out["native_q4"]
     out["ratios"] = {"native q4/q8 tok/s": q4["tok_per_s"] / q8["tok_per_s"],

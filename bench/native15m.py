@@ -24,7 +24,8 @@ import subprocess
 from pathlib import Path
 
 from converter.load import load_model
-from host.virtual import start_native_board
+from host.boards.native import start_native_board
+from host.link.messages import Generate
 
 from . import callgrind
 from .model import ROOT, blob_and_firmware, converted, llama15m_v2, prompt_ids, session
@@ -71,7 +72,7 @@ def tok_per_s(blob: Path, binary: Path, ids: list[int]) -> dict:
     with start_native_board(binary, blob) as b, session(b.port, 120) as s:
         for _ in range(ROUNDS):
             for k in runs:
-                runs[k].append(s.generate(ids, NEW_TOKENS, all_logits=k == "all_logits"))
+                runs[k].append(s.generate(Generate(ids, NEW_TOKENS, all_logits=k == "all_logits")))
     a, p = ([t.out_id for t in runs[k][0].generated_steps] for k in ("all_logits", "pruned"))
     assert a == p, "the pruned head chose other tokens than the whole head"
     out = {}

@@ -37,9 +37,12 @@ from converter.planner import NoFit, fits, plan
 from converter.quantize import quantize
 from converter.speculation import predict_run
 from converter.tokenizer import encode
-from host.plan_roofline import draft_of, record, run_passes
-from host.report import forward_passes, pass_summary, result_dict
-from host.virtual import start_emulated_board, start_native_board
+from host.commands.roofline import draft_of, record, run_passes
+from host.link.messages import Generate
+from host.output.export import result_dict
+from host.output.stats import forward_passes, pass_summary
+from host.boards.emulated import start_emulated_board
+from host.boards.native import start_native_board
 
 from .model import PROMPT, ROOT, blob_and_firmware, session
 
@@ -87,7 +90,7 @@ def _run(board: str, blob, fw, jobs, rounds: int):
             for ids, n, kw in jobs:
                 if board != "native":
                     vb.read_counts()
-                rr.append(s.generate(ids, n, **kw))
+                rr.append(s.generate(Generate(ids, n, **kw)))
                 if board != "native":
                     counts.append({c["step"]: c for c in vb.read_counts()})
             out.append(rr)

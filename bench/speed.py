@@ -35,13 +35,15 @@ import numpy as np
 from converter import evaluate
 from converter.footprint import kv_row_bytes
 from converter.tokenizer import encode
-from host.cmd_run import kv_layout
-from host.virtual import start_emulated_board, start_native_board
+from host.commands.run import kv_layout
+from host.link.messages import Generate
+from host.boards.emulated import start_emulated_board
+from host.boards.native import start_native_board
 
 from .model import MODEL, PROMPT, ROOT, blob_and_firmware, converted, default_ir, default_quant, session
 
 PREFILL_PROMPT = "HAMLET.\nTo be, or not to be, that is the question:"      # 23 tokens with <|bos|>
-OUT, ATTN, SAMPLE = 4, 1, 5      # phase indices (host.protocol.PHASES)
+OUT, ATTN, SAMPLE = 4, 1, 5      # phase indices (host.link.messages.PHASES)
 
 
 def _median(xs) -> float:
@@ -70,12 +72,12 @@ def board_figures(board: str, qm, work: Path, new_tokens: int, rounds: int) -> d
         runs: dict = {k: [] for k in ("full", "pruned", "pre_full", "pre_skip", "int8")}
         for _ in range(rounds):
             s.set_layout(*kv_layout(blob, "f32"))
-            runs["full"].append(s.generate(long_ids, new_tokens, all_logits=True))
-            runs["pruned"].append(s.generate(long_ids, new_tokens))
-            runs["pre_full"].append(s.generate(pre_ids, 1, all_logits=True))
-            runs["pre_skip"].append(s.generate(pre_ids, 1))
+            runs["full"].append(s.generate(Generate(long_ids, new_tokens, all_logits=True)))
+            runs["pruned"].append(s.generate(Generate(long_ids, new_tokens)))
+            runs["pre_full"].append(s.generate(Generate(pre_ids, 1, all_logits=True)))
+            runs["pre_skip"].append(s.generate(Generate(pre_ids, 1)))
             s.set_layout(*kv_layout(blob, "int8"))
-            runs["int8"].append(s.generate(long_ids, new_tokens))
+            runs["int8"].append(s.generate(Generate(long_ids, new_tokens)))
     for f, p in zip(runs["full"], runs["pruned"]):
         assert [t.out_id for t in f.generated_steps] == [t.out_id for t in p.generated_steps], \
             "the greedy scan chose other tokens than the whole head"

@@ -24,8 +24,9 @@ from converter.blob import read_header
 from converter.boards import load_board
 from converter.planner import plan_layout
 from converter.quantize import quantize
-from host.plan import measure_layouts
-from host.virtual import start_emulated_board
+from host.commands.compare import measure_layouts
+from host.link.messages import Generate
+from host.boards.emulated import start_emulated_board
 
 from .model import GROUP, blob_and_firmware, default_ir, random_ir, session
 
@@ -43,7 +44,7 @@ def head_placement(work: Path, new_tokens: int = 8) -> dict:
     plans = {lay: plan_layout(spec, BOARD, lay, suggest=False) for lay in LAYOUTS}
     with start_emulated_board(fw.binary, blob) as board, session(board.port) as s:
         board.read_counts()
-        runs = measure_layouts(s, plans, [1, 5, 9, 13], new_tokens)
+        runs = measure_layouts(s, plans, Generate([1, 5, 9, 13], new_tokens))
         counts = board.read_counts()
     flash_run = runs[LAYOUTS[0]]
     dec = flash_run["result"].generated_steps

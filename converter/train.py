@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .corpus import CORPORA, DEFAULT_EVAL_FRACTION, Corpus, CorpusError, get_corpus, join_docs, split_docs
+from .errors import FlashlmError
 from .ir import ModelConfig, ModelError
 from .shapes import SHAPES
 from .tokenizer import visible_text
@@ -126,7 +127,7 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-class TrainError(RuntimeError):
+class TrainError(FlashlmError, RuntimeError):
     """Training cannot go on; the message is for the user."""
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import jinja2
 
 from converter.boards import load_board
+from converter.errors import FlashlmError
 from converter.footprint import arena_bytes, build_arenas
 from converter.blob import read_header
 from converter.tokenizer_enc import section_info
@@ -20,7 +21,7 @@ ENGINE_DIR = FW_DIR / "engine"
 FW_VERSION = "0.1.0"
 
 
-class BuildError(RuntimeError):
+class BuildError(FlashlmError, RuntimeError):
     """The firmware could not be rendered or compiled; the message is for the user."""
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+from converter.errors import FlashlmError
+
 MAGIC0, MAGIC1, MAGIC_END = 0x0A324655, 0x9E5D5157, 0x0AB16F30
 FLAG_FAMILY = 0x00002000
 BLOCK = 512
@@ -22,7 +24,7 @@ FAMILY_RP2350_ARM_S = 0xE48BFF59
 FAMILIES = {"RP2040": FAMILY_RP2040, "RP2350": FAMILY_ABSOLUTE}   # for a data (non-code) image
 
 
-class UF2Error(ValueError):
+class UF2Error(FlashlmError, ValueError):
     pass
 
 

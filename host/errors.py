@@ -1,10 +1,18 @@
 """What a user error is, and how any error is told to the user: one line on stderr (exit 2), or
-a traceback when it is a bug."""
+a traceback when it is a bug. Every error flashlm tells in one line derives from
+``converter.errors.FlashlmError``; a file that cannot be read or written (an ``OSError``) is told
+the same way."""
 from __future__ import annotations
 
+from converter.errors import FlashlmError
 
-class UserError(Exception):
+
+class UserError(FlashlmError):
     """A mistake in how flashlm was called; the message is one line for the user."""
+
+
+class BoardError(FlashlmError, RuntimeError):
+    """A board, port or link problem; the message is one line for the user."""
 
 
 def one_line(e: BaseException) -> str:
@@ -22,21 +30,5 @@ def one_line(e: BaseException) -> str:
 
 
 def is_user_error(e: Exception) -> bool:
-    """A mistake in the call, the files or the board (one line, exit 2), not a bug (traceback).
-
-    Only called while an exception is being handled, so ``--help`` and a working run import none
-    of these modules.  converter.train imports torch; its errors can only come from
-    ``flashlm train``, which has imported it already, so it is looked at last and a failing
-    ``run`` never loads torch."""
-    from converter.corpus import CorpusError
-    from converter.ir import ModelError
-    from firmware.build import BuildError
-
-    from .protocol import ProtocolError
-    from .flash import FlashError
-    from .virtual import BoardError
-    if isinstance(e, (UserError, OSError, ModelError, BoardError, ProtocolError, BuildError, CorpusError,
-                      FlashError)):
-        return True
-    from converter.train import TrainError
-    return isinstance(e, TrainError)
+    """A mistake in the call, the files or the board (one line, exit 2), not a bug (traceback)."""
+    return isinstance(e, (FlashlmError, OSError))

@@ -12,8 +12,9 @@ import serial
 from converter.blob import read_header, write_blob
 from converter.tokenizer_enc import section_info
 from firmware.build import build_firmware
-from host.protocol import Hello, Link, Ping
-from host.virtual import emulator_missing, start_emulated_board
+from host.link.messages import Hello, Ping
+from host.link.port import Link
+from host.boards.emulated import emulator_missing, start_emulated_board
 from nativeboard import recv_until
 
 BOARD = "rp2040-emu"

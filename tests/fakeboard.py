@@ -3,7 +3,7 @@ master side of an ``os.openpty()`` pair, from a thread.  The host opens ``board.
 slave) like any serial port.
 
 Frames are built here straight from the spec (own COBS, struct, zlib.crc32), not with
-host/protocol.py, so the host is tested against the document rather than against itself.
+host/link/, so the host is tested against the document rather than against itself.
 
 The "model": the token after ``x`` at position ``p`` is ``(5 * x + p + 3) % vocab``; piece i is
 ``PIECES[i]``.  Faults to inject: junk before answering, ignored PINGs, dropped / corrupted

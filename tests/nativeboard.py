@@ -14,8 +14,10 @@ import serial
 from converter.blob import build_blob, write_blob
 from converter.reference import NO_TOKEN
 from firmware.build import build_firmware
-from host.protocol import Done, Error, Generate, Hello, Link, Logits, Ping, Token
-from host.virtual import start_emulated_board, start_native_board
+from host.link.messages import Done, Error, Generate, Hello, Logits, Ping, Token
+from host.link.port import Link
+from host.boards.emulated import start_emulated_board
+from host.boards.native import start_native_board
 
 _builds: dict = {}
 

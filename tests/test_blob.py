@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from converter.blob import BlobError, build_blob, decode_qtensor, encode_qtensor, parse_header, read_blob
 from converter.quantize import quantize, quantize_matrix
-from host.protocol import Error, Hello
+from host.link.messages import Error, Hello
 from modelzoo import random_model
 from nativeboard import drain, native_link, recv_until, run
 

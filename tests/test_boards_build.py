@@ -18,9 +18,9 @@ from converter.quantize import quantize
 from firmware import platformio as P
 from firmware import uf2
 from firmware.build import BuildError, build_firmware
-from host import flash as F
-from host.cli import main
-from host.console import make_console
+from host.boards import flash as F
+from host.cli.main import main
+from host.output.console import make_console
 
 sys.path.insert(0, str(Path(__file__).parent))
 from modelzoo import random_model  # noqa: E402
@@ -445,18 +445,17 @@ def test_run_reuses_the_build_of_build_o(model_dir, tmp_path, monkeypatch, capsy
     their own builds."""
     if not (shutil.which("cc") and shutil.which("make")):
         pytest.skip("no C toolchain for the native board")
-    from host import cmd_build
-    from host.model_dir import load_manifest
+    from host.boards import builds
+    from host.model_dir import ModelDir
     m1 = tmp_path / "models" / "a"
     m2 = tmp_path / "models" / "b"
     for m in (m1, m2):
         shutil.copytree(model_dir, m)
-    assert cmd_build.build_dir_for(m1, "native") != cmd_build.build_dir_for(m2, "native")
+    assert builds.build_dir_for(m1, "native") != builds.build_dir_for(m2, "native")
     assert main(["build", "--board", "native", "--model", str(m1), "-o", str(tmp_path / "fw")]) == 0
     capsys.readouterr()
-    monkeypatch.setattr(cmd_build, "_build", lambda *a, **k: pytest.fail("rebuilt instead of reusing build -o"))
-    d, man = load_manifest(m1)
-    assert cmd_build.ensure_native_binary(make_console(), d, man) == (tmp_path / "fw" / "firmware").resolve()
+    monkeypatch.setattr(builds, "build", lambda *a, **k: pytest.fail("rebuilt instead of reusing build -o"))
+    assert builds.ensure_firmware(make_console(), ModelDir.open(m1)) == (tmp_path / "fw" / "firmware").resolve()
 
 
 def test_flash_runs_pio_then_esptool(projects, capsys, monkeypatch, tmp_path):

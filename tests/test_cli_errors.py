@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from host import cmd_demo, cmd_run
-from host.cli import main
+from host.boards import virtual
+from host.commands import demo as demo_command, run as run_command
+from host.model_dir import ModelDir
+from host.cli.main import main
 from host.errors import UserError
 
 
@@ -171,9 +173,8 @@ def test_run_unknown_board_says_unknown(capsys, tmp_path):
 
 
 def test_missing_emulator_is_refused_before_any_build(capsys, tmp_path, monkeypatch):
-    import host.virtual
-    monkeypatch.setattr(host.virtual, "emulator_missing", lambda: "rp2040js is not installed: run 'make emu-deps'")
-    monkeypatch.setattr(cmd_run, "ensure_native_binary", lambda *a, **k: pytest.fail("built before checking"))
+    monkeypatch.setattr(virtual, "emulator_missing", lambda: "rp2040js is not installed: run 'make emu-deps'")
+    monkeypatch.setattr(run_command, "ensure_firmware", lambda *a, **k: pytest.fail("built before checking"))
     d = _model_dir(tmp_path)
     for argv in (["run", "--board", "rp2040-emu", "--model", str(d), "--prompt-ids", "1"],
                  ["serve", "--board", "rp2040-emu", "--model", str(d)],
@@ -183,7 +184,7 @@ def test_missing_emulator_is_refused_before_any_build(capsys, tmp_path, monkeypa
 
 
 def test_serve_defaults_to_the_native_board():
-    from host.parser import build_parser
+    from host.cli.main import build_parser
     assert build_parser().parse_args(["serve", "--model", "m"]).board == "native"
 
 
@@ -210,7 +211,7 @@ def test_output_in_an_unwritable_folder_names_the_file(capsys, tmp_path):
         line = _fails(capsys, argv + [path], opt, f"cannot write {path}: No such file or directory; "
                                                   f"/proc takes no new files")
         assert "folder /proc" not in line
-    from host.report import atomic_write_bytes
+    from host.files import atomic_write_bytes
     with pytest.raises(OSError) as e:
         atomic_write_bytes("/proc/y.json", b"{}")
     assert e.value.filename == "/proc/y.json"
@@ -286,7 +287,7 @@ def native(monkeypatch, tmp_path):
     (d / "model.flmb").write_bytes(b"FLMB")
 
     def use(binary):
-        monkeypatch.setattr(cmd_run, "ensure_native_binary", lambda console, model_dir, manifest, board="native": binary)
+        monkeypatch.setattr(run_command, "ensure_firmware", lambda console, model, board="native": binary)
         return ["run", "--board", "native", "--model", str(d), "--prompt-ids", "1", "--timeout", "1"]
     return use
 
@@ -345,7 +346,7 @@ def test_build_without_model(capsys, tmp_path):
 
 
 def test_demo_without_default_model(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(cmd_demo, "DEFAULT_MODEL", tmp_path / "models" / "default" / "model.pt")
+    monkeypatch.setattr(demo_command, "DEFAULT_MODEL", tmp_path / "models" / "default" / "model.pt")
     _fails(capsys, ["demo", "-o", str(tmp_path / "demo")], "default model", "model.pt")
 
 
@@ -368,7 +369,7 @@ def test_train_bad_option(capsys):
 def test_ctrl_c_exits_130(capsys, monkeypatch, tmp_path):
     def boom(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(cmd_run, "load_manifest", boom)
+    monkeypatch.setattr(ModelDir, "open", boom)
     rc = main(["run", "--port", "/dev/null", "--model", str(tmp_path), "--prompt-ids", "1"])
     err = capsys.readouterr().err
     assert rc == 130 and "Traceback" not in err and "interrupted" in err

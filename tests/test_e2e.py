@@ -9,7 +9,7 @@ from converter.ir import Tokenizer
 from converter.llama2c import write_llama2c
 from converter.reference import FLAG_ALL_LOGITS, NO_TOKEN, generate
 from converter.tokenizer import write_tokenizer_bin
-from host.cli import main
+from host.cli.main import main
 from modelzoo import random_model
 
 

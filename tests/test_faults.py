@@ -24,11 +24,15 @@ pytest.importorskip("serial")
 
 from converter.blob import read_header, write_blob  # noqa: E402
 from converter.quantize import quantize  # noqa: E402
-from host import protocol as P  # noqa: E402
-from host.faultproxy import KINDS, FaultProxy, Faults  # noqa: E402
-from host.protocol import Link  # noqa: E402
-from host.session import BoardReset, ModelMismatch, Session, open_port  # noqa: E402
-from host.virtual import start_native_board  # noqa: E402
+from host.link import messages as P  # noqa: E402
+from host.session.recovery import Policy  # noqa: E402
+from host.link.messages import Generate  # noqa: E402
+from host.link.codec import encode_frame  # noqa: E402
+from host.link.faultproxy import KINDS, FaultProxy, Faults  # noqa: E402
+from host.link.port import Link, open_port  # noqa: E402
+from host.session.errors import BoardReset, ModelMismatch  # noqa: E402
+from host.session.session import Session  # noqa: E402
+from host.boards.native import start_native_board  # noqa: E402
 from modelzoo import random_model  # noqa: E402
 from nativeboard import binary_for  # noqa: E402
 
@@ -56,8 +60,8 @@ def env(tmp_path_factory):
         try:
             s = Session(Link(ser))
             s.handshake()
-            truth = {n: s.generate(PROMPT, n) for n in (SHORT, LONG)}
-            truth["sampled"] = s.generate(PROMPT, SHORT, temperature=0.9, top_p=0.9, seed=42)
+            truth = {n: s.generate(Generate(PROMPT, n)) for n in (SHORT, LONG)}
+            truth["sampled"] = s.generate(Generate(PROMPT, SHORT, temperature=0.9, top_p=0.9, seed=42))
         finally:
             ser.close()
     for t in truth.values():
@@ -155,7 +159,7 @@ def test_each_fault_kind(env, board, ports, kind):
                     boot_noise=True) as fp:
         s = session_on(fp.port, ports)
         t0 = time.monotonic()
-        res = s.generate(PROMPT, SHORT, frame_timeout=5)
+        res = s.generate(Generate(PROMPT, SHORT), frame_timeout=5)
         took = time.monotonic() - t0
         fig = record(f"kind_{kind}", account(env["truth"][SHORT], res), fp, seconds=round(took, 2),
                      console_lines=console_lines(res))
@@ -171,13 +175,13 @@ def test_all_faults_at_once_long_generation(env, board, ports):
     with FaultProxy(board.vb.port, faults, Faults(drop=1e-3, flip=1e-3, insert=1e-3), seed=5,
                     boot_noise=True) as fp:
         s = session_on(fp.port, ports)
-        plain = s.generate(PROMPT, LONG, frame_timeout=5)
+        plain = s.generate(Generate(PROMPT, LONG), frame_timeout=5)
         fig1 = record("all_kinds_generate", account(env["truth"][LONG], plain), fp)
         assert fig1["wrong"] == 0 and fig1["lost_silently"] == 0
         t0 = time.monotonic()
         # each regeneration meets the same fault rates (2 on an idle host; a loaded one, reading later,
         # finds more steps gone from the device's ring): completeness is asked of a generous budget
-        res = s.generate_with_recovery(PROMPT, LONG, frame_timeout=5, max_recoveries=10)
+        res = s.generate_with_recovery(Generate(PROMPT, LONG), Policy(frame_timeout=5, retries=10))
         fig = record("all_kinds_with_recovery", account(env["truth"][LONG], res), fp,
                      seconds=round(time.monotonic() - t0, 2), console_lines=console_lines(plain) + console_lines(res))
     assert fig["wrong"] == 0 and fig["lost_silently"] == 0
@@ -188,8 +192,7 @@ def test_sampled_generation_is_regenerated_exactly(env, board, ports):
     """A seeded sampled run replays from its seed: the regenerated steps match bit for bit."""
     with FaultProxy(board.vb.port, Faults(drop=4e-3, flip=4e-3), seed=9) as fp:
         s = session_on(fp.port, ports)
-        res = s.generate_with_recovery(PROMPT, SHORT, temperature=0.9, top_p=0.9, seed=42, frame_timeout=5,
-                                       max_recoveries=4)
+        res = s.generate_with_recovery(Generate(PROMPT, SHORT, temperature=0.9, top_p=0.9, seed=42), Policy(frame_timeout=5, retries=4))
         fig = record("sampled", account(env["truth"]["sampled"], res), fp)
     assert fig["wrong"] == 0 and fig["lost_silently"] == 0 and res.complete
 
@@ -204,7 +207,7 @@ def test_lost_generate_is_sent_again(env, board, ports):
         def send(self, msg):
             if isinstance(msg, P.Generate) and not self.dropped:
                 self.dropped += 1
-                frame = bytearray(P.encode_frame(msg, self.tx_seq))
+                frame = bytearray(encode_frame(msg, self.tx_seq))
                 frame[5] ^= 0x40                       # a CRC error: the device drops it
                 self.port.write(bytes(frame))
                 self.tx_seq = (self.tx_seq + 1) & 0xFFFF
@@ -214,7 +217,7 @@ def test_lost_generate_is_sent_again(env, board, ports):
     s = Session(Lossy(ports(board.vb.port)))
     s.handshake()
     s.probe_interval = 0.2
-    res = s.generate(PROMPT, SHORT, frame_timeout=5)
+    res = s.generate(Generate(PROMPT, SHORT), frame_timeout=5)
     assert s.link.dropped == 1 and any("GENERATE was lost" in n for n in res.notes)
     fig = record("lost_generate", account(env["truth"][SHORT], res))
     assert fig["delivered"] == fig["steps"] and fig["wrong"] == 0
@@ -236,7 +239,7 @@ def test_line_closed_mid_stream_short_outage(env, board, ports):
     with FaultProxy(board.vb.port, close_after=700, reopen_after=0.3, baud=115200) as fp:
         s = session_on(fp.port, ports)
         t0 = time.monotonic()
-        res = s.generate_with_recovery(PROMPT, SHORT, frame_timeout=3, reconnect=_reconnect_to(fp, ports))
+        res = s.generate_with_recovery(Generate(PROMPT, SHORT), Policy(frame_timeout=3, reconnect=_reconnect_to(fp, ports)))
         fig = record("line_closed", account(env["truth"][SHORT], res), fp, seconds=round(time.monotonic() - t0, 2))
         assert fp.stats["closes"] == 1 and fp.stats["reopens"] == 1
     assert fig["wrong"] == 0 and fig["lost_silently"] == 0 and res.complete
@@ -246,7 +249,7 @@ def test_line_closed_mid_stream_short_outage(env, board, ports):
 def test_line_closed_long_generation_regenerates(env, board, ports):
     with FaultProxy(board.vb.port, close_after=1500, reopen_after=0.3) as fp:
         s = session_on(fp.port, ports)
-        res = s.generate_with_recovery(PROMPT, LONG, frame_timeout=3, reconnect=_reconnect_to(fp, ports))
+        res = s.generate_with_recovery(Generate(PROMPT, LONG), Policy(frame_timeout=3, reconnect=_reconnect_to(fp, ports)))
         fig = record("line_closed_long", account(env["truth"][LONG], res), fp)
     assert fig["wrong"] == 0 and fig["lost_silently"] == 0 and res.complete, res.recoveries
 
@@ -264,7 +267,7 @@ def test_board_reset_behind_the_same_port(env, board, ports):
                 state["done"] = True
                 fp.swap_upstream(board.restart().port)
 
-        res = s.generate_with_recovery(PROMPT, SHORT, frame_timeout=3, on_token=on_token)
+        res = s.generate_with_recovery(Generate(PROMPT, SHORT), Policy(frame_timeout=3), on_token=on_token)
         fig = record("board_reset_same_port", account(env["truth"][SHORT], res), fp)
     assert state["done"] and res.recoveries and res.recoveries[0]["after"] == "BoardReset"
     assert fig["wrong"] == 0 and fig["lost_silently"] == 0 and res.complete
@@ -285,7 +288,7 @@ def test_board_killed_port_gone_reconnect(env, board, ports):
         def reconnect():
             return Link(ports(board.restart().port))     # a new board, a new port
 
-        res = s.generate_with_recovery(PROMPT, SHORT, frame_timeout=3, on_token=on_token, reconnect=reconnect)
+        res = s.generate_with_recovery(Generate(PROMPT, SHORT), Policy(frame_timeout=3, reconnect=reconnect), on_token=on_token)
         fig = record("board_killed_new_port", account(env["truth"][SHORT], res), fp)
     assert res.recoveries[0]["after"] == "LinkLost"
     assert fig["wrong"] == 0 and fig["lost_silently"] == 0 and res.complete
@@ -312,7 +315,7 @@ def test_board_back_with_another_model_is_refused(env, board, ports):
             return Recording(ports(board.restart("other").port))
 
         with pytest.raises(ModelMismatch) as e:
-            s.generate_with_recovery(PROMPT, LONG, frame_timeout=3, on_token=on_token, reconnect=reconnect)
+            s.generate_with_recovery(Generate(PROMPT, LONG), Policy(frame_timeout=3, reconnect=reconnect), on_token=on_token)
     msg = str(e.value)
     assert "refusing to continue" in msg and "\n" not in msg
     assert e.value.partial is not None and 4 in {t.step for t in e.value.partial.tokens}
@@ -331,7 +334,7 @@ def test_reset_without_recovery_raises_with_partial(env, board, ports):
                 fp.swap_upstream(board.restart().port)
 
         with pytest.raises(BoardReset) as e:
-            s.generate(PROMPT, LONG, frame_timeout=3, on_token=on_token)
+            s.generate(Generate(PROMPT, LONG), frame_timeout=3, on_token=on_token)
     assert "restarted" in str(e.value) and e.value.partial.tokens
 
 
@@ -383,16 +386,16 @@ def test_ctrl_c_during_run_writes_a_valid_report(env, board, tmp_path):
 
 
 def test_atomic_write_survives_an_interrupt(tmp_path, monkeypatch):
-    from host import report as R
+    from host import files
     p = tmp_path / "run.json"
-    R.atomic_write_bytes(p, b"old")
+    files.atomic_write_bytes(p, b"old")
 
     def boom(*a):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(KeyboardInterrupt):
-        R.atomic_write_bytes(p, b"new" * 1000)
+        files.atomic_write_bytes(p, b"new" * 1000)
     assert p.read_bytes() == b"old" and not list(tmp_path.glob(".*.tmp"))
 
 
@@ -407,7 +410,7 @@ def test_faultproxy_command_line(env, board, ports):
         line = proc.stdout.readline()
         assert line.startswith("pty "), line
         s = session_on(line.split()[1], ports)
-        res = s.generate(PROMPT, SHORT, frame_timeout=5)
+        res = s.generate(Generate(PROMPT, SHORT), frame_timeout=5)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=10)
     finally:
@@ -422,7 +425,7 @@ def test_faultproxy_command_line(env, board, ports):
 
 
 def test_cli_refuses_a_board_with_another_model(env, capsys):
-    from host.cli import main
+    from host.cli.main import main
     with start_native_board(env["binary"], env["blobs"]["other"]) as vb:
         rc = main(["run", "--port", vb.port, "--model", str(_model_dir(env)), "--prompt-ids", "1,2", "--timeout", "5"])
     err = capsys.readouterr().err
@@ -431,7 +434,7 @@ def test_cli_refuses_a_board_with_another_model(env, capsys):
 
 
 def test_cli_reports_a_corrupted_image(env, tmp_path, capsys):
-    from host.cli import main
+    from host.cli.main import main
     bad = tmp_path / "bad.flmb"
     raw = bytearray(env["blobs"]["model"].read_bytes())
     raw[-9] ^= 0x04                                       # one bit in the last tensor: the CRC fails
@@ -445,21 +448,25 @@ def test_cli_reports_a_corrupted_image(env, tmp_path, capsys):
 def test_refill_window():
     """What a regeneration recomputes: greedy resumes after the known tokens and, with the DONE
     known, stops at the last missing step within the device's ring of the first one."""
-    from host.session import RunResult, _resume_point
+    from host.session.recovery import _resume_point
+    from host.session.result import RunResult
 
     def tok(step, out):
         return P.Token(step, step, 0, out, (0,) * 7, (0,) * 3, 0, 0, b"")
 
     prompt = [1, 2, 3]
-    r = RunResult(hello=None, prompt_ids=prompt, max_new_tokens=60)
+    r = RunResult(hello=None, request=Generate(prompt, 60), prompt_ids=prompt)
     r.tokens = [tok(0, None), tok(1, None)] + [tok(s, 100 + s) for s in range(2, 62) if s not in (10, 11, 50)]
     r.done = P.Done(62, 60, "max_tokens", 0, (0,) * 7)
     r.missing_steps = [10, 11, 50]
-    p, n = _resume_point(r, prompt, 60, 0.0)
+    refill = _resume_point(r, Generate(prompt, 60))
+    p, n = refill.prompt, refill.max_new_tokens
     assert p == prompt + [102 + i for i in range(7)]        # steps 2..8 known; 9 recomputed as a check
     assert len(p) - 1 + n - 1 == 11                          # ends at step 11: 50 is for the next round
-    p, n = _resume_point(r, prompt, 60, 0.9)                 # sampled: replay from the seed
+    refill = _resume_point(r, Generate(prompt, 60, temperature=0.9))     # sampled: replay from the seed
+    p, n = refill.prompt, refill.max_new_tokens
     assert p == prompt and len(p) - 1 + n - 1 == 11
     r.done = None                                             # no DONE: go to the end for a real one
-    p, n = _resume_point(r, prompt, 60, 0.0)
+    refill = _resume_point(r, Generate(prompt, 60))
+    p, n = refill.prompt, refill.max_new_tokens
     assert len(p) - 1 + n == 62

@@ -16,7 +16,7 @@ from converter import golden
 from converter.blob import BlobError, build_blob, parse_header, read_golden, retier_blob, with_kv
 from converter.quantize import quantize
 from converter.reference import FLAG_ALL_LOGITS, KV_FORMATS, NO_TOKEN, generate
-from host.protocol import Hello, Layout, Log, SelfTest
+from host.link.messages import Hello, Layout, Log, SelfTest
 from modelzoo import random_model, random_ple_model
 from nativeboard import assert_steps_match, native_link, rebuilt_board, recv_until, run
 

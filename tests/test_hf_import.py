@@ -18,7 +18,7 @@ from converter.quantize import quantize, rope_tables
 from converter.reference import FLAG_LOGITS, Fp32Model, generate
 from converter.tokenizer import decode, encode
 from converter.tokenizer_enc import device_section
-from host.cli import main
+from host.cli.main import main
 from modelzoo import random_model
 from nativeboard import assert_matches_reference, native_link, run
 from test_tokenize import assert_same_ids, random_texts, tok_check  # noqa: F401 (tok_check: a fixture)

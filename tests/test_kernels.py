@@ -18,7 +18,7 @@ from converter.ir import QTensor
 from converter.quantize import quantize
 from converter.reference import PackedMatrix
 from emuboard import require_emulator
-from host.protocol import Error
+from host.link.messages import Error
 from modelzoo import random_model
 from nativeboard import rebuilt_board, recv_until, run
 

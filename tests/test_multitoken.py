@@ -280,7 +280,7 @@ def test_cli_run_batch_and_speculate(tmp_path, capsys):
     from converter.blob import kv_format, read_blob, read_header
     from converter.reference import generate
     from converter.torch_import import save_checkpoint
-    from host.cli import main
+    from host.cli.main import main
     m, _ = random_model(seed=13, max_seq_len=40)
     save_checkpoint(tmp_path / "m.pt", m)
     out = tmp_path / "model"

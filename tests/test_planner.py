@@ -18,7 +18,7 @@ from converter.ir import ModelConfig, ModelError
 from converter.planner import NoFit, PlanError, plan, plan_layout
 from converter.quantize import quantize
 from converter.reference import FLAG_LOGITS, generate
-from host.protocol import Error, Hello, Layout
+from host.link.messages import Error, Hello, Layout
 from modelzoo import random_model, with_head_index
 from nativeboard import drain, expected_bytes_read, native_link, run
 

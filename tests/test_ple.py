@@ -18,7 +18,7 @@ from converter.ir import ModelConfig, ModelError
 from converter.quantize import quantize, quantize_matrix
 from converter.reference import FLAG_LOGITS, Fp32Model, Reference, generate
 from converter.tokenizer import encode
-from host.protocol import Error, Hello, Layout
+from host.link.messages import Error, Hello, Layout
 from modelzoo import random_ple_model
 from nativeboard import assert_matches_reference, drain, expected_bytes_read, native_link, recv_until, run
 

@@ -1,4 +1,4 @@
-"""Serial protocol: host/protocol.py, and firmware/engine/protocol.c through tests/c/proto_echo.c."""
+"""Serial protocol: host/link/, and firmware/engine/protocol.c through tests/c/proto_echo.c."""
 from __future__ import annotations
 
 import random
@@ -14,11 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from host import protocol as P
-from host.protocol import (
-    Done, Error, Frame, FrameDecoder, Generate, GenerateText, Hello, Layout, Link, Log, Logits, MsgType, Ping,
-    ProtocolError, Resend, Resent, SelfTest, Stop, Token,
-)
+from host.link import messages as P
+from host.link.cobs import FrameError, MAX_ENCODED, MAX_PAYLOAD, ProtocolError, cobs_decode, cobs_encode, cobs_max_encoded, decode_raw_frame, encode_raw_frame
+from host.link.codec import decode_payload, encode_frame, encode_payload
+from host.link.frames import DecoderStats, FrameDecoder
+from host.link.messages import Done, Error, Frame, Generate, Hello, Layout, Log, Logits, MsgType, Ping, Resend, Resent, SelfTest, Stop, Token
+from host.link.port import Link
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
@@ -46,7 +47,7 @@ messages = st.one_of(
     st.builds(Layout, u32, u32, st.binary(max_size=40)),
     st.builds(Generate, st.lists(u32, max_size=40), u32, f32, f32, u64, st.booleans(), st.booleans(), st.booleans(),
               u8, st.sampled_from(P.SPECULATE), u8),
-    st.builds(GenerateText, st.text(max_size=60), u32, f32, f32, u64, st.booleans(), st.booleans(), st.booleans(),
+    st.builds(Generate, st.text(max_size=60), u32, f32, f32, u64, st.booleans(), st.booleans(), st.booleans(),
               u8, st.sampled_from(P.SPECULATE), u8),
     st.builds(Token, u32, u32, u32, st.one_of(st.none(), st.integers(0, 0xFFFFFFFE)),
               st.tuples(*[u32] * 7), st.tuples(*[u32] * 3), u32, u32, st.binary(max_size=255), st.just(0), u8, u8,
@@ -91,8 +92,8 @@ EXAMPLES = [
     Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "native", True),
     Hello(1, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.0.9", "an old board"),
     Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "native", True, True),
-    GenerateText("Once upon a time é😀", 32, 0.75, 0.5, 9, True),
-    GenerateText("", 1),
+    Generate("Once upon a time é😀", 32, 0.75, 0.5, 9, True),
+    Generate("", 1),
     SelfTest(),
     Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 1, "0.1.0", "native", True, True, golden="exact", golden_checked=2, golden_total=4),
     Hello(3, True, bytes(range(16)), 7, 512, 512, 256, 2, "0.1.0", "rp2040-emu", True, False, batch=4, golden="differs", golden_checked=2,
@@ -132,18 +133,18 @@ def ref_cobs_encode(data: bytes) -> bytes:
 @FAST
 @given(st.one_of(st.binary(max_size=2000), zero_heavy, runs))
 def test_cobs_round_trip(data):
-    enc = P.cobs_encode(data)
+    enc = cobs_encode(data)
     assert 0 not in enc
     assert enc == ref_cobs_encode(data)
-    assert len(enc) <= P.cobs_max_encoded(len(data))
-    assert P.cobs_decode(enc) == data
+    assert len(enc) <= cobs_max_encoded(len(data))
+    assert cobs_decode(enc) == data
 
 
 @SLOW
 @given(st.integers(4097, 20000), st.integers(0, 2**32 - 1))
 def test_cobs_long(n, seed):
     data = random.Random(seed).randbytes(n)
-    assert P.cobs_decode(P.cobs_encode(data)) == data
+    assert cobs_decode(cobs_encode(data)) == data
 
 
 @pytest.mark.parametrize("data, enc", [
@@ -156,15 +157,15 @@ def test_cobs_long(n, seed):
     (b"\x01" * 254 + b"\x00", b"\xff" + b"\x01" * 254 + b"\x01\x01"),
 ])
 def test_cobs_canonical(data, enc):
-    assert P.cobs_encode(data) == enc
-    assert P.cobs_decode(enc) == data
+    assert cobs_encode(data) == enc
+    assert cobs_decode(enc) == data
 
 
 def test_cobs_decode_rejects_and_tolerates():
-    assert P.cobs_decode(b"\xff" + b"\x01" * 254 + b"\x01") == b"\x01" * 254  # trailing 0x01
+    assert cobs_decode(b"\xff" + b"\x01" * 254 + b"\x01") == b"\x01" * 254  # trailing 0x01
     for bad in (b"\x05ab", b"\x02a\x00", b"\x00"):
-        with pytest.raises(P.FrameError) as e:
-            P.cobs_decode(bad)
+        with pytest.raises(FrameError) as e:
+            cobs_decode(bad)
         assert e.value.kind == "cobs"
 
 
@@ -174,73 +175,73 @@ def test_cobs_decode_rejects_and_tolerates():
 
 @pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: type(m).__name__)
 def test_message_examples(msg):
-    msg_type, payload = P.encode_payload(msg)
-    assert P.decode_payload(msg_type, payload) == msg
-    (frame,) = frames_of(P.encode_frame(msg, 513))
+    msg_type, payload = encode_payload(msg)
+    assert decode_payload(msg_type, payload) == msg
+    (frame,) = frames_of(encode_frame(msg, 513))
     assert frame == Frame(513, msg)
 
 
 def test_every_type_has_an_example():
-    assert {P.encode_payload(m)[0] for m in EXAMPLES} == {int(t) for t in MsgType}
+    assert {encode_payload(m)[0] for m in EXAMPLES} == {int(t) for t in MsgType}
 
 
 @FAST
 @given(messages, u16)
 def test_message_round_trip(msg, seq):
-    msg_type, payload = P.encode_payload(msg)
-    assert P.decode_payload(msg_type, payload) == msg
-    assert frames_of(P.encode_frame(msg, seq)) == [Frame(seq, msg)]
+    msg_type, payload = encode_payload(msg)
+    assert decode_payload(msg_type, payload) == msg
+    assert frames_of(encode_frame(msg, seq)) == [Frame(seq, msg)]
 
 
 def test_wire_layout():
-    assert P.encode_payload(Generate([5, 6], 10, 0.5, 0.0, 3, True, batch=4, speculate="draft", draft_k=3)) == (
+    assert encode_payload(Generate([5, 6], 10, 0.5, 0.0, 3, True, batch=4, speculate="draft", draft_k=3)) == (
         2, struct.pack("<IffQIBBBBI2I", 10, 0.5, 0.0, 3, 1, 4, 2, 3, 0, 2, 5, 6))
-    t, p = P.encode_payload(Token(1, 2, 3, None, (0,) * 7, (0,) * 3, 9, 7, b"ab", 1, 3, 2, "verify"))
+    t, p = encode_payload(Token(1, 2, 3, None, (0,) * 7, (0,) * 3, 9, 7, b"ab", 1, 3, 2, "verify"))
     assert t == 0x82 and p[12:16] == b"\xff" * 4 and p[-3:] == b"\x02ab" and len(p) == 71
     assert p[56:64] == struct.pack("<II", 9, 7)                       # head_rows, logits_crc
     assert p[64:68] == bytes([1, 3, 2, 2])                            # the pass: place, tokens, steps, kind
-    d = P.encode_payload(Done(1, 2, "stopped", 3, (0,) * 7, 4, 1, 3, 2, (9, 0, 8), (6, 0, 0)))[1]
+    d = encode_payload(Done(1, 2, "stopped", 3, (0,) * 7, 4, 1, 3, 2, (9, 0, 8), (6, 0, 0)))[1]
     assert len(d) == 137 and d[73:137] == struct.pack("<4I3Q3Q", 4, 1, 3, 2, 9, 0, 8, 6, 0, 0)
-    assert P.encode_payload(Done(1, 2, "stopped", 3, (0,) * 7))[1][8] == 3
-    h = P.encode_payload(Hello(2, True, bytes(16), 5, 300, 200, 64, 1, "", ""))[1]
+    assert encode_payload(Done(1, 2, "stopped", 3, (0,) * 7))[1][8] == 3
+    h = encode_payload(Hello(2, True, bytes(16), 5, 300, 200, 64, 1, "", ""))[1]
     assert h[20:37] == struct.pack("<IIIIB", 5, 300, 200, 64, 1)      # out_vocab after vocab_size
-    old = P.encode_payload(Hello(1, True, bytes(16), 5, 300, 300, 64, 1, "", ""))[1]
+    old = encode_payload(Hello(1, True, bytes(16), 5, 300, 300, 64, 1, "", ""))[1]
     assert old[20:33] == struct.pack("<IIIB", 5, 300, 64, 1)          # version 1: no out_vocab
-    assert P.encode_payload(Log("hi")) == (0x86, b"\x02\x00hi")
-    assert P.encode_payload(Resend(7, (1, P.RESEND_DONE))) == (5, struct.pack("<4I", 7, 2, 1, 0xFFFFFFFF))
-    assert P.encode_payload(Resent("ended", 7, 9, 1, (0,))) == (0x87, struct.pack("<B5I", 2, 7, 9, 1, 1, 0))
-    assert P.encode_payload(Hello(2, True, bytes(16), 0, 0, 0, 0, 0, "", "", True))[1][2:4] == b"\x03\x00"
-    assert P.encode_payload(Hello(2, True, bytes(16), 0, 0, 0, 0, 0, "", "", True, True))[1][2:4] == b"\x07\x00"
-    v3 = P.encode_payload(Hello(3, True, bytes(16), 0, 0, 0, 0, 0, "a", "b", batch=8))[1]
+    assert encode_payload(Log("hi")) == (0x86, b"\x02\x00hi")
+    assert encode_payload(Resend(7, (1, P.RESEND_DONE))) == (5, struct.pack("<4I", 7, 2, 1, 0xFFFFFFFF))
+    assert encode_payload(Resent("ended", 7, 9, 1, (0,))) == (0x87, struct.pack("<B5I", 2, 7, 9, 1, 1, 0))
+    assert encode_payload(Hello(2, True, bytes(16), 0, 0, 0, 0, 0, "", "", True))[1][2:4] == b"\x03\x00"
+    assert encode_payload(Hello(2, True, bytes(16), 0, 0, 0, 0, 0, "", "", True, True))[1][2:4] == b"\x07\x00"
+    v3 = encode_payload(Hello(3, True, bytes(16), 0, 0, 0, 0, 0, "a", "b", batch=8))[1]
     assert v3[-12:-7] == b"\x01a\x01b\x08"                          # version 3: the batch after board
-    assert P.encode_payload(GenerateText("h\u00e9", 10, 0.5, 0.0, 3, True)) == (
+    assert encode_payload(Generate("h\u00e9", 10, 0.5, 0.0, 3, True)) == (
         6, struct.pack("<IffQIBBBBH", 10, 0.5, 0.0, 3, 1, 0, 0, 0, 0, 3) + "h\u00e9".encode())
-    v3 = P.encode_payload(Hello(3, True, bytes(16), 0, 0, 0, 0, 0, "", "b", False, False, 1, False, "differs", 3, 4, 2))[1]
+    v3 = encode_payload(Hello(3, True, bytes(16), 0, 0, 0, 0, 0, "", "b", False, False, 1, False, "differs", 3, 4, 2))[1]
     assert v3[-10:] == b"\x01b\x01" + struct.pack("<BHHH", 3, 3, 4, 2)   # batch, then golden: state, checked, total, first
-    assert P.encode_payload(SelfTest()) == (7, b"")
-    frame = P.encode_frame(Ping(), 0x0102)
-    body = P.cobs_decode(frame[:-1])
+    assert encode_payload(SelfTest()) == (7, b"")
+    frame = encode_frame(Ping(), 0x0102)
+    body = cobs_decode(frame[:-1])
     assert frame[-1] == 0 and body[:3] == b"\x01\x02\x01"
     assert body[3:] == struct.pack("<I", zlib.crc32(b"\x01\x02\x01"))
 
 
 def test_decode_payload_errors():
     for msg in EXAMPLES:
-        t, p = P.encode_payload(msg)
+        t, p = encode_payload(msg)
         bad = [p + b"\x00"]
         if p:
             bad.append(p[:-1])
         for payload in bad:
             with pytest.raises(ProtocolError) as e:
-                P.decode_payload(t, payload)
+                decode_payload(t, payload)
             assert isinstance(e.value, ValueError) and "\n" not in str(e.value)
     for t in (0x00, 0x08, 0x80, 0x88, 0xFF):
         with pytest.raises(ProtocolError, match="unknown message type"):
-            P.decode_payload(t, b"")
-    bad_reason = bytearray(P.encode_payload(EXAMPLES[8])[1])
+            decode_payload(t, b"")
+    bad_reason = bytearray(encode_payload(EXAMPLES[8])[1])
     bad_reason[8] = 9
     with pytest.raises(ProtocolError):
-        P.decode_payload(MsgType.DONE, bytes(bad_reason))
+        decode_payload(MsgType.DONE, bytes(bad_reason))
 
 
 @pytest.mark.parametrize("msg", [
@@ -256,14 +257,14 @@ def test_decode_payload_errors():
     Generate([1], 1, batch=256),
     Token(0, 0, 0, 0, (0,) * 7, (0,) * 3, 0, 0, b"", kind="magic"),
     Token(0, 0, 0, 0, (0,) * 7, (0,) * 3, 0, 0, b"", pass_index=256),
-    GenerateText("x" * 65536, 1),
+    Generate("x" * 65536, 1),
     Error(70000, "x"),
     Resend(1, tuple(range(P.RESEND_MAX + 1))),
     Resent("asleep", 0, 0, 0, ()),
 ])
 def test_encode_errors(msg):
     with pytest.raises(ProtocolError):
-        P.encode_payload(msg)
+        encode_payload(msg)
 
 
 HOST_MESSAGES = st.one_of(
@@ -271,7 +272,7 @@ HOST_MESSAGES = st.one_of(
     st.builds(Layout, u32, st.integers(0, 0xFFFFFF), st.binary(max_size=300)),
     st.builds(Generate, st.lists(u32, max_size=80), u32, f32, f32, u64, st.booleans(), st.booleans(), st.booleans(),
               u8, st.sampled_from(P.SPECULATE), u8),
-    st.builds(GenerateText, st.text(max_size=200), u32, f32, f32, u64, st.booleans(), st.booleans(), st.booleans(),
+    st.builds(Generate, st.text(max_size=200), u32, f32, f32, u64, st.booleans(), st.booleans(), st.booleans(),
               u8, st.sampled_from(P.SPECULATE), u8),
     st.builds(Resend, u32, st.lists(u32, max_size=P.RESEND_MAX).map(tuple)),
     st.just(SelfTest()),
@@ -284,18 +285,18 @@ def test_host_frames_cannot_start_a_console_line(msg, seq):
     """docs/formats.md 2.3: every frame the host sends starts with a COBS code byte below 0x20 (a
     0x00 within its first 25 bytes) followed by its type, a control byte other than tab, backspace,
     CR or LF, so the device's console never takes one for a line of text."""
-    frame = P.encode_frame(msg, seq)
+    frame = encode_frame(msg, seq)
     assert frame[0] < 0x20 and frame[0] <= 25
-    assert frame[1] == P.encode_payload(msg)[0] and frame[1] < 0x20 and frame[1] not in (8, 9, 10, 13)
+    assert frame[1] == encode_payload(msg)[0] and frame[1] < 0x20 and frame[1] not in (8, 9, 10, 13)
 
 
 def test_text_is_cut_at_character_boundary():
-    t, p = P.encode_payload(Hello(2, False, bytes(16), 0, 0, 0, 0, 2, "\u00e9" * 200, "b"))
-    msg = P.decode_payload(t, p)
+    t, p = encode_payload(Hello(2, False, bytes(16), 0, 0, 0, 0, 2, "\u00e9" * 200, "b"))
+    msg = decode_payload(t, p)
     assert msg.fw_version == "\u00e9" * 127 and msg.board == "b" and msg.clock_name == "emulated timer"
     with pytest.raises(ProtocolError):
-        P.encode_raw_frame(0x86, 0, bytes(P.MAX_PAYLOAD + 1))
-    assert len(P.encode_payload(Log("x" * 70000))[1]) == P.MAX_PAYLOAD
+        encode_raw_frame(0x86, 0, bytes(MAX_PAYLOAD + 1))
+    assert len(encode_payload(Log("x" * 70000))[1]) == MAX_PAYLOAD
 
 
 def test_error_name():
@@ -310,7 +311,7 @@ def test_error_name():
 @FAST
 @given(st.lists(messages, max_size=8), u16, st.lists(st.integers(1, 400), max_size=10))
 def test_stream_split_anywhere(msgs, seq0, cuts):
-    stream = b"".join(P.encode_frame(m, seq0 + i) for i, m in enumerate(msgs))
+    stream = b"".join(encode_frame(m, seq0 + i) for i, m in enumerate(msgs))
     dec = FrameDecoder()
     got, pos = [], 0
     for c in cuts:
@@ -328,13 +329,13 @@ def test_long_frames(n_values, zero_share, seed):
     values = rng.standard_normal(n_values).astype(np.float32)
     values[rng.random(n_values) < zero_share] = 0.0
     msgs = [Logits(1, values), Log("x" * (n_values * 3)), Layout(7, 0, values.tobytes())]
-    stream = b"".join(P.encode_frame(m, i) for i, m in enumerate(msgs))
+    stream = b"".join(encode_frame(m, i) for i, m in enumerate(msgs))
     assert frames_of(stream) == [Frame(i, m) for i, m in enumerate(msgs)]
 
 
 def test_max_size_frame():
-    values = np.arange(P.MAX_PAYLOAD // 4 - 1, dtype=np.float32)
-    frame = P.encode_frame(Logits(0, values), 0)
+    values = np.arange(MAX_PAYLOAD // 4 - 1, dtype=np.float32)
+    frame = encode_frame(Logits(0, values), 0)
     assert len(frame) > 65536
     assert frames_of(frame) == [Frame(0, Logits(0, values))]
 
@@ -342,8 +343,8 @@ def test_max_size_frame():
 @FAST
 @given(messages, st.data())
 def test_bit_flip_rejected(msg, data):
-    good_a, bad, good_c = (P.encode_frame(Log("a"), 0), P.encode_frame(msg, 1),
-                           P.encode_frame(Log("c"), 2))
+    good_a, bad, good_c = (encode_frame(Log("a"), 0), encode_frame(msg, 1),
+                           encode_frame(Log("c"), 2))
     pos = data.draw(st.integers(0, len(bad) - 2))
     bit = data.draw(st.integers(0, 7))
     corrupt = bytearray(bad)
@@ -358,10 +359,10 @@ def test_bit_flip_rejected(msg, data):
 @FAST
 @given(messages, st.data())
 def test_truncation_rejected(msg, data):
-    bad = P.encode_frame(msg, 1)
+    bad = encode_frame(msg, 1)
     keep = data.draw(st.integers(0, len(bad) - 2))
     dec = FrameDecoder()
-    got = dec.feed(P.encode_frame(Ping(), 0) + bad[:keep] + b"\x00" + P.encode_frame(Stop(), 2))
+    got = dec.feed(encode_frame(Ping(), 0) + bad[:keep] + b"\x00" + encode_frame(Stop(), 2))
     assert got == [Frame(0, Ping()), Frame(2, Stop())]
     assert dec.stats.bad_frames == (1 if keep else 0)  # keep == 0 is just an empty frame
     assert dec.stats.gaps == [(1, 2)]
@@ -369,9 +370,9 @@ def test_truncation_rejected(msg, data):
 
 def test_data_byte_flip_is_a_crc_error():
     dec = FrameDecoder()
-    frame = bytearray(P.encode_frame(Log("a" * 100), 1))
+    frame = bytearray(encode_frame(Log("a" * 100), 1))
     frame[60] ^= 0x01
-    dec.feed(P.encode_frame(Ping(), 0) + bytes(frame))
+    dec.feed(encode_frame(Ping(), 0) + bytes(frame))
     assert (dec.stats.bad_crc, dec.stats.bad_cobs) == (1, 0)
     dec.feed(b"\x02\x01\x00")  # decodes to one byte: too short
     assert (dec.stats.bad_crc, dec.stats.bad_cobs) == (1, 1)
@@ -384,8 +385,8 @@ BOOT_LOG = (b"ESP-ROM:esp32s3-20210327\r\nrst:0x1 (POWERON),boot:0x8 (SPI_FAST_F
 @pytest.mark.parametrize("sep", [b"", b"\x00", b"\x00\x00"])
 def test_junk_before_first_frame(sep):
     hello = Hello(3, True, bytes(16), 1, 256, 256, 128, 1, "fw", "board")
-    tail = P.encode_frame(Log("half a frame from before"), 77)[5:-1]  # partial frame at connect
-    stream = tail + BOOT_LOG + sep + P.encode_frame(hello, 0) + P.encode_frame(Log("x"), 1)
+    tail = encode_frame(Log("half a frame from before"), 77)[5:-1]  # partial frame at connect
+    stream = tail + BOOT_LOG + sep + encode_frame(hello, 0) + encode_frame(Log("x"), 1)
     dec = FrameDecoder()
     got = []
     for i in range(0, len(stream), 7):
@@ -398,20 +399,20 @@ def test_junk_before_first_frame(sep):
 
 def test_empty_frames_ignored():
     dec = FrameDecoder()
-    got = dec.feed(b"\x00\x00" + P.encode_frame(Ping(), 0) + b"\x00\x00\x00"
-                   + P.encode_frame(Ping(), 1) + b"\x00")
-    assert len(got) == 2 and dec.stats == P.DecoderStats(frames=2)
+    got = dec.feed(b"\x00\x00" + encode_frame(Ping(), 0) + b"\x00\x00\x00"
+                   + encode_frame(Ping(), 1) + b"\x00")
+    assert len(got) == 2 and dec.stats == DecoderStats(frames=2)
 
 
 def test_gap_wrap_and_reset():
     dec = FrameDecoder()
     seqs = [65533, 65534, 65535, 0, 1, 3, 4]
-    got = dec.feed(b"".join(P.encode_frame(Log(str(s)), s) for s in seqs))
+    got = dec.feed(b"".join(encode_frame(Log(str(s)), s) for s in seqs))
     assert [f.seq for f in got] == seqs
     assert dec.stats.gaps == [(2, 3)] and dec.stats.resets == 0
     hello = Hello(3, False, bytes(16), 0, 0, 0, 0, 0, "", "")
-    got = dec.feed(P.encode_frame(hello, 0) + P.encode_frame(Log("after"), 1)
-                   + P.encode_frame(Log("not hello"), 0))
+    got = dec.feed(encode_frame(hello, 0) + encode_frame(Log("after"), 1)
+                   + encode_frame(Log("not hello"), 0))
     assert [f.seq for f in got] == [0, 1, 0]
     assert dec.stats.resets == 1 and dec.stats.gaps == [(2, 3), (2, 0)]
     assert dec.last_seq == 0
@@ -419,25 +420,25 @@ def test_gap_wrap_and_reset():
 
 def test_bad_message_counted_and_seq_tracked():
     dec = FrameDecoder()
-    stream = (P.encode_frame(Ping(), 0) + P.encode_raw_frame(0x7F, 1, b"??")
-              + P.encode_raw_frame(MsgType.TOKEN, 2, b"short") + P.encode_frame(Stop(), 3))
+    stream = (encode_frame(Ping(), 0) + encode_raw_frame(0x7F, 1, b"??")
+              + encode_raw_frame(MsgType.TOKEN, 2, b"short") + encode_frame(Stop(), 3))
     assert dec.feed(stream) == [Frame(0, Ping()), Frame(3, Stop())]
     assert dec.stats.bad_message == 2 and dec.stats.gaps == [] and dec.stats.frames == 2
 
 
 def test_oversize_candidate_dropped():
     dec = FrameDecoder()
-    dec.feed(P.encode_frame(Ping(), 0))
-    dec.feed(b"A" * (P.MAX_ENCODED + 1000))
-    got = dec.feed(b"\x00" + P.encode_frame(Stop(), 1))
+    dec.feed(encode_frame(Ping(), 0))
+    dec.feed(b"A" * (MAX_ENCODED + 1000))
+    got = dec.feed(b"\x00" + encode_frame(Stop(), 1))
     assert got == [Frame(1, Stop())] and dec.stats.bad_cobs == 1
 
 
 def test_resync_after_sync_counts_one_bad_frame():
     dec = FrameDecoder()
-    dec.feed(P.encode_frame(Ping(), 0))
-    lost = P.encode_frame(Log("lost its delimiter"), 1)[:-1]
-    got = dec.feed(lost[:-2] + P.encode_frame(Stop(), 2))
+    dec.feed(encode_frame(Ping(), 0))
+    lost = encode_frame(Log("lost its delimiter"), 1)[:-1]
+    got = dec.feed(lost[:-2] + encode_frame(Stop(), 2))
     assert got == [Frame(2, Stop())]
     assert dec.stats.bad_cobs == 1 and dec.stats.gaps == [(1, 2)] and dec.stats.junk_bytes == 0
 
@@ -474,11 +475,11 @@ class FakePort:
 
 
 def test_link_send_and_recv():
-    frames = [P.encode_frame(Log(str(i)), 100 + i) for i in range(3)]
+    frames = [encode_frame(Log(str(i)), 100 + i) for i in range(3)]
     port = FakePort(BOOT_LOG + b"".join(frames))
     link = Link(port)
     assert [link.send(Ping()), link.send(Stop())] == [0, 1]
-    assert bytes(port.written) == P.encode_frame(Ping(), 0) + P.encode_frame(Stop(), 1)
+    assert bytes(port.written) == encode_frame(Ping(), 0) + encode_frame(Stop(), 1)
     got = [link.recv(1.0) for _ in range(3)]
     assert got == [Frame(100 + i, Log(str(i))) for i in range(3)]
     assert link.stats.frames == 3 and link.stats.junk_bytes == len(BOOT_LOG)
@@ -525,9 +526,9 @@ def echo(tmp_path_factory):
 
 
 def expected_echo(goods: list[tuple[int, bytes]], bad: int) -> bytes:
-    out = b"".join(P.encode_raw_frame(t, i, p) for i, (t, p) in enumerate(goods))
+    out = b"".join(encode_raw_frame(t, i, p) for i, (t, p) in enumerate(goods))
     report = f"good={len(goods)} bad={bad}"
-    return out + P.encode_frame(Log(report), len(goods))
+    return out + encode_frame(Log(report), len(goods))
 
 
 def corrupt_data_byte(frame: bytes) -> bytes | None:
@@ -553,17 +554,17 @@ def test_c_echo_mixed_stream(echo):
 
     def good(t, p, seq):
         goods.append((t, p))
-        stream.extend(P.encode_raw_frame(t, seq, p))
+        stream.extend(encode_raw_frame(t, seq, p))
 
     stream += BOOT_LOG + b"\x00"  # on the device a delimited junk run is a bad frame
     bad += 1
     for i, msg in enumerate(EXAMPLES):
-        good(*P.encode_payload(msg), 1000 + i)
+        good(*encode_payload(msg), 1000 + i)
         if i % 3 == 0:
-            stream += corrupt_data_byte(P.encode_frame(Log("b" * (40 + i)), 7))
+            stream += corrupt_data_byte(encode_frame(Log("b" * (40 + i)), 7))
             bad += 1
         if i % 4 == 1:
-            stream += P.encode_frame(Log("truncated frame"), 8)[:-4] + b"\x00"
+            stream += encode_frame(Log("truncated frame"), 8)[:-4] + b"\x00"
             bad += 1
         if i % 5 == 2:
             stream += b"\x02\x01\x00\x00"  # too short, then an empty frame
@@ -587,13 +588,13 @@ def test_c_encoder_block_boundaries(echo):
         goods.append((0x41, b"\x01" * k))  # one long run up to the CRC
         goods.append((0x42, b"\x01" * k + b"\x00"))
         goods.append((0x43, b"\x00" + b"\x02" * k + b"\x00\x00" + b"\x03" * (k // 2)))
-    goods.append((0x44, random.Random(1).randbytes(P.MAX_PAYLOAD)))
-    stream = b"".join(P.encode_raw_frame(t, 0, p) for t, p in goods)
+    goods.append((0x44, random.Random(1).randbytes(MAX_PAYLOAD)))
+    stream = b"".join(encode_raw_frame(t, 0, p) for t, p in goods)
     out = echo(stream)
     assert out == expected_echo(goods, 0)
     chunks = out.split(b"\x00")
     assert chunks[-1] == b""
-    decoded = [P.decode_raw_frame(c) for c in chunks[:-1]]
+    decoded = [decode_raw_frame(c) for c in chunks[:-1]]
     assert decoded[:-1] == [(t, i, p) for i, (t, p) in enumerate(goods)]
 
 
@@ -603,7 +604,7 @@ def test_c_encoder_block_boundaries(echo):
 def test_c_echo_random(echo, items):
     goods, bad, stream = [], 0, bytearray()
     for t, payload, kind in items:
-        frame = P.encode_raw_frame(t, 5, payload)
+        frame = encode_raw_frame(t, 5, payload)
         if kind == "good":
             goods.append((t, payload))
             stream += frame
@@ -620,10 +621,10 @@ def test_c_echo_random(echo, items):
 
 
 def test_c_rx_overflow(echo):
-    small = P.encode_frame(Log("ok"), 0)
-    big = P.encode_frame(Log("y" * 100), 1)
+    small = encode_frame(Log("ok"), 0)
+    big = encode_frame(Log("y" * 100), 1)
     out = echo(small + big + small + b"z" * 500 + b"\x00" + small, cap=64)
-    t, p = P.encode_payload(Log("ok"))
+    t, p = encode_payload(Log("ok"))
     assert out == expected_echo([(t, p)] * 3, 2)
     # A frame that fills the buffer exactly and then goes on is discarded, not accepted.
     out = echo(small[:-1] + b"zzz\x00" + small, cap=len(small) - 1)

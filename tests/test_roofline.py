@@ -210,7 +210,7 @@ def test_predicted_prefill_tracks_the_emulated_rp2040(tmp_path):
     from converter.boards import load_board
     from converter.load import load_model
     from emuboard import emu_link, require_emulator
-    from host.report import forward_passes
+    from host.output.stats import forward_passes
     from nativeboard import run
     require_emulator()
     qm = quantize(load_model(str(ROOT / "models" / "default" / "model.pt")), "q8", 32)
@@ -238,7 +238,7 @@ def test_predicted_prefill_tracks_the_emulated_rp2040(tmp_path):
 
 def test_cli_plan_roofline_writes_the_png_and_prints_predictions(tmp_path, capsys, monkeypatch):
     from converter.torch_import import save_checkpoint
-    from host.cli import main
+    from host.cli.main import main
     m, _ = random_model(seed=9, max_seq_len=48)
     save_checkpoint(tmp_path / "m.pt", m)
     png = tmp_path / "r.png"
@@ -262,7 +262,7 @@ def test_cli_plan_roofline_writes_the_png_and_prints_predictions(tmp_path, capsy
 
 def test_cli_plan_roofline_errors_are_one_line(tmp_path, capsys):
     from converter.torch_import import save_checkpoint
-    from host.cli import main
+    from host.cli.main import main
     m, _ = random_model(seed=10, max_seq_len=32)
     save_checkpoint(tmp_path / "m.pt", m)
     other = tmp_path / "other.json"
@@ -285,7 +285,7 @@ def test_cli_plan_roofline_beside_a_measured_run(tmp_path, capsys):
     """A run on the native board (batched prefill, prompt lookup): its passes predicted at their own
     positions and drawn beside the measurement; the bytes of every kind of pass equal the prediction."""
     from converter.torch_import import save_checkpoint
-    from host.cli import main
+    from host.cli.main import main
     from test_multitoken import REPEATS
     m, _ = random_model(seed=13, max_seq_len=40)
     save_checkpoint(tmp_path / "m.pt", m)

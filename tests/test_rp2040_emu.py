@@ -14,7 +14,7 @@ from converter.quantize import quantize
 from converter.reference import FLAG_ALL_LOGITS, FLAG_LOGITS, NO_TOKEN, generate
 from emuboard import BOARD, emu_link, image_for, require_emulator
 from firmware.build import BuildError, build_firmware
-from host.protocol import PHASES, Error, Hello, Log
+from host.link.messages import PHASES, Error, Hello, Log
 from modelzoo import random_ple_model, random_model, spread_head, with_head_index
 from nativeboard import assert_matches_reference, assert_steps_match, drain, run, token_bytes_read
 
@@ -130,8 +130,9 @@ def test_tensors_staged_in_sram_are_counted_there_by_both(tmp_path):
     import serial
 
     from converter.blob import retier_blob
-    from host.protocol import Link, Ping
-    from host.virtual import start_emulated_board
+    from host.link.messages import Ping
+    from host.link.port import Link
+    from host.boards.emulated import start_emulated_board
     from nativeboard import recv_until
     require_emulator()
     _, ir = random_model(seed=2, dim=64, n_heads=4, hidden_dim=128)
@@ -240,7 +241,7 @@ def test_cli_run_board_rp2040_emu(tmp_path, build_root, capsys):
     from converter.blob import read_blob
     from converter.boards import load_board
     from converter.llama2c import write_llama2c
-    from host.cli import main
+    from host.cli.main import main
     require_emulator()
     _, ir = random_model(seed=9, vocab_size=64, tied=False, dim=64, n_heads=4, n_kv_heads=2,
                          hidden_dim=128)         # no padding (4 or 8 groups of 16 a row)

@@ -1,4 +1,4 @@
-"""host/session.py, host/report.py and `flashlm run --port` against a fake device on a pty."""
+"""host/session/, host/output/ and `flashlm run --port` against a fake device on a pty."""
 from __future__ import annotations
 
 import csv
@@ -8,17 +8,18 @@ import time
 
 import pytest
 
-pytest.importorskip("host.protocol")
+pytest.importorskip("host.link.messages")
 pytest.importorskip("serial")
 
 from fakeboard import FakeBoard, expected_run, piece  # noqa: E402
-from host import protocol as P  # noqa: E402
-from host import report as R  # noqa: E402
-from host.cli import main  # noqa: E402
-from host.protocol import Link  # noqa: E402
-from host.session import (  # noqa: E402
-    BoardError, DeviceError, LinkTimeout, ModelMismatch, Session, open_port,
-)
+from host.link import messages as P  # noqa: E402
+from host.link.messages import Generate  # noqa: E402
+from host.output import export, figure, live, stats, summary  # noqa: E402
+from host.cli.main import main  # noqa: E402
+from host.link.port import Link, open_port  # noqa: E402
+from host.errors import BoardError  # noqa: E402
+from host.session.errors import DeviceError, LinkTimeout, ModelMismatch  # noqa: E402
+from host.session.session import Session  # noqa: E402
 
 PROMPT = [1, 4, 9, 2]
 
@@ -61,7 +62,7 @@ def test_full_generate(connect):
         s = connect(fb)
         s.handshake(timeout=5, interval=0.3)
         seen = []
-        res = s.generate(PROMPT, 6, temperature=0.0, on_token=seen.append, frame_timeout=3)
+        res = s.generate(Generate(PROMPT, 6, temperature=0.0), on_token=seen.append, frame_timeout=3)
     want = _expect(PROMPT, 6, fb)
     assert [(t.step, t.pos, t.in_id, t.out_id) for t in res.tokens] == want
     assert seen == res.tokens
@@ -84,7 +85,7 @@ def test_dropped_token_reported_by_step(connect):
     with FakeBoard(drop_steps={4}) as fb:
         s = connect(fb)
         s.handshake(timeout=5, interval=0.3)
-        res = s.generate(PROMPT, 5, frame_timeout=3)
+        res = s.generate(Generate(PROMPT, 5), frame_timeout=3)
     assert res.missing_steps == [4]
     assert 4 not in [t.step for t in res.tokens]
     assert len(res.tokens) == res.done.steps - 1
@@ -96,7 +97,7 @@ def test_dropped_last_token_found_from_done(connect):
     with FakeBoard(drop_steps={n - 1}) as fb:
         s = connect(fb)
         s.handshake(timeout=5, interval=0.3)
-        res = s.generate(PROMPT, 3, frame_timeout=3)
+        res = s.generate(Generate(PROMPT, 3), frame_timeout=3)
     assert res.missing_steps == [n - 1]
 
 
@@ -104,7 +105,7 @@ def test_corrupted_frame_counted(connect):
     with FakeBoard(corrupt_steps={2}) as fb:
         s = connect(fb)
         s.handshake(timeout=5, interval=0.3)
-        res = s.generate(PROMPT, 4, frame_timeout=3)
+        res = s.generate(Generate(PROMPT, 4), frame_timeout=3)
     assert res.bad_frames == 1
     assert res.missing_steps == [2]
     assert res.done is not None and len(res.tokens) == res.done.steps - 1
@@ -133,7 +134,7 @@ def test_device_error_on_generate(connect):
         s = connect(fb)
         s.handshake(timeout=5, interval=0.3)
         with pytest.raises(DeviceError) as e:
-            s.generate(PROMPT, 3, frame_timeout=3)
+            s.generate(Generate(PROMPT, 3), frame_timeout=3)
     assert "busy generating" in str(e.value) and e.value.partial is not None
 
 
@@ -143,7 +144,7 @@ def test_silent_device_mid_run_times_out(connect):
         s.handshake(timeout=5, interval=0.3)
         t0 = time.monotonic()
         with pytest.raises(LinkTimeout) as e:
-            s.generate(PROMPT, 6, frame_timeout=0.6)
+            s.generate(Generate(PROMPT, 6), frame_timeout=0.6)
         took = time.monotonic() - t0
     assert took < 3
     assert "silent" in str(e.value) and "after step 2" in str(e.value)
@@ -169,7 +170,7 @@ def test_ctrl_c_sends_stop_and_keeps_tokens(connect):
             if t.step == 3:
                 raise KeyboardInterrupt
 
-        res = s.generate(PROMPT, 15, on_token=on_token, frame_timeout=3)
+        res = s.generate(Generate(PROMPT, 15), on_token=on_token, frame_timeout=3)
         assert 0x04 in fb.types_received()
     assert res.interrupted
     assert res.done is not None and res.done.reason == "stopped"
@@ -196,31 +197,31 @@ def result(connect):
     with FakeBoard(drop_steps={5}) as fb:
         s = connect(fb)
         s.handshake(timeout=5, interval=0.3)
-        return s.generate(PROMPT, 7, frame_timeout=3)
+        return s.generate(Generate(PROMPT, 7), frame_timeout=3)
 
 
 def test_summary_numbers_from_device_clock(result):
-    sm = R.summarize(result)
+    sm = stats.summarize(result)
     gen = result.generated_steps
     assert sm["generated_tokens"] == len(gen)
     us = sum(sum(t.us) for t in gen)
     assert sm["tokens_per_s"] == pytest.approx(len(gen) / (us / 1e6))
     assert sm["clock"] == "emulated timer" and sm["board"] == "fakeboard"
     assert sm["prefill"]["steps"] == len(PROMPT) - 1
-    assert sm["decode"]["phases"]["ffn"]["p50"] == R.percentile([t.us[2] for t in gen], 50)
+    assert sm["decode"]["phases"]["ffn"]["p50"] == stats.percentile([t.us[2] for t in gen], 50)
     assert sm["bytes_per_token"]["psram"] == 0
     assert sm["missing_steps"] == [5]
-    assert R.percentile([1, 2, 3, 4], 50) == 2.5 and R.percentile([], 50) is None
+    assert stats.percentile([1, 2, 3, 4], 50) == 2.5 and stats.percentile([], 50) is None
 
 
 def test_json_csv_png_written(result, tmp_path):
-    j = R.write_json(result, tmp_path / "out" / "run.json")
+    j = export.write_json(result, tmp_path / "out" / "run.json")
     data = json.loads(j.read_text())
     assert data["hello"]["board"] == "fakeboard" and data["hello"]["clock_name"] == "emulated timer"
     assert [t["step"] for t in data["tokens"]] == [t.step for t in result.tokens]
     assert data["missing_steps"] == [5] and data["summary"]["tokens_per_s"] > 0
 
-    c = R.write_csv(result, tmp_path / "run.csv")
+    c = export.write_csv(result, tmp_path / "run.csv")
     rows = list(csv.DictReader(c.open(newline="")))
     assert len(rows) == result.done.steps                     # one row per step, the lost one too
     assert [r["kind"] for r in rows].count("missing") == 1 and rows[5]["kind"] == "missing"
@@ -231,7 +232,7 @@ def test_json_csv_png_written(result, tmp_path):
     if nl is not None:
         assert nl["piece"] == "\\n\\t"
 
-    p = R.plot_png(result, tmp_path / "run.png")
+    p = figure.plot_png(result, tmp_path / "run.png")
     raw = p.read_bytes()
     assert raw[:8] == b"\x89PNG\r\n\x1a\n" and len(raw) > 2000
     import matplotlib.image
@@ -243,7 +244,7 @@ def test_json_csv_png_written(result, tmp_path):
 def test_png_title_and_legend_inside_the_figure(result, board):
     """A short run's figure is 7 in wide: its title, speeds included, once ran past both edges."""
     result.hello = dataclasses.replace(result.hello, board=board)
-    fig = R.run_figure(result)
+    fig = figure.run_figure(result)
     fig.canvas.draw()                       # lays the legend out
     renderer = fig.canvas.get_renderer()
     ax = fig.axes[0]
@@ -260,7 +261,7 @@ def test_live_view_plain_and_terminal(result):
     from rich.console import Console
     buf = io.StringIO()
     con = Console(file=buf, width=200)
-    with R.LiveView(con, result.hello) as v:
+    with live.LiveView(con, result.hello) as v:
         for t in result.tokens:
             v.on_token(t)
     out = buf.getvalue()
@@ -270,20 +271,20 @@ def test_live_view_plain_and_terminal(result):
 
     buf = io.StringIO()
     con = Console(file=buf, width=200, force_terminal=True, height=40)
-    with R.LiveView(con, result.hello, piece_of=lambda i: b"<%d>" % i) as v:
+    with live.LiveView(con, result.hello, piece_of=lambda i: b"<%d>" % i) as v:
         for t in result.tokens:
             v.on_token(t)
     assert "embed µs" in buf.getvalue() and "PLE µs" not in buf.getvalue()
     # the text is shown with the sampled control characters escaped, as flashlm train's sample
     buf = io.StringIO()
-    with R.LiveView(Console(file=buf, width=200), result.hello) as v:
+    with live.LiveView(Console(file=buf, width=200), result.hello) as v:
         v.on_token(dataclasses.replace(result.tokens[-1], piece=b"a\x1b[2Jb\x13\n"))
     assert "text: a\\x1b[2Jb\\x13\n" in buf.getvalue() and "\x1b" not in buf.getvalue()
-    R.print_summary(Console(file=(b2 := io.StringIO()), width=200), result)
+    summary.print_summary(Console(file=(b2 := io.StringIO()), width=200), result)
     s = b2.getvalue()
     assert "tok/s" in s and "emulated timer" in s and "fakeboard" in s and "lost" in s
     assert "PLE" not in s and "draft µs" not in s       # nothing drafted: no drafting column
-    d = R.result_dict(result)                           # JSON keeps all seven phases
+    d = export.result_dict(result)                           # JSON keeps all seven phases
     assert list(d["tokens"][0]["us"]) == ["embed", "attention", "ffn", "ple", "output", "sampling", "draft"]
 
 
@@ -294,21 +295,21 @@ def test_ple_phase_shown_for_a_ple_model(connect):
     with FakeBoard(ple=True, out_vocab=30) as fb:
         s = connect(fb)
         hello = s.handshake(timeout=5, interval=0.3)
-        res = s.generate(PROMPT, 3, frame_timeout=3)
+        res = s.generate(Generate(PROMPT, 3), frame_timeout=3)
     assert hello.out_vocab == 30 and hello.vocab_size == 40
     assert [t.us[3] for t in res.tokens] == [30 + t.step for t in res.tokens]
     assert all(t.head_rows == 30 for t in res.tokens)
     buf = io.StringIO()
     con = Console(file=buf, width=220)
-    with R.LiveView(con, hello, ple=True) as v:
+    with live.LiveView(con, hello, ple=True) as v:
         for t in res.tokens:
             v.on_token(t)
     lines = [ln.split() for ln in buf.getvalue().splitlines() if ln.strip()[:1].isdigit()]
     assert "PLE µs" in buf.getvalue() and [int(ln[-8]) for ln in lines] == [30 + t.step for t in res.tokens]
     assert [int(ln[-1]) for ln in lines] == [t.head_rows for t in res.tokens]         # the head rows column
-    R.print_summary(Console(file=(b2 := io.StringIO()), width=200), res)
+    summary.print_summary(Console(file=(b2 := io.StringIO()), width=200), res)
     assert "PLE µs" in b2.getvalue()
-    assert R.summarize(res)["decode"]["phases"]["ple"]["sum"] == sum(t.us[3] for t in res.generated_steps)
+    assert stats.summarize(res)["decode"]["phases"]["ple"]["sum"] == sum(t.us[3] for t in res.generated_steps)
 
 
 @pytest.mark.parametrize("proto", [1, 2])
@@ -441,7 +442,7 @@ def _fake_native(tmp_path, **board_kw):
 
 
 def test_start_native_board_and_stop(tmp_path, connect):
-    from host.virtual import start_native_board
+    from host.boards.native import start_native_board
     blob = tmp_path / "m.flmb"
     blob.write_bytes(b"FLMB")
     with start_native_board(_fake_native(tmp_path), blob, timeout=10) as vb:
@@ -457,11 +458,11 @@ def test_start_native_board_and_stop(tmp_path, connect):
 
 
 def test_cli_run_native_board(tmp_path, capsys, monkeypatch):
-    from host import cmd_run
+    from host.commands import run as run_command
     d = _model_dir(tmp_path)
     (d / "model.flmb").write_bytes(b"FLMB")
     fw = _fake_native(tmp_path)
-    monkeypatch.setattr(cmd_run, "ensure_native_binary", lambda console, model_dir, manifest, board="native": fw)
+    monkeypatch.setattr(run_command, "ensure_firmware", lambda console, model, board="native": fw)
     rc = main(["run", "--board", "native", "--model", str(d), "--prompt-ids", "3,1", "--max-tokens", "4",
                "--timeout", "5", "--json", str(tmp_path / "r.json")])
     out = capsys.readouterr()
@@ -480,7 +481,7 @@ def test_demo_end_to_end(tmp_path, capsys, monkeypatch):
     ti = pytest.importorskip("converter.torch_import")
     from modelzoo import random_model
 
-    from host import cmd_demo
+    from host.commands import demo as demo_command
     tok = train.train_tokenizer(["once upon a time there was a tiny model"] * 20, 300)
     model, _ = random_model(0, dim=32, n_layers=1, n_heads=4, n_kv_heads=2, hidden_dim=48,
                             vocab_size=tok.get_vocab_size(), max_seq_len=32)
@@ -488,7 +489,7 @@ def test_demo_end_to_end(tmp_path, capsys, monkeypatch):
     mdir.mkdir(parents=True)
     ti.save_checkpoint(mdir / "model.pt", model, tok.to_str())
     (mdir / "tokenizer.json").write_text(tok.to_str())
-    monkeypatch.setattr(cmd_demo, "DEFAULT_MODEL", mdir / "model.pt")
+    monkeypatch.setattr(demo_command, "DEFAULT_MODEL", mdir / "model.pt")
     out = tmp_path / "out" / "demo"
     rc = main(["demo", "-o", str(out), "--max-tokens", "6", "--prompt", "once upon"])
     cap = capsys.readouterr()

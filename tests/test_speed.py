@@ -12,7 +12,8 @@ from converter.blob import build_blob, kv_format, layout_id_of, parse_header, wi
 from converter.footprint import region_bytes
 from converter.quantize import quantize
 from converter.reference import FLAG_ALL_LOGITS, FLAG_LOGITS, FLAG_SLIDE, NO_TOKEN, generate
-from host.protocol import Error, Hello, Layout, MsgType, encode_raw_frame
+from host.link.cobs import encode_raw_frame
+from host.link.messages import Error, Hello, Layout, MsgType
 from modelzoo import random_model, random_ple_model, spread_head, with_head_index
 from nativeboard import (assert_matches_reference, assert_steps_match, drain, native_link, recv_until, run,
                          token_bytes_read)
@@ -232,7 +233,7 @@ def test_cli_convert_kv_run_slide_and_the_prefill_decode_report(tmp_path, capsys
 
     from converter.blob import read_blob, read_header
     from converter.torch_import import save_checkpoint
-    from host.cli import main
+    from host.cli.main import main
     model, _ = random_model(seed=50, max_seq_len=16)
     save_checkpoint(tmp_path / "m.pt", model)
     out = tmp_path / "model"

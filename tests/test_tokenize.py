@@ -23,10 +23,15 @@ from converter.quantize import quantize
 from converter.tokenizer import encode, from_hf_json, load_tokenizer, parse_tokenizer_bin
 from converter.tokenizer_enc import (CLASS_LETTER, CLASS_NUMBER, CLASS_OTHER, CLASS_SPACE, SECTION, class_runs,
                                      device_section, parse_section, unicode_classes, unicode_version)
-from host import protocol as P
-from host.faultproxy import BOOT_LOG
-from host.protocol import Done, Error, Hello, Link, Log, Ping, Token
-from host.session import DeviceError, Session
+from host.link import messages as P
+from host.session.recovery import Policy
+from host.link.messages import Done, Error, Generate, Hello, Log, Ping, Token
+from host.link.cobs import encode_raw_frame
+from host.link.codec import encode_frame
+from host.link.faultproxy import BOOT_LOG
+from host.link.port import Link
+from host.session.errors import DeviceError
+from host.session.session import Session
 from modelzoo import random_model
 from nativeboard import drain, native_link, recv_until
 from test_import import tiny_bin, tiny_vocab
@@ -258,7 +263,7 @@ def build_root(tmp_path_factory):
 
 
 def ids_on_board(sess: Session, text: str, ctx: int):
-    res = sess.generate(text, 1)
+    res = sess.generate(Generate(text, 1))
     assert res.complete and res.prompt_text == text
     assert [t.in_id for t in res.tokens] == res.prompt_ids
     assert len(res.logs) == 1 and res.logs[0].startswith(f"text prompt: {len(text.encode())} bytes, "
@@ -280,7 +285,7 @@ def test_generate_text_on_the_native_board(bpe, tmp_path, build_root):
                 assert ids_on_board(sess, text, 128) == want, repr(text)
         # the same generation from the host's ids: identical tokens
         text = "ROMEO:\nWhat light through yonder window breaks?"
-        a, b = sess.generate(text, 12), sess.generate(encode(bpe, text), 12)
+        a, b = sess.generate(Generate(text, 12)), sess.generate(Generate(encode(bpe, text), 12))
         assert [(t.in_id, t.out_id, t.logits_crc) for t in a.tokens] == [(t.in_id, t.out_id, t.logits_crc)
                                                                          for t in b.tokens]
         # refusals, each one line with its code
@@ -288,16 +293,16 @@ def test_generate_text_on_the_native_board(bpe, tmp_path, build_root):
                                                    "the context of 128 tokens"),
                                  ("x" * 2060, 4, "prompt of at least 130 tokens exceeds the context of 128 tokens")):
             with pytest.raises(DeviceError) as e:
-                sess.generate(text, 1)
+                sess.generate(Generate(text, 1))
             assert e.value.error.code == code and what in str(e.value)
         for payload, code, what in (
                 (struct.pack("<IffQIBBBBH", 1, 0, 0, 0, 0, 0, 0, 0, 0, 3) + b"a\xffb", 2, "not UTF-8: bad byte at offset 1 of 3"),
                 (struct.pack("<IffQIBBBBH", 1, 0, 0, 0, 0, 0, 0, 0, 0, 9) + b"abc", 2, "GENERATE_TEXT payload has the wrong length"),
                 (b"\x01\x02", 2, "wrong length")):
-            link.port.write(P.encode_raw_frame(P.MsgType.GENERATE_TEXT, 0, payload))
+            link.port.write(encode_raw_frame(P.MsgType.GENERATE_TEXT, 0, payload))
             err = recv_until(link, lambda m: isinstance(m, Error))[-1]
             assert err.code == code and what in err.text
-        assert sess.generate("still fine", 2).complete
+        assert sess.generate(Generate("still fine", 2)).complete
 
 
 def test_generate_text_llama2c_on_the_native_board(l2c, tmp_path, build_root):
@@ -314,12 +319,12 @@ def test_no_device_tokenizer_refuses_text(tmp_path, build_root):
         sess = Session(link)
         assert not sess.handshake().can_encode
         with pytest.raises(DeviceError) as e:
-            sess.generate("hello", 1)
+            sess.generate(Generate("hello", 1))
         assert e.value.error.name == "cannot_encode" and "no text encoder" in str(e.value)
 
 
 def test_cli_encode_on_device_gives_the_hosts_ids(tmp_path, capsys):
-    from host.cli import main
+    from host.cli.main import main
     out = tmp_path / "model"
     torch = pytest.importorskip("torch")
     from converter.torch_import import save_checkpoint       # a flashlm checkpoint with the default tokenizer
@@ -377,7 +382,7 @@ def test_console_answers_a_typed_line_in_plain_text(bpe, tmp_path, build_root):
         sess = Session(Link(port))
         sess.handshake()
         assert any("text console: answered 1 line" in t for t in sess.logs)
-        ref = sess.generate(prompt, 200)
+        ref = sess.generate(Generate(prompt, 200))
         gen = [t.out_id for t in ref.generated_steps]
         pieces = b"".join(bpe.pieces[i] for i in gen if i != qm.tokenizer.eos_id)
         assert body == prompt.encode() + console_view(pieces)
@@ -401,7 +406,7 @@ def test_a_frame_after_console_line_ends_and_noise_lose_nothing(bpe, tmp_path, b
         seq, payload = 0x0101, struct.pack("<IffQIBBBBI", 0x01010101, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 1) + struct.pack("<I", 5)
         payload = bytearray(payload)
         struct.pack_into("<I", payload, 4, 0x3F000101)        # temperature bytes 01 01 00 3F: first 0x00 at 9
-        frame = P.encode_raw_frame(P.MsgType.GENERATE, seq, bytes(payload))
+        frame = encode_raw_frame(P.MsgType.GENERATE, seq, bytes(payload))
         assert frame[0] == 0x0A
         runs = []
         for lead in (b"", b"hello\r\n", b"Z"):
@@ -410,9 +415,9 @@ def test_a_frame_after_console_line_ends_and_noise_lose_nothing(bpe, tmp_path, b
             assert isinstance(msgs[-1], Done), msgs[-3:]
             runs.append([(m.step, m.out_id, m.logits_crc) for m in msgs if isinstance(m, Token)])
         assert runs[0] == runs[1] == runs[2] and len(runs[0]) == msgs[-1].steps
-        link.port.write(b"hi\r\n" + P.encode_frame(Ping(), 7))   # a code byte below LF after a held LF
+        link.port.write(b"hi\r\n" + encode_frame(Ping(), 7))   # a code byte below LF after a held LF
         assert isinstance(recv_until(link, lambda m: isinstance(m, Hello))[-1], Hello)
-        link.port.write(BOOT_LOG + P.encode_frame(Ping(), 8))      # the fault proxy's noise burst, host->device
+        link.port.write(BOOT_LOG + encode_frame(Ping(), 8))      # the fault proxy's noise burst, host->device
         got = recv_until(link, lambda m: isinstance(m, Hello))
         lines = BOOT_LOG.count(b"\n")
         assert f"text console: answered {lines} line(s)" in " ".join(m.text for m in got if isinstance(m, Log))
@@ -423,7 +428,7 @@ def test_a_frame_after_console_line_ends_and_noise_lose_nothing(bpe, tmp_path, b
         assert read_until(link.port, b"]\r\n").startswith(b"q")
         sess = Session(Link(link.port))
         sess.handshake()
-        assert sess.generate("a framed run after it all", 2).complete
+        assert sess.generate(Generate("a framed run after it all", 2)).complete
 
 
 def test_generate_text_on_the_emulated_rp2040(bpe, tmp_path_factory):
@@ -439,13 +444,13 @@ def test_generate_text_on_the_emulated_rp2040(bpe, tmp_path_factory):
         assert sess.handshake(timeout=30).can_encode
         for text in texts:
             assert ids_on_board(sess, text, 128) == encode(bpe, text), repr(text)
-        a, b = sess.generate(texts[1], 3), sess.generate(encode(bpe, texts[1]), 3)
+        a, b = sess.generate(Generate(texts[1], 3)), sess.generate(Generate(encode(bpe, texts[1]), 3))
         assert [(t.in_id, t.out_id, t.logits_crc) for t in a.tokens] == [(t.in_id, t.out_id, t.logits_crc)
                                                                          for t in b.tokens]
 
 
 def test_prompt_of_reads_the_ids_from_token_frames():
-    from host.session import prompt_of
+    from host.session.result import prompt_of
 
     def tok(step, in_id, out):
         return Token(step, step, in_id, out, (0,) * 7, (0,) * 3, 0, 0, b"")
@@ -457,9 +462,9 @@ def test_prompt_of_reads_the_ids_from_token_frames():
 def test_text_prompt_survives_a_lossy_link(bpe, tmp_path, build_root):
     """generate_with_recovery on a text prompt over the fault proxy: every step equals a clean run
     (steps lost beyond the device's ring are generated again, from the ids the device showed)."""
-    from host.faultproxy import FaultProxy, Faults
-    from host.session import open_port
-    from host.virtual import start_native_board
+    from host.link.faultproxy import FaultProxy, Faults
+    from host.link.port import open_port
+    from host.boards.native import start_native_board
     from nativeboard import binary_for
     qm = model_with(bpe)
     blob = tmp_path / "model.flmb"
@@ -469,14 +474,14 @@ def test_text_prompt_survives_a_lossy_link(bpe, tmp_path, build_root):
         ser = open_port(vb.port)
         clean = Session(Link(ser))
         clean.handshake()
-        truth = clean.generate(text, 60)
+        truth = clean.generate(Generate(text, 60))
         ser.close()
         with FaultProxy(vb.port, Faults(drop=4e-3, flip=2e-3), seed=4) as fp:
             ser = open_port(fp.port)
             s = Session(Link(ser))
             s.handshake(timeout=5, interval=0.2)
             # a loaded host reads late and finds more steps gone from the ring: a generous budget
-            res = s.generate_with_recovery(text, 60, frame_timeout=5, max_recoveries=10)
+            res = s.generate_with_recovery(Generate(text, 60), Policy(frame_timeout=5, retries=10))
             ser.close()
     assert truth.complete and res.complete and res.prompt_ids == truth.prompt_ids == encode(bpe, text)
     key = lambda t: (t.step, t.in_id, t.out_id, t.logits_crc)   # noqa: E731

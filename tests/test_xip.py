@@ -15,7 +15,7 @@ from converter.boards import load_board
 from converter.costmodel import lines_per_row, tier_models
 from converter.quantize import quantize
 from emuboard import BOARD, emu_link, image_for, require_emulator
-from host.protocol import PHASES
+from host.link.messages import PHASES
 from modelzoo import random_model
 from nativeboard import assert_matches_reference, run
 
@@ -257,8 +257,9 @@ def test_a_miss_costs_what_the_firmwares_ssi_setting_makes_it(tmp_path, build_ro
     import serial
 
     from converter.blob import write_blob
-    from host.protocol import Hello, Link, Ping
-    from host.virtual import start_emulated_board
+    from host.link.messages import Hello, Ping
+    from host.link.port import Link
+    from host.boards.emulated import start_emulated_board
     from nativeboard import recv_until
     blob = tmp_path / "m.flmb"
     write_blob(quantize(random_model(seed=5)[1], "q8", 32), blob)
@@ -287,7 +288,7 @@ def test_compare_run_head_in_flash_vs_sram_goes_the_planners_way(tmp_path, build
     """`flashlm compare --run --board rp2040-emu`: with the XIP model the output layer read from
     flash takes longer than from SRAM, as the planner predicts (sizes: make bench)."""
     from converter.llama2c import write_llama2c
-    from host.cli import main
+    from host.cli.main import main
     require_emulator()
     _, ir = random_model(seed=6, vocab_size=96, hidden_dim=96)
     write_llama2c(ir, tmp_path / "model.bin", version=1)

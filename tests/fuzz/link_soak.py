@@ -21,10 +21,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from converter.blob import write_blob  # noqa: E402
 from converter.quantize import quantize  # noqa: E402
-from host.faultproxy import KINDS, FaultProxy, Faults  # noqa: E402
-from host.protocol import Link  # noqa: E402
-from host.session import Session, open_port  # noqa: E402
-from host.virtual import start_native_board  # noqa: E402
+from host.link.faultproxy import KINDS, FaultProxy, Faults  # noqa: E402
+from host.session.recovery import Policy  # noqa: E402
+from host.link.messages import Generate  # noqa: E402
+from host.link.port import Link, open_port  # noqa: E402
+from host.session.session import Session  # noqa: E402
+from host.boards.native import start_native_board  # noqa: E402
 from modelzoo import random_model  # noqa: E402
 from nativeboard import binary_for  # noqa: E402
 
@@ -51,7 +53,7 @@ def soak(runs: int, seed: int, workdir: Path) -> dict:
         s.handshake()
         truth = {}
         for n, temp in ((24, 0.0), (60, 0.0), (24, 0.8)):
-            truth[(n, temp)] = {t.step: t for t in s.generate(PROMPT, n, temperature=temp, seed=5).tokens}
+            truth[(n, temp)] = {t.step: t for t in s.generate(Generate(PROMPT, n, temperature=temp, seed=5)).tokens}
         ser.close()
         for i in range(runs):
             n, temp = rng.choice(list(truth))
@@ -64,8 +66,7 @@ def soak(runs: int, seed: int, workdir: Path) -> dict:
                     s = Session(Link(ser))
                     s.handshake(timeout=10, interval=0.2)
                     t0 = time.monotonic()
-                    res = s.generate_with_recovery(PROMPT, n, temperature=temp, seed=5, frame_timeout=5,
-                                                   max_recoveries=6)
+                    res = s.generate_with_recovery(Generate(PROMPT, n, temperature=temp, seed=5), Policy(frame_timeout=5, retries=6))
                     tot["slowest_run_s"] = max(tot["slowest_run_s"], round(time.monotonic() - t0, 2))
                 finally:
                     ser.close()

@@ -16,7 +16,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from make_blob import FUZZ_MODEL, models  # noqa: E402
 
-from host import protocol as P  # noqa: E402
+from host.link import messages as P  # noqa: E402
+from host.link.cobs import encode_raw_frame  # noqa: E402
+from host.link.codec import encode_frame  # noqa: E402
 
 REC, RAW_KIND, LAYOUT_AUTO = 1, 0xFF, 0xFE
 N_ENTRIES = 20     # table entries of FUZZ_MODEL's blob: head index, draft and golden included (checked in app_seeds)
@@ -41,7 +43,7 @@ def lf_frame() -> bytes:
     """A GENERATE whose COBS code byte is LF (first 0x00 nine bytes in): what a console line end
     held back must not swallow."""
     payload = struct.pack("<IIfQIBBBBI", 0x01010101, 0x3F000101, 0.0, 0, 0, 0, 0, 0, 0, 1) + struct.pack("<I", 5)
-    frame = P.encode_raw_frame(P.MsgType.GENERATE, 0x0101, payload)
+    frame = encode_raw_frame(P.MsgType.GENERATE, 0x0101, payload)
     assert frame[0] == 0x0A
     return frame
 
@@ -105,15 +107,15 @@ def app_seeds() -> dict[str, bytes]:
     s["raw_junk_then_frames"] = bytes([REC]) + rec(RAW_KIND, b"\xff\xfe junk\r\n\x00\x05\x00") + rec(1) \
         + rec(RAW_KIND, b"\x02\x02\x00") + rec(2, gen([2], 2))
     # raw mode: real wire bytes, read 1, 3 and 64 bytes at a time
-    wire = (b"boot noise\r\n" + P.encode_frame(P.Ping(), 0)
-            + P.encode_frame(P.Generate([1, 2, 3], 3, 0.0, 0.0, 0, True), 1)
-            + P.encode_frame(P.Resend(1, (0, 1, P.RESEND_DONE)), 2) + P.encode_frame(P.Stop(), 3)
-            + bytes(P.encode_frame(P.Ping(), 4))[:-3] + b"\x00" + P.encode_frame(P.Ping(), 5))
+    wire = (b"boot noise\r\n" + encode_frame(P.Ping(), 0)
+            + encode_frame(P.Generate([1, 2, 3], 3, 0.0, 0.0, 0, True), 1)
+            + encode_frame(P.Resend(1, (0, 1, P.RESEND_DONE)), 2) + encode_frame(P.Stop(), 3)
+            + bytes(encode_frame(P.Ping(), 4))[:-3] + b"\x00" + encode_frame(P.Ping(), 5))
     for chunk_mode in (0x00, 0x08, 0xFC):
         s[f"raw_wire_{chunk_mode:02x}"] = bytes([chunk_mode]) + wire
     s["raw_wire_bad_image"] = bytes([0x02]) + wire
     s["record_bad_image"] = bytes([REC | 2]) + rec(1) + rec(2, gen([1], 2)) + rec(5, resend(0, [0]))
-    s["raw_overflow"] = bytes([0xFC]) + b"\x01" * 9000 + b"\x00" + P.encode_frame(P.Ping(), 0)
+    s["raw_overflow"] = bytes([0xFC]) + b"\x01" * 9000 + b"\x00" + encode_frame(P.Ping(), 0)
     # text prompts: GENERATE_TEXT, good and refused (no piece for "q", too long, not UTF-8, bad lengths)
     s["generate_text"] = bytes([REC]) + rec(6, gen_text(b"ab c", 3)) + rec(6, gen_text("\u00e9 x\n12!".encode(), 2, 0.9, 0.9, 5, 1)) \
         + rec(6, gen_text(b"", 2))
@@ -122,7 +124,7 @@ def app_seeds() -> dict[str, bytes]:
         gen_text(b"abc " * 10, 2), gen_text(b"ab", 2, float("nan"))))
     # the console: lines (CR, LF, CR LF, backspace, a cut character, no piece), frames after held line ends,
     # line noise before a frame whose code byte is LF, an overlong line, a line while a GENERATE runs
-    ping = P.encode_frame(P.Ping(), 9)
+    ping = encode_frame(P.Ping(), 9)
     s["console_lines"] = bytes([0x08]) + b"abc\r\nx\x7fy\r\xc3\r\nq!\n" + ping + b"hi\r\n" + ping + b"\n\r" + ping
     s["console_noise"] = bytes([0x00]) + b"Z" + lf_frame() + b"hello\r\n" + lf_frame() + lf_frame()
     s["console_overflow"] = bytes([0xFC]) + b"a" * 9000 + b"\r\n" + ping

@@ -1,0 +1,6 @@
+"""Defaults the command line shows in its help and the commands use when called without it: kept
+apart from the commands so that ``flashlm --help`` loads none of them."""
+
+DEFAULT_PROMPT = "Once upon a time"
+DEFAULT_BATCH = 4   # tokens per forward pass convert records: prefill chunks, speculative verification
+MAX_DRAFTS = 7      # plan --roofline quotes speculation for 1..7 drafts a verification (as the batch allows)

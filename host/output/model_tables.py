@@ -1,0 +1,39 @@
+"""The tables of ``flashlm convert`` (quantization quality) and ``flashlm eval`` (loss, perplexity
+and top-1 agreement of fp32, int8 and int4)."""
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def print_quality(console, rep: dict) -> None:
+    t = Table(title="quantization quality (weights vs fp32)", title_justify="left")
+    for col, just in (("tensor", "left"), ("format", "left"), ("group", "right"),
+                      ("rel RMSE", "right"), ("max |err|", "right")):
+        t.add_column(col, justify=just)
+    for r in rep.get("tensors", []):
+        t.add_row(r["name"], r["format"], str(r["group_size"]), f"{r['rel_rmse']:.4f}", f"{r['max_abs_err']:.4g}")
+    console.print(t)
+    if "top1_agreement" in rep:
+        console.print(f"logits over {rep.get('positions', '?')} positions: top-1 agreement "
+                      f"[bold]{rep['top1_agreement'] * 100:.1f}%[/], mean KL(fp32 || quantized) "
+                      f"[bold]{rep.get('kl_mean', float('nan')):.5f}[/] nats")
+
+
+def print_eval(console, rep: dict) -> None:
+    split = rep["param_split"]
+    console.print(f"{rep['checkpoint']}: {rep['n_params']:,} parameters"
+                  + (f" (PLE table {split['table']:,}, core {split['core']:,})" if split["table"] else ""),
+                  soft_wrap=True)
+    t = Table(title=f"held-out {rep['eval_text']}: the first {rep['targets_window']:,} of {rep['targets_available']:,} "
+                    f"targets ({rep['chars']:,} characters)"
+                    + (f", {rep['skipped_unpredictable']:,} targets the head cannot predict skipped"
+                       if rep["skipped_unpredictable"] else ""), title_justify="left")
+    for col, just in (("model", "left"), ("recipe", "left"), ("loss (nats)", "right"), ("perplexity", "right"),
+                      ("bits/char", "right"), ("top-1 = fp32", "right")):
+        t.add_column(col, justify=just)
+    for r in rep["rows"]:
+        agree = "-" if r["top1_agreement"] is None else f"{r['top1_agreement'] * 100:.2f}%"
+        t.add_row(r["model"], r["recipe"], f"{r['loss']:.4f}", f"{r['ppl']:.2f}", f"{r['bits_per_char']:.4f}",
+                  agree)
+    console.print(t)
+    console.print("fp32: the PyTorch model; int8/int4: the NumPy reference (what the device computes)")

@@ -1,0 +1,126 @@
+"""The end-of-run summary: per-phase p50/p95/mean of prefill and decode steps, tok/s, bytes per
+token per tier, forward passes, the emulator harness's counts, the golden check, link losses."""
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+from ..link.messages import TIERS
+from ..session.result import RunResult
+from .labels import PHASE_HEADERS, fmt, shown_phases, where
+from .stats import summarize
+
+def summary_renderables(result: RunResult) -> list:
+    from rich.text import Text
+
+    s = summarize(result)
+    at = where(result)
+    out = []
+    table = Table(title=f"device µs per step — {at}", title_justify="left")
+    table.add_column("phase", no_wrap=True)
+    for grp in ("prefill", "decode"):
+        table.add_column(f"{grp} steps (n={s[grp]['steps']})\np50 / p95 / mean", justify="right", no_wrap=True)
+    for name in shown_phases(result.tokens) + ["total"]:
+        label = PHASE_HEADERS.get(name, "total µs")
+        cells = []
+        for grp in ("prefill", "decode"):
+            ph = s[grp]["phases"][name]
+            cells.append(f"{fmt(ph['p50'])} / {fmt(ph['p95'])} / {fmt(ph['mean'], 1)}")
+        table.add_row(label, *cells, style="bold" if name == "total" else None)
+    table.add_row("head rows (% of out_vocab)", *[_rows_cell(s[grp]["head_rows"]) for grp in ("prefill", "decode")])
+    out.append(table)
+
+    lines = []
+    tps = s["tokens_per_s"]
+    gen_us = s["decode"]["phases"]["total"]["sum"]
+    draft_us = s["decode"]["phases"]["draft"]["sum"]
+    lines.append(f"decode: {s['generated_tokens']} tokens in {gen_us:,} µs of device time"
+                 + (f" (drafting {draft_us:,} µs)" if draft_us else "")
+                 + (f" = {tps:,.2f} tok/s" if tps else "") + f"  [{at}]")
+    pps = s["prefill_tok_per_s"]
+    if s["prefill"]["steps"]:
+        lines.append(f"prefill: {s['prefill']['steps']} prompt tokens in {s['prefill']['phases']['total']['sum']:,} µs"
+                     + (f" = {pps:,.2f} tok/s" if pps else "") + f"  [{at}]")
+    for grp in ("prefill", "decode"):
+        b = s[grp]["bytes"]
+        if b["flash"] is not None:
+            lines.append(f"bytes read per {grp} token: "
+                         + ", ".join(f"{tier} {b[tier]:,.0f}" for tier in TIERS) + f"  [{at}]")
+    lines += pass_lines(s["passes"], at)
+    h = s.get("harness")
+    if h is not None:
+        hb, eb = h["harness_bytes_per_token"], s["bytes_per_token"]
+        lines.append("emulator harness, bytes the core read per decode token: "
+                     + ", ".join(f"{tier} {hb[tier]:,.0f} (engine {eb[tier]:,.0f})" for tier in TIERS
+                                 if hb[tier] is not None and eb[tier] is not None)
+                     + f" — agree on {h['agree_steps']}/{h['steps']} steps")
+        x = h["xip_per_token"]
+        if x is not None:
+            lines.append(f"XIP cache per decode token: p50 {fmt(x['hits']['p50'])} hits, {fmt(x['misses']['p50'])} "
+                         f"misses ({fmt(x['fetch_misses']['p50'])} of them instruction fetches) stalling "
+                         f"{fmt(x['stall_cycles']['p50'])} cycles = {x['stall_share'] * 100:.1f} % of the token "
+                         f"(one miss {x['miss_cycles']} cycles)")
+        lines.append(f"emulated cycles per decode token: p50 {fmt(h['cycles_per_token']['p50'])} "
+                     f"({fmt(h['emulated_us_per_token']['p50'])} µs emulated, XIP model "
+                     f"{'on' if x is not None else 'off'}); emulator wall time per token: "
+                     f"p50 {fmt(h['wall_ms_per_token']['p50'], 1)} ms (host clock)")
+    if s["device_total_us"] is not None:
+        lines.append(f"device total (DONE): {s['device_total_us']:,} µs, stop reason {s['reason']}  [{at}]")
+    lines.append(f"host wall time: {s['host_wall_s']:.3f} s (host clock, includes the serial link)")
+    out.extend(Text(line) for line in lines)
+    if result.hello is not None:
+        out.append(bit_exact_line(result.hello))
+    if h is not None and h["mismatch_steps"]:
+        out.append(Text(f"harness and engine byte counters differ on step(s) {h['mismatch_steps'][:20]}",
+                        style="bold yellow"))
+    if s.get("timing_note"):
+        out.append(Text(f"note: {s['timing_note']}", style="dim"))
+    if s["missing_steps"] or s["frame_gaps"] or s["bad_frames"]:
+        steps = s["missing_steps"]
+        shown = ", ".join(map(str, steps[:20])) + (" ..." if len(steps) > 20 else "")
+        out.append(Text(f"link: {len(steps)} step(s) lost [{shown or 'none'}], {s['frame_gaps']} seq gap(s), "
+                        f"{s['bad_frames']} bad frame(s) — numbers above cover the steps that arrived",
+                        style="bold yellow"))
+    if result.interrupted:
+        out.append(Text("interrupted: STOP sent, showing what arrived", style="yellow"))
+    return out
+
+
+def pass_lines(pa: dict, at: str) -> list[str]:
+    """The summary's lines on forward passes: prefill chunks, and speculative decoding."""
+    out = []
+    pre, dec = pa["prefill"], pa["decode"]
+
+    def tiers(b):
+        return ", ".join(f"{tier} {b[tier]:,.0f}" for tier in TIERS if b[tier])
+    if pre["passes"] and pre["tokens"] > pre["passes"]:
+        out.append(f"prefill in {pre['passes']} pass{'es' * (pre['passes'] != 1)} of {pre['tokens_per_pass']:.1f} tokens "
+                   f"(up to {pa['batch']}): {pre['us_per_pass']:,.0f} µs and {tiers(pre['bytes_per_pass'])} "
+                   f"bytes per pass; per prompt token {pre['us_per_token']:,.0f} µs, {tiers(pre['bytes_per_token'])} "
+                   f"bytes  [{at}]")
+    if dec["verify_passes"]:
+        out.append(f"speculative decoding ({pa['speculate']}): {dec['accepted']}/{dec['drafted']} drafts accepted "
+                   f"({100 * dec['acceptance']:.0f} %), {dec['tokens_per_verify_pass']:.2f} tokens per verifying "
+                   f"pass, {dec['tokens_per_pass']:.2f} per decode pass; per emitted token {dec['us_per_token']:,.0f} µs "
+                   f"(drafting {dec['draft_us_per_token']:,.0f}) and {tiers(dec['bytes_per_token'])} bytes"
+                   + (f" (drafting {tiers(dec['draft_bytes_per_token']) or '0'})" if dec["draft_bytes_per_token"] else "")
+                   + f"  [{at}]")
+    return out
+
+
+def bit_exact_line(hello):
+    """The board's golden check as one line: loud when it is not bit-exact with the reference."""
+    style = {"exact": "green", "differs": "bold red"}.get(hello.golden, "yellow")
+    return Text(f"bit-exact with the reference: {hello.bit_exact}  [board {hello.board}]", style=style)
+
+
+def _rows_cell(h: dict) -> str:
+    if h["mean"] is None:
+        return "–"
+    pct = f" ({h['pct_of_out_vocab']:.1f} %)" if h["pct_of_out_vocab"] is not None else ""
+    return f"{h['mean']:,.1f}{pct}"
+
+
+def print_summary(console, result: RunResult) -> None:
+    for r in summary_renderables(result):
+        console.print(r, soft_wrap=isinstance(r, Text))
