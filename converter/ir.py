@@ -45,8 +45,6 @@ import numpy as np
 
 from .errors import FlashlmError
 
-FORMATS = ("f32", "q8", "q4")
-QMAX = {"q8": 127, "q4": 7}
 MAX_STOP_IDS = 16        # the firmware keeps the stop ids in a fixed array (blob section tokenizer.stop)
 
 
@@ -153,7 +151,8 @@ class QTensor:
     """Symmetric group-wise quantized matrix.
 
     Groups run along a row; the last group of a row is ragged when ``cols % group_size``.
-    ``codes`` is int8 in [-qmax, qmax] (int4 codes are stored unpacked here; packing is the blob's job).
+    ``codes`` is int8 in [-qmax, qmax] (int4 codes are stored unpacked here; packing is
+    converter/formats.py's job).
     Two ways to scale a group (docs/formats.md section 1):
 
     * a float scale per group (``mult`` None): ``w[r, c] ~= codes[r, c] * scales[r, c // group_size]``,
@@ -294,3 +293,22 @@ class ModelIR:
             raise ModelError(f"tokenizer has {len(self.tokenizer)} pieces but the model's vocab is "
                              f"{self.config.vocab_size}")
         self.stop_ids().check(self.config.vocab_size)
+
+
+@dataclass
+class QuantModel:
+    """A model quantized by a recipe (converter/quantize.py), or read back from a blob: what the
+    reference runs and the blob writer serializes."""
+    config: ModelConfig
+    tensors: dict[str, QTensor | np.ndarray]
+    rope_cos: np.ndarray
+    rope_sin: np.ndarray
+    tokenizer: Tokenizer | None
+    recipe: dict[str, str] = field(default_factory=dict)   # name -> "q8:32" / "q4:128:f16" / "f32"
+    source: str = ""
+    stops: StopIds = StopIds((), "none")                   # generation ends at any of these ids
+    draft: object = None        # converter.draft.Draft: a small model proposing tokens for speculative decoding
+    head_index: object = None   # converter.headprune.HeadIndex: the greedy head's tiles (headcalib.py decides)
+
+    def head(self) -> QTensor:
+        return self.tensors["tok_embeddings" if self.config.tied else "output"]  # type: ignore

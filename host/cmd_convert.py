@@ -69,6 +69,8 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
     overrides = Q.parse_overrides(list(quant or ()))          # fail fast, before the slow part
     Q.check_group_size(group_size, scales or "row")
     from converter.blob import write_blob
+    from converter.fidelity import quality_report
+    from converter.formats import StateTiers
     from converter.load import load_model
 
     from .report import atomic_write_bytes
@@ -91,14 +93,14 @@ def convert(console, checkpoint, outdir, tokenizer=None, fmt="q8", group_size=32
     if report:
         step(console, "measuring quality (quantized vs fp32 logits)")
         with console.status("running both models"):
-            rep = Q.quality_report(ir, qm)
+            rep = quality_report(ir, qm)
         _print_quality(console, rep)
     index_report = _head_index(console, qm, head_index)
     if draft is not None:
         qm = attach_draft(console, qm, draft, fmt, group_size, scales)
     outdir.mkdir(parents=True, exist_ok=True)
     step(console, f"writing {outdir / BLOB_NAME}")
-    info = write_blob(qm, outdir / BLOB_NAME, kv=kv, batch=batch)
+    info = write_blob(qm, outdir / BLOB_NAME, state=StateTiers(kv=kv, batch=batch))
     tok_name = _write_tokenizer(ir, tokenizer, outdir)
     if tok_name is None:
         console.print("  [yellow]no tokenizer: runs of this model need --prompt-ids[/]")

@@ -25,9 +25,12 @@ def _write_outputs(console, result, json_path=None, csv_path=None, png_path=None
 def kv_layout(blob: Path, kv: str) -> tuple[int, int, bytes]:
     """(layout_id, state_tiers, tiers) of the blob's own placement with the KV cache format kv: the
     LAYOUT that switches a board holding this blob to it."""
-    from converter.blob import TIER_CODE, layout_id_of, read_header, with_kv
+    from dataclasses import replace
+
+    from converter.blob import read_header
+    from converter.formats import TIER_CODE, layout_id_of
     h = read_header(blob)
-    st = with_kv(h.state_tiers, kv)
+    st = replace(h.state_tiers, kv=kv).to_u32()
     tiers = bytes(TIER_CODE[e.tier] for e in h.entries)
     return layout_id_of(tiers, st), st, tiers
 

@@ -332,16 +332,14 @@ def kv_of(args, info) -> str:
     """--kv, else the blob's own KV cache format, else convert's default (int8)."""
     if args.kv:
         return args.kv
-    from converter.blob import kv_format
-    return kv_format(info["header"].state_tiers) if "header" in info else "int8"
+    return info["header"].state_tiers.kv if "header" in info else "int8"
 
 
 def plan_batch(args, info) -> int:
     """--batch, else the batch the model's blob header names, else 1."""
-    from converter.blob import batch_of
     if args.batch:
         return args.batch
-    return batch_of(info["header"].state_tiers) if "header" in info else 1
+    return info["header"].state_tiers.batch if "header" in info else 1
 
 
 def cmd_plan(args, console) -> int:
@@ -475,7 +473,7 @@ def measure_layouts(sess, plans: dict, prompt_ids, max_tokens: int, temperature=
     out = {}
     for name, pl in plans.items():
         try:
-            hello = sess.set_layout(pl.layout_id, pl.state_tiers, pl.tier_codes)
+            hello = sess.set_layout(pl.layout_id, pl.state_tiers.to_u32(), pl.tier_codes)
         except DeviceError as e:
             out[name] = dict(error=str(e))
             continue

@@ -361,10 +361,9 @@ def draft_of(h, place):
     """The draft model's placement beside ``place`` (None when the blob carries none)."""
     if h.draft is None:
         return None
-    from converter.blob import kv_format
     from converter.costmodel import ModelSpec
     from converter.passcost import draft_placement
-    return draft_placement(ModelSpec.from_header(h.draft), place, kv_format(h.draft.state_tiers))
+    return draft_placement(ModelSpec.from_header(h.draft), place, h.draft.state_tiers.kv)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -51,8 +51,10 @@ def text_prompt(prompt, prompt_ids, model_dir: Path, manifest: dict) -> tuple[st
         raise UserError("--encode-on device encodes a --prompt text; --prompt-ids are ids already")
     if prompt == "":
         raise UserError("the prompt is empty")
+    from converter.blob import read_header
     from converter.tokenizer_enc import section_info
-    info = section_info(model_dir / manifest["blob"])
+    blob = model_dir / manifest["blob"]
+    info = section_info(blob, read_header(blob))
     if info is None:
         why = manifest.get("device_tokenizer") or "its blob has no tokenizer.enc section"
         raise UserError(f"the model in {model_dir} cannot be encoded on the board ({why}); "

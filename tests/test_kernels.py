@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import bench.kernels as kernels
-from converter.blob import encode_qtensor, row_stride
+from converter.formats import encode_qtensor, row_stride
 from converter.ir import QTensor
 from converter.quantize import quantize
-from converter.reference import PackedMatrix
+from converter.numerics import PackedMatrix
 from emuboard import require_emulator
 from host.protocol import Error
 from modelzoo import random_model
