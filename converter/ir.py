@@ -17,7 +17,7 @@ for matrices, like ``torch.nn.Linear.weight``):
     output                    [out_vocab, dim]       only when the head is untied
 
 With Per-Layer Embeddings (Gemma-3n style, ``ple_dim`` P > 0; the forward pass is specified in
-converter/reference.py), L = n_layers:
+docs/numerics.md), L = n_layers:
 
     ple.table                 [vocab, L * P]         the flash-resident gather (after tok_embeddings)
     ple.proj                  [L * P, dim]
@@ -35,7 +35,9 @@ A model's **stop ids** (``StopIds``) are the tokens whose generation ends a text
 the convention of the checkpoint's origin (llama2.c: token 1, BOS, where run.c stops; Hugging
 Face: ``eos_token_id`` of generation_config.json; ours: the tokenizer's EOS).
 A tensor value is fp32 ``np.ndarray`` or, for files that arrive quantized (llama2.c v2),
-a ``QTensor`` that the quantizer passes through unchanged.
+a ``QTensor`` that the quantizer passes through unchanged. A ``QuantModel`` is the model after
+quantization (converter/quantize.py) or as a blob holds it: what the reference runs and the blob
+writer serializes.
 """
 from __future__ import annotations
 
@@ -161,7 +163,7 @@ class QTensor:
     * row-scaled (``mult`` given, format bit 9): an integer multiplier per group under one float
       scale per row, ``w[r, c] ~= (codes[r, c] * mult[r, c // group_size]) * scales[r, 0]``,
       ``mult`` uint8 [rows, n_groups] in 0..255, ``scales`` float32 [rows, 1]. A matvec row is then
-      integer work up to one conversion and one multiply (converter/reference.py).
+      integer work up to one conversion and one multiply (converter/numerics.py).
     """
     fmt: str
     codes: np.ndarray       # int8 [rows, cols]
