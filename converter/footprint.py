@@ -86,7 +86,8 @@ def staging_bound(cfg: ModelConfig, min_group: int) -> int:
             total += up64(shape[0] * row_stride("q8", shape[1], min_group))
     # RoPE, and a head index of at most one tile per head row: its centre rows and head.tiles
     head_rows = cfg.vocab_size if cfg.tied else cfg.n_out
-    index = up64(cfg.n_out * row_stride("q8", cfg.dim, min_group)) + up64(section_length(cfg.n_out, cfg.n_out, head_rows))
+    index = (up64(cfg.n_out * row_stride("q8", cfg.dim, min_group))
+             + up64(section_length(cfg.n_out, cfg.n_out, head_rows)))
     return total + 2 * up64(cfg.max_seq_len * cfg.head_dim // 2 * 4) + index
 
 

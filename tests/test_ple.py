@@ -319,8 +319,8 @@ def test_flash_bytes_per_token_are_the_two_gathered_rows(tmp_path, build_root):
         again, _, _ = run(link, [2, 5], 3)
     for t in toks + again:
         assert t.bytes_read[0] == row_bytes, t.step
-        p = timing.predict(spec, load_board("native"), parse_header(blob).tiers, dict.fromkeys(C.REGIONS, "sram"), t.pos,
-                      head="full")
+        p = timing.predict(spec, load_board("native"), parse_header(blob).tiers, dict.fromkeys(C.REGIONS, "sram"),
+                           t.pos, head="full")
         assert tuple(p.bytes_read[k] for k in C.TIERS) == t.bytes_read
     assert 40 < row_bytes < 200
 

@@ -206,7 +206,8 @@ def test_emulated_rp2040_int8_kv_slide_pruned(tmp_path):
                                                            vocab_size=40, max_seq_len=9)[1], span=6.0), "q8", 8), 4)
     prompt = [1, 5, 2]
     steps = []
-    with emu_link(qm, tmp_path, tmp_path, blob_bytes=build_blob(qm, state=StateTiers(kv="int8"))) as (link, boot, board):
+    blob = build_blob(qm, state=StateTiers(kv="int8"))
+    with emu_link(qm, tmp_path, tmp_path, blob_bytes=blob) as (link, boot, board):
         for flags, logits in ((FLAG_SLIDE, False), (FLAG_SLIDE | FLAG_LOGITS, True)):
             board.read_counts()
             toks, lg, done = run(link, prompt, 16, logits=logits, slide=True)
