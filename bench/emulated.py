@@ -34,7 +34,8 @@ import statistics
 from pathlib import Path
 
 from converter import costmodel as C
-from converter.blob import kv_format, padding_per_step, read_header, unpack_state_tiers
+from converter import timing
+from converter.blob import padding_per_step, read_header
 from converter.boards import load_board
 from host.link.messages import PHASES, TIERS, Done, Generate, Log, Stop
 from host.boards.emulated import start_emulated_board
@@ -53,9 +54,8 @@ def predictor(blob: Path, board: str):
     h = read_header(blob)
     spec = C.ModelSpec.from_header(h, str(blob))
     prof = load_board(board)
-    regions = {r: ("sram" if t == "default" else t) for r, t in unpack_state_tiers(h.state_tiers).items()}
-    kv = kv_format(h.state_tiers)
-    return lambda pos, head: C.predict(spec, prof, h.tiers, regions, pos, kv, "greedy", head=head)
+    regions, kv = h.state_tiers.regions("sram"), h.state_tiers.kv
+    return lambda pos, head: timing.predict(spec, prof, h.tiers, regions, pos, kv, "greedy", head=head)
 
 
 def _head(t) -> str | int:

@@ -171,7 +171,7 @@ def expected(op: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
             u = r.view(np.uint32)
             return np.where(np.isnan(r), np.uint32(0x7FC00000), u).astype(np.uint32)
         if name == "quant_code":   # an activation code of x = a times inv = b (reference quantize_activation)
-            from converter.reference import round_half_away
+            from converter.numerics import round_half_away
             v = (fa * fb).astype(np.float32)
             q = round_half_away(np.clip(np.where(np.isnan(v), np.float32(0), v), -127, 127).astype(np.float32))
             return q.astype(np.int64).astype(np.uint32)

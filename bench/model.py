@@ -10,6 +10,7 @@ import numpy as np
 
 from converter import headcalib
 from converter.blob import write_blob
+from converter.formats import StateTiers
 from converter.ir import ModelConfig, ModelIR
 from converter.llama2c import write_llama2c_v2
 from converter.load import load_model
@@ -85,7 +86,7 @@ def blob_and_firmware(qm, board: str, work: Path, kv: str = "int8", batch: int =
     ``batch`` tokens) into ``work`` and build ``board``'s firmware for it: (blob path, BuildResult)."""
     work.mkdir(parents=True, exist_ok=True)
     blob = work / "model.flmb"
-    write_blob(qm, blob, kv=kv, batch=batch)
+    write_blob(qm, blob, state=StateTiers(kv=kv, batch=batch))
     return blob, build_firmware(board, work / f"fw-{board}", blob)
 
 

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from converter import costmodel as C
+from converter import timing
 from converter.blob import read_header
 from converter.boards import load_board
 from converter.planner import plan_layout
@@ -71,7 +72,7 @@ def head_placement(work: Path, new_tokens: int = 8) -> dict:
 
 def section(work: Path) -> dict:
     hp = head_placement(work / "head")
-    pico2 = C.tier_models(load_board("pico2"))["flash"].seq_read_MBps
+    pico2 = timing.tier_models(load_board("pico2"))["flash"].seq_read_MBps
     return {
         "rp2040_emu_xip_head_placement": hp,
         "ratios": {

@@ -1,8 +1,9 @@
-"""The weights blob (flash image), format version 3 — layout in docs/formats.md section 1.
+"""The weights blob (flash image), format version 3 — layout in docs/formats.md section 1: its
+writer (``build_blob``, ``retier_blob``), header parser and reader.
 
-The C reader (firmware/engine/blob.c) validates the same fields; ``read_blob`` turns a blob
-back into the QuantModel it encodes, so tests run the reference on exactly the bytes the
-firmware reads.
+The formats of its rows and fields are converter/formats.py's. The C reader (firmware/engine/blob.c)
+validates the same fields; ``read_blob`` turns a blob back into the QuantModel it encodes, so tests
+run the reference on exactly the bytes the firmware reads.
 """
 from __future__ import annotations
 
@@ -15,33 +16,21 @@ from pathlib import Path
 import numpy as np
 
 from . import golden, headprune
+from .draft import Draft, check_pair
 from .files import read_file
-from .ir import MAX_STOP_IDS, ModelConfig, ModelError, QTensor, StopIds, Tokenizer
-from .quantize import MAX_GROUP, MAX_GROUP_ROW, QuantModel
+from .formats import (ALIGN, BY_CODE, DRAFT, ENTRY_SIZE, FMT_BASE, FMT_ROWSCALE, FMT_SCALE16, GOLDEN, HEADER_SIZE,
+                      MAX_GROUP, MAX_GROUP_ROW, PINNED_TO_FLASH, TIER_CODE, TIER_NAME, BlobError, HeadScan, StateTiers,
+                      decode_qtensor, encode_qtensor, format_code, layout_id_of, row_padding, row_stride, scale_flags,
+                      up64)
+from .ir import MAX_STOP_IDS, ModelConfig, ModelError, QTensor, QuantModel, StopIds, Tokenizer
 from .tokenizer_enc import SECTION as ENC_SECTION, device_section
 
 MAGIC = b"FLMB"
 VERSION = 3
-HEADER_SIZE = 112
-ENTRY_SIZE = 64
-ALIGN = 64
-FMT_CODE = {"f32": 0, "q8": 1, "q4": 2, "bytes": 3}
-FMT_NAME = {v: k for k, v in FMT_CODE.items()}
-FMT_SCALE16 = 0x100            # format bit 8: the quantized rows carry fp16 scales
-FMT_ROWSCALE = 0x200           # format bit 9: a row scale and integer group multipliers
-FMT_BASE = 0xFF                # bits 0-7: the base format
-TIER_CODE = {"flash": 0, "psram": 1, "sram": 2}
-TIER_NAME = {v: k for k, v in TIER_CODE.items()}
 NONE_ID = 0xFFFFFFFF
 CONFIG_FMT = "<10I2f4I"        # 64-byte config block at offset 48 (v2: ple_dim, out_vocab, 2 reserved)
-PINNED_TO_FLASH = ("tokenizer", "ple.table", "draft", golden.SECTION)   # sections the firmware reads from flash only
-DRAFT = "draft"                # the draft model of speculative decoding: a blob in the blob (section 1.4)
 STOP_SECTION = "tokenizer.stop"   # u32 n, u32 ids[n]: generation ends at any of these ids
 ENTRY_FMT = "<32s8I"
-
-
-class BlobError(ModelError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -68,49 +57,6 @@ class Entry:
     rowscale: bool = False
 
 
-def _pad4(n: int) -> int:
-    return (n + 3) & ~3
-
-
-def group_lengths(cols: int, g: int) -> list[int]:
-    ng = -(-cols // g)
-    return [g] * (ng - 1) + [cols - (ng - 1) * g]
-
-
-def code_bytes(fmt: str, n: int) -> int:
-    """Bytes of n codes, padded to a multiple of 4 (so every group's codes start word aligned)."""
-    return _pad4(n if fmt == "q8" else (n + 1) // 2)
-
-
-def block_bytes(fmt: str, n: int) -> int:
-    return 4 + code_bytes(fmt, n)
-
-
-def row_stride(fmt: str, cols: int, g: int, scale16: bool = False, rowscale: bool = False) -> int:
-    """Bytes of one row: full groups, then the last partial one (closed form, so a header's
-    column count of 2**32 costs nothing to check). f32 scales: a block per group (scale, codes);
-    fp16 scales: the row's scales first (padded to 4), then each group's codes; row-scaled: the
-    f32 row scale, the groups' u8 multipliers (padded to 4), then each group's codes."""
-    full, last = divmod(cols, g)
-    ng = full + (1 if last else 0)
-    codes = full * code_bytes(fmt, g) + (code_bytes(fmt, last) if last else 0)
-    if rowscale:
-        return 4 + _pad4(ng) + codes
-    if scale16:
-        return _pad4(2 * ng) + codes
-    return 4 * ng + codes
-
-
-def row_padding(e: Entry) -> int:
-    """Bytes of one of ``e``'s rows that the engine counts (whole strides) but no kernel loads: the
-    zeros that align each group's codes to 4, and those after a row's fp16 scales or multipliers."""
-    ng = -(-e.cols // e.group_size)
-    last = e.cols - (ng - 1) * e.group_size
-    code = (lambda n: n) if e.fmt == "q8" else (lambda n: (n + 1) // 2)
-    scales = 4 + ng if e.rowscale else (2 if e.scale16 else 4) * ng
-    return e.row_stride - (scales + (ng - 1) * code(e.group_size) + code(last))
-
-
 def padding_per_step(h: "BlobHeader", tied: bool, head_rows: int) -> dict[str, int]:
     """Per tier, the padding (row_padding) inside the rows one forward step of one token reads:
     every row of the layers' matrices, one row each of the gathered tables (the embedding, the PLE
@@ -125,74 +71,6 @@ def padding_per_step(h: "BlobHeader", tied: bool, head_rows: int) -> dict[str, i
         if name in by:
             out[by[name].tier] = out.get(by[name].tier, 0) + n * row_padding(by[name])
     return out
-
-
-def _pack_codes(fmt: str, codes: np.ndarray, offset: bool = False) -> np.ndarray:
-    """[rows, n] int8 codes -> [rows, code_bytes] bytes (int8, or int4 nibble pairs, low first:
-    two's complement, or with ``offset`` code + 8)."""
-    rows, n = codes.shape
-    if fmt == "q8":
-        body = codes.astype(np.int8).view(np.uint8)
-    else:
-        nib = ((codes.astype(np.int16) + (8 if offset else 0)) & 0xF).astype(np.uint8)
-        if n % 2:
-            nib = np.concatenate([nib, np.zeros((rows, 1), np.uint8)], axis=1)
-        body = nib[:, 0::2] | (nib[:, 1::2] << 4)
-    return np.concatenate([body, np.zeros((rows, code_bytes(fmt, n) - body.shape[1]), np.uint8)], axis=1)
-
-
-def encode_qtensor(q: QTensor) -> bytes:
-    """Rows of blocks (f32 scale, then the group's codes), or with fp16 scales the row's scales
-    then its groups' codes, or row-scaled the row scale, the multipliers, then the groups' codes
-    (q4 offset by 8); codes padded to 4 bytes per group."""
-    rows, cols = q.shape
-    lens = group_lengths(cols, q.group_size)
-    starts = np.cumsum([0] + lens[:-1])
-    codes = [_pack_codes(q.fmt, q.codes[:, a:a + n], q.rowscale) for a, n in zip(starts, lens)]
-    if q.rowscale:
-        mult = np.asarray(q.mult, np.uint8)
-        parts = [q.scales[:, :1].astype("<f4").view(np.uint8), mult,
-                 np.zeros((rows, _pad4(mult.shape[1]) - mult.shape[1]), np.uint8)] + codes
-    elif q.scale16:
-        sc = q.scales.astype("<f2").view(np.uint8)
-        parts = [sc, np.zeros((rows, _pad4(sc.shape[1]) - sc.shape[1]), np.uint8)] + codes
-    else:
-        sc = q.scales.astype("<f4").view(np.uint8)
-        parts = [x for gi, c in enumerate(codes) for x in (sc[:, 4 * gi:4 * gi + 4], c)]
-    return np.ascontiguousarray(np.concatenate(parts, axis=1)).tobytes()
-
-
-def decode_qtensor(buf: bytes, fmt: str, rows: int, cols: int, g: int, scale16: bool = False,
-                   rowscale: bool = False) -> QTensor:
-    stride = row_stride(fmt, cols, g, scale16, rowscale)
-    raw = np.frombuffer(buf, np.uint8, rows * stride).reshape(rows, stride)
-    lens = group_lengths(cols, g)
-    codes = np.zeros((rows, cols), np.int8)
-    mult = None
-    if rowscale:
-        scales = raw[:, :4].copy().view("<f4").astype(np.float32)
-        mult = raw[:, 4:4 + len(lens)].copy()
-        off = 4 + _pad4(len(lens))
-    elif scale16:
-        scales = raw[:, :2 * len(lens)].copy().view("<f2").astype(np.float32)
-        off = _pad4(2 * len(lens))
-    else:
-        scales = np.zeros((rows, len(lens)), np.float32)
-        off = 0
-    start = 0
-    for gi, n in enumerate(lens):
-        if not (scale16 or rowscale):
-            scales[:, gi] = raw[:, off:off + 4].copy().view("<f4")[:, 0]
-            off += 4
-        body = raw[:, off:off + code_bytes(fmt, n)]
-        if fmt == "q8":
-            codes[:, start:start + n] = body[:, :n].view(np.int8)
-        else:
-            nib = np.stack([body & 0xF, body >> 4], axis=2).reshape(rows, -1)[:, :n].astype(np.int8)
-            codes[:, start:start + n] = nib - 8 if rowscale else np.where(nib > 7, nib - 16, nib)
-        off += code_bytes(fmt, n)
-        start += n
-    return QTensor(fmt, codes, scales, g, scale16, mult)
 
 
 def encode_tokenizer(tok: Tokenizer | None, vocab: int) -> bytes:
@@ -232,57 +110,70 @@ def decode_stop_ids(buf: bytes, vocab: int) -> tuple[int, ...]:
     return ids
 
 
-def _sections(qm: QuantModel, batch: int = 1, golden_fault: int | None = None
-              ) -> list[tuple[str, str, int, int, int, int, bytes]]:
-    """(name, fmt, rows, cols, group, format flags, data) in blob order: tokenizer (its stop ids,
-    tokenizer.stop, and its device encoder's tables, tokenizer.enc), RoPE tables, tensors, with
-    a head index its centre rows and tiles (the head's rows then stored in tile order,
-    converter/headprune.py), the draft model (a blob of its own, its passes as long as the
-    model's), and the golden check (converter/golden.py; ``golden_fault``: a test's deliberately
-    wrong step)."""
+@dataclass(frozen=True)
+class Section:
+    """One table entry's worth of a model: name, format, shape, group size, format flags, bytes."""
+    name: str
+    fmt: str
+    rows: int
+    cols: int
+    group: int
+    flags: int
+    data: bytes
+
+    @classmethod
+    def raw(cls, name: str, data: bytes) -> "Section":
+        return cls(name, "bytes", 1, len(data), 0, 0, data)
+
+    @classmethod
+    def tensor(cls, name: str, t) -> "Section":
+        """A QTensor in its format, anything else as one row of f32 (a norm's vector)."""
+        if isinstance(t, QTensor):
+            return cls(name, t.fmt, t.shape[0], t.shape[1], t.group_size, scale_flags(t), encode_qtensor(t))
+        a = np.ascontiguousarray(t, "<f4").reshape(1, -1)
+        return cls(name, "f32", 1, a.shape[1], 0, 0, a.tobytes())
+
+    @property
+    def scale16(self) -> bool:
+        return bool(self.flags & FMT_SCALE16)
+
+    @property
+    def rowscale(self) -> bool:
+        return bool(self.flags & FMT_ROWSCALE)
+
+    @property
+    def row_stride(self) -> int:
+        return row_stride(self.fmt, self.cols, self.group, self.scale16, self.rowscale)
+
+
+def sections(qm: QuantModel, batch: int = 1, golden_fault: int | None = None) -> list[Section]:
+    """A model's sections in blob order: tokenizer (its stop ids, tokenizer.stop, and its device
+    encoder's tables, tokenizer.enc), RoPE tables, tensors, with a head index its centre rows and
+    tiles (the head's rows then stored in tile order, converter/headprune.py), the draft model (a
+    blob of its own, its passes ``batch`` tokens like the model's), and the golden check
+    (converter/golden.py; ``golden_fault``: a test's deliberately wrong step)."""
     c = qm.config
-    tok = encode_tokenizer(qm.tokenizer, c.vocab_size)
     qm.stops.check(c.vocab_size)
-    stop = encode_stop_ids(qm.stops)
-    out = [("tokenizer", "bytes", 1, len(tok), 0, False, tok), (STOP_SECTION, "bytes", 1, len(stop), 0, False, stop)]
+    out = [Section.raw("tokenizer", encode_tokenizer(qm.tokenizer, c.vocab_size)),
+           Section.raw(STOP_SECTION, encode_stop_ids(qm.stops))]
     enc, _ = device_section(qm.tokenizer, c)      # the device's text encoder, when it can have one
     if enc is not None:
-        out.append((ENC_SECTION, "bytes", 1, len(enc), 0, False, enc))
+        out.append(Section.raw(ENC_SECTION, enc))
     for name, t in (("rope.cos", qm.rope_cos), ("rope.sin", qm.rope_sin)):
         a = np.ascontiguousarray(t, "<f4")
-        out.append((name, "f32", a.shape[0], a.shape[1], 0, False, a.tobytes()))
+        out.append(Section(name, "f32", a.shape[0], a.shape[1], 0, 0, a.tobytes()))
     index = qm.head_index
     head = "tok_embeddings" if c.tied else "output"
     for name in c.tensor_shapes():
         t = qm.tensors[name]
-        if index is not None and name == head:
-            t = headprune.stored_head(t, index)
-        if isinstance(t, QTensor):
-            out.append((name, t.fmt, t.shape[0], t.shape[1], t.group_size, scale_flags(t), encode_qtensor(t)))
-        else:
-            a = np.ascontiguousarray(t, "<f4").reshape(1, -1)
-            out.append((name, "f32", 1, a.shape[1], 0, False, a.tobytes()))
+        out.append(Section.tensor(name, headprune.stored_head(t, index) if index is not None and name == head else t))
     if index is not None:
-        cen = index.centroids
-        out.append((headprune.CENTROIDS, cen.fmt, cen.shape[0], cen.shape[1], cen.group_size, scale_flags(cen),
-                    encode_qtensor(cen)))
-        tiles = headprune.section_bytes(index, qm.head().shape[0])
-        out.append((headprune.SECTION, "bytes", 1, len(tiles), 0, False, tiles))
+        out.append(Section.tensor(headprune.CENTROIDS, index.centroids))
+        out.append(Section.raw(headprune.SECTION, headprune.section_bytes(index, qm.head().shape[0])))
     if qm.draft is not None:
-        d = build_blob(qm.draft.qm, kv=qm.draft.kv, batch=batch)
-        out.append((DRAFT, "bytes", 1, len(d), 0, False, d))
-    gold = golden.section_bytes(qm, golden_fault)
-    out.append((golden.SECTION, "bytes", 1, len(gold), 0, False, gold))
+        out.append(Section.raw(DRAFT, build_blob(qm.draft.qm, state=StateTiers(qm.draft.kv, batch))))
+    out.append(Section.raw(GOLDEN, golden.section_bytes(qm, golden_fault)))
     return out
-
-
-def scale_flags(t: QTensor) -> int:
-    """The format bits that say how a quantized tensor's groups are scaled (0: f32 per group)."""
-    return FMT_ROWSCALE if t.rowscale else FMT_SCALE16 if t.scale16 else 0
-
-
-def format_code(fmt: str, flags: int) -> int:
-    return FMT_CODE[fmt] | flags
 
 
 def check_pinned(tiers: dict[str, str]) -> None:
@@ -303,113 +194,38 @@ def config_block(c: ModelConfig, tok: Tokenizer | None) -> bytes:
                        c.norm_eps, c.rope_theta, c.ple_dim, c.n_out, 0, 0)
 
 
-STATE_REGIONS = ("kv", "logits", "scratch")   # 4-bit fields of the header's state_tiers, low bits first
-STATE_DEFAULT = 0                             # field value: the board's default arena
-KV_SHIFT = 12                                 # state_tiers bits 12-15: the KV cache's format
-KV_CODE = {"f32": 0, "int8": 1}
-KV_NAME = {v: k for k, v in KV_CODE.items()}
-
-
-BATCH_SHIFT = 16                              # state_tiers bits 16-23: the batch (0 stands for 1)
-MAX_BATCH = 255
-
-
-def pack_state_tiers(state: dict[str, str] | int | None, kv: str = "f32", batch: int = 1) -> int:
-    """Header field ``state_tiers`` from {"kv": "psram", ...} (missing or "default": the board's arena),
-    the KV cache format ``kv`` (f32 or int8) and the batch (the most tokens one forward pass runs);
-    an int is taken as the whole field."""
-    if isinstance(state, int):
-        return state
-    v = with_batch(with_kv(0, kv), batch)
-    if state is None:
-        return v
-    for i, region in enumerate(STATE_REGIONS):
-        t = state.get(region, "default")
-        if t in (None, "default"):
-            continue
-        if t not in ("psram", "sram"):
-            raise BlobError(f"the {region} buffers cannot live in {t}; choose psram or sram")
-        v |= TIER_CODE[t] << (4 * i)
-    return v
-
-
-def with_kv(state_tiers: int, kv: str) -> int:
-    """A state_tiers field with its KV cache format replaced by kv (f32, int8)."""
-    if kv not in KV_CODE:
-        raise BlobError(f"KV cache format must be f32 or int8, got {kv!r}")
-    return (state_tiers & ~(0xF << KV_SHIFT)) | (KV_CODE[kv] << KV_SHIFT)
-
-
-def with_batch(state_tiers: int, batch: int) -> int:
-    """A state_tiers field with its batch replaced (1 is written as 0, so a batch of one leaves the
-    field, and so the layout id, as it was before batches existed)."""
-    if not 1 <= int(batch) <= MAX_BATCH:
-        raise BlobError(f"batch must be 1..{MAX_BATCH} tokens per forward pass, got {batch}")
-    return (state_tiers & ~(0xFF << BATCH_SHIFT)) | ((int(batch) if batch > 1 else 0) << BATCH_SHIFT)
-
-
-def batch_of(state_tiers: int) -> int:
-    """The batch a header's (or LAYOUT's) state_tiers field names."""
-    return ((state_tiers >> BATCH_SHIFT) & 0xFF) or 1
-
-
-def kv_format(state_tiers: int) -> str:
-    """The KV cache format a header's (or LAYOUT's) state_tiers field names."""
-    return KV_NAME.get((state_tiers >> KV_SHIFT) & 0xF, f"kv{(state_tiers >> KV_SHIFT) & 0xF}")
-
-
-def unpack_state_tiers(v: int) -> dict[str, str]:
-    out = {}
-    for i, region in enumerate(STATE_REGIONS):
-        code = (v >> (4 * i)) & 0xF
-        out[region] = "default" if code == STATE_DEFAULT else TIER_NAME.get(code, f"tier{code}")
-    return out
-
-
-def layout_id_of(tier_codes, state_tiers: int = 0) -> int:
-    """crc32 of one byte per table entry (its tier), followed by u32 state_tiers when non-zero."""
-    data = bytes(tier_codes)
-    if state_tiers:
-        data += struct.pack("<I", state_tiers)
-    return zlib.crc32(data)
-
-
-def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None,
-               state: dict[str, str] | int | None = None, kv: str = "f32", batch: int = 1,
+def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None, state: StateTiers = StateTiers(),
                golden_fault: int | None = None) -> bytes:
     """Serialize; ``tiers`` maps tensor name -> tier (default: everything read from flash);
-    ``state`` places the engine's RAM buffers (``kv``, ``logits``, ``scratch``) on psram/sram;
-    ``kv`` is the KV cache's format (f32, int8); ``batch`` the most tokens one forward pass runs;
+    ``state`` is the header's state_tiers (the KV cache format, the batch, the RAM regions' tiers);
     ``golden_fault`` (tests only): the golden check's CRC of that step is wrong, so a board reports
     the step as the first that differs."""
     tiers = tiers or {}
     check_pinned(tiers)
-    state_tiers = pack_state_tiers(state, kv, batch)
-    secs = _sections(qm, batch_of(state_tiers), golden_fault)
-    if any(len(s[0]) > 31 for s in secs):
+    secs = sections(qm, state.batch, golden_fault)
+    if any(len(s.name) > 31 for s in secs):
         raise BlobError("a tensor name is longer than 31 bytes")
     table_off = HEADER_SIZE
-    off = -(-(table_off + ENTRY_SIZE * len(secs)) // ALIGN) * ALIGN
+    off = up64(table_off + ENTRY_SIZE * len(secs))
     entries, body = [], bytearray()
     hasher = hashlib.sha256(config_block(qm.config, qm.tokenizer))
     tier_codes = []
-    for name, fmt, rows, cols, g, flags, data in secs:
-        tier = TIER_CODE[tiers.get(name, "flash")]
+    for s in secs:
+        tier = TIER_CODE[tiers.get(s.name, "flash")]
         tier_codes.append(tier)
-        stride = (row_stride(fmt, cols, g, bool(flags & FMT_SCALE16), bool(flags & FMT_ROWSCALE))
-                  if fmt in ("q8", "q4") else (cols * 4 if fmt == "f32" else cols))
-        code = format_code(fmt, flags)
-        entries.append(struct.pack(ENTRY_FMT, name.encode(), code, rows, cols, g, tier, off, len(data), stride))
-        hasher.update(struct.pack("<32s4I", name.encode(), code, rows, cols, g) + data)
-        pad = -(-len(data) // ALIGN) * ALIGN - len(data)
-        body += data + bytes(pad)
-        off += len(data) + pad
+        code = format_code(s.fmt, s.flags)
+        entries.append(struct.pack(ENTRY_FMT, s.name.encode(), code, s.rows, s.cols, s.group, tier, off, len(s.data),
+                                   s.row_stride))
+        hasher.update(struct.pack("<32s4I", s.name.encode(), code, s.rows, s.cols, s.group) + s.data)
+        pad = up64(len(s.data)) - len(s.data)
+        body += s.data + bytes(pad)
+        off += len(s.data) + pad
     table = b"".join(entries)
-    data_start = -(-(table_off + len(table)) // ALIGN) * ALIGN
+    data_start = up64(table_off + len(table))
     total = data_start + len(body)
-    layout_id = layout_id_of(tier_codes, state_tiers)
+    st = state.to_u32()
     head = bytearray(MAGIC + struct.pack("<3I", VERSION, total, 0) + hasher.digest()[:16]
-                     + struct.pack("<4I", layout_id, len(secs), table_off, state_tiers)
+                     + struct.pack("<4I", layout_id_of(tier_codes, st), len(secs), table_off, st)
                      + config_block(qm.config, qm.tokenizer))
     assert len(head) == HEADER_SIZE
     blob = head + table + bytes(data_start - table_off - len(table)) + body
@@ -417,11 +233,10 @@ def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None,
     return bytes(blob)
 
 
-def retier_blob(blob: bytes, tiers: dict[str, str] | None = None,
-                state: dict[str, str] | int | None = None, kv: str = "f32", batch: int = 1) -> bytes:
+def retier_blob(blob: bytes, tiers: dict[str, str] | None = None, state: StateTiers = StateTiers()) -> bytes:
     """The same blob with a new placement: every table entry's tier (``tiers`` by name, others
-    flash), the header's state_tiers (regions and KV format), layout_id and CRC rewritten; data and
-    model hash unchanged."""
+    flash), the header's state_tiers (``state``), layout_id and CRC rewritten; data and model hash
+    unchanged."""
     h = parse_header(blob)
     tiers = tiers or {}
     check_pinned(tiers)
@@ -437,17 +252,17 @@ def retier_blob(blob: bytes, tiers: dict[str, str] | None = None,
             raise BlobError(f"unknown tier {t!r} for {e.name}")
         codes.append(TIER_CODE[t])
         struct.pack_into("<I", out, table_off + i * ENTRY_SIZE + 48, TIER_CODE[t])
-    st = pack_state_tiers(state, kv, batch)
+    st = state.to_u32()
     struct.pack_into("<I", out, 32, layout_id_of(codes, st))
     struct.pack_into("<I", out, 44, st)
     struct.pack_into("<I", out, 12, zlib.crc32(memoryview(out)[16:]))
     return bytes(out)
 
 
-def write_blob(qm: QuantModel, path, tiers: dict[str, str] | None = None, kv: str = "f32",
-               batch: int = 1) -> BlobInfo:
+def write_blob(qm: QuantModel, path, tiers: dict[str, str] | None = None, state: StateTiers = StateTiers()
+               ) -> BlobInfo:
     path = Path(path)
-    blob = build_blob(qm, tiers, kv=kv, batch=batch)
+    blob = build_blob(qm, tiers, state)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(blob)
     tmp.replace(path)
@@ -466,9 +281,9 @@ class BlobHeader:
     bos_id: int | None
     eos_id: int | None
     entries: list[Entry]
-    state_tiers: int = 0          # where the engine's RAM buffers live (see unpack_state_tiers)
+    state_tiers: StateTiers = StateTiers()   # the KV cache format, the batch, the RAM regions' tiers
     draft: "BlobHeader | None" = None   # the header of its draft model's blob (section draft), if any
-    head_scan: object = None      # costmodel.HeadScan: the head index's header, if the blob has one
+    head_scan: HeadScan | None = None   # the head index's header, if the blob has one
 
     @property
     def tiers(self) -> dict[str, str]:
@@ -504,10 +319,10 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
         cfg.validate()
     except (ModelError, ZeroDivisionError) as e:
         raise BlobError(f"{what}: bad model config in header: {e}") from None
-    if state_tiers >> (BATCH_SHIFT + 8) or (state_tiers >> KV_SHIFT) & 0xF not in KV_NAME or any(
-            ((state_tiers >> (4 * i)) & 0xF) not in (STATE_DEFAULT, TIER_CODE["psram"], TIER_CODE["sram"])
-            for i in range(len(STATE_REGIONS))):
-        raise BlobError(f"{what}: bad state_tiers 0x{state_tiers:x} in header")
+    try:
+        state = StateTiers.from_u32(state_tiers)
+    except BlobError as e:
+        raise BlobError(f"{what}: {e} in header") from None
     if table_off + n * ENTRY_SIZE > total or n > 100000:
         raise BlobError(f"{what}: tensor table out of bounds")
     entries = []
@@ -515,13 +330,14 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
         raw = struct.unpack_from(ENTRY_FMT, blob, table_off + i * ENTRY_SIZE)
         name = raw[0].split(b"\0", 1)[0].decode("ascii", "replace")
         fmt, rows, cols, g, tier, off, length, stride = raw[1:]
-        fname, s16, rs = FMT_NAME.get(fmt & FMT_BASE), bool(fmt & FMT_SCALE16), bool(fmt & FMT_ROWSCALE)
-        if fname is None or fmt & ~(FMT_BASE | FMT_SCALE16 | FMT_ROWSCALE) or (s16 and rs) \
-                or ((s16 or rs) and fname not in ("q8", "q4")) or tier not in TIER_NAME:
+        f, s16, rs = BY_CODE.get(fmt & FMT_BASE), bool(fmt & FMT_SCALE16), bool(fmt & FMT_ROWSCALE)
+        fname = f.name if f is not None else None
+        if f is None or fmt & ~(FMT_BASE | FMT_SCALE16 | FMT_ROWSCALE) or (s16 and rs) \
+                or ((s16 or rs) and not f.quantized) or tier not in TIER_NAME:
             raise BlobError(f"{what}: tensor {name}: unknown format {fmt:#x} or tier {tier}")
         if off % ALIGN or off + length > total or off < table_off + n * ENTRY_SIZE:
             raise BlobError(f"{what}: tensor {name}: data out of bounds")
-        if fname in ("q8", "q4"):
+        if f.quantized:
             if not 1 <= g <= (MAX_GROUP_ROW if rs else MAX_GROUP) or stride != row_stride(fname, cols, g, s16, rs) \
                     or length != rows * stride:
                 raise BlobError(f"{what}: tensor {name}: inconsistent quantized layout")
@@ -532,12 +348,11 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
     draft = parse_header(blob[d.offset:d.offset + d.length], f"{what}: draft model", check_crc) if d else None
     return BlobHeader(version, total, crc, mhash, layout_id, cfg,
                       None if v[8] == NONE_ID else v[8], None if v[9] == NONE_ID else v[9], entries,
-                      state_tiers, draft, _head_scan(blob, entries))
+                      state, draft, _head_scan(blob, entries))
 
 
-def _head_scan(blob: bytes, entries: list[Entry]):
+def _head_scan(blob: bytes, entries: list[Entry]) -> HeadScan | None:
     """The head index's header fields the planner uses (read_blob validates the rest)."""
-    from .costmodel import HeadScan
     e = next((e for e in entries if e.name == headprune.SECTION and e.fmt == "bytes"), None)
     if e is None or e.length < headprune.HEADER.size:
         return None
@@ -596,14 +411,13 @@ def read_blob(path_or_bytes) -> QuantModel:
         raise BlobError(f"{what}: {err}") from None
     qm = QuantModel(c, tensors, rope["rope.cos"], rope["rope.sin"], tok, source=what, stops=stops)
     if h.draft is not None:
-        from .draft import Draft, check_pair
         e = by[DRAFT]
         dq = read_blob(blob[e.offset:e.offset + e.length])
         check_pair(qm, dq, pieces=False)
         if dq.config.max_seq_len != c.max_seq_len:
             raise BlobError(f"{what}: the draft model's context {dq.config.max_seq_len} is not the model's "
                             f"{c.max_seq_len}")
-        qm.draft = Draft(dq, kv_format(h.draft.state_tiers))
+        qm.draft = Draft(dq, h.draft.state_tiers.kv)
     qm.head_index = _read_head_index(blob, by, qm, what)
     read_golden(blob, h, what)
     return qm
@@ -612,11 +426,11 @@ def read_blob(path_or_bytes) -> QuantModel:
 def read_golden(blob: bytes, h: BlobHeader | None = None, what: str = "blob") -> golden.Golden | None:
     """The blob's golden check (converter/golden.py), validated; None for a blob without one."""
     h = h or parse_header(blob, what)
-    e = next((e for e in h.entries if e.name == golden.SECTION), None)
+    e = next((e for e in h.entries if e.name == GOLDEN), None)
     if e is None:
         return None
     if e.fmt != "bytes":
-        raise BlobError(f"{what}: the {golden.SECTION} section is not a bytes section")
+        raise BlobError(f"{what}: the {GOLDEN} section is not a bytes section")
     try:
         return golden.decode(blob[e.offset:e.offset + e.length], h.config.vocab_size, h.config.n_out,
                              h.config.max_seq_len)

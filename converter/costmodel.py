@@ -1,4 +1,6 @@
-"""What one token costs: the bytes the engine reads from each tier, and a predicted time per phase.
+"""What one token costs: the model's shape as the planner sees it (``ModelSpec``), the bytes the
+engine reads from each tier and the arithmetic it does per phase; converter/timing.py turns both
+into a predicted time.
 
 Everything here mirrors firmware/engine/engine.c (and sampler.c) operation by operation:
 
@@ -15,26 +17,23 @@ Everything here mirrors firmware/engine/engine.c (and sampler.c) operation by op
   (``HeadScan.expected_rows``, **predicted**), or out_vocab without an index; the rows a real step
   visits depend on its activations and are reported per step (TOKEN head_rows);
 * ``compute_cycles(spec, pos)`` counts multiply-accumulates and float operations per phase;
-* ``predict(...)`` turns both into microseconds for a board profile: per tier
-  ``bytes / seq_read_MBps + rows * row_latency_us`` (on a tier given by ``line_cycles``, the
-  RP2040's XIP flash: one line fill per ``line_bytes`` read, and a gathered row pays the extra
-  lines its alignment makes it touch), plus cycles / clock. It is a prediction, and is labelled as
-  one wherever it is shown.
+  ``timing.predict`` turns both into microseconds for a board profile (a prediction, labelled as
+  one wherever it is shown).
 """
 from __future__ import annotations
 
 import fnmatch
-import math
 from dataclasses import dataclass, field, replace
 
-from .footprint import REGIONS, prompt_bytes, region_bytes
+from .blob import sections
+from .footprint import prompt_bytes, region_bytes
+from .formats import REGIONS, HeadScan, blob_size, row_stride
 from .ir import ModelConfig, ModelError
+from .quantize import check_scales, default_spec, parse_overrides, resolve_head
 
 PHASES = ("embed", "attention", "ffn", "ple", "output", "sampling")
 TIERS = ("flash", "psram", "sram")
 RAM_TIERS = ("psram", "sram")
-ALIGN = 64
-HEADER_SIZE, ENTRY_SIZE = 112, 64
 
 # Float operations per call of the engine's own functions (flm_math.c), in units of an add or a
 # multiply: expf is one multiply, then integers (a rounding on the bits, a table entry interpolated,
@@ -52,19 +51,6 @@ Q4_MAC_FACTOR = 1.5      # [EST] a q4 multiply-accumulate against a q8 one: nibb
 # MULS), the other two a least-squares fit to the emulated per-phase cycles of models/default q8
 # and q4 (row scales, int8 KV, the head index; XIP model off: what compute alone costs)
 CHIP_COMPUTE = {"RP2040": (5.3, 61.0, 0.71)}
-
-
-def _up64(n: int) -> int:
-    return (n + ALIGN - 1) & ~(ALIGN - 1)
-
-
-def row_stride(fmt: str, cols: int, g: int, scale16: bool = False, rowscale: bool = False) -> int:
-    if fmt == "f32":
-        return cols * 4
-    if fmt == "bytes":
-        return cols
-    from .blob import row_stride as quant_row_stride
-    return quant_row_stride(fmt, cols, g, scale16, rowscale)
 
 
 @dataclass(frozen=True)
@@ -110,26 +96,6 @@ class TensorSpec:
         return (self.rows, self.cols)
 
 
-def blob_size(tensors) -> int:
-    """Bytes of the blob converter/blob.py writes for these table entries."""
-    start = _up64(HEADER_SIZE + ENTRY_SIZE * len(tensors))
-    return start + sum(_up64(t.length) for t in tensors)
-
-
-@dataclass(frozen=True)
-class HeadScan:
-    """A model's greedy head index as the planner needs it (the ``head.tiles`` header)."""
-    n_tiles: int
-    map_bytes: int
-    expected_rows: float      # the calibration's mean head rows a greedy step visits (a prediction)
-    expected_tiles: float     # ... and tiles
-
-    @classmethod
-    def of(cls, index) -> "HeadScan | None":
-        return None if index is None else cls(index.n_tiles, index.map_bytes, index.expected_rows,
-                                              index.expected_tiles)
-
-
 @dataclass(frozen=True)
 class ModelSpec:
     """A model's shape as the planner sees it: config, tensor table (blob order), blob size, and its
@@ -142,7 +108,7 @@ class ModelSpec:
 
     @property
     def blob_bytes(self) -> int:
-        return blob_size(self.tensors)
+        return blob_size(t.length for t in self.tensors)
 
     @property
     def min_group(self) -> int:
@@ -168,12 +134,9 @@ class ModelSpec:
 
     @classmethod
     def from_quant(cls, qm, source: str = "") -> "ModelSpec":
-        from .blob import FMT_ROWSCALE, FMT_SCALE16, _sections
-        ts = []
-        for name, fmt, rows, cols, g, flags, data in _sections(qm):
-            s16, rs = bool(flags & FMT_SCALE16), bool(flags & FMT_ROWSCALE)
-            ts.append(TensorSpec(name, fmt, rows, cols, g, len(data), row_stride(fmt, cols, g, s16, rs), s16, rs))
-        return cls(qm.config, tuple(ts), source or qm.source, head_scan=HeadScan.of(qm.head_index))
+        ts = tuple(TensorSpec(s.name, s.fmt, s.rows, s.cols, s.group, len(s.data), s.row_stride, s.scale16, s.rowscale)
+                   for s in sections(qm))
+        return cls(qm.config, ts, source or qm.source, head_scan=HeadScan.of(qm.head_index))
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, fmt: str = "q8", group_size: int = 32, overrides=(),
@@ -182,7 +145,6 @@ class ModelSpec:
         untied head q8 when ``fmt`` is q4, the PLE table q4, norms f32; ``scales`` row, f32 or f16) with
         ``--quant``-style overrides. The tokenizer section is estimated (8 bytes a piece) unless
         ``tokenizer_bytes`` is given. No head index: that needs weights to calibrate."""
-        from .quantize import check_scales, default_spec, parse_overrides, resolve_head
         cfg.validate()
         check_scales(scales)
         ovs = resolve_head(parse_overrides(overrides), cfg.tied)
@@ -209,7 +171,6 @@ class ModelSpec:
 
     def with_formats(self, overrides) -> "ModelSpec":
         """The same model re-quantized by ``--quant``-style overrides (shape arithmetic only)."""
-        from .quantize import parse_overrides, resolve_head
         ovs = resolve_head(parse_overrides(overrides), self.config.tied)
         out = []
         for t in self.tensors:
@@ -468,110 +429,6 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
                          + scan.n_tiles * (2 * cpf + 2 * cpm) + matvec(replace(hr, rows=mode))
                          + (2 * mode + tiles_visited(spec, mode)) * cpm)
     return out
-
-
-# -------------------------------------------------------------------------------------------------
-# time
-
-def lines_per_row(stride: int, line: int) -> float:
-    """Cache lines a gathered row of ``stride`` bytes touches, on average over the rows of a
-    line-aligned tensor (row r starts r * stride bytes in)."""
-    period = line // math.gcd(stride, line)
-    return sum(-(-((r * stride) % line + stride) // line) for r in range(period)) / period
-
-
-@dataclass(frozen=True)
-class TierModel:
-    name: str
-    budget: int
-    seq_read_MBps: float
-    row_latency_us: float
-    line_bytes: int
-    line_us: float = 0.0      # one line fill (tiers given by line_cycles: XIP flash), else 0
-
-    def us(self, nbytes: float, rows: float = 0, stride: int = 0) -> float:
-        """Reading ``nbytes`` of which ``rows`` rows of ``stride`` bytes are gathered apart: a
-        line-fill tier pays the lines a row touches beyond its bytes' share, others row_latency_us."""
-        t = nbytes / self.seq_read_MBps
-        if not rows:
-            return t
-        if self.line_us and stride:
-            return t + rows * (lines_per_row(stride, self.line_bytes) - stride / self.line_bytes) * self.line_us
-        return t + rows * self.row_latency_us
-
-
-def tier_models(prof: dict, line: int | None = None) -> dict[str, TierModel]:
-    """The profile's tiers; ``line`` picks ``seq_read_MBps_by_line`` where a tier has it. A tier
-    given by ``line_cycles`` (clk_sys cycles to fill one ``line_bytes`` line: the RP2040's XIP
-    flash, host/emu/xip.mjs) reads at line_bytes per fill and pays one fill per gathered row's
-    extra line."""
-    out = {}
-    clock = float(prof.get("clock_mhz", 100))
-    for name in TIERS:
-        t = prof.get("tiers", {}).get(name)
-        if t is None:
-            continue
-        lb = int(t.get("line_bytes", 4))
-        budget = int(t.get("budget", t.get("capacity", 0)))
-        if "line_cycles" in t:
-            line_us = float(t["line_cycles"]) / clock
-            out[name] = TierModel(name, budget, lb / line_us, line_us, lb, line_us)
-            continue
-        bw = float(t.get("seq_read_MBps", 1e9))
-        by_line = t.get("seq_read_MBps_by_line")
-        if line is not None and by_line:
-            key = str(line)
-            if key not in {str(k) for k in by_line}:
-                raise ModelError(f"board {prof.get('name')}: no {name} bandwidth for {line}-byte lines "
-                                 f"(has {', '.join(str(k) for k in by_line)})")
-            bw = float({str(k): v for k, v in by_line.items()}[key])
-            lb = line
-        out[name] = TierModel(name, budget, bw, float(t.get("row_latency_us", 0.0)), lb)
-    if "flash" not in out:
-        raise ModelError(f"board {prof.get('name')} has no flash tier in its profile")
-    return out
-
-
-@dataclass
-class Prediction:
-    """Predicted cost of one token (a prediction, from the board profile's numbers)."""
-    pos: int
-    bytes_read: dict          # tier -> bytes the engine counts (what TOKEN frames report)
-    phase_us: dict            # phase -> predicted µs
-    memory_us: dict           # phase -> the memory part of phase_us
-    compute_us: dict          # phase -> the compute part
-
-    @property
-    def total_us(self) -> float:
-        return sum(self.phase_us.values())
-
-    @property
-    def tok_s(self) -> float:
-        return 1e6 / self.total_us if self.total_us > 0 else float("inf")
-
-
-def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[str, str], pos: int,
-            kv: str = "f32", sampling: str = "greedy", line: int | None = None,
-            tm: dict[str, TierModel] | None = None, uses: dict[str, Use] | None = None,
-            head: str | int | None = None) -> Prediction:
-    """Predict one step at ``pos`` with tensors on ``tiers`` (name -> tier), state regions on
-    ``regions`` (region -> tier) and output layer ``head`` (see head_mode)."""
-    tm = tm or tier_models(prof, line)
-    uses = uses if uses is not None else usage(spec, pos, kv, sampling, head)
-    where = {**{t.name: tiers.get(t.name, "flash") for t in spec.tensors}, **regions}
-    bytes_read = dict.fromkeys(TIERS, 0)
-    mem = dict.fromkeys(PHASES, 0.0)
-    for name, use in uses.items():
-        tier = where[name]
-        model = tm[tier]
-        bytes_read[tier] += use.counted
-        for ph in PHASES:
-            b = use.read.get(ph, 0) + use.extra.get(ph, 0)
-            if b or use.rows.get(ph):
-                mem[ph] += model.us(b, use.rows.get(ph, 0), use.stride)
-    clock = float(prof.get("clock_mhz", 100))
-    comp = {ph: c / clock for ph, c in compute_cycles(spec, pos, prof, kv, sampling, head).items()}
-    return Prediction(pos, bytes_read, {ph: mem[ph] + comp[ph] for ph in PHASES}, mem, comp)
 
 
 def match_pattern(pattern: str, name: str) -> bool:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .ir import ModelError, Tokenizer
-from .quantize import QuantModel, rope_tables
+from .ir import ModelError, QuantModel, Tokenizer
+from .quantize import rope_tables
 
 KV_DEFAULT = "int8"
 

@@ -18,6 +18,8 @@ import numpy as np
 
 from .corpus import split_docs
 from .ir import ModelError, ModelIR
+from .quantize import quantize
+from .reference import Reference
 
 FORMATS = {"int8": "q8", "int4": "q4"}      # row label -> quantizer default format
 
@@ -48,6 +50,7 @@ def locate(path: str | os.PathLike, text: str | os.PathLike | None = None) -> So
 
 def load(src: Source):
     """(ModelIR, ``tokenizers`` tokenizer, token stream of the held-out text)."""
+    # these import torch: only when a checkpoint is read, not whenever bench imports this module
     from .torch_import import load_checkpoint
     from .train import encode_docs, tokenizer_from_json
 
@@ -76,7 +79,7 @@ def fp32_logits(ir: ModelIR, stream: np.ndarray, n_pred: int, tick=None) -> np.n
     each window."""
     import torch
 
-    from .torch_import import ir_to_module
+    from .torch_import import ir_to_module     # imports torch, as above
     model = ir_to_module(ir)
     out = []
     with torch.no_grad():
@@ -91,7 +94,6 @@ def reference_logits(qm, stream: np.ndarray, n_pred: int, kv: str = "f32", tick=
     """The reference's logits [n_pred, n_out] with a ``kv`` ("f32" / "int8") cache, one token at a
     time (the KV cache is overwritten from position 0 in each window, and attention reads only
     positions up to the current one); ``tick(done)`` after each token."""
-    from .reference import Reference
     ref = Reference(qm, kv)
     out = np.empty((n_pred, qm.config.n_out), np.float32)
     for s, n in windows(n_pred, qm.config.max_seq_len):
@@ -116,8 +118,6 @@ def evaluate(path: str | os.PathLike, targets: int | None = 4096, group_size: in
     (None: all of them), and the quantized models' top-1 agreement with fp32.  ``progress(label,
     total)`` is called before each model runs and returns None or ``tick(done)``, called as its
     predictions are made."""
-    from .quantize import quantize
-
     src = locate(path, text)
     ir, tok, stream = load(src)
     c = ir.config

@@ -2,6 +2,8 @@
 as flm_state_bytes() in firmware/engine/engine.c plus the app's prompt buffer (app_layout.c)."""
 from __future__ import annotations
 
+from .formats import PINNED_TO_FLASH, REGIONS, row_stride, up64
+from .headprune import section_length
 from .ir import ModelConfig
 
 
@@ -19,13 +21,6 @@ def arena_bytes(cfg: ModelConfig, min_group: int, batch: int = 1) -> int:
 
 
 # ---- per-region sizes and staging (firmware/engine/engine.c layout(), app_layout.c app_place()) -------------
-
-REGIONS = ("kv", "logits", "scratch")   # FLM_REG_KV, FLM_REG_LOGITS, FLM_REG_SCRATCH
-
-
-def _up64(n: int) -> int:
-    return (n + 63) & ~63
-
 
 def kv_row_bytes(cfg: ModelConfig, kv: str = "f32") -> int:
     """Bytes of one (layer, position, kv head) row of the K or V cache (engine.c kv_row_bytes):
@@ -70,7 +65,7 @@ def tier_needs(cfg: ModelConfig, min_group: int, staged: dict[str, list[int]],
     need = {"psram": 0, "sram": 0}
     for tier, lengths in staged.items():
         if tier in need:
-            need[tier] += sum(_up64(n) for n in lengths)
+            need[tier] += sum(up64(n) for n in lengths)
     rb = region_bytes(cfg, min_group, kv, batch)
     for r in REGIONS:
         need[region_tiers[r]] += rb[r]
@@ -81,20 +76,19 @@ def tier_needs(cfg: ModelConfig, min_group: int, staged: dict[str, list[int]],
 def staging_bound(cfg: ModelConfig, min_group: int) -> int:
     """An upper bound on the bytes of every tensor the engine reads, staged, for any recipe of this
     config whose smallest group is ``min_group`` (q8 at that group is the largest encoding)."""
-    from .blob import PINNED_TO_FLASH, row_stride
     total = 0
     for name, shape in cfg.tensor_shapes().items():
         if name in PINNED_TO_FLASH:
             continue
         if len(shape) == 1:
-            total += _up64(shape[0] * 4)
+            total += up64(shape[0] * 4)
         else:
-            total += _up64(shape[0] * row_stride("q8", shape[1], min_group))
+            total += up64(shape[0] * row_stride("q8", shape[1], min_group))
     # RoPE, and a head index of at most one tile per head row: its centre rows and head.tiles
-    from .headprune import section_length
     head_rows = cfg.vocab_size if cfg.tied else cfg.n_out
-    index = _up64(cfg.n_out * row_stride("q8", cfg.dim, min_group)) + _up64(section_length(cfg.n_out, cfg.n_out, head_rows))
-    return total + 2 * _up64(cfg.max_seq_len * cfg.head_dim // 2 * 4) + index
+    index = (up64(cfg.n_out * row_stride("q8", cfg.dim, min_group))
+             + up64(section_length(cfg.n_out, cfg.n_out, head_rows)))
+    return total + 2 * up64(cfg.max_seq_len * cfg.head_dim // 2 * 4) + index
 
 
 def draft_state_bytes(draft_header) -> int:
@@ -102,25 +96,24 @@ def draft_state_bytes(draft_header) -> int:
     prompt buffer: app_speculate.c app_draft_place), from its blob's header; 0 without a draft."""
     if draft_header is None:
         return 0
-    from .blob import batch_of, kv_format
     g = min(e.group_size for e in draft_header.entries if e.fmt in ("q8", "q4"))
-    return state_bytes(draft_header.config, g, kv_format(draft_header.state_tiers), batch_of(draft_header.state_tiers))
+    st = draft_header.state_tiers
+    return state_bytes(draft_header.config, g, st.kv, st.batch)
 
 
 def layout_needs(header, default: str = "sram") -> dict[str, int]:
     """Bytes app_layout.c's app_place() takes from each RAM tier for the blob ``header``'s own
     placement (its batch, and its draft model's state, included), the state regions without a tier
     of their own going to ``default``."""
-    from .blob import batch_of, kv_format, unpack_state_tiers
-    cfg = header.config
+    cfg, st = header.config, header.state_tiers
     min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
-    regions = {r: (default if t == "default" else t) for r, t in unpack_state_tiers(header.state_tiers).items()}
+    regions = st.regions(default)
     staged: dict[str, list[int]] = {"psram": [], "sram": []}
     used = (set(cfg.tensor_shapes()) | {"rope.cos", "rope.sin", "head.centroids", "head.tiles"}) - {"ple.table"}   # the table is never staged
     for e in header.entries:
         if e.tier in staged and e.name in used:
             staged[e.tier].append(e.length)
-    need = tier_needs(cfg, min_group, staged, regions, kv_format(header.state_tiers), batch_of(header.state_tiers))
+    need = tier_needs(cfg, min_group, staged, regions, st.kv, st.batch)
     need[regions["scratch"]] += draft_state_bytes(header.draft)
     return need
 
@@ -134,11 +127,10 @@ def build_arenas(header, prof: dict) -> tuple[int, int]:
     PlatformIO boards choose the arena's tier with firmware.platformio.board_arena; a LAYOUT that
     needs more than there is is refused by the device with the numbers). A draft model's state is
     reserved too."""
-    from .blob import batch_of
     cfg = header.config
     if prof.get("hal") == "native":
         min_group = min(e.group_size for e in header.entries if e.fmt in ("q8", "q4"))
-        room = (state_bytes(cfg, min_group, batch=batch_of(header.state_tiers)) + prompt_bytes(cfg)
+        room = (state_bytes(cfg, min_group, batch=header.state_tiers.batch) + prompt_bytes(cfg)
                 + staging_bound(cfg, min_group) + draft_state_bytes(header.draft))
         return room, room
     need = layout_needs(header)

@@ -1,7 +1,7 @@
 """The golden check: a short fixed generation the reference computed, which a board repeats to show
 it is bit-exact with the reference (docs/formats.md section 1.3).
 
-The blob's ``golden`` section holds, for every KV cache format, a few greedy steps of
+The blob's ``golden`` section (formats.GOLDEN) holds, for every KV cache format, a few greedy steps of
 ``reference.generate`` with ``FLAG_ALL_LOGITS`` (every step computes the whole output layer) from a
 fixed prompt: each step's input id, greedy output id and logits CRC-32. The firmware runs the first
 ``boot_steps`` of them at boot and after every LAYOUT, all of them on SELFTEST, with the KV format it
@@ -15,16 +15,14 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from .ir import ModelError
-from .quantize import QuantModel
-from .reference import FLAG_ALL_LOGITS, KV_FORMATS, NO_TOKEN, generate
+from .formats import KV_CODE, KV_FORMATS
+from .ir import ModelError, QuantModel
+from .reference import FLAG_ALL_LOGITS, NO_TOKEN, generate
 
-SECTION = "golden"
 VERSION = 1
 PROMPT_LEN = 2      # prompt steps: step 1 already attends over two positions (RoPE, a real softmax)
 STEPS = 4           # forward steps per KV format, SELFTEST runs them all
 BOOT_STEPS = 2      # run at boot and after a LAYOUT: 1.8 decode tokens of time (make bench, README)
-KV_CODE = {"f32": 0, "int8": 1}      # as the blob header's state_tiers bits 12-15
 HEAD = struct.Struct("<4I")          # version, n_prompt, boot_steps, n_blocks
 BLOCK = struct.Struct("<2I")         # kv format, n_steps
 RECORD = struct.Struct("<3I")        # in_id, out_id, logits_crc

@@ -30,6 +30,8 @@ import numpy as np
 
 from . import headprune as hp
 from .costmodel import CHIP_COMPUTE, Q4_MAC_FACTOR
+from .formats import row_stride
+from .reference import Reference
 
 TILE_SIZES = (8, 16, 32, 64)
 MIN_GAIN = 0.05
@@ -48,7 +50,6 @@ class Inputs:
 def greedy_inputs(qm, steps: int = STEPS, runs: int = RUNS, seed: int = 0) -> Inputs:
     """``runs`` greedy generations of ``steps // runs`` steps each (at most the context), each
     from a random token (after BOS when the tokenizer has one), through the reference."""
-    from .reference import Reference
     ref = Reference(qm)
     c = qm.config
     rng = np.random.default_rng(seed)
@@ -86,7 +87,6 @@ def by_argmax(index: hp.HeadIndex, inp: Inputs, steps) -> np.ndarray:
 
 def costs(head, n_out: int, index: hp.HeadIndex, rows: float, tiles: float) -> dict[str, float]:
     """Pruned / whole head on each measure (see the module doc)."""
-    from .blob import row_stride
     dim, g = head.shape[1], head.group_size
     groups = -(-dim // g)
     stride = row_stride(head.fmt, dim, g, head.scale16, head.rowscale)

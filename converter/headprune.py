@@ -27,9 +27,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .formats import pad4
 from .ir import ModelError, QTensor
+from .numerics import F, PackedMatrix, fold
+from .quantize import quantize_matrix
 
-F = np.float32
 MARGIN = F(1.0078125)             # 1 + 2^-7 (0x1.02p+0f in engine.c): Xm >= ||x|| (1 + 2^-8), formats.md 3
 FLOOR = F(2.0 ** -64)             # below it no tile is skipped (underflow guard, formats.md 3)
 R_MIN = 2.0 ** -60                # the smallest radius: covers the logits' underflow at X2 >= FLOOR
@@ -198,7 +200,6 @@ def build(head: QTensor, n_out: int, size: int, tiles: list[np.ndarray] | None =
     if tiles is None:
         tiles = balanced_tiles(w, size)
     tiles = [np.sort(np.asarray(t, np.int64)) for t in tiles]
-    from .quantize import quantize_matrix
     cen = quantize_matrix(ball_centres(w, tiles).astype(F), "q8", head.group_size, head.scale16, head.rowscale)
     starts = np.cumsum([0] + [len(t) for t in tiles[:-1]]).astype(np.int64)
     return HeadIndex(np.concatenate(tiles), starts, cen, radii(w, tiles, cen))
@@ -248,11 +249,7 @@ def section_bytes(index: HeadIndex, n_rows: int) -> bytes:
 
 def section_length(n_tiles: int, n_out: int, n_rows: int) -> int:
     mb = map_bytes(n_out)
-    return HEADER.size + TILE.itemsize * n_tiles + _pad4(mb * n_out) + _pad4(mb * n_rows)
-
-
-def _pad4(n: int) -> int:
-    return n + -n % 4
+    return HEADER.size + TILE.itemsize * n_tiles + pad4(mb * n_out) + pad4(mb * n_rows)
 
 
 def read_section(buf: bytes, n_out: int, n_rows: int, centroids: QTensor) -> HeadIndex:
@@ -273,7 +270,7 @@ def read_section(buf: bytes, n_out: int, n_rows: int, centroids: QTensor) -> Hea
     dt = "<u2" if mb == 2 else "<u4"
     off = HEADER.size + TILE.itemsize * n_tiles
     perm = np.frombuffer(buf, dt, n_out, off).astype(np.int64)
-    inv = np.frombuffer(buf, dt, n_rows, off + _pad4(mb * n_out)).astype(np.int64)
+    inv = np.frombuffer(buf, dt, n_rows, off + pad4(mb * n_out)).astype(np.int64)
     if np.any(perm >= n_out) or np.any(inv[perm] != np.arange(n_out)) or \
             np.any(inv[n_out:] != np.arange(n_out, n_rows)):
         raise ModelError(f"{SECTION}: its row and token maps are not inverse permutations of the output layer")
@@ -285,7 +282,6 @@ def read_section(buf: bytes, n_out: int, n_rows: int, centroids: QTensor) -> Hea
 
 def x_margin(xq: np.ndarray, xs: np.ndarray) -> tuple[np.float32, np.float32]:
     """(X2, Xm) for the head input's codes [groups, g] and scales [groups] (fold over groups)."""
-    from .reference import fold
     sq = np.sum(xq.astype(np.int64) ** 2, axis=1).astype(F)      # < 2^24 per group: exact
     x2 = fold(sq * (xs * xs))
     return F(x2), F(np.sqrt(F(x2)) * MARGIN)
@@ -299,7 +295,6 @@ def first_max(v: np.ndarray) -> int:
 
 def bounds(index: HeadIndex, xq: np.ndarray, xs: np.ndarray, xm: np.float32) -> np.ndarray:
     """U_t = C_t + R_t * Xm for every tile (float32, the engine's operations)."""
-    from .reference import PackedMatrix
     c = PackedMatrix(index.centroids).matvec_q(xq, xs)
     with np.errstate(over="ignore", invalid="ignore"):
         return (c + (index.radius * xm).astype(F)).astype(F)

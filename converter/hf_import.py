@@ -33,6 +33,7 @@ import numpy as np
 
 from .files import read_file
 from .ir import ModelConfig, ModelError, ModelIR, StopIds
+from .tokenizer import from_hf_json
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -309,7 +310,6 @@ def read_weights(folder, arch: str, c: ModelConfig) -> dict[str, np.ndarray]:
 
 def read_tokenizer(folder):
     """The folder's tokenizer.json (with tokenizer_config.json), or None when there is none."""
-    from .tokenizer import from_hf_json
     path = os.path.join(folder, "tokenizer.json")
     if not os.path.isfile(path):
         if os.path.isfile(os.path.join(folder, "tokenizer.model")):

@@ -17,7 +17,7 @@ for matrices, like ``torch.nn.Linear.weight``):
     output                    [out_vocab, dim]       only when the head is untied
 
 With Per-Layer Embeddings (Gemma-3n style, ``ple_dim`` P > 0; the forward pass is specified in
-converter/reference.py), L = n_layers:
+docs/numerics.md), L = n_layers:
 
     ple.table                 [vocab, L * P]         the flash-resident gather (after tok_embeddings)
     ple.proj                  [L * P, dim]
@@ -35,7 +35,9 @@ A model's **stop ids** (``StopIds``) are the tokens whose generation ends a text
 the convention of the checkpoint's origin (llama2.c: token 1, BOS, where run.c stops; Hugging
 Face: ``eos_token_id`` of generation_config.json; ours: the tokenizer's EOS).
 A tensor value is fp32 ``np.ndarray`` or, for files that arrive quantized (llama2.c v2),
-a ``QTensor`` that the quantizer passes through unchanged.
+a ``QTensor`` that the quantizer passes through unchanged. A ``QuantModel`` is the model after
+quantization (converter/quantize.py) or as a blob holds it: what the reference runs and the blob
+writer serializes.
 """
 from __future__ import annotations
 
@@ -45,8 +47,6 @@ import numpy as np
 
 from .errors import FlashlmError
 
-FORMATS = ("f32", "q8", "q4")
-QMAX = {"q8": 127, "q4": 7}
 MAX_STOP_IDS = 16        # the firmware keeps the stop ids in a fixed array (blob section tokenizer.stop)
 
 
@@ -153,7 +153,8 @@ class QTensor:
     """Symmetric group-wise quantized matrix.
 
     Groups run along a row; the last group of a row is ragged when ``cols % group_size``.
-    ``codes`` is int8 in [-qmax, qmax] (int4 codes are stored unpacked here; packing is the blob's job).
+    ``codes`` is int8 in [-qmax, qmax] (int4 codes are stored unpacked here; packing is
+    converter/formats.py's job).
     Two ways to scale a group (docs/formats.md section 1):
 
     * a float scale per group (``mult`` None): ``w[r, c] ~= codes[r, c] * scales[r, c // group_size]``,
@@ -162,7 +163,7 @@ class QTensor:
     * row-scaled (``mult`` given, format bit 9): an integer multiplier per group under one float
       scale per row, ``w[r, c] ~= (codes[r, c] * mult[r, c // group_size]) * scales[r, 0]``,
       ``mult`` uint8 [rows, n_groups] in 0..255, ``scales`` float32 [rows, 1]. A matvec row is then
-      integer work up to one conversion and one multiply (converter/reference.py).
+      integer work up to one conversion and one multiply (converter/numerics.py).
     """
     fmt: str
     codes: np.ndarray       # int8 [rows, cols]
@@ -294,3 +295,22 @@ class ModelIR:
             raise ModelError(f"tokenizer has {len(self.tokenizer)} pieces but the model's vocab is "
                              f"{self.config.vocab_size}")
         self.stop_ids().check(self.config.vocab_size)
+
+
+@dataclass
+class QuantModel:
+    """A model quantized by a recipe (converter/quantize.py), or read back from a blob: what the
+    reference runs and the blob writer serializes."""
+    config: ModelConfig
+    tensors: dict[str, QTensor | np.ndarray]
+    rope_cos: np.ndarray
+    rope_sin: np.ndarray
+    tokenizer: Tokenizer | None
+    recipe: dict[str, str] = field(default_factory=dict)   # name -> "q8:32" / "q4:128:f16" / "f32"
+    source: str = ""
+    stops: StopIds = StopIds((), "none")                   # generation ends at any of these ids
+    draft: object = None        # converter.draft.Draft: a small model proposing tokens for speculative decoding
+    head_index: object = None   # converter.headprune.HeadIndex: the greedy head's tiles (headcalib.py decides)
+
+    def head(self) -> QTensor:
+        return self.tensors["tok_embeddings" if self.config.tied else "output"]  # type: ignore

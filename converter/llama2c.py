@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .files import regular_file_size
+from .formats import MAX_GROUP
 from .ir import ModelConfig, ModelError, ModelIR, QTensor, StopIds
-from .quantize import MAX_GROUP, quantize_matrix, rope_tables
+from .quantize import quantize_matrix, rope_tables
 
 MAGIC = 0x616B3432          # b"24ka" on disk, "ak42" as a little-endian u32
 V0_HEADER = 28

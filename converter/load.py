@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from . import llama2c
 from .files import regular_file_size
+from .hf_import import is_hf_dir, read_hf_dir
 from .ir import ModelError, ModelIR
 from .tokenizer import load_tokenizer
 
@@ -23,7 +24,6 @@ _HINTS = {
 
 
 def _sniff(path, context: int | None) -> ModelIR:
-    from .hf_import import is_hf_dir, read_hf_dir
     if is_hf_dir(path):
         return read_hf_dir(path, context)    # checks the context against the model's own limits
     size = regular_file_size(path, "a model file or a Hugging Face folder with config.json")

@@ -14,7 +14,7 @@ The engine's multi-token pass (firmware/engine/engine.c ``flm_body_many``, kerne
 
 So a pass is assembled from ``costmodel.usage`` / ``costmodel.compute_cycles`` of its tokens (one
 way of counting a token's traffic and arithmetic) with the matrices' reads taken once, and timed by
-``costmodel.predict`` per tier. Nothing here adds a physical constant: bandwidths, line fills and the
+``timing.predict`` per tier. Nothing here adds a physical constant: bandwidths, line fills and the
 compute calibration are the board profile's (boards/*.toml) and costmodel's. The row copies are
 charged as the scratch tier's sequential traffic (on the ESP32-S3 its SRAM rate is a measured memcpy,
 [X51b] in its profile). The evidence that this is enough: on the emulated RP2040 (XIP model on) the
@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 from . import costmodel as C
 from .ir import ModelError
+from .planner import NoFit, default_pos, plan
+from .timing import TierModel, predict, tier_models
 
 # the forward passes a board runs (reference.PASS_*): what each computes of the output layer
 HEAD_SKIP = "skip"      # a prefill chunk whose outputs are unused
@@ -63,17 +65,15 @@ class Placement:
     @classmethod
     def of_header(cls, h, prof: dict, source: str = "") -> "Placement":
         """A blob's own placement (its header's tiers, state regions, KV format and batch) on ``prof``."""
-        from .blob import batch_of, kv_format, unpack_state_tiers
-        regions = {r: ("sram" if t == "default" else t) for r, t in unpack_state_tiers(h.state_tiers).items()}
-        return cls(C.ModelSpec.from_header(h, source), prof, dict(h.tiers), regions, kv_format(h.state_tiers),
-                   None, batch_of(h.state_tiers))
+        st = h.state_tiers
+        return cls(C.ModelSpec.from_header(h, source), prof, dict(h.tiers), st.regions("sram"), st.kv, None, st.batch)
 
     def where(self) -> dict[str, str]:
         return {**{t.name: self.tiers.get(t.name, "flash") for t in self.spec.tensors}, **self.regions}
 
     @property
-    def tier_models(self) -> dict[str, C.TierModel]:
-        return C.tier_models(self.prof, self.line)
+    def tier_models(self) -> dict[str, TierModel]:
+        return tier_models(self.prof, self.line)
 
 
 def draft_placement(draft: C.ModelSpec, main: Placement, kv: str) -> Placement:
@@ -193,10 +193,10 @@ def predict_pass(pl: Placement, pos: int, n: int, head=HEAD_SKIP, sampling: str 
     bytes_read = dict.fromkeys(C.TIERS, 0)
     traffic = {ph: {} for ph in C.PHASES}
     memory = {ph: {} for ph in C.PHASES}
-    for tier in tm:     # costmodel.predict's memory time, tier by tier
+    for tier in tm:     # timing.predict's memory time, tier by tier
         sub = {k: u for k, u in uses.items() if where[k] == tier}
-        p = C.predict(pl.spec, pl.prof, pl.tiers, pl.regions, pos, pl.kv, sampling, pl.line, tm=tm, uses=sub,
-                      head=HEAD_SKIP)
+        p = predict(pl.spec, pl.prof, pl.tiers, pl.regions, pos, pl.kv, sampling, pl.line, tm=tm, uses=sub,
+                    head=HEAD_SKIP)
         bytes_read[tier] = p.bytes_read[tier]
         for ph in C.PHASES:
             b = sum(u.read.get(ph, 0) + u.extra.get(ph, 0) for u in sub.values())
@@ -241,7 +241,6 @@ class BatchQuote:
 
 def prompt_tokens(spec: C.ModelSpec) -> int:
     """The prompt the batch quotes run: from position 0 to mid-context (the planner's quote position)."""
-    from .planner import default_pos
     return max(1, default_pos(spec.config.max_seq_len))
 
 
@@ -249,7 +248,6 @@ def batch_quotes(spec: C.ModelSpec, board, batches=None, plan_kw: dict | None = 
                  count: int | None = None) -> list[BatchQuote]:
     """Predicted prefill per prompt token for each batch T (the plan at that batch: its RAM and
     placement), over a prompt of ``count`` tokens from position 0 (prompt_tokens by default)."""
-    from .planner import NoFit, plan
     count = count or prompt_tokens(spec)
     out = []
     for T in batches or [b for b in BATCHES if b <= max(1, count)]:

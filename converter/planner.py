@@ -26,8 +26,9 @@ import numpy as np
 from . import costmodel as C
 from .boards import board_names, load_board
 from .costmodel import ModelSpec, match_pattern
+from .formats import KV_FORMATS, MAX_BATCH, PINNED_TO_FLASH, TIER_CODE, StateTiers, layout_id_of, up64
 from .ir import ModelError
-from .reference import KV_FORMATS
+from .timing import Prediction, TierModel, predict, tier_models
 
 REGION_LABEL = {"kv": "KV cache", "logits": "logits buffers", "scratch": "scratch"}
 ALIASES = {"head": None, "embedding": "tok_embeddings", "embeddings": "tok_embeddings",
@@ -56,10 +57,6 @@ def fmt_bytes(n: float) -> str:
             v = n / k
             return f"{v:.2f} {unit}" if v < 10 else f"{v:.1f} {unit}"
     return f"{int(n)} B"
-
-
-def _up64(n: int) -> int:
-    return (n + 63) & ~63
 
 
 # -------------------------------------------------------------------------------------------------
@@ -138,7 +135,7 @@ class Plan:
     line: int | None
     need: dict             # tier -> bytes placed there (flash: the whole blob)
     budget: dict           # tier -> usable budget
-    prediction: C.Prediction
+    prediction: Prediction
     uses: dict = field(repr=False, default_factory=dict)
     overrides: list = field(default_factory=list)
     base: str = "auto"
@@ -150,32 +147,25 @@ class Plan:
         return self.spec.config
 
     @property
-    def state(self) -> dict[str, str]:
-        """Region tiers for the blob header (sram is the firmware's default arena)."""
-        return {r: ("default" if t == "sram" else t) for r, t in self.regions.items()}
-
-    @property
-    def state_tiers(self) -> int:
-        """The header/LAYOUT field: region tiers, the KV cache format and the batch."""
-        from .blob import pack_state_tiers
-        return pack_state_tiers(self.state, self.kv, self.batch)
+    def state_tiers(self) -> StateTiers:
+        """The header/LAYOUT field: region tiers (sram is the firmware's default arena), the KV cache
+        format and the batch."""
+        return StateTiers.of({r: t for r, t in self.regions.items() if t != "sram"}, self.kv, self.batch)
 
     @property
     def tier_codes(self) -> bytes:
-        from .blob import TIER_CODE
         return bytes(TIER_CODE[self.tiers[t.name]] for t in self.spec.tensors)
 
     @property
     def layout_id(self) -> int:
-        from .blob import layout_id_of
-        return layout_id_of(self.tier_codes, self.state_tiers)
+        return layout_id_of(self.tier_codes, self.state_tiers.to_u32())
 
     def staged(self, tier: str) -> list[str]:
         return [t.name for t in self.spec.tensors if self.tiers[t.name] == tier]
 
-    def predict_at(self, pos: int, sampling: str = "greedy", head: str | int | None = None) -> C.Prediction:
+    def predict_at(self, pos: int, sampling: str = "greedy", head: str | int | None = None) -> Prediction:
         """A step at pos with output layer ``head`` (costmodel.head_mode; None: a decode step)."""
-        return C.predict(self.spec, self.prof, self.tiers, self.regions, pos, self.kv, sampling, self.line,
+        return predict(self.spec, self.prof, self.tiers, self.regions, pos, self.kv, sampling, self.line,
                          head=head)
 
     def rows(self) -> list[dict]:
@@ -198,7 +188,7 @@ class Plan:
             "board": self.board, "model": self.spec.source, "context": self.config.max_seq_len,
             "kv": self.kv, "position": self.pos, "line_bytes": self.line, "base": self.base,
             "overrides": [o.text for o in self.overrides],
-            "layout_id": self.layout_id, "state_tiers": self.state_tiers,
+            "layout_id": self.layout_id, "state_tiers": self.state_tiers.to_u32(),
             "tiers": dict(self.tiers), "regions": dict(self.regions),
             "need": dict(self.need), "budget": dict(self.budget),
             "prediction": {"label": "predicted from the board profile (not measured)",
@@ -231,7 +221,7 @@ def default_pos(ctx: int) -> int:
     return ctx // 2
 
 
-def _item_cost(use: C.Use, tm: C.TierModel) -> float:
+def _item_cost(use: C.Use, tm: TierModel) -> float:
     return sum(tm.us(use.read.get(ph, 0) + use.extra.get(ph, 0), use.rows.get(ph, 0), use.stride)
                for ph in C.PHASES)
 
@@ -277,22 +267,20 @@ def plan(spec: ModelSpec, board: str | dict, *, overrides=(), kv: str = "f32", p
         raise PlanError(f"KV cache format must be f32 or int8, got {kv!r}")
     if base not in ("auto", "flash"):
         raise PlanError(f"layout base must be auto or flash, got {base!r}")
-    tm = C.tier_models(prof, line)
+    tm = tier_models(prof, line)
     ram = sorted((t for t in C.RAM_TIERS if t in tm), key=lambda t: -tm[t].seq_read_MBps)
     cfg = spec.config
     pos = default_pos(cfg.max_seq_len) if pos is None else int(pos)
     places = overrides if overrides and isinstance(overrides[0], Place) else parse_place(overrides)
     fixed = resolve_overrides(spec, places, tm)
     uses = C.usage(spec, pos, kv, sampling, head)
-    from .blob import MAX_BATCH
     if not 1 <= int(batch) <= MAX_BATCH:
         raise PlanError(f"batch must be 1..{MAX_BATCH} tokens per forward pass, got {batch}")
     sizes = C.state_sizes(spec, kv, batch)
     budget = {t: tm[t].budget for t in tm}
     blob = spec.blob_bytes
 
-    from .blob import PINNED_TO_FLASH    # read in place from flash by the firmware, whatever the budgets
-    weights = [t for t in spec.tensors if t.name not in PINNED_TO_FLASH]
+    weights = [t for t in spec.tensors if t.name not in PINNED_TO_FLASH]   # read in place, whatever the budgets
     cost = {t.name: {tier: _item_cost(uses[t.name], tm[tier]) for tier in tm} for t in weights}
     rcost = {r: {tier: _item_cost(uses[r], tm[tier]) for tier in ram} for r in C.REGIONS}
     fixed_t = {n: v[0] for n, v in fixed.items() if n not in C.REGIONS}
@@ -307,7 +295,7 @@ def plan(spec: ModelSpec, board: str | dict, *, overrides=(), kv: str = "f32", p
         used = dict.fromkeys(ram, 0)
         for n, tier in fixed_t.items():
             if tier in used:
-                used[tier] += _up64(spec.by_name()[n].length)
+                used[tier] += up64(spec.by_name()[n].length)
         for r, tier in regions.items():
             used[tier] += sizes[r]          # regions are multiples of 8, packed after the tensors
         short = {t: used[t] - budget[t] for t in ram if used[t] > budget[t]}
@@ -320,13 +308,13 @@ def plan(spec: ModelSpec, board: str | dict, *, overrides=(), kv: str = "f32", p
             left = list(free)
             for i, tier in enumerate(ram):
                 others = ["flash"] + ram[i + 1:]
-                items = [(t.name, _up64(t.length),
+                items = [(t.name, up64(t.length),
                           min(cost[t.name][o] for o in others) - cost[t.name][tier]) for t in left]
                 got = _knapsack(items, budget[tier] - used[tier])
                 for t in left:
                     if t.name in got:
                         tiers[t.name] = tier
-                        used[tier] += _up64(t.length)
+                        used[tier] += up64(t.length)
                 left = [t for t in left if t.name not in got]
         total = sum(cost[t.name][tiers[t.name]] for t in weights) + sum(rcost[r][regions[r]] for r in C.REGIONS)
         key = (round(total, 9), tuple(regions[r] != "sram" for r in C.REGIONS))
@@ -337,7 +325,7 @@ def plan(spec: ModelSpec, board: str | dict, *, overrides=(), kv: str = "f32", p
         raise _no_fit(spec, prof, kv, places, blob, budget, ram, shortfalls, best, sizes, suggest, line, batch)
     _, tiers, regions, used = best
     need = {"flash": blob, **used}
-    pred = C.predict(spec, prof, tiers, regions, pos, kv, sampling, line, tm=tm, uses=uses, head=head)
+    pred = predict(spec, prof, tiers, regions, pos, kv, sampling, line, tm=tm, uses=uses, head=head)
     return Plan(spec, bname, prof, tiers, regions, kv, pos, line, need, budget, pred, uses, places, base, head, batch)
 
 

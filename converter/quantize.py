@@ -18,37 +18,14 @@ f32 scales per group) is kept as it is unless ``scales`` or an override asks for
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .ir import QMAX, ModelConfig, ModelError, ModelIR, QTensor, StopIds, Tokenizer
+from .formats import FORMATS, MAX_GROUP, MAX_GROUP_ROW, MULT_MAX
+from .ir import ModelConfig, ModelError, ModelIR, QTensor, QuantModel
 
-if TYPE_CHECKING:
-    from .headprune import HeadIndex
-
-MAX_GROUP = 1024   # keeps every int32 group sum below 2**24, so its float conversion is exact
-MAX_GROUP_ROW = 512   # row-scaled: keeps multiplier x group sum below 2**31 (docs/formats.md section 1)
-MULT_MAX = 255        # row-scaled: the largest group multiplier
 SCALES = ("row", "f32", "f16")
-
-
-@dataclass
-class QuantModel:
-    config: ModelConfig
-    tensors: dict[str, QTensor | np.ndarray]
-    rope_cos: np.ndarray
-    rope_sin: np.ndarray
-    tokenizer: Tokenizer | None
-    recipe: dict[str, str] = field(default_factory=dict)   # name -> "q8:32" / "q4:128:f16" / "f32"
-    source: str = ""
-    stops: StopIds = StopIds((), "none")                   # generation ends at any of these ids
-    draft: object = None   # converter.draft.Draft: a small model proposing tokens for speculative decoding
-    head_index: "HeadIndex | None" = None   # the greedy head's tiles (converter/headcalib.py decides)
-
-    def head(self) -> QTensor:
-        return self.tensors["tok_embeddings" if self.config.tied else "output"]  # type: ignore
 
 
 @dataclass(frozen=True)
@@ -121,7 +98,8 @@ def quantize_matrix(w: np.ndarray, fmt: str, group_size: int, scale16: bool = Fa
     wp[:, :cols] = w
     wg = wp.reshape(rows, ng, group_size)
     amax = np.abs(wg).max(axis=2)
-    scales = (amax / np.float32(QMAX[fmt])).astype(np.float32)
+    qmax = FORMATS[fmt].qmax
+    scales = (amax / np.float32(qmax)).astype(np.float32)
     mult = None
     if rowscale:
         smax = scales.max(axis=1)
@@ -130,7 +108,7 @@ def quantize_matrix(w: np.ndarray, fmt: str, group_size: int, scale16: bool = Fa
         mult = np.ceil(scales.astype(np.float64) / safe_row[:, None]).astype(np.uint8)   # exact quotient
         eff = mult.astype(np.float64) * row.astype(np.float64)[:, None]                   # exact
         safe = np.where(eff > 0, eff, 1.0)
-        codes = np.clip(np.rint(wg / safe[:, :, None]), -QMAX[fmt], QMAX[fmt]).astype(np.int8)
+        codes = np.clip(np.rint(wg / safe[:, :, None]), -qmax, qmax).astype(np.int8)
         codes[eff == 0] = 0
         return QTensor(fmt, codes.reshape(rows, ng * group_size)[:, :cols].copy(), row[:, None].copy(),
                        group_size, False, mult)
@@ -142,7 +120,7 @@ def quantize_matrix(w: np.ndarray, fmt: str, group_size: int, scale16: bool = Fa
                              f"use f32 scales")
     safe = np.where(scales > 0, scales, np.float32(1))
     codes = np.rint(wg / safe[:, :, None])
-    codes = np.clip(codes, -QMAX[fmt], QMAX[fmt]).astype(np.int8)
+    codes = np.clip(codes, -qmax, qmax).astype(np.int8)
     codes[scales == 0] = 0
     return QTensor(fmt, codes.reshape(rows, ng * group_size)[:, :cols].copy(), scales, group_size, scale16)
 
@@ -213,37 +191,3 @@ def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, over
     else:
         cos, sin = rope_tables(cfg)
     return QuantModel(cfg, tensors, cos, sin, ir.tokenizer, recipe, ir.source, ir.stop_ids())
-
-
-def quality_report(ir: ModelIR, qm: QuantModel, positions: int = 48, tokens=None, seed: int = 0) -> dict:
-    """Per-tensor weight error, and on a sample of positions the logits' top-1 agreement and
-    KL(fp32 || quantized), both models fed the same token sequence."""
-    from .reference import Fp32Model, Reference
-
-    rows = []
-    for name, q in qm.tensors.items():
-        if not isinstance(q, QTensor):
-            continue
-        src = ir.tensors[name]
-        w = src.dequantize() if isinstance(src, QTensor) else np.asarray(src, np.float32)
-        err = q.dequantize().astype(np.float64) - w
-        denom = float(np.sqrt(np.mean(w.astype(np.float64) ** 2))) or 1.0
-        rows.append(dict(name=name, format=q.fmt, group_size=q.group_size,
-                         rel_rmse=float(np.sqrt(np.mean(err ** 2)) / denom),
-                         max_abs_err=float(np.abs(err).max())))
-    n = min(positions, qm.config.max_seq_len)
-    if tokens is None:
-        tokens = np.random.default_rng(seed).integers(0, qm.config.vocab_size, n).tolist()
-    tokens = list(tokens)[:n]
-    ref, fp = Reference(qm), Fp32Model(ir, qm.rope_cos, qm.rope_sin)
-    agree, kls = 0, []
-    for pos, tok in enumerate(tokens):
-        lq = ref.forward(tok, pos).astype(np.float64)
-        lf = fp.forward(tok, pos).astype(np.float64)
-        agree += int(np.argmax(lq) == np.argmax(lf))
-        pf = np.exp(lf - lf.max()); pf /= pf.sum()
-        lpq = lq - lq.max() - np.log(np.exp(lq - lq.max()).sum())
-        lpf = np.log(np.maximum(pf, 1e-300))
-        kls.append(float(np.sum(pf * (lpf - lpq))))
-    return dict(tensors=rows, positions=len(tokens), top1_agreement=agree / max(len(tokens), 1),
-                kl_mean=float(np.mean(kls)) if kls else 0.0)

@@ -24,7 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import costmodel as C
+from .ir import ModelConfig
 from .passcost import PassPrediction
+from .timing import tier_models
 
 
 @dataclass(frozen=True)
@@ -86,10 +88,10 @@ class Roofs:
 
 def roofs(prof: dict, line: int | None = None) -> Roofs:
     """The board's compute ceilings from its [compute] calibration (costmodel's, by chip where the
-    profile has none) and its tiers' bandwidths (costmodel.tier_models)."""
+    profile has none) and its tiers' bandwidths (timing.tier_models)."""
     clock = float(prof.get("clock_mhz", 100)) * 1e6
     cpm, cpf = cycles_per_op(prof)
-    tm = C.tier_models(prof, line)
+    tm = tier_models(prof, line)
     return Roofs(str(prof.get("name", "?")), clock / 1e6, clock / cpm, clock / cpf,
                  {t: m.seq_read_MBps * 1e6 for t, m in tm.items()})
 
@@ -98,7 +100,6 @@ def cycles_per_op(prof: dict) -> tuple[float, float]:
     """(cycles per int8 MAC, cycles per float operation) as costmodel.compute_cycles charges them on
     ``prof`` (its [compute] calibration, or costmodel's default for its chip), read back from
     compute_cycles with the other kind of operation made free, so no constant is copied here."""
-    from .ir import ModelConfig
     cfg = ModelConfig(dim=32, n_layers=1, n_heads=1, n_kv_heads=1, vocab_size=32, hidden_dim=32, max_seq_len=2)
     spec = C.ModelSpec.from_config(cfg)
     comp = prof.get("compute", {})

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from . import costmodel as C
 from .ir import ModelError
 from .passcost import HEAD_ALL, Placement, PassPrediction, predict_pass
+from .reference import PASS_VERIFY, generate
 
 MODES = ("lookup", "draft")
 
@@ -71,7 +72,6 @@ def acceptance_from_steps(runs, k: int, source: str) -> Acceptance:
     counts toward the positions it reached; a decoding pass (the one holding the prompt's last token,
     and every later one) without drafts counts toward ``proposed`` — but a run's last pass, which has
     no token left to draft for."""
-    from .reference import PASS_VERIFY
     reached, acc = [0] * k, [0] * k
     verify = plain = 0
     for n_prompt, steps in runs:
@@ -96,7 +96,6 @@ def acceptance_from_steps(runs, k: int, source: str) -> Acceptance:
 def calibrate(qm, mode: str, k: int, prompts: list[list[int]], new_tokens: int, source: str) -> Acceptance:
     """Acceptance of ``mode`` (prompt lookup, or qm's draft model) with k drafts a verification, from
     the reference decoding each prompt greedily for ``new_tokens`` tokens (exactly what a board does)."""
-    from .reference import generate
     if mode not in MODES:
         raise ModelError(f"speculation must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "draft" and qm.draft is None:
@@ -155,7 +154,6 @@ def predict_run(pl: Placement, records, draft: Placement | None = None,
     each verification when ``draft`` is its placement: app_speculate.c catches the draft up from where
     its cache stops (the whole prompt before the first) and, after a verification that produced u
     steps of k drafts, keeps min(k, u) of the positions it drafted (a window slide is not modelled)."""
-    from .reference import PASS_VERIFY
     tm = pl.tier_models
     dtm = draft.tier_models if draft is not None else None
     dpos, out = 0, []

@@ -151,11 +151,9 @@ def parse_section(data: bytes) -> SectionInfo:
     return SectionInfo(h[1], h[2], uni, h[5], h[7], h[9], h[11], len(data))
 
 
-def section_info(path, header=None) -> SectionInfo | None:
-    """The ``tokenizer.enc`` header of the blob file at path (its BlobHeader, when already read), or None."""
-    from .blob import read_header
-    h = header if header is not None else read_header(path)
-    e = next((e for e in h.entries if e.name == SECTION), None)
+def section_info(path, header) -> SectionInfo | None:
+    """The ``tokenizer.enc`` header of the blob file at path, whose blob.BlobHeader is ``header``, or None."""
+    e = next((e for e in header.entries if e.name == SECTION), None)
     if e is None:
         return None
     with open(path, "rb") as f:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .ir import ModelConfig, ModelError, ModelIR
+from .tokenizer import from_hf_json
 from .torch_model import Transformer
 
 FORMAT = "flashlm-checkpoint"
@@ -202,7 +203,6 @@ def load_checkpoint(path) -> ModelIR:
         raise ModelError(f"{path}: {e}") from None
     tj = obj.get("tokenizer_json")
     if tj is not None:
-        from .tokenizer import from_hf_json
         if not isinstance(tj, str):
             raise ModelError(f"{path}: checkpoint tokenizer_json is a {type(tj).__name__}, expected str")
         try:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import jinja2
 
-from converter.blob import batch_of
 from converter.footprint import arena_bytes
 
 from .build import FW_DIR, BuildError, BuildResult, engine_sources
@@ -68,7 +67,7 @@ def build_arm(board: str, prof: dict, out: Path, blob, header, min_group: int) -
         raise BuildError(f"building {board} needs make and {cc} ({APT_HINT})")
     r = subprocess.run(["make", "-s", "-C", str(out)], capture_output=True, text=True)
     m = re.search(r"#define FLM_ARENA_BYTES (\d+)u", (out / "flm_config.h").read_text())
-    arena = int(m.group(1)) if m else arena_bytes(header.config, min_group, batch_of(header.state_tiers))
+    arena = int(m.group(1)) if m else arena_bytes(header.config, min_group, header.state_tiers.batch)
     if r.returncode != 0:
         text = (r.stderr or "") + (r.stdout or "")
         why = _link_error(text, prof, arena)

@@ -10,6 +10,7 @@ import pytest
 import serial
 
 from converter.blob import read_header, write_blob
+from converter.formats import StateTiers
 from converter.tokenizer_enc import section_info
 from firmware.build import build_firmware
 from host.link.messages import Hello, Ping
@@ -47,7 +48,7 @@ def emu_link(qm, tmp: Path, build_root: Path, blob_bytes: bytes | None = None, k
     reserves the chip's whole SRAM budget, whatever the blob's batch."""
     require_emulator()
     blob = tmp / "model.flmb"
-    write_blob(qm, blob, kv=kv, batch=batch)
+    write_blob(qm, blob, state=StateTiers(kv=kv, batch=batch))
     image = image_for(blob, build_root)
     if blob_bytes is not None:
         blob.write_bytes(blob_bytes)

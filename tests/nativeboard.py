@@ -12,6 +12,7 @@ import numpy as np
 import serial
 
 from converter.blob import build_blob, write_blob
+from converter.formats import StateTiers
 from converter.reference import NO_TOKEN
 from firmware.build import build_firmware
 from host.link.messages import Done, Error, Generate, Hello, Logits, Ping, Token
@@ -23,13 +24,13 @@ _builds: dict = {}
 
 
 def binary_for(blob: Path, build_root: Path) -> Path:
-    from converter.blob import batch_of, read_header
+    from converter.blob import read_header
     from converter.tokenizer_enc import section_info
     h = read_header(blob)
     enc = section_info(blob, h)     # its text capacity sizes the receive buffer
     d = h.draft                     # the arena grows with the batch and holds a draft model's state
     key = (h.config, min(e.group_size for e in h.entries if e.group_size), enc.span if enc else 0,
-           batch_of(h.state_tiers), (d.config, d.state_tiers) if d else None)
+           h.state_tiers.batch, (d.config, d.state_tiers) if d else None)
     if key not in _builds:
         _builds[key] = build_firmware("native", build_root / f"fw{len(_builds)}", blob).binary
     return _builds[key]
@@ -39,7 +40,7 @@ def binary_for(blob: Path, build_root: Path) -> Path:
 def native_link(qm, tmp: Path, build_root: Path, blob_bytes: bytes | None = None, kv: str = "f32", batch: int = 1):
     """Yields (link, hello_frames) for a board running qm (or raw blob_bytes sized like qm)."""
     blob = tmp / "model.flmb"
-    write_blob(qm, blob, kv=kv, batch=batch)
+    write_blob(qm, blob, state=StateTiers(kv=kv, batch=batch))
     binary = binary_for(blob, build_root)
     if blob_bytes is not None:
         blob.write_bytes(blob_bytes)

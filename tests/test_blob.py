@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from converter.blob import BlobError, build_blob, decode_qtensor, encode_qtensor, parse_header, read_blob
+from converter.blob import build_blob, parse_header, read_blob
+from converter.formats import BlobError, decode_qtensor, encode_qtensor
 from converter.quantize import quantize, quantize_matrix
 from host.link.messages import Error, Hello
 from modelzoo import random_model

@@ -4,7 +4,7 @@ import zlib
 
 import pytest
 
-from converter.blob import kv_format, read_blob, read_header
+from converter.blob import read_blob, read_header
 from converter.ir import Tokenizer
 from converter.llama2c import write_llama2c
 from converter.reference import FLAG_ALL_LOGITS, NO_TOKEN, generate
@@ -40,7 +40,7 @@ def test_cli_run_native_streams_the_reference_tokens(llama2c_files, tmp_path, ca
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     rows = list(csv.DictReader((tmp_path / "run.csv").open()))
-    kv = kv_format(read_header(out / "model.flmb").state_tiers)
+    kv = read_header(out / "model.flmb").state_tiers.kv
     assert kv == "int8"                          # convert's default
     ref = generate(read_blob(out / "model.flmb"), prompt, 33, temperature, top_p, seed,
                    flags=FLAG_ALL_LOGITS if all_logits else 0, kv=kv)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from converter.quantize import quantize
-from converter.reference import EXP2_Q23, FLAG_LOGITS, fexp, gelu, generate, silu
+from converter.numerics import EXP2_Q23, fexp, gelu, silu
+from converter.reference import FLAG_LOGITS, generate
 from modelzoo import random_model, spread_head, with_head_index
 from nativeboard import assert_matches_reference, expected_bytes_read, native_link, run, token_bytes_read
 

@@ -22,7 +22,8 @@ sys.path.insert(0, str(HERE / "fuzz"))
 
 import run as fuzzrun  # noqa: E402  (tests/fuzz/run.py)
 
-from converter.blob import BlobError, read_blob  # noqa: E402
+from converter.blob import read_blob  # noqa: E402
+from converter.formats import BlobError  # noqa: E402
 from converter.ir import ModelError  # noqa: E402
 from converter.tokenizer import load_tokenizer  # noqa: E402
 

@@ -7,15 +7,17 @@ where its own logits first leave the reference's."""
 import struct
 import subprocess
 import zlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import serial
 
 from converter import golden
-from converter.blob import BlobError, build_blob, parse_header, read_golden, retier_blob, with_kv
+from converter.blob import build_blob, parse_header, read_golden, retier_blob
+from converter.formats import GOLDEN, KV_FORMATS, BlobError, StateTiers
 from converter.quantize import quantize
-from converter.reference import FLAG_ALL_LOGITS, KV_FORMATS, NO_TOKEN, generate
+from converter.reference import FLAG_ALL_LOGITS, NO_TOKEN, generate
 from host.link.messages import Hello, Layout, Log, SelfTest
 from modelzoo import random_model, random_ple_model
 from nativeboard import assert_steps_match, native_link, rebuilt_board, recv_until, run
@@ -71,7 +73,7 @@ def test_golden_fault_alters_one_step_and_placement_keeps_the_section():
     for kv in KV_FORMATS:
         diff = [s for s, (a, b) in enumerate(zip(g.blocks[kv], bad.blocks[kv])) if a != b]
         assert diff == [2] and g.blocks[kv][2][2] ^ bad.blocks[kv][2][2] == 1
-    moved = retier_blob(build_blob(qm), {"tok_embeddings": "sram"}, kv="int8")
+    moved = retier_blob(build_blob(qm), {"tok_embeddings": "sram"}, StateTiers(kv="int8"))
     assert read_golden(moved) == g          # valid for every placement: both KV formats are there
 
 
@@ -91,8 +93,8 @@ def test_golden_prompt_fits_any_vocabulary_and_context():
 def test_malformed_golden_sections_are_refused_in_python_and_ignored_by_the_firmware(mutate, message, tmp_path):
     qm = MODELS["q8-tied"]()
     blob = build_blob(qm)
-    e = next(e for e in parse_header(blob).entries if e.name == golden.SECTION)
-    bad = patch_section(blob, golden.SECTION, mutate(blob[e.offset:e.offset + e.length]))
+    e = next(e for e in parse_header(blob).entries if e.name == GOLDEN)
+    bad = patch_section(blob, GOLDEN, mutate(blob[e.offset:e.offset + e.length]))
     with pytest.raises(BlobError, match=message):
         read_golden(bad)
     with native_link(qm, tmp_path, tmp_path, blob_bytes=bad) as (link, boot):
@@ -119,8 +121,8 @@ def test_native_board_is_bit_exact_at_boot_on_selftest_and_after_a_layout(name, 
         assert_steps_match(toks, generate(qm, [5, 9, 2], 6))
         # a LAYOUT to the int8 KV cache: the check runs again, against the int8 block
         h0 = parse_header(blob)
-        st = with_kv(h0.state_tiers, "int8")
-        moved = parse_header(retier_blob(blob, kv="int8"))
+        st = replace(h0.state_tiers, kv="int8").to_u32()
+        moved = parse_header(retier_blob(blob, state=StateTiers(kv="int8")))
         h, logs = hello_after(link, Layout(moved.layout_id, st, bytes(len(h0.entries))))
         assert h.layout_id == moved.layout_id and h.golden == "exact" and any("KV cache int8" in t for t in logs)
         toks, _, _ = run(link, [5, 9, 2], 6, logits=False)

@@ -15,7 +15,8 @@ from converter.ir import ModelError
 from converter.llama2c import write_llama2c
 from converter.load import load_model
 from converter.quantize import quantize, rope_tables
-from converter.reference import FLAG_LOGITS, Fp32Model, generate
+from converter.fidelity import Fp32Model
+from converter.reference import FLAG_LOGITS, generate
 from converter.tokenizer import decode, encode
 from converter.tokenizer_enc import device_section
 from host.cli.main import main

@@ -2,7 +2,7 @@
 softfloat.c, softfloat_m0.s) gives the host's IEEE binary32 results bit for bit (NumPy) over
 generated and edge-case operands; the boot self-check passes with the tuned Cortex-M0+ group dots.
 On the host: the vectorised rows (kernels.c, built by gcc and clang, with and without the AVX2
-clones, and as the 32-bit scalar build) equal converter/reference.py on tensors of every shape
+clones, and as the 32-bit scalar build) equal converter/numerics.py on tensors of every shape
 class (group sizes with and without a vectorised row, short last groups, odd q4 groups, fp16
 scales, the full code range). A firmware whose tuned kernel is wrong refuses to generate with
 ERROR self_check (native and emulated boards)."""
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import bench.kernels as kernels
-from converter.blob import encode_qtensor, row_stride
+from converter.formats import encode_qtensor, row_stride
 from converter.ir import QTensor
 from converter.quantize import quantize
-from converter.reference import PackedMatrix
+from converter.numerics import PackedMatrix
 from emuboard import require_emulator
 from host.link.messages import Error
 from modelzoo import random_model
@@ -53,7 +53,7 @@ def test_float_check_sees_a_wrong_bit(probe, monkeypatch):
 # has no FLM_VECTOR there) and of the cores with them (the float form, vectorised)
 @pytest.mark.parametrize("flags", [["-m32", "-msse", "-mfpmath=sse"], []], ids=["bits", "vector"])
 def test_activation_codes_round_as_the_reference_for_every_float(flags, tmp_path):
-    # converter/reference.py's round_half_away is (int32)(v +- 0.5f): every binary32 v in [-127, 127]
+    # converter/numerics.py's round_half_away is (int32)(v +- 0.5f): every binary32 v in [-127, 127]
     # (2.2e9 of them) must get the same code from flm_quantize_act
     exe = tmp_path / "quantize_check"
     r = subprocess.run(["cc", "-std=c99", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", *flags,

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from converter.blob import build_blob, parse_header
+from converter.formats import StateTiers
 from converter.quantize import quantize
 from converter.reference import Reference
 from modelzoo import random_model, random_ple_model
@@ -56,7 +57,7 @@ def chunk_bytes(qm, kv, pos, n, head=True):
     row, PLE table row and RoPE rows, and its attention's K and V rows; with ``head``, per token the
     final norm, and every head row once for all n tokens."""
     c = qm.config
-    h = parse_header(build_blob(qm, kv=kv))
+    h = parse_header(build_blob(qm, state=StateTiers(kv=kv)))
     by = {e.name: e for e in h.entries}
     out = by["tok_embeddings" if c.tied else "output"]
     gathered = ("tok_embeddings", "ple.table", "output")
@@ -78,7 +79,7 @@ def pass_bytes(qm, kv, ids_len, T):
 def test_c_engine_multi_token_logits_equal_one_token_logits(name, blob_checker, tmp_path):
     qm, kv = model(name)
     blob = tmp_path / "m.flmb"
-    blob.write_bytes(build_blob(qm, kv=kv))
+    blob.write_bytes(build_blob(qm, state=StateTiers(kv=kv)))
     ids = [int(i) for i in np.random.default_rng(6).integers(0, qm.config.vocab_size, 13)]
     want = one_token_logits(qm, kv, ids)
     n_out = qm.config.n_out
@@ -277,7 +278,7 @@ def test_cli_run_batch_and_speculate(tmp_path, capsys):
     refusals are one line and exit code 2."""
     import json
 
-    from converter.blob import kv_format, read_blob, read_header
+    from converter.blob import read_blob, read_header
     from converter.reference import generate
     from converter.torch_import import save_checkpoint
     from host.cli.main import main
@@ -292,7 +293,7 @@ def test_cli_run_batch_and_speculate(tmp_path, capsys):
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     d = json.loads((tmp_path / "r.json").read_text())
-    kv = kv_format(read_header(out / "model.flmb").state_tiers)      # convert's default: int8
+    kv = read_header(out / "model.flmb").state_tiers.kv      # convert's default: int8
     ref = generate(qm, REPEATS, 20, batch=5, speculate="lookup", draft_k=4, kv=kv)
     assert d["generated_ids"] == greedy_ids(ref) == greedy_ids(generate(qm, REPEATS, 20, kv=kv))
     pa = d["summary"]["passes"]
@@ -323,19 +324,20 @@ def with_draft(qm, seed=20, kv="int8"):
 
 
 def test_draft_travels_in_the_blob_and_refuses_another_vocabulary():
-    from converter.blob import DRAFT, build_blob, parse_header, read_blob
+    from converter.blob import build_blob, parse_header, read_blob
     from converter.draft import attach
+    from converter.formats import DRAFT
     from converter.ir import ModelError
     qm, _ = model("q8-gqa")
     qd = with_draft(qm)
-    blob = build_blob(qd, batch=4)
+    blob = build_blob(qd, state=StateTiers(batch=4))
     h = parse_header(blob)
     assert [e.name for e in h.entries][-2:] == [DRAFT, "golden"]
     back = read_blob(blob)
     assert back.draft.kv == "int8" and back.draft.qm.config.max_seq_len == qm.config.max_seq_len
     d = next(e for e in h.entries if e.name == DRAFT)
-    assert parse_header(blob[d.offset:d.offset + d.length]).state_tiers >> 16 == 4     # the model's batch
-    assert h.model_hash != parse_header(build_blob(qm, batch=4)).model_hash             # the pair is the model
+    assert parse_header(blob[d.offset:d.offset + d.length]).state_tiers.batch == 4     # the model's batch
+    assert h.model_hash != parse_header(build_blob(qm, state=StateTiers(batch=4))).model_hash   # the pair is the model
     _, other = random_model(seed=3, vocab_size=50)
     with pytest.raises(ModelError, match="vocabulary"):
         attach(qm, quantize(other, "q8", 8))

@@ -10,10 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from converter import costmodel as C
+from converter import timing
 from converter.blob import build_blob, parse_header, read_header, retier_blob
 from converter.boards import board_names, load_board
 from converter.costmodel import ModelSpec, match_pattern
 from converter.footprint import region_bytes, state_bytes, tier_needs
+from converter.formats import StateTiers
 from converter.ir import ModelConfig, ModelError
 from converter.planner import NoFit, PlanError, plan, plan_layout
 from converter.quantize import quantize
@@ -37,7 +39,7 @@ def test_board_profiles_have_the_documented_keys(name):
     for k in REQUIRED:
         assert k in prof, f"{name}: missing {k}"
     assert "flash" in prof["tiers"] and set(prof["tiers"]) <= {"flash", "psram", "sram"}
-    tm = C.tier_models(prof)
+    tm = timing.tier_models(prof)
     for tier, t in prof["tiers"].items():
         for k in ("capacity", "budget", "line_bytes"):
             assert k in t, f"{name}: tiers.{tier} lacks {k}"
@@ -174,8 +176,8 @@ def test_predictions_monotone_in_bytes_moved(cfg, prof, data):
     ram = sorted(set(prof["tiers"]) - {"flash"})
     regions = {r: data.draw(st.sampled_from(ram)) for r in C.REGIONS}
     pos = data.draw(st.integers(0, cfg.max_seq_len - 2))
-    a = C.predict(spec, prof, tiers, regions, pos)
-    b = C.predict(spec, prof, tiers, regions, pos + 1)            # one more KV row per head
+    a = timing.predict(spec, prof, tiers, regions, pos)
+    b = timing.predict(spec, prof, tiers, regions, pos + 1)            # one more KV row per head
     assert sum(b.bytes_read.values()) > sum(a.bytes_read.values())
     assert b.total_us >= a.total_us and sum(b.memory_us.values()) >= sum(a.memory_us.values())
     # a tensor that grows (more bytes read through the same tier) never predicts less memory time
@@ -185,10 +187,10 @@ def test_predictions_monotone_in_bytes_moved(cfg, prof, data):
     grown = ModelSpec(spec.config, tuple(dataclasses.replace(t, length=t.length + (grow if t is v else 0),
                                                              row_stride=t.row_stride + (grow if t is v and t.kind == "embedding" else 0))
                                          for t in spec.tensors))
-    c = C.predict(grown, prof, tiers, regions, pos)
+    c = timing.predict(grown, prof, tiers, regions, pos)
     assert sum(c.memory_us.values()) >= sum(a.memory_us.values()) and c.total_us >= a.total_us
     # and per tier: more bytes or more gathered rows never cost less
-    tm = C.tier_models(prof)
+    tm = timing.tier_models(prof)
     for t in tm.values():
         n, r = data.draw(st.integers(0, 1 << 20)), data.draw(st.integers(0, 1000))
         assert t.us(n + 1, r) >= t.us(n, r) and t.us(n, r + 1) >= t.us(n, r)
@@ -203,7 +205,7 @@ def test_region_sizes_mirror_engine_state(blob_checker, tmp_path, cfg, g, data):
     ir = random_ple_model(seed=0, **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
     qm = quantize(ir, data.draw(st.sampled_from(["q8", "q4"])), g, [f"layers.0.ffn.w2=q8:{g + 3}"])
     batch = data.draw(st.sampled_from([1, 2, 3, 8]))       # activations and logits grow with it
-    (tmp_path / "m.flmb").write_bytes(build_blob(qm, batch=batch))
+    (tmp_path / "m.flmb").write_bytes(build_blob(qm, state=StateTiers(batch=batch)))
     out = subprocess.run([str(blob_checker), str(tmp_path / "m.flmb")], capture_output=True, text=True, check=True)
     min_group = min(t.group_size for t in qm.tensors.values() if hasattr(t, "codes"))
     rb = region_bytes(cfg, min_group, batch=batch)
@@ -226,14 +228,14 @@ def test_bytes_read_formula_matches_engine_test(tied):
         cases += [(17, 17, True), (None, 41, True)] if qm.head_index else [(None, n_out, True)]
         for pos in (0, 3, 47):
             for head, rows, greedy in cases:
-                p = C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), pos, head=head)
+                p = timing.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), pos, head=head)
                 flash, psram, sram = expected_bytes_read(qm, pos, rows, greedy)
                 assert p.bytes_read == {"flash": flash, "psram": psram, "sram": sram}, (pos, head)
         with pytest.raises(ModelError, match="head must be full, skip or the rows of a greedy step"):
-            C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), 0, head=n_out + 1)
+            timing.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), 0, head=n_out + 1)
         if qm.head_index is None:
             with pytest.raises(ModelError, match="no head index"):
-                C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), 0, head=17)
+                timing.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), 0, head=17)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,7 +267,6 @@ def test_15m_llama2c_shape_fits_esp32s3_n16r8_and_not_pico():
 def test_batch_trades_ram_for_tokens_per_pass():
     """The batch (tokens per forward pass) grows scratch and the logits buffers; a batch that does not
     fit is refused with the largest one that does, and --apply's state_tiers carries it."""
-    from converter.blob import batch_of
     spec = ModelSpec.from_config(ModelConfig(dim=128, n_layers=4, n_heads=4, n_kv_heads=1, vocab_size=1024,
                                              hidden_dim=352, max_seq_len=128, tied=True), "q8", 32)
     sizes = {b: C.state_sizes(spec, "f32", b) for b in (1, 4, 8)}
@@ -273,7 +274,7 @@ def test_batch_trades_ram_for_tokens_per_pass():
     assert sizes[1]["scratch"] < sizes[4]["scratch"] < sizes[8]["scratch"]
     assert sizes[8]["logits"] - sizes[1]["logits"] == 7 * 1024 * 4
     pl = plan(spec, "pico", batch=8)
-    assert pl.batch == 8 and batch_of(pl.state_tiers) == 8 and plan(spec, "pico").state_tiers & 0xFF0000 == 0
+    assert pl.batch == 8 and pl.state_tiers.batch == 8 and plan(spec, "pico").state_tiers.to_u32() & 0xFF0000 == 0
     with pytest.raises(NoFit) as e:
         plan(spec, "pico", batch=40)
     fit = next(s for s in e.value.suggestions if s.startswith("a batch of"))
@@ -412,7 +413,7 @@ def test_layout_switch_moves_counters_keeps_logits(case, tmp_path, build_root):
     plans = [plan_layout(spec, "native", lay) for lay in LAYOUTS]
     assert len({p.layout_id for p in plans}) == len(plans)
     first = plans[2]          # the blob boots with a mixed placement: staged at boot
-    blob = build_blob(qm, first.tiers, first.state)
+    blob = build_blob(qm, first.tiers, first.state_tiers)
     assert parse_header(blob).layout_id == first.layout_id
     prompt, n = [1, 7, 3], 5
     ref = generate(qm, prompt, n, flags=FLAG_LOGITS)
@@ -422,7 +423,7 @@ def test_layout_switch_moves_counters_keeps_logits(case, tmp_path, build_root):
         seen = []
         for i, pl in enumerate([first] + plans):
             if i:
-                link.send(Layout(pl.layout_id, pl.state_tiers, pl.tier_codes))
+                link.send(Layout(pl.layout_id, pl.state_tiers.to_u32(), pl.tier_codes))
                 msgs = drain(link)
                 assert any(isinstance(m, Hello) and m.layout_id == pl.layout_id for m in msgs), msgs
             toks, logits, done = run(link, prompt, n)
@@ -442,10 +443,10 @@ def test_layout_refused_keeps_the_previous_one(tmp_path, build_root):
     pl = plan_layout(spec, "native", "flash,layers.*.ffn=psram")
     with native_link(qm, tmp_path, build_root) as (link, _):
         before, _, _ = run(link, [2, 3], 2, logits=False)
-        link.send(Layout(pl.layout_id ^ 1, pl.state_tiers, pl.tier_codes))
+        link.send(Layout(pl.layout_id ^ 1, pl.state_tiers.to_u32(), pl.tier_codes))
         err = [m for m in drain(link) if isinstance(m, Error)]
         assert err and err[0].code == 8 and "does not match" in err[0].text
-        link.send(Layout(pl.layout_id, pl.state_tiers, pl.tier_codes[:-1]))
+        link.send(Layout(pl.layout_id, pl.state_tiers.to_u32(), pl.tier_codes[:-1]))
         err = [m for m in drain(link) if isinstance(m, Error)]
         assert err and err[0].code == 8 and "table entries" in err[0].text
         link.send(Layout(pl.layout_id, 0x3, pl.tier_codes))
@@ -459,10 +460,10 @@ def test_retier_keeps_model_hash_and_data():
     qm = quantize(ir, "q8", 32)
     blob = build_blob(qm)
     pl = plan_layout(ModelSpec.from_quant(qm), "native", "flash,layers.*=psram,kv=psram")
-    new = retier_blob(blob, pl.tiers, pl.state)
+    new = retier_blob(blob, pl.tiers, pl.state_tiers)
     a, b = parse_header(blob), parse_header(new)
     assert a.model_hash == b.model_hash and b.layout_id == pl.layout_id and b.state_tiers == pl.state_tiers
-    assert new == build_blob(qm, pl.tiers, pl.state) and retier_blob(new) == blob
+    assert new == build_blob(qm, pl.tiers, pl.state_tiers) and retier_blob(new) == blob
 
 
 # ---------------------------------------------------------------------------------------------
@@ -532,13 +533,13 @@ def test_layout_on_the_emulated_rp2040(tmp_path, build_root):
     spec = ModelSpec.from_quant(qm)
     staged = plan_layout(spec, "rp2040-emu", "flash,layers.0=sram,head=sram")
     flash = plan_layout(spec, "rp2040-emu", "flash")
-    blob = build_blob(qm, staged.tiers, staged.state)
+    blob = build_blob(qm, staged.tiers, staged.state_tiers)
     with emu_link(qm, tmp_path, build_root, blob_bytes=blob) as (link, boot, _):
         assert [m for m in boot if isinstance(m, Hello)][-1].layout_id == staged.layout_id
         got = []
         for i, pl in enumerate((staged, flash)):
             if i:
-                link.send(Layout(pl.layout_id, pl.state_tiers, pl.tier_codes))
+                link.send(Layout(pl.layout_id, pl.state_tiers.to_u32(), pl.tier_codes))
                 assert any(isinstance(m, Hello) and m.layout_id == pl.layout_id for m in drain(link, 2.0))
             toks, logits, done = run(link, [1, 2], 2)
             assert done.generated == 2

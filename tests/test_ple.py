@@ -12,11 +12,14 @@ import numpy as np
 import pytest
 
 from converter import costmodel as C
-from converter.blob import BlobError, build_blob, layout_id_of, parse_header, read_blob, retier_blob
+from converter import timing
+from converter.blob import build_blob, parse_header, read_blob, retier_blob
 from converter.boards import load_board
+from converter.fidelity import Fp32Model
+from converter.formats import BlobError, layout_id_of
 from converter.ir import ModelConfig, ModelError
 from converter.quantize import quantize, quantize_matrix
-from converter.reference import FLAG_LOGITS, Fp32Model, Reference, generate
+from converter.reference import FLAG_LOGITS, Reference, generate
 from converter.tokenizer import encode
 from host.link.messages import Error, Hello, Layout
 from modelzoo import random_ple_model
@@ -262,7 +265,7 @@ def test_engine_matches_reference_bit_for_bit(case, tmp_path, build_root):
         # the planner predicts the same bytes, step by step
         spec = C.ModelSpec.from_header(parse_header(build_blob(qm)))
         for t in toks:
-            p = C.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), t.pos, head="full")
+            p = timing.predict(spec, load_board("native"), {}, dict.fromkeys(C.REGIONS, "sram"), t.pos, head="full")
             assert tuple(p.bytes_read[k] for k in C.TIERS) == t.bytes_read
     assert done.phase_us[3] == sum(t.us[3] for t in toks)     # the ple phase is timed
 
@@ -316,8 +319,8 @@ def test_flash_bytes_per_token_are_the_two_gathered_rows(tmp_path, build_root):
         again, _, _ = run(link, [2, 5], 3)
     for t in toks + again:
         assert t.bytes_read[0] == row_bytes, t.step
-        p = C.predict(spec, load_board("native"), parse_header(blob).tiers, dict.fromkeys(C.REGIONS, "sram"), t.pos,
-                      head="full")
+        p = timing.predict(spec, load_board("native"), parse_header(blob).tiers, dict.fromkeys(C.REGIONS, "sram"),
+                           t.pos, head="full")
         assert tuple(p.bytes_read[k] for k in C.TIERS) == t.bytes_read
     assert 40 < row_bytes < 200
 

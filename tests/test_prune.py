@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 
 from converter import headcalib
 from converter import headprune as hp
-from converter.blob import BlobError, build_blob, read_blob
+from converter.blob import build_blob, read_blob
+from converter.formats import BlobError
 from converter.quantize import quantize, quantize_matrix
-from converter.reference import PackedMatrix, Reference, quantize_activation
+from converter.numerics import PackedMatrix, quantize_activation
+from converter.reference import Reference
 from modelzoo import random_model, random_ple_model, spread_head, with_head_index
 
 F = np.float32

@@ -3,8 +3,11 @@ import numpy as np
 import pytest
 import torch
 
-from converter.quantize import quantize, quality_report, rope_tables
-from converter.reference import Fp32Model, Reference, Rng, fold, quantize_activation, sample
+from converter.fidelity import Fp32Model, quality_report
+from converter.numerics import fold, quantize_activation
+from converter.quantize import quantize, rope_tables
+from converter.reference import Reference
+from converter.sampling import Rng, sample
 from modelzoo import random_model
 
 

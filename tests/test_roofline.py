@@ -12,7 +12,9 @@ from converter import costmodel as C
 from converter import passcost as P
 from converter import roofline as R
 from converter import speculation as S
+from converter import timing
 from converter.blob import build_blob, parse_header
+from converter.formats import StateTiers
 from converter.planner import plan
 from converter.quantize import quantize
 from modelzoo import random_model, with_head_index
@@ -52,7 +54,7 @@ def test_a_one_token_pass_is_the_cost_models_step():
     for prof in ("pico", "esp32s3-n16r8", BANDWIDTH_BOUND):
         pl = P.Placement.of(plan(C.ModelSpec.from_quant(qm), prof, batch=4))
         for pos, head in ((0, "skip"), (7, None), (7, "full"), (3, 11)):
-            want = C.predict(pl.spec, pl.prof, pl.tiers, pl.regions, pos, pl.kv, head=head)
+            want = timing.predict(pl.spec, pl.prof, pl.tiers, pl.regions, pos, pl.kv, head=head)
             got = P.predict_pass(pl, pos, 1, head)
             assert got.bytes_read == want.bytes_read
             assert got.total_us == pytest.approx(want.total_us, rel=1e-9)
@@ -66,7 +68,7 @@ def test_a_pass_reads_each_weight_once_and_every_token_its_own(kv):
     per token its embedding row, norms, RoPE rows and KV rows — so flash bytes per token fall ~T-fold."""
     from test_multitoken import chunk_bytes
     qm = qmodel(seed=3, max_seq_len=40)
-    h = parse_header(build_blob(qm, kv=kv))
+    h = parse_header(build_blob(qm, state=StateTiers(kv=kv)))
     pl = P.Placement.of_header(h, board("pico"))
     per_token = []
     for T in (1, 2, 4, 8):
@@ -129,7 +131,7 @@ def test_roofs_come_from_the_profile_and_the_cost_model():
         assert (cpm, cpf) == pytest.approx((comp.get("cycles_per_mac", want[0]), comp.get("cycles_per_flop", want[1])))
         roofs = R.roofs(prof)
         assert roofs.mac_per_s == pytest.approx(prof["clock_mhz"] * 1e6 / cpm)
-        assert set(roofs.bandwidth) == set(C.tier_models(prof))
+        assert set(roofs.bandwidth) == set(timing.tier_models(prof))
 
 
 def test_acceptance_arithmetic_and_its_calibration():

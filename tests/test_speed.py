@@ -8,7 +8,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from converter.blob import build_blob, kv_format, layout_id_of, parse_header, with_kv
+from converter.blob import build_blob, parse_header
+from converter.formats import StateTiers, layout_id_of
 from converter.footprint import region_bytes
 from converter.quantize import quantize
 from converter.reference import FLAG_ALL_LOGITS, FLAG_LOGITS, FLAG_SLIDE, NO_TOKEN, generate
@@ -111,9 +112,9 @@ def kv_bytes(qm, pos, kv):
 def test_int8_kv_cache_bit_exact_and_switchable_by_layout(name, tmp_path, build_root, blob_checker):
     qm = kv_model(name)
     c = qm.config
-    blob = build_blob(qm, kv="int8")
+    blob = build_blob(qm, state=StateTiers(kv="int8"))
     h = parse_header(blob)
-    assert kv_format(h.state_tiers) == "int8" and h.layout_id != parse_header(build_blob(qm)).layout_id
+    assert h.state_tiers.kv == "int8" and h.layout_id != parse_header(build_blob(qm)).layout_id
     (tmp_path / "i8.flmb").write_bytes(blob)
     out = subprocess.run([str(blob_checker), str(tmp_path / "i8.flmb")], capture_output=True, text=True).stdout
     rb = region_bytes(c, 24 if name == "mha-hd6" else 32, "int8")
@@ -124,7 +125,7 @@ def test_int8_kv_cache_bit_exact_and_switchable_by_layout(name, tmp_path, build_
         for i, kv in enumerate(("int8", "f32", "int8")):
             if i:
                 tiers = bytes(len(h.entries))
-                st = with_kv(0, kv)
+                st = StateTiers(kv=kv).to_u32()
                 link.send(Layout(layout_id_of(tiers, st), st, tiers))
                 msgs = drain(link)
                 assert any(isinstance(m, Hello) and m.layout_id == layout_id_of(tiers, st) for m in msgs)
@@ -172,7 +173,7 @@ def test_sliding_window_bit_exact(kv, tmp_path, build_root):
     qm = with_head_index(quantize(spread_head(random_model(seed=47, max_seq_len=11)[1]), "q8", 32))
     S = qm.config.max_seq_len
     prompt = [3, 1, 4, 1, 5]
-    with native_link(qm, tmp_path, build_root, blob_bytes=build_blob(qm, kv=kv)) as (link, _):
+    with native_link(qm, tmp_path, build_root, blob_bytes=build_blob(qm, state=StateTiers(kv=kv))) as (link, _):
         toks, logits, done = run(link, prompt, 40, slide=True)
         ref = generate(qm, prompt, 40, flags=FLAG_LOGITS | FLAG_SLIDE, kv=kv)
         assert_matches_reference(toks, logits, ref)
@@ -206,7 +207,8 @@ def test_emulated_rp2040_int8_kv_slide_pruned(tmp_path):
                                                            vocab_size=40, max_seq_len=9)[1], span=6.0), "q8", 8), 4)
     prompt = [1, 5, 2]
     steps = []
-    with emu_link(qm, tmp_path, tmp_path, blob_bytes=build_blob(qm, kv="int8")) as (link, boot, board):
+    blob = build_blob(qm, state=StateTiers(kv="int8"))
+    with emu_link(qm, tmp_path, tmp_path, blob_bytes=blob) as (link, boot, board):
         for flags, logits in ((FLAG_SLIDE, False), (FLAG_SLIDE | FLAG_LOGITS, True)):
             board.read_counts()
             toks, lg, done = run(link, prompt, 16, logits=logits, slide=True)
@@ -238,7 +240,7 @@ def test_cli_convert_kv_run_slide_and_the_prefill_decode_report(tmp_path, capsys
     save_checkpoint(tmp_path / "m.pt", model)
     out = tmp_path / "model"
     assert main(["convert", str(tmp_path / "m.pt"), "-o", str(out), "--kv", "int8", "--no-report"]) == 0
-    assert kv_format(read_header(out / "model.flmb").state_tiers) == "int8"
+    assert read_header(out / "model.flmb").state_tiers.kv == "int8"
     assert json.loads((out / "manifest.json").read_text())["kv"] == "int8"
     qm = read_blob(out / "model.flmb")
     prompt = [1, 2, 3, 4]
@@ -271,13 +273,13 @@ def test_cli_convert_kv_run_slide_and_the_prefill_decode_report(tmp_path, capsys
     assert "KV cache f32: layout" in cap.out
     # plan --apply keeps the blob's KV format unless --kv names one; --kv f32 / int8: the header records it
     rc = main(["plan", str(out), "--board", "native", "--flash-only", "--apply", "--png", str(tmp_path / "p.png")])
-    assert rc == 0 and kv_format(read_header(out / "model.flmb").state_tiers) == "int8"
+    assert rc == 0 and read_header(out / "model.flmb").state_tiers.kv == "int8"
     rc = main(["plan", str(out), "--board", "native", "--flash-only", "--kv", "f32", "--apply",
                "--png", str(tmp_path / "p.png")])
-    assert rc == 0 and kv_format(read_header(out / "model.flmb").state_tiers) == "f32"
+    assert rc == 0 and read_header(out / "model.flmb").state_tiers.kv == "f32"
     rc = main(["plan", str(out), "--board", "native", "--flash-only", "--kv", "int8", "--apply",
                "--png", str(tmp_path / "p.png")])
-    assert rc == 0 and kv_format(read_header(out / "model.flmb").state_tiers) == "int8"
+    assert rc == 0 and read_header(out / "model.flmb").state_tiers.kv == "int8"
     assert json.loads((out / "manifest.json").read_text())["kv"] == "int8"
     # a random model: its rows are all alike, so convert's calibration left the head index out
     assert json.loads((out / "manifest.json").read_text())["head_index"]["kept"] is False

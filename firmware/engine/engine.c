@@ -186,7 +186,7 @@ static PROFILED void kv_put(const flm_state *s, uint8_t *row0, const float *v) {
     }
 }
 
-/* ---- int8 KV: integer attention (converter/reference.py attend_int8, docs/formats.md 1.2) ---- */
+/* ---- int8 KV: integer attention (converter/numerics.py attend_int8, docs/formats.md 1.2) ---- */
 
 static float rdf32(const uint8_t *p) { return *(const float *)(const void *)p; }   /* a KV row's scale (aligned) */
 

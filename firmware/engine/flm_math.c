@@ -89,7 +89,7 @@ float flm_sqrtf(float x) {
 
 float flm_silu(float x) { return x / (1.0f + flm_expf(-x)); }
 
-/* sqrt(2/pi) and sqrt(2/pi) * 0.044715, each rounded once to binary32 (reference.py GELU_K0/K1) */
+/* sqrt(2/pi) and sqrt(2/pi) * 0.044715, each rounded once to binary32 (numerics.py GELU_K0/K1) */
 #define GELU_K0 0x1.988454p-1f
 #define GELU_K1 0x1.2444f2p-5f
 

@@ -1,4 +1,4 @@
-/* Deterministic float functions mirrored exactly by converter/reference.py (no libm). */
+/* Deterministic float functions mirrored exactly by converter/numerics.py (no libm). */
 #ifndef FLM_MATH_H
 #define FLM_MATH_H
 #include <stdint.h>
@@ -17,7 +17,7 @@ static inline int32_t flm_round_half_away(uint32_t mag) {
     /* its bits from the halves' place up (exponent 126..149, a shift of 31..8), plus a half */
     return (int32_t)(((sig >> (157u - (mag >> 23))) + 1u) >> 1);
 }
-/* 2^(j/256) in Q23, j = 0..256 (converter/reference.py EXP2_Q23, which tests/test_engine.py checks) */
+/* 2^(j/256) in Q23, j = 0..256 (converter/numerics.py EXP2_Q23, which tests/test_engine.py checks) */
 extern const uint32_t flm_exp2_q23[257];
 /* 2^(f / 65536) in Q23 for f in [0, 65536): the table, interpolated linearly (floor) */
 static inline uint32_t flm_exp2_frac(uint32_t f) {

@@ -1,5 +1,5 @@
 /* Token choice on the device: greedy, or seeded temperature / top-p with xorshift64*
- * (mirrored by converter/reference.py: Rng, sample). */
+ * (mirrored by converter/sampling.py: Rng, sample). */
 #ifndef FLM_SAMPLER_H
 #define FLM_SAMPLER_H
 #include <stdint.h>

@@ -87,7 +87,7 @@ def measure_layouts(sess, plans: dict, request: Generate, on_layout=None) -> dic
     out = {}
     for name, pl in plans.items():
         try:
-            hello = sess.set_layout(pl.layout_id, pl.state_tiers, pl.tier_codes)
+            hello = sess.set_layout(pl.layout_id, pl.state_tiers.to_u32(), pl.tier_codes)
         except DeviceError as e:
             out[name] = dict(error=str(e))
             continue

@@ -11,6 +11,8 @@ from converter import headcalib
 from converter import quantize as Q
 from converter.blob import read_golden, write_blob
 from converter.draft import attach
+from converter.fidelity import quality_report
+from converter.formats import StateTiers
 from converter.load import load_model
 from converter.tokenizer import tokenizer_bin_bytes
 from converter.tokenizer_enc import device_section
@@ -77,14 +79,14 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
     if report:
         step(console, "measuring quality (quantized vs fp32 logits)")
         with console.status("running both models"):
-            rep = Q.quality_report(ir, qm)
+            rep = quality_report(ir, qm)
         print_quality(console, rep)
     index_report = _head_index(console, qm, head_index)
     if draft is not None:
         qm = attach_draft(console, qm, draft, recipe)
     outdir.mkdir(parents=True, exist_ok=True)
     step(console, f"writing {outdir / BLOB_NAME}")
-    info = write_blob(qm, outdir / BLOB_NAME, kv=kv, batch=batch)
+    info = write_blob(qm, outdir / BLOB_NAME, state=StateTiers(kv=kv, batch=batch))
     tok_name = _write_tokenizer(ir, tokenizer, outdir)
     if tok_name is None:
         console.print("  [yellow]no tokenizer: runs of this model need --prompt-ids[/]")

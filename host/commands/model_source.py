@@ -9,7 +9,7 @@ from pathlib import Path
 
 from converter import headcalib
 from converter import quantize as Q
-from converter.blob import BlobHeader, batch_of, kv_format, read_header
+from converter.blob import BlobHeader, read_header
 from converter.costmodel import ModelSpec
 from converter.hf_import import is_hf_dir
 from converter.load import load_model
@@ -35,11 +35,11 @@ class Source:
 
     def kv(self) -> str:
         """The blob's own KV cache format, else convert's default (int8)."""
-        return kv_format(self.header.state_tiers) if self.header is not None else "int8"
+        return self.header.state_tiers.kv if self.header is not None else "int8"
 
     def batch(self) -> int:
         """The batch the blob's header names, else 1."""
-        return batch_of(self.header.state_tiers) if self.header is not None else 1
+        return self.header.state_tiers.batch if self.header is not None else 1
 
 
 def load_spec(model, recipe: Recipe = Recipe(), tokenizer=None, context: int | None = None):

@@ -47,8 +47,10 @@ def text_prompt(model: ModelDir, prompt: str | None, prompt_ids: str | None) -> 
         raise UserError("--encode-on device encodes a --prompt text; --prompt-ids are ids already")
     if prompt == "":
         raise UserError("the prompt is empty")
-    from converter.tokenizer_enc import section_info    # its Unicode tables: only --encode-on device needs them
-    info = section_info(model.blob)
+    # the blob reader and the encoder's Unicode tables: only --encode-on device needs them
+    from converter.blob import read_header
+    from converter.tokenizer_enc import section_info
+    info = section_info(model.blob, read_header(model.blob))
     if info is None:
         why = model.device_tokenizer or "its blob has no tokenizer.enc section"
         raise UserError(f"the model in {model.path} cannot be encoded on the board ({why}); "

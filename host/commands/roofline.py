@@ -15,7 +15,7 @@ from pathlib import Path
 from converter import passcost as P
 from converter import roofline as R
 from converter import speculation as S
-from converter.blob import kv_format, read_blob
+from converter.blob import read_blob
 from converter.boards import load_board
 from converter.costmodel import ModelSpec
 from converter.ir import ModelError
@@ -329,7 +329,7 @@ def draft_of(h, place):
     """The draft model's placement beside ``place`` (None when the blob carries none)."""
     if h.draft is None:
         return None
-    return draft_placement(ModelSpec.from_header(h.draft), place, kv_format(h.draft.state_tiers))
+    return draft_placement(ModelSpec.from_header(h.draft), place, h.draft.state_tiers.kv)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from converter.formats import TIER_CODE, layout_id_of
 from converter.tokenizer import decode
 
 from ..boards.builds import ensure_firmware
@@ -45,9 +46,9 @@ def kv_layout(blob: Path, kv: str) -> tuple[int, int, bytes]:
     """(layout_id, state_tiers, tiers) of the blob's own placement with the KV cache format kv: the
     LAYOUT that switches a board holding this blob to it."""
     # the blob module loads the golden check's reference forward pass: only a run with --kv needs it
-    from converter.blob import TIER_CODE, layout_id_of, read_header, with_kv
+    from converter.blob import read_header
     h = read_header(blob)
-    st = with_kv(h.state_tiers, kv)
+    st = replace(h.state_tiers, kv=kv).to_u32()
     tiers = bytes(TIER_CODE[e.tier] for e in h.entries)
     return layout_id_of(tiers, st), st, tiers
 

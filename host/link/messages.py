@@ -89,7 +89,7 @@ class Stop:
 class Layout:
     """Switch placement without reflashing: one tier (0 flash, 1 psram, 2 sram) per tensor-table
     entry in table order, and the state regions' tiers (the blob header's state_tiers field);
-    ``layout_id`` is what the device will report in HELLO (converter.blob.layout_id_of)."""
+    ``layout_id`` is what the device will report in HELLO (converter.formats.layout_id_of)."""
 
     layout_id: int
     state_tiers: int

@@ -1,4 +1,4 @@
-/* The kernels' matvec on tensors from stdin, against converter/reference.py in tests/test_kernels.py.
+/* The kernels' matvec on tensors from stdin, against converter/numerics.py in tests/test_kernels.py.
  * stdin, repeated until it ends: u32 fmt (1 q8, 2 q4), rows, cols, group, scales (0 f32, 1 fp16, 2 row
  * scale and multipliers), row_stride; the
  * rows' bytes (docs/formats.md section 1); cols i8 activation codes; n_groups f32 activation scales.

@@ -21,6 +21,7 @@ def models() -> dict[str, bytes]:
     import dataclasses
 
     from converter.blob import build_blob
+    from converter.formats import StateTiers
     from converter.ir import Tokenizer
     from converter.quantize import quantize
     from converter.tokenizer import load_tokenizer
@@ -34,14 +35,16 @@ def models() -> dict[str, bytes]:
     _, small = random_model(**{**FUZZ_MODEL, "seed": 11, "dim": 8, "n_layers": 1})
     draft = quantize(small, "q8", 8)                             # speculative decoding's draft model
     # greedy: tiles; prefill in passes of up to 4
-    out["app_q8"] = build_blob(attach(with_head_index(quantize(spread_head(ir, span=6.0), "q8", 8), 4), draft), batch=4)
+    out["app_q8"] = build_blob(attach(with_head_index(quantize(spread_head(ir, span=6.0), "q8", 8), 4), draft),
+                               state=StateTiers(batch=4))
     _, ir2 = random_model(**{**FUZZ_MODEL, "seed": 8, "tied": False, "n_layers": 2, "n_kv_heads": 2})
     out["untied_q4"] = build_blob(quantize(ir2, "q4", 6, ["tok_embeddings=q8:16"]))
     out["placed"] = build_blob(quantize(ir, "q8", 8), tiers={"layers.0.ffn.w1": "psram", "norm": "sram"})
     # Per-Layer Embeddings, untied head over part of the vocabulary, fp16 scales, ragged groups
     ple = random_ple_model(seed=9, dim=16, n_heads=2, n_kv_heads=1, hidden_dim=24, vocab_size=24, max_seq_len=12,
                            n_layers=2, ple_dim=6, tied=False, out_vocab=17)
-    out["ple_q4_f16"] = build_blob(with_head_index(quantize(ple, "q4", 8, ["ple.proj=q8:5"], scales="f16"), 3), batch=5)
+    out["ple_q4_f16"] = build_blob(with_head_index(quantize(ple, "q4", 8, ["ple.proj=q8:5"], scales="f16"), 3),
+                                   state=StateTiers(batch=5))
     # the default ByteLevel BPE (vocab 1024) on a tiny model: a tokenizer.enc of every table kind
     _, ir3 = random_model(**{**FUZZ_MODEL, "seed": 9, "vocab_size": 1024, "max_seq_len": 8, "n_layers": 2,
                              "n_kv_heads": 2})
@@ -49,7 +52,8 @@ def models() -> dict[str, bytes]:
     out["bpe_q8"] = build_blob(quantize(ir3, "q8", 8))
     # an int8 KV cache (head_dim 6: padded rows), a head whose row norms differ (the greedy scan skips tiles)
     _, ir4 = random_model(**{**FUZZ_MODEL, "seed": 10, "dim": 12, "n_kv_heads": 2})
-    out["int8_kv_spread_head"] = build_blob(with_head_index(quantize(spread_head(ir4), "q8", 6), 2), kv="int8")
+    out["int8_kv_spread_head"] = build_blob(with_head_index(quantize(spread_head(ir4), "q8", 6), 2),
+                                            state=StateTiers(kv="int8"))
     return out
 
 
