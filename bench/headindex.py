@@ -33,7 +33,7 @@ from converter import headcalib
 from converter.load import load_model
 from converter.quantize import quantize
 from converter.tokenizer import encode
-from firmware.build import BuildError
+from firmware.build_meta import BuildError
 from host.virtual import start_emulated_board, start_native_board
 
 from .callgrind import callgrind_missing, profile

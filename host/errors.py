@@ -30,7 +30,7 @@ def is_user_error(e: Exception) -> bool:
     ``run`` never loads torch."""
     from converter.corpus import CorpusError
     from converter.ir import ModelError
-    from firmware.build import BuildError
+    from firmware.build_meta import BuildError
 
     from .protocol import ProtocolError
     from .flash import FlashError
