@@ -17,8 +17,11 @@
 flm_app flm_dev;
 uint8_t flm_rxbuf[FLM_RXBUF_BYTES];
 
-static void boot(uint8_t *arena, size_t cap, uint32_t arena_tier) {
+void flm_app_boot(uint8_t *arena, size_t cap, uint32_t arena_tier) {
     size_t len = 0;
+    flm_tx_init(&flm_dev.tx, hal_serial_write);
+    flm_rx_init(&flm_dev.rx, flm_rxbuf, sizeof flm_rxbuf);
+    flm_dev.bad_seen = 0;   /* the receiver counts bad frames from 0 again */
     const uint8_t *blob = hal_blob(&len);
     app_ring_reset();
     flm_dev.image_ok = 0;
@@ -70,10 +73,7 @@ static void boot(uint8_t *arena, size_t cap, uint32_t arena_tier) {
     app_send_hello();
 }
 
-void flm_app_run(uint8_t *arena, size_t cap, uint32_t arena_tier) {
-    flm_tx_init(&flm_dev.tx, hal_serial_write);
-    flm_rx_init(&flm_dev.rx, flm_rxbuf, sizeof flm_rxbuf);
-    boot(arena, cap, arena_tier);
+void flm_app_serve(void) {
     for (;;) {
         int got = app_receive();
         if (got == APP_RX_NOTHING) {
@@ -94,4 +94,9 @@ void flm_app_run(uint8_t *arena, size_t cap, uint32_t arena_tier) {
         default: app_send_error(FLM_E_BAD_MESSAGE, "unknown message type"); break;
         }
     }
+}
+
+void flm_app_run(uint8_t *arena, size_t cap, uint32_t arena_tier) {
+    flm_app_boot(arena, cap, arena_tier);
+    flm_app_serve();
 }

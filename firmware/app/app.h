@@ -4,7 +4,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Validate the blob the HAL maps, then serve the host forever. The arena (in tier arena_tier)
- * holds the KV cache and every scratch buffer. */
+/* Validate the blob the HAL maps, then serve the host forever: flm_app_boot, then flm_app_serve.
+ * The arena (in tier arena_tier) holds the KV cache and every scratch buffer. */
 void flm_app_run(uint8_t *arena, size_t cap, uint32_t arena_tier);
+/* Boot: the kernels' self-check, the image's checks and placement, the golden check, HELLO. Its
+ * result depends on the image only (it reads nothing from the host). */
+void flm_app_boot(uint8_t *arena, size_t cap, uint32_t arena_tier);
+/* Serve the host's commands forever. */
+void flm_app_serve(void);
 #endif

@@ -11,7 +11,9 @@ the boards (length arithmetic that wraps there but not on x86-64 is caught). Inp
 <target>/ (inputs that once crashed, committed), build/fuzz/work/<target>/ (what the fuzzer finds,
 not committed). A crash leaves its input in build/fuzz/crashes/: copy it into tests/fuzz/
 regressions/<target>/ once fixed. Exit status: 0 clean, 1 a crash or sanitizer report, 2 no
-toolchain. Prints one JSON line per target: executions, crashes, coverage, seconds."""
+toolchain. Prints one JSON line per target: executions, executions a second (libFuzzer's average),
+crashes, coverage, seconds. fuzz_app boots the app once per process and restores the booted state
+before each input; --replay boots it for every input, as a board does."""
 from __future__ import annotations
 
 import argparse
@@ -101,6 +103,7 @@ def _parse(out: str) -> dict:
         m = re.findall(pattern, out)
         return int(m[-1]) if m else default
     return {"executions": last(r"stat::number_of_executed_units:\s*(\d+)", last(r"Done (\d+) runs")),
+            "exec_per_s": last(r"stat::average_exec_per_sec:\s*(\d+)"),
             "coverage": last(r"cov: (\d+)"), "features": last(r"ft: (\d+)"),
             "corpus": last(r"corp: (\d+)"),
             "sanitizer_reports": len(re.findall(r"ERROR: (?:AddressSanitizer|LeakSanitizer)|runtime error:", out)),
@@ -145,8 +148,8 @@ def replay(target: str) -> dict:
     """Every committed seed and regression input once (no mutation)."""
     exe = build(target)
     files = [p for d in corpus_dirs(target) for p in sorted(d.iterdir()) if p.is_file()]
-    r = subprocess.run([str(exe), "-runs=1", *map(str, files)], env=_env(), capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run([str(exe), "-runs=1", *map(str, files)], env=dict(_env(), FLM_FUZZ_BOOT_EACH="1"),
+                       capture_output=True, text=True, timeout=300)
     out = r.stdout + r.stderr
     return {"target": target, "inputs": len(files), "returncode": r.returncode,
             "sanitizer_reports": _parse(out)["sanitizer_reports"], "log_tail": out[-3000:] if r.returncode else ""}
