@@ -13,7 +13,8 @@
  *
  * "Bit for bit" means every output bit equal to the reference's for every input the engine passes
  * (integer sums are exact in any order; float steps must be the reference's, in its order).
- * A hook named as a function may be a function-like macro, and vice versa. */
+ * A hook named as a function may be a function-like macro, and vice versa, except the dots
+ * FLM_DOT_Q8, FLM_DOT_Q4 and FLM_DOT_Q4O: the rows take them as arguments, so they name functions. */
 #ifndef FLM_KERNEL_HOOKS_H
 #define FLM_KERNEL_HOOKS_H
 #include "kernels_ref.h"
@@ -66,9 +67,11 @@ typedef void (*rows_fn)(const uint8_t *data, size_t stride, uint32_t r0, uint32_
 #define FLM_DOT_Q8 dot_q8_scalar
 #endif
 
-/* FLM_DOT_Q4(w, x, n), FLM_DOT_Q4O(w, x, n) -> int32_t: the same for int4 codes two per byte, low
- * nibble first: two's complement (q4; dot_q4_scalar), or offset by 8 (row-scaled q4;
- * dot_q4o_scalar). Fallback: a pair of codes a turn, each code byte read once. */
+/* FLM_DOT_Q4X(w, x, n, o) -> int32_t: the same for int4 codes two per byte, low nibble first, each
+ * code lo4/hi4's with offset o: two's complement (o = 8, q4; dot_q4_scalar) or offset by 8 (o = 0,
+ * row-scaled q4; dot_q4o_scalar). Fallback: dot_q4x, a pair of codes a turn, each code byte read
+ * once. FLM_DOT_Q4(w, x, n) and FLM_DOT_Q4O(w, x, n): the two as functions of their own (a core
+ * may have its own for either); fallback: FLM_DOT_Q4X with o = 8, and o = 0. */
 static inline __attribute__((always_inline)) int32_t dot_q4x(const uint8_t *restrict w, const flm_act *restrict x,
                                                              uint32_t n, uint32_t o) {
     int32_t s = 0;
@@ -76,18 +79,23 @@ static inline __attribute__((always_inline)) int32_t dot_q4x(const uint8_t *rest
     if (n & 1u) s += lo4(w[n / 2u], o) * (int32_t)x[n - 1u];
     return s;
 }
-#ifndef FLM_DOT_Q4
+#ifndef FLM_DOT_Q4X
+#define FLM_DOT_Q4X dot_q4x
+#endif
+#if !defined(FLM_DOT_Q4) || !defined(FLM_DOT_Q4O)
 static inline __attribute__((always_inline)) int32_t dot_q4(const uint8_t *restrict w, const flm_act *restrict x,
                                                             uint32_t n) {
-    return dot_q4x(w, x, n, 8u);
+    return FLM_DOT_Q4X(w, x, n, 8u);
 }
+static inline __attribute__((always_inline)) int32_t dot_q4o(const uint8_t *restrict w, const flm_act *restrict x,
+                                                             uint32_t n) {
+    return FLM_DOT_Q4X(w, x, n, 0u);
+}
+#endif
+#ifndef FLM_DOT_Q4
 #define FLM_DOT_Q4 dot_q4
 #endif
 #ifndef FLM_DOT_Q4O
-static inline __attribute__((always_inline)) int32_t dot_q4o(const uint8_t *restrict w, const flm_act *restrict x,
-                                                             uint32_t n) {
-    return dot_q4x(w, x, n, 0u);
-}
 #define FLM_DOT_Q4O dot_q4o
 #endif
 

@@ -1,7 +1,7 @@
 /* The vectorised kernels of cores with SIMD (FLM_VECTOR, kernels.h: x86 SSE2, Arm NEON; every host
  * build): portable C in the shapes gcc and clang vectorise at -O2, and on x86-64 compiled twice, for
  * the baseline and for AVX2 (FLM_CLONES). They define kernel_hooks.h's FLM_AMAX_BITS,
- * FLM_QUANT_CODES, FLM_ACT_CODES, FLM_DOT_Q4, FLM_DOT_Q4O, FLM_ISUMS_FOR and FLM_ROWS_FOR; the q8
+ * FLM_QUANT_CODES, FLM_ACT_CODES, FLM_DOT_Q4X, FLM_ISUMS_FOR and FLM_ROWS_FOR; the q8
  * dot is the reference's own loop (kernels_ref.h dot_q8_scalar), which vectorises as it is.
  *
  * Included by kernel_hooks.h, in kernels.c only (it instantiates the row kernels). */
@@ -80,16 +80,7 @@ static inline __attribute__((always_inline)) int32_t dot_q4x_vec(const uint8_t *
     }
     return s;
 }
-static inline __attribute__((always_inline)) int32_t dot_q4_vec(const uint8_t *restrict w, const flm_act *restrict x,
-                                                                uint32_t n) {
-    return dot_q4x_vec(w, x, n, 8u);
-}
-static inline __attribute__((always_inline)) int32_t dot_q4o_vec(const uint8_t *restrict w, const flm_act *restrict x,
-                                                                 uint32_t n) {
-    return dot_q4x_vec(w, x, n, 0u);
-}
-#define FLM_DOT_Q4 dot_q4_vec
-#define FLM_DOT_Q4O dot_q4o_vec
+#define FLM_DOT_Q4X dot_q4x_vec
 
 /* ---- rows of the common shapes ------------------------------------------------------------ */
 
