@@ -2,14 +2,17 @@
  * fallback. kernels.c, the kernels' one translation unit, includes this file and calls the hooks
  * by these names only.
  *
- * Where hooks come from, in this order (the first definition of a hook wins):
- * - the vectorised kernels of cores with SIMD (kernels_vec.h, when kernels.h sets FLM_VECTOR);
- * - a core's own kernels: a header named kernels_arch.h in its HAL directory, which every build of
- *   that HAL copies into src/hal (on the include path; e.g. firmware/hal/rp2040/kernels_arch.h, the
- *   Cortex-M0+). It defines the hooks it has faster kernels for, and nothing else.
- * - the fallbacks below: the reference kernels (kernels_ref.h) or portable C.
- * Adding an instruction set is a kernels_arch.h under its HAL (include kernels_ref.h's helpers as
- * needed); the boot self-check (kernels_check.h) then compares its kernels with the reference.
+ * Where a hook is defined (once):
+ * - by the vectorised kernels of cores with SIMD (kernels_vec.h, when kernels.h sets FLM_VECTOR);
+ * - by a core's own kernels: a header named kernels_arch.h in its HAL directory, which every build
+ *   of that HAL copies into src/hal (on the include path; e.g. firmware/hal/rp2040/kernels_arch.h,
+ *   the Cortex-M0+). It defines the hooks it has faster kernels for, and nothing else (on a core
+ *   with SIMD, only hooks kernels_vec.h leaves to their fallbacks);
+ * - else by the fallbacks below: the reference kernels (kernels_ref.h) or portable C.
+ * Adding an instruction set is a kernels_arch.h under its HAL (kernels_ref.h's helpers are in
+ * scope); a HAL that serves two (hal/esp32: the ESP32-S3's Xtensa, the ESP32-C3's rv32imc) picks
+ * by the compiler's macros inside it. The boot self-check (kernels_check.h) then compares its
+ * kernels with the reference.
  *
  * "Bit for bit" means every output bit equal to the reference's for every input the engine passes
  * (integer sums are exact in any order; float steps must be the reference's, in its order).
