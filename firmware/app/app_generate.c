@@ -20,9 +20,10 @@
 
 enum { REASON_MAX_TOKENS = 0, REASON_EOS = 1, REASON_CONTEXT = 2, REASON_STOPPED = 3 };
 
-/* The generation running: its request, output and running totals. */
+/* The generation running: its request (a copy: the forward passes read its fields as the globals
+ * they are, one load each), output and running totals. */
 static struct {
-    const app_request *r;
+    app_request r;
     const app_output *out;
     int every, greedy;        /* every step computes the whole head (LOGITS, ALL_LOGITS); temperature <= 0 */
     flm_rng rng;
@@ -51,7 +52,7 @@ static uint32_t run_pass(uint32_t *ctx, uint32_t pos, uint32_t n, uint32_t n_dro
     flm_state *s = &flm_dev.state;
     const uint32_t step = G.d.steps;
     const int verify = ps->kind == FLM_PASS_VERIFY;
-    const int used = step + n >= G.r->n;          /* the last token's output is used: the prompt's last, or generated */
+    const int used = step + n >= G.r.n;          /* the last token's output is used: the prompt's last, or generated */
     ps->first = step;
     ps->len = ps->used = (uint8_t)n;
     if (n_drop) flm_slide(s, n_drop, &ps->st);
@@ -73,7 +74,7 @@ static uint32_t run_pass(uint32_t *ctx, uint32_t pos, uint32_t n, uint32_t n_dro
         ps->used = (uint8_t)k;
         ps->st.us[FLM_PH_SAMPLE] = (uint32_t)(hal_time_us() - ts);
     } else if (used && lg_last) {
-        out = flm_sample(lg_last, m->n_out, G.r->temperature, G.r->top_p, &G.rng, s->probs, s->idx);
+        out = flm_sample(lg_last, m->n_out, G.r.temperature, G.r.top_p, &G.rng, s->probs, s->idx);
         ps->st.us[FLM_PH_SAMPLE] = (uint32_t)(hal_time_us() - ts);
     }
     add_pass(ps);
@@ -84,7 +85,7 @@ static uint32_t run_pass(uint32_t *ctx, uint32_t pos, uint32_t n, uint32_t n_dro
         const uint32_t o = i + 1u == ps->used ? out : verify ? ctx[pos + i + 1u] : FLM_NONE;
         G.out->token(step + i, pos + i, ctx[pos + i], o, mine ? ps->st.head_rows : 0u,
                      lg ? flm_crc32_update(0, lg, (size_t)m->n_out * 4u) : 0u, ps);
-        if (G.r->flags & GEN_LOGITS) G.out->logits(step + i, lg);
+        if (G.r.flags & GEN_LOGITS) G.out->logits(step + i, lg);
     }
     G.d.steps += ps->used;
     if (out != FLM_NONE) G.d.generated += verify ? ps->used : 1u;
@@ -96,7 +97,7 @@ void app_generate(const app_request *r, const app_output *sink, flm_done *d) {
     const flm_model *m = &flm_dev.model;
     const uint32_t n = r->n, max_new = r->max_new, flags = r->flags;
     memset(&G, 0, sizeof G);
-    G.r = r;
+    G.r = *r;
     G.out = sink;
     flm_rng_seed(&G.rng, r->seed);
     /* LOGITS implies ALL_LOGITS: every step computes the whole head, never pruned or skipped */
@@ -120,9 +121,9 @@ void app_generate(const app_request *r, const app_output *sink, flm_done *d) {
         flm_pass ps;
         memset(&ps, 0, sizeof ps);
         if (G.d.steps >= n) ctx[pos] = tok;   /* a generated token's pass (ctx holds the prompt's) */
-        if (r->speculate == SPEC_DRAFT) FLM_STEP_STATE(&flm_dev.dstate);
+        if (G.r.speculate == SPEC_DRAFT) FLM_STEP_STATE(&flm_dev.dstate);
         FLM_STEP_BEGIN(G.d.steps, &flm_dev.state);   /* the mark covers proposing drafts and the pass */
-        if (n_drop && r->speculate == SPEC_DRAFT) {
+        if (n_drop && G.r.speculate == SPEC_DRAFT) {
             uint64_t td = hal_time_us();
             app_draft_slide(n_drop, &ps.st, ps.draft_bytes);
             ps.st.us[FLM_PH_DRAFT] += (uint32_t)(hal_time_us() - td);
@@ -132,22 +133,22 @@ void app_generate(const app_request *r, const app_output *sink, flm_done *d) {
          * crosses the context's end */
         uint32_t len = 1;
         if (G.d.steps + 1u < n) {
-            len = n - G.d.steps < r->batch ? n - G.d.steps : r->batch;
+            len = n - G.d.steps < G.r.batch ? n - G.d.steps : G.r.batch;
             if (len > m->seq_len - pos) len = m->seq_len - pos;
             ps.kind = len > 1u ? FLM_PASS_PREFILL : FLM_PASS_ONE;
-        } else if (r->speculate) {
-            uint32_t k = r->draft_k, left = max_new - G.d.generated - 1u, room = m->seq_len - 1u - pos;
+        } else if (G.r.speculate) {
+            uint32_t k = G.r.draft_k, left = max_new - G.d.generated - 1u, room = m->seq_len - 1u - pos;
             if (k > left) k = left;
             if (k > room) k = room;
             uint64_t td = hal_time_us();
-            if (k) k = r->speculate == SPEC_DRAFT ? app_draft_propose(ctx, pos, k, &ps.st, ps.draft_bytes)
+            if (k) k = G.r.speculate == SPEC_DRAFT ? app_draft_propose(ctx, pos, k, &ps.st, ps.draft_bytes)
                                                  : app_lookup_drafts(ctx, pos, k);
             ps.st.us[FLM_PH_DRAFT] += (uint32_t)(hal_time_us() - td);
             len += k;
             ps.kind = k ? FLM_PASS_VERIFY : FLM_PASS_ONE;
         }
         uint32_t out, steps = run_pass(ctx, pos, len, n_drop, &ps, &out);
-        if (r->speculate == SPEC_DRAFT) app_draft_accepted(pos, steps);
+        if (G.r.speculate == SPEC_DRAFT) app_draft_accepted(pos, steps);
         pos += steps;
         if (out != FLM_NONE) tok = out;
         if (out != FLM_NONE && flm_is_stop(m, out)) { reason = REASON_EOS; break; }
