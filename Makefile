@@ -54,11 +54,13 @@ bench-deps:
 bench: system-deps bench-deps $(STAMP) $(EMU_STAMP)
 	$(BIN)/python -m bench
 
-# The long fuzz runs (make test has short ones): libFuzzer on the firmware's command handling for
-# FUZZ_SECONDS, the same built 32-bit (the boards' size_t) and the blob reader for FUZZ32_SECONDS
-# and FUZZ_BLOB_SECONDS (ASan + UBSan), then hypothesis on every file loader for FUZZ_EXAMPLES,
-# then SOAK_RUNS generations on the native board through the fault proxy (tests/fuzz/link_soak.py). Figures in build/fuzz/*.json; a crash leaves its
-# input in build/fuzz/crashes/ (add it to tests/fuzz/regressions/ once fixed).
+# The long fuzz runs (make test has short ones): libFuzzer on the firmware's command handling (the
+# app booted once per process, each input served from the booted state) for FUZZ_SECONDS, the same
+# built 32-bit (the boards' size_t) and the blob reader for FUZZ32_SECONDS and FUZZ_BLOB_SECONDS
+# (ASan + UBSan), then hypothesis on every file loader for FUZZ_EXAMPLES, then SOAK_RUNS generations
+# on the native board through the fault proxy (tests/fuzz/link_soak.py). Figures (executions a
+# second among them) in build/fuzz/*.json; a crash leaves its input in build/fuzz/crashes/ (add it
+# to tests/fuzz/regressions/ once fixed).
 FUZZ_SECONDS ?= 600
 FUZZ32_SECONDS ?= 180
 FUZZ_BLOB_SECONDS ?= 180

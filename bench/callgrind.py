@@ -23,17 +23,23 @@ from host.link.messages import Generate
 from .model import FORMATS, blob_and_firmware, default_quant, prompt_ids, session
 
 STEP_FUNCTIONS = ("flm_body_many", "flm_head", "flm_head_all", "flm_head_argmax", "flm_sample", "flm_slide")
-LINE = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(?:.*:)?([^\s:]+)(?:\s+\[[^\]]*\])?\s*$")
+LINE = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(?:(.*):)?([^\s:]+)(?:\s+\[[^\]]*\])?\s*$")
 
 
 def parse_annotate(text: str) -> dict[str, int]:
-    """Function -> instructions from ``callgrind_annotate`` output (the largest figure a function is
-    listed with: a function appears once per object/path spelling, with the same count)."""
-    out: dict[str, int] = {}
+    """Function -> instructions from ``callgrind_annotate`` output. A function is listed once per
+    source file its instructions come from (code inlined from a header counts under the header),
+    and each of those once per spelling of the file's path, with the same count: the largest figure
+    per file name, summed over the files."""
+    per_file: dict[tuple[str, str], int] = {}
     for line in text.splitlines():
         m = LINE.match(line)
-        if m and m[2] != "TOTALS":
-            out[m[2]] = max(out.get(m[2], 0), int(m[1].replace(",", "")))
+        if m and m[3] != "TOTALS":
+            key = (m[3], (m[2] or "").rsplit("/", 1)[-1])
+            per_file[key] = max(per_file.get(key, 0), int(m[1].replace(",", "")))
+    out: dict[str, int] = {}
+    for (fn, _), n in per_file.items():
+        out[fn] = out.get(fn, 0) + n
     return out
 
 

@@ -33,7 +33,7 @@ from converter import headcalib
 from converter.load import load_model
 from converter.quantize import quantize
 from converter.tokenizer import encode
-from firmware.build import BuildError
+from firmware.build_meta import BuildError
 from host.boards.emulated import start_emulated_board
 from host.link.messages import Generate
 from host.boards.native import start_native_board

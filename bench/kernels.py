@@ -53,7 +53,8 @@ def build_probe(work: Path, float_lib: str = "flashlm") -> Path:
     it), so the float operations are GCC's own soft-fp, the code the ESP32-C3's ROM holds too."""
     from converter.boards import load_board
     from converter.ir import ModelConfig
-    from firmware.build import BuildError, render_project
+    from firmware.build import render_project
+    from firmware.build_meta import BuildError
     from firmware.build_arm import render_makefile
     cfg = ModelConfig(dim=64, n_layers=1, n_heads=2, n_kv_heads=2, vocab_size=64, hidden_dim=64,
                       max_seq_len=16, tied=True)

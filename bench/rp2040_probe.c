@@ -21,7 +21,7 @@
 
 enum { FADD, FSUB, FMUL, FDIV, FCMPEQ, FCMPLT, FCMPLE, FCMPGT, FCMPGE, I2F, UI2F, F2IZ, GTERM, RSCALE, QCODE, NOP };
 
-#ifdef FLM_GROUP_TERM   /* softfloat_m0.s's (through hal_rp2040.h) */
+#ifdef FLM_SOFTFLOAT_M0_H   /* softfloat_m0.s's (through hal_rp2040.h) */
 float flm_group_term(int32_t isum, float sc, float xs);
 #else                   /* built on libgcc's soft-float (bench/kernels.py build_probe): the plain expressions */
 static float flm_group_term(int32_t isum, float sc, float xs) { return (float)isum * (sc * xs); }

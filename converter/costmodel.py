@@ -367,7 +367,7 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
         """The activation quantization (per element a product and a code rounded on the bits; per
         group two divisions), the rows' multiply-accumulates, per row the scaling: per group a term
         (conversion, two products) and an add, or row-scaled one integer multiply-add per group and
-        three float operations per row (kernels.c row_rs)."""
+        three float operations per row (kernels_ref.h row_rs)."""
         groups = -(-w.cols // w.group)
         act_groups = 1 if w.rowscale else groups
         macs = w.rows * w.cols * (q4f if w.fmt == "q4" else 1.0)

@@ -1,7 +1,7 @@
 """Memory layout planner: place every tensor, the KV cache, the logits buffers and scratch onto a
 board's tiers, within each tier's usable budget, minimising the predicted time per token.
 
-Model of the firmware (firmware/engine/app_layout.c ``app_place``): the whole blob always lives in flash;
+Model of the firmware (firmware/app/app_layout.c ``app_place``): the whole blob always lives in flash;
 a tensor placed on psram/sram is copied there at boot (or on LAYOUT) and read from the copy; the
 engine's three RAM regions (``kv``, ``logits``, ``scratch`` with the prompt buffer) each live in
 one RAM tier. Staged tensors are rounded up to 64 bytes; the regions pack after them.

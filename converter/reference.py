@@ -166,7 +166,7 @@ def lookup_drafts(ctx: list[int], pos: int, k: int) -> list[int]:
 
 
 class DraftProposer:
-    """The draft model's side of speculative decoding (firmware/engine/app_speculate.c): its own cache,
+    """The draft model's side of speculative decoding (firmware/app/app_speculate.c): its own cache,
     kept in step with the context — it holds the context's positions [0, pos) — catching up in passes
     of up to ``batch`` tokens before it proposes; its greedy tokens are the drafts."""
 

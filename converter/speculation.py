@@ -11,7 +11,7 @@ pass then), the share ``proposed`` of passes that had drafts.
 
 Greedy-exact speculation emits plain greedy decoding's tokens, so only time and bytes change: a
 verification reads every weight once for k+1 tokens and computes every token's whole head
-(firmware/engine/app_generate.c), so it pays where the pass is bound by the bytes it reads (its
+(firmware/app/app_generate.c), so it pays where the pass is bound by the bytes it reads (its
 k+1 tokens cost little more than one) and not where it is bound by arithmetic (k+1 times one).
 """
 from __future__ import annotations

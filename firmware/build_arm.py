@@ -13,7 +13,7 @@ import jinja2
 
 from converter.footprint import arena_bytes
 
-from .build import FW_DIR, BuildError, BuildResult, engine_sources
+from .build_meta import APP_SOURCES, ENGINE_SOURCES, TEMPLATES_DIR, BuildError, BuildResult
 
 CLOCK_KINDS = {"host clock": 0, "chip timer": 1, "emulated timer": 2}
 APT_HINT = "apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi"
@@ -26,7 +26,7 @@ def blob_window(prof: dict) -> tuple[int, int]:
 
 
 def render_makefile(prof: dict, out: Path) -> None:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(FW_DIR / "templates"),
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     hal_dir = out / "src" / "hal"
     scripts = sorted(p.name for p in hal_dir.glob("*.ld"))
@@ -35,7 +35,8 @@ def render_makefile(prof: dict, out: Path) -> None:
     ctx = dict(board=prof, cpu=prof.get("cpu", "cortex-m0plus"), linker_script=scripts[0],
                blob_offset=hex(blob_window(prof)[0]), baud=int(prof.get("uart_baud", 115200)),
                clock_kind=CLOCK_KINDS.get(prof.get("timer", "chip timer"), 1),
-               engine_sources=engine_sources(), hal_sources=sorted(p.name for p in hal_dir.iterdir() if p.suffix in (".c", ".s")))
+               engine_sources=[p.name for p in ENGINE_SOURCES], app_sources=[p.name for p in APP_SOURCES],
+               hal_sources=sorted(p.name for p in hal_dir.iterdir() if p.suffix in (".c", ".s")))
     (out / "Makefile").write_text(env.get_template("Makefile-arm.j2").render(ctx))
 
 

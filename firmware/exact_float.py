@@ -9,9 +9,10 @@ soft-fp the IEEE arithmetic the NumPy reference computes. Both boards run flashl
 kept), plus per instruction set:
 
 - RP2040: ``rp2040/softfloat_aeabi.c``, ``softfloat_m0.s`` (the run-time ABI entry points, assembly
-  fast paths) and ``softfloat_m0.h`` (the kernels' group term and row loops, force-included into
-  the engine), checked bit for bit against the host's IEEE arithmetic on the emulator. The bare-metal
-  build (rp2040-emu) links them before libgcc. The real Pico's Arduino-Pico core links with its
+  fast paths), ``softfloat_m0.h`` (the assembly kernels' declarations, force-included into the
+  engine) and ``kernels_arch.h`` (the Cortex-M0+ kernels, which use them), checked bit for bit
+  against the host's IEEE arithmetic on the emulator. The bare-metal build (rp2040-emu) links them
+  before libgcc. The real Pico's Arduino-Pico core links with its
   ``platform_wrap.txt``, which wraps the single-precision entry points (``-Wl,--wrap=__aeabi_fadd``
   ...) to the pico-sdk's shims into the ROM; ``flm_exact_float.py``, a PlatformIO post-script,
   links with a copy of every ``--wrap`` response file minus the wraps of the entry points the
@@ -35,9 +36,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .build import FW_DIR, FW_VERSION
+from .build_meta import FW_VERSION, HAL_DIR
 
-HAL_DIR = FW_DIR / "hal"
 CORE = HAL_DIR / "softfloat.c"
 SCRIPT = "flm_exact_float.py"
 
@@ -53,7 +53,7 @@ class SoftFloat:
 # tests/test_exact_float.py checks each list against the compiled objects, and that the engine calls
 # no float helper outside it.
 M0 = SoftFloat((CORE, HAL_DIR / "rp2040" / "softfloat_aeabi.c", HAL_DIR / "rp2040" / "softfloat_m0.s",
-                HAL_DIR / "rp2040" / "softfloat_m0.h"), "softfloat_m0.h",
+                HAL_DIR / "rp2040" / "softfloat_m0.h", HAL_DIR / "rp2040" / "kernels_arch.h"), "softfloat_m0.h",
                ("__aeabi_fadd", "__aeabi_fsub", "__aeabi_fmul", "__aeabi_fdiv", "__aeabi_i2f", "__aeabi_ui2f",
                 "__aeabi_f2iz", "__aeabi_fcmpeq", "__aeabi_fcmplt", "__aeabi_fcmple", "__aeabi_fcmpgt",
                 "__aeabi_fcmpge"), wrap=False)

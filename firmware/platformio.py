@@ -14,8 +14,8 @@ into one PlatformIO can build and upload on the user's machine:
 - ``model.flmb`` (the blob) and ``flashlm.json`` (what ``flashlm flash`` needs).
 
 Where a compiler for the board's CPU is installed here (arm-none-eabi-gcc for the RP2040/RP2350,
-riscv64-unknown-elf-gcc for the ESP32-C3, an Xtensa gcc if any for the ESP32-S3), the engine and
-``main.c`` are also cross-compiled to object files with ``-Wall -Wextra -Werror`` and their sizes
+riscv64-unknown-elf-gcc for the ESP32-C3, an Xtensa gcc if any for the ESP32-S3), the engine, the
+app and ``main.c`` are also cross-compiled to object files with ``-Wall -Wextra -Werror`` and their sizes
 reported. The HALs need the vendor SDK and are compiled by PlatformIO only.
 """
 from __future__ import annotations
@@ -30,13 +30,13 @@ from pathlib import Path
 import jinja2
 
 from . import exact_float, uf2
-from .build import FW_DIR, FW_VERSION, BuildError, BuildResult, no_fit_error
+from .build_meta import FW_VERSION, TEMPLATES_DIR, BuildError, BuildResult
+from .fits import TIER_PSRAM, Arena, board_arena, budget
 
-TEMPLATES = FW_DIR / "templates" / "platformio"
+TEMPLATES = TEMPLATES_DIR / "platformio"
 PROJECT_FILE = "flashlm.json"
 BLOB_FILE = "model.flmb"
 UF2_FILE = "model.uf2"
-TIER_PSRAM, TIER_SRAM = 1, 2     # blob.h's FLM_TIER_*
 
 # ESP32 flash layout (ESP-IDF): second-stage bootloader from 0 (0x1000 on the original ESP32),
 # partition table at 0x8000 (one 4 KB sector), apps 64 KB aligned.
@@ -111,7 +111,7 @@ def flash_size(prof: dict) -> int:
         raise BuildError(f"board {prof['name']}'s profile has no [tiers.flash] capacity") from None
 
 
-# -- memory: partitions, blob window, arena tier ---------------------------------------------
+# -- memory: partitions, blob window ---------------------------------------------
 
 def esp_partitions(prof: dict, blob_size: int) -> list[Partition]:
     """nvs, the factory app, and the blob's data partition (MMU-page aligned, sized to the blob)."""
@@ -144,46 +144,6 @@ def rp_blob_window(prof: dict) -> tuple[int, int]:
     if off % 4096 or not 0 < off < size - RP_EEPROM:
         raise BuildError(f"board {prof['name']}: [flash] blob_offset {off:#x} must be 4 KB aligned inside the flash")
     return off, size - RP_EEPROM - off
-
-
-def _budget(prof: dict, tier: str) -> int:
-    t = prof.get("tiers", {}).get(tier)
-    if not t:
-        return 0
-    return int(t.get("budget", t.get("capacity", 0)))
-
-
-OTHER_RAM = {"sram": "psram", "psram": "sram"}
-
-
-@dataclass(frozen=True)
-class Arena:
-    tier: int           # TIER_SRAM or TIER_PSRAM: where main.c asks the HAL for it
-    bytes: int          # everything the blob's layout puts in that tier
-    other: int          # what the layout puts in the other RAM tier (the HAL's staging pool there)
-
-    @property
-    def tier_name(self) -> str:
-        return "psram" if self.tier == TIER_PSRAM else "sram"
-
-
-def board_arena(prof: dict, header) -> Arena:
-    """The arena of a build running the blob ``header`` (its own placement, applied by ``flashlm
-    plan --apply`` or the converter's default): one block holding everything the layout puts in
-    its tier (staged tensors, state regions, prompt), in SRAM when the state's default home fits
-    the SRAM budget, else in PSRAM. The budgets are the profile's: for SRAM the largest block the
-    firmware can allocate. A layout that fits neither is an error naming the shortfall per tier."""
-    from converter.footprint import layout_needs
-    budgets = {"sram": _budget(prof, "sram"), "psram": _budget(prof, "psram")}
-    shortfalls = []
-    for default in ["sram"] + (["psram"] if budgets["psram"] else []):
-        need = layout_needs(header, default)
-        short = {t: (need[t], budgets[t]) for t in need if need[t] > budgets[t]}
-        if not short:   # the arena: the default tier, unless the layout puts nothing there
-            home = default if need[default] or not need[OTHER_RAM[default]] else OTHER_RAM[default]
-            return Arena(TIER_PSRAM if home == "psram" else TIER_SRAM, need[home], need[OTHER_RAM[home]])
-        shortfalls.append(short)
-    raise no_fit_error(prof, header, min(shortfalls, key=lambda s: sum(n - b for n, b in s.values())))
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -351,8 +311,8 @@ def _board_header(prof: dict, arena: Arena, extra: dict) -> str:
              f"#define FLM_BLOB_OFFSET {extra['blob_offset']:#x}u   /* flash offset of the weights blob */",
              f"#define FLM_BLOB_REGION {extra['blob_region']:#x}u   /* bytes of flash reserved for it */",
              "/* what flashlm may use in each RAM tier (the profile's budgets) */",
-             f"#define FLM_SRAM_BUDGET {_budget(prof, 'sram')}u",
-             f"#define FLM_PSRAM_BUDGET {_budget(prof, 'psram')}u",
+             f"#define FLM_SRAM_BUDGET {budget(prof, 'sram')}u",
+             f"#define FLM_PSRAM_BUDGET {budget(prof, 'psram')}u",
              f"#define FLM_BAUD {extra['baud']}"]
     lines += [f"#define {k} {v}" for k, v in extra["defines"].items()]
     return "\n".join(lines + ["#endif", ""])
@@ -418,7 +378,7 @@ def _libc_flags(cc: str) -> list[str]:
 
 
 def cross_compile(prof: dict, out: Path) -> str:
-    """Compile the engine and main.c for the board's CPU where a compiler is installed here;
+    """Compile the engine, the app and main.c for the board's CPU where a compiler is installed here;
     returns the report (``size`` of each object, totals) or a line saying why it was skipped."""
     chip = prof.get("chip", "")
     t = CROSS.get(chip)
@@ -433,9 +393,10 @@ def cross_compile(prof: dict, out: Path) -> str:
         shutil.rmtree(objdir)
     objdir.mkdir()
     soft_float, soft_flags = exact_float.cross_sources(prof, out)     # boards without an FPU
-    srcs = sorted((out / "src" / "engine").glob("*.c")) + [out / "src" / "main.c"] + soft_float
+    src = out / "src"
+    srcs = sorted((src / "engine").glob("*.c")) + sorted((src / "app").glob("*.c")) + [src / "main.c"] + soft_float
     cmd = [cc, *t.flags, *_libc_flags(cc), *CHECK_FLAGS, *soft_flags, "-include", str(out / "flm_config.h"),
-           f"-I{out / 'src' / 'engine'}", f"-I{out / 'src' / 'hal'}", "-c", *map(str, srcs)]
+           *(f"-I{src / d}" for d in ("engine", "app", "hal")), "-c", *map(str, srcs)]
     r = subprocess.run(cmd, cwd=objdir, capture_output=True, text=True)
     if r.returncode != 0:
         msg = next((ln for ln in (r.stderr or r.stdout).splitlines() if "error" in ln), (r.stderr or r.stdout).strip())

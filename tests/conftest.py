@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from firmware.build_meta import ENGINE_DIR, ENGINE_SOURCES
+
 ROOT = Path(__file__).resolve().parent.parent
-ENGINE = ROOT / "firmware" / "engine"
 
 
 @pytest.fixture(scope="session")
@@ -15,7 +16,6 @@ def blob_checker(tmp_path_factory):
     with the argument "head", the engine's output layer on activations from stdin."""
     exe = tmp_path_factory.mktemp("c") / "blob_check"
     subprocess.run(["cc", "-std=c99", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-                    "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", f"-I{ENGINE}", str(ROOT / "tests/c/blob_check.c"),
-                    *(str(ENGINE / f) for f in ("blob.c", "crc32.c", "engine.c", "kernels.c", "flm_math.c", "sampler.c")),
-                    "-o", str(exe)], check=True)
+                    "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", f"-I{ENGINE_DIR}", str(ROOT / "tests/c/blob_check.c"),
+                    *map(str, ENGINE_SOURCES), "-o", str(exe)], check=True)
     return exe

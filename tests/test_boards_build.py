@@ -15,9 +15,11 @@ import pytest
 from converter.blob import write_blob
 from converter.boards import load_board
 from converter.quantize import quantize
+from firmware import fits
 from firmware import platformio as P
 from firmware import uf2
-from firmware.build import BuildError, build_firmware
+from firmware.build import build_firmware
+from firmware.build_meta import BuildError
 from host.boards import flash as F
 from host.cli.main import main
 from host.output.console import make_console
@@ -275,11 +277,11 @@ def test_applied_layout_is_the_arena_everywhere(tmp_path):
     res = build_firmware("esp32s3-n16r8", tmp_path / "s3", blob)
     proj = res.project_dir
     info = json.loads((proj / "flashlm.json").read_text())
-    a = P.board_arena(prof, read_header(blob))
+    a = fits.board_arena(prof, read_header(blob))
     assert (info["arena_tier"], info["arena_bytes"]) == ("sram", pl.need["sram"]) == (a.tier_name, a.bytes)
     assert info["layout_id"] == pl.layout_id and info["staging_bytes"] == pl.need.get("psram", 0)
     assert f"#define FLM_ARENA_BYTES {a.bytes}u" in (proj / "flm_config.h").read_text()
-    assert f"#define FLM_ARENA_TIER {P.TIER_SRAM}" in (proj / "src" / "hal" / "flm_board.h").read_text()
+    assert f"#define FLM_ARENA_TIER {fits.TIER_SRAM}" in (proj / "src" / "hal" / "flm_board.h").read_text()
     assert f"arena {a.bytes:,} bytes in SRAM" in (proj / "platformio.ini").read_text()
     assert f"layout {pl.layout_id}: arena {a.bytes:,} bytes in SRAM" in res.size_text
 
@@ -294,10 +296,10 @@ def test_arena_goes_to_psram_or_names_the_shortfall(tmp_path, capsys):
     h = read_header(path)
     s3, c3 = load_board("esp32s3-n16r8"), load_board("esp32c3-devkitm-1")
     assert layout_needs(h)["sram"] > s3["tiers"]["sram"]["budget"]      # the KV cache alone: 512 KB
-    a = P.board_arena(s3, h)
-    assert a.tier == P.TIER_PSRAM and a.bytes == layout_needs(h, "psram")["psram"] and a.other == 0
+    a = fits.board_arena(s3, h)
+    assert a.tier == fits.TIER_PSRAM and a.bytes == layout_needs(h, "psram")["psram"] and a.other == 0
     with pytest.raises(BuildError, match=r"does not fit on esp32c3-devkitm-1: sram short by .*context of \d+ tokens fits"):
-        P.board_arena(c3, h)
+        fits.board_arena(c3, h)
     d = _dir_for(tmp_path, path)
     for board in ("esp32c3-devkitm-1", "rp2040-emu", "pico"):   # the planner's shortfall, before anything is written
         assert main(["build", "--board", board, "--model", str(d), "-o", str(tmp_path / board)]) == 2

@@ -7,6 +7,7 @@ import pytest
 from converter.quantize import quantize
 from converter.numerics import EXP2_Q23, fexp, gelu, silu
 from converter.reference import FLAG_LOGITS, generate
+from firmware.build_meta import ENGINE_DIR
 from modelzoo import random_model, spread_head, with_head_index
 from nativeboard import assert_matches_reference, expected_bytes_read, native_link, run, token_bytes_read
 
@@ -81,7 +82,7 @@ def test_bytes_read_per_tier(tmp_path, build_root, tied, index):
 
 
 def test_exp_table_is_the_references():
-    src = (ROOT / "firmware/engine/flm_math.c").read_text()
+    src = (ENGINE_DIR / "flm_math.c").read_text()
     body = src[src.index("flm_exp2_q23[257] = {") + 21:]
     table = [int(v.strip().rstrip("u")) for v in body[:body.index("}")].split(",")]
     assert table == EXP2_Q23.tolist()
@@ -90,8 +91,8 @@ def test_exp_table_is_the_references():
 def test_c_math_matches_numpy(tmp_path):
     exe = tmp_path / "math_check"
     subprocess.run(["cc", "-std=c99", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror",
-                    f"-I{ROOT}/firmware/engine", str(ROOT / "tests/c/math_check.c"),
-                    str(ROOT / "firmware/engine/flm_math.c"), "-o", str(exe)], check=True)
+                    f"-I{ENGINE_DIR}", str(ROOT / "tests/c/math_check.c"),
+                    str(ENGINE_DIR / "flm_math.c"), "-o", str(exe)], check=True)
     rng = np.random.default_rng(0)
     x = np.concatenate([
         rng.standard_normal(200000).astype(np.float32) * 30,

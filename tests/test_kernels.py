@@ -18,6 +18,7 @@ from converter.ir import QTensor
 from converter.quantize import quantize
 from converter.numerics import PackedMatrix
 from emuboard import require_emulator
+from firmware.build_meta import ENGINE_DIR
 from host.link.messages import Error
 from modelzoo import random_model
 from nativeboard import rebuilt_board, recv_until, run
@@ -57,8 +58,8 @@ def test_activation_codes_round_as_the_reference_for_every_float(flags, tmp_path
     # (2.2e9 of them) must get the same code from flm_quantize_act
     exe = tmp_path / "quantize_check"
     r = subprocess.run(["cc", "-std=c99", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", *flags,
-                        f"-I{ROOT}/firmware/engine", str(ROOT / "tests/c/quantize_check.c"),
-                        str(ROOT / "firmware/engine/kernels.c"), "-o", str(exe)], capture_output=True, text=True)
+                        f"-I{ENGINE_DIR}", str(ROOT / "tests/c/quantize_check.c"),
+                        str(ENGINE_DIR / "kernels.c"), "-o", str(exe)], capture_output=True, text=True)
     if r.returncode != 0 and "-m32" in flags and ("gnu/stubs-32" in r.stderr or "cannot find" in r.stderr):
         pytest.skip("no 32-bit C library (apt-get install libc6-dev-i386)")
     assert r.returncode == 0, r.stderr
@@ -105,8 +106,8 @@ def test_host_rows_equal_the_reference(cc, flags, tmp_path):
         pytest.skip(f"{cc} is not installed")
     exe = tmp_path / "matvec_check"
     r = subprocess.run([cc, "-std=c99", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", *flags,
-                        f"-I{ROOT}/firmware/engine", str(ROOT / "tests/c/matvec_check.c"),
-                        str(ROOT / "firmware/engine/kernels.c"), "-o", str(exe)], capture_output=True, text=True)
+                        f"-I{ENGINE_DIR}", str(ROOT / "tests/c/matvec_check.c"),
+                        str(ENGINE_DIR / "kernels.c"), "-o", str(exe)], capture_output=True, text=True)
     if r.returncode != 0 and "-m32" in flags and ("gnu/stubs-32" in r.stderr or "cannot find" in r.stderr):
         pytest.skip("no 32-bit C library (apt-get install libc6-dev-i386)")
     assert r.returncode == 0, r.stderr

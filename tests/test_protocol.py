@@ -1,4 +1,4 @@
-"""Serial protocol: host/link/, and firmware/engine/protocol.c through tests/c/proto_echo.c."""
+"""Serial protocol: host/link/, and firmware/app/protocol.c through tests/c/proto_echo.c."""
 from __future__ import annotations
 
 import random
@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from firmware.build_meta import APP_DIR, ENGINE_DIR
 from host.link import messages as P
 from host.link.cobs import FrameError, MAX_ENCODED, MAX_PAYLOAD, ProtocolError, cobs_decode, cobs_encode, cobs_max_encoded, decode_raw_frame, encode_raw_frame
 from host.link.codec import decode_payload, encode_frame, encode_payload
@@ -500,7 +501,7 @@ def test_link_recv_bounded_under_junk():
 
 
 # ---------------------------------------------------------------------------------------------
-# Python <-> C (firmware/engine/protocol.c through tests/c/proto_echo.c)
+# Python <-> C (firmware/app/protocol.c through tests/c/proto_echo.c)
 
 
 @pytest.fixture(scope="module")
@@ -511,8 +512,8 @@ def echo(tmp_path_factory):
     exe = tmp_path_factory.mktemp("proto") / "proto_echo"
     subprocess.run(
         [cc, "-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O2",
-         f"-I{ROOT / 'firmware/engine'}", str(ROOT / "tests/c/proto_echo.c"),
-         str(ROOT / "firmware/engine/protocol.c"), str(ROOT / "firmware/engine/crc32.c"),
+         f"-I{APP_DIR}", f"-I{ENGINE_DIR}", str(ROOT / "tests/c/proto_echo.c"),
+         str(APP_DIR / "protocol.c"), str(ENGINE_DIR / "crc32.c"),
          "-o", str(exe)],
         check=True, capture_output=True, timeout=60,
     )

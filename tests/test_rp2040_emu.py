@@ -13,7 +13,8 @@ from converter.blob import padding_per_step as blob_padding
 from converter.quantize import quantize
 from converter.reference import FLAG_ALL_LOGITS, FLAG_LOGITS, NO_TOKEN, generate
 from emuboard import BOARD, emu_link, image_for, require_emulator
-from firmware.build import BuildError, build_firmware
+from firmware.build import build_firmware
+from firmware.build_meta import BuildError
 from host.link.messages import PHASES, Error, Hello, Log
 from modelzoo import random_ple_model, random_model, spread_head, with_head_index
 from nativeboard import assert_matches_reference, assert_steps_match, drain, run, token_bytes_read
@@ -215,7 +216,7 @@ def test_engine_and_hal_compile_warning_free_for_cortex_m0plus(tmp_path, build_r
     for src in srcs:
         r = subprocess.run(["arm-none-eabi-gcc", "-mcpu=cortex-m0plus", "-mthumb", "-std=c99", "-O2",
                             "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-include", "flm_config.h",
-                            "-include", "src/hal/hal_rp2040.h", "-Isrc/engine", "-Isrc/hal", "-c", str(src),
+                            "-include", "src/hal/hal_rp2040.h", "-Isrc/engine", "-Isrc/app", "-Isrc/hal", "-c", str(src),
                             "-o", str(tmp_path / (src.stem + ".o"))], cwd=proj, capture_output=True, text=True)
         assert r.returncode == 0 and not r.stderr, f"{src.name}: {r.stderr}"
     # the linked image: the vector table at 0x10000100 and RAM within the chip's 264 KB

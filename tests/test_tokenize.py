@@ -23,6 +23,7 @@ from converter.quantize import quantize
 from converter.tokenizer import encode, from_hf_json, load_tokenizer, parse_tokenizer_bin
 from converter.tokenizer_enc import (CLASS_LETTER, CLASS_NUMBER, CLASS_OTHER, CLASS_SPACE, SECTION, class_runs,
                                      device_section, parse_section, unicode_classes, unicode_version)
+from firmware.build_meta import ENGINE_DIR
 from host.link import messages as P
 from host.session.recovery import Policy
 from host.link.messages import Done, Error, Generate, Hello, Log, Ping, Token
@@ -84,8 +85,8 @@ def model_with(tok, **cfg):
 def tok_check(tmp_path_factory):
     exe = tmp_path_factory.mktemp("c") / "tok_check"
     subprocess.run(["cc", "-std=c99", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-                    "-Wall", "-Wextra", "-Werror", f"-I{ROOT}/firmware/engine", str(ROOT / "tests/c/tok_check.c"),
-                    *(str(ROOT / "firmware/engine" / f) for f in ("tokenize.c", "blob.c", "crc32.c")), "-o", str(exe)],
+                    "-Wall", "-Wextra", "-Werror", f"-I{ENGINE_DIR}", str(ROOT / "tests/c/tok_check.c"),
+                    *(str(ENGINE_DIR / f) for f in ("tokenize.c", "blob.c", "crc32.c")), "-o", str(exe)],
                    check=True)
     return exe
 

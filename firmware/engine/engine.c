@@ -1,3 +1,11 @@
+/* The forward pass (engine.h): the state's regions carved from the arena, the layers (RMSNorm, the
+ * matrix products through hal_matmul, RoPE, the KV cache, float and int8 attention, the FFN, PLE),
+ * the sliding window and the output layer with its greedy tile scan.
+ *
+ * One translation unit on purpose, though near 600 lines: its parts are static functions the
+ * compiler sees whole (inlined, or called knowing which registers they clobber), so their callers
+ * compile to the instruction counts bench measures (callgrind per decode token, emulated cycles per
+ * token); in files of their own they would become external calls and those counts would move. */
 #include "engine.h"
 #include "flm_math.h"
 #include "hal.h"

@@ -1,4 +1,6 @@
-/* Integer group kernels: the only code that touches weight bytes per token. */
+/* Integer group kernels: the only code that touches weight bytes per token. kernels.c implements
+ * them on each core's tuned kernels (kernel_hooks.h), kernels_ref.h is their reference form, and
+ * kernels_check.h the boot self-check between the two. */
 #ifndef FLM_KERNELS_H
 #define FLM_KERNELS_H
 #include "blob.h"
@@ -52,7 +54,7 @@ float flm_matvec_row(const flm_tensor *w, uint32_t r, const flm_act *xq, const f
 /* Dequantize row r of a q8/q4 tensor into out[cols]: code * scale, row-scaled float(code * k) * S. */
 void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out);
 /* One group's exact dot product of n codes (int8, or int4 two per byte, low nibble first) with n
- * activation codes: the tuned kernel of this core (Cortex-M0+ assembly, else portable C). */
+ * activation codes: the tuned kernel of this core (kernel_hooks.h FLM_DOT_Q8, FLM_DOT_Q4). */
 int32_t flm_dot_q8(const int8_t *w, const flm_act *x, uint32_t n);
 int32_t flm_dot_q4(const uint8_t *w, const flm_act *x, uint32_t n);
 /* The int8 attention's loops: two dots sharing x (out[0] = a.x, out[1] = b.x), and acc[i] += w *
@@ -67,9 +69,9 @@ void flm_axpy_q8(int32_t *acc, const int8_t *v, int32_t w, uint32_t n);
  * loops). */
 void flm_isums_q8(const uint8_t *codes, size_t step, const flm_act *xq, uint32_t g, uint32_t ng, int32_t *isum);
 void flm_isums_q4(const uint8_t *codes, size_t step, const flm_act *xq, uint32_t g, uint32_t ng, int32_t *isum);
-/* Boot-time check: the tuned rows against the scalar kernels on built-in tensors (q8 and q4, f32,
- * fp16 and row scales, whole and short last groups, every group size with its own row kernel), the
- * int8 attention's loops and a HAL's activation codes, bit for bit. 0 when they agree, -1 when not
+/* Boot-time check (kernels_check.h): the tuned rows against the scalar kernels on built-in tensors
+ * (q8 and q4, f32, fp16 and row scales, whole and short last groups, every group size with its own
+ * row kernel), the int8 attention's loops and a HAL's activation codes, bit for bit. 0 when they agree, -1 when not
  * (the firmware then refuses to generate). */
 int flm_kernels_self_check(void);
 #endif

@@ -1,4 +1,4 @@
-/* Test driver for firmware/engine/protocol.c (used by tests/test_protocol.py).
+/* Test driver for firmware/app/protocol.c (used by tests/test_protocol.py).
  *
  * Reads a byte stream from stdin and feeds it to flm_rx; every good frame is sent back on stdout
  * with flm_tx (same type and payload, the driver's own seq).  At EOF it sends one LOG frame with

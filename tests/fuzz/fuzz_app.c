@@ -1,6 +1,14 @@
 /* libFuzzer target: the device's frame receiver and command handling, exactly as the boards run
- * them (firmware/engine/app*.c + protocol.c + the engine), on a fake HAL whose serial input is the
- * fuzz input. Built by tests/fuzz/run.py with ASan + UBSan.
+ * them (firmware/app/ + the engine), on a fake HAL whose serial input is the fuzz input. Built by
+ * tests/fuzz/run.py with ASan + UBSan.
+ *
+ * Every input meets the app as it is after boot. Boot reads nothing from the host, so it runs once
+ * per process for each image (good and corrupted): its checks (the image's CRC, the kernels'
+ * self-check, the golden check) cost many times a command's handling. Before each input the app's
+ * state is put back as that boot left it (flm_dev, the memory it placed the model in, the RESEND
+ * ring) and what the device sent while booting goes through the oracle again.
+ * $FLM_FUZZ_BOOT_EACH=1 boots for every input instead (tests/fuzz/run.py --replay: the committed
+ * inputs run exactly as on a board).
  *
  * Input: byte 0 selects the mode, the rest is the host's byte stream.
  *   bit0 = 0: raw mode — the rest is fed to the serial port as it is, in reads of
@@ -24,6 +32,8 @@
 #include <string.h>
 
 #include "app.h"
+#include "app_frames.h"
+#include "app_state.h"
 #include "blob.h"
 #include "crc32.h"
 #include "hal.h"
@@ -43,6 +53,19 @@ static unsigned long idle_calls, empty_reads;
 
 static uint8_t arena[1u << 20] __attribute__((aligned(64)));
 static uint8_t psram[1u << 16] __attribute__((aligned(64)));
+
+/* The app after boot, per image: its state, the bytes it used of the arena and of the PSRAM (a copy
+ * of each), and what it sent. */
+typedef struct {
+    flm_app dev;
+    uint8_t *mem[2];
+    size_t used[2];
+    uint8_t *sent;
+    size_t sent_len;
+} booted;
+static booted boots[2];
+static int boot_each;
+static booted *capturing;   /* while booting: the device's bytes go here, not to the oracle */
 
 /* ---- oracle: the device's output must be well-formed frames, or console text ------------- */
 static uint8_t cand[70000], dec_buf[70000];
@@ -139,7 +162,16 @@ size_t hal_serial_read(uint8_t *buf, size_t max) {
     return n;
 }
 
-void hal_serial_write(const uint8_t *buf, size_t len) { out_check(buf, len); }
+void hal_serial_write(const uint8_t *buf, size_t len) {
+    if (!capturing) {
+        out_check(buf, len);
+        return;
+    }
+    capturing->sent = realloc(capturing->sent, capturing->sent_len + len);
+    if (!capturing->sent) abort();
+    memcpy(capturing->sent + capturing->sent_len, buf, len);
+    capturing->sent_len += len;
+}
 
 void hal_idle(void) {
     if (stream_pos >= stream_len) longjmp(done, 1);   /* input used up and the device idle */
@@ -213,6 +245,29 @@ static void build_stream(const uint8_t *data, size_t size) {
     }
 }
 
+/* ---- boot once, then restore ------------------------------------------------------------ */
+static uint8_t *const MEM[2] = {arena, psram};   /* flm_dev.pool[0] and pool[FLM_TIER_PSRAM] */
+
+static void boot_once(booted *b) {
+    capturing = b;
+    flm_app_boot(arena, sizeof arena, FLM_TIER_SRAM);
+    capturing = 0;
+    b->dev = flm_dev;
+    for (int k = 0; k < 2; k++) {
+        b->used[k] = flm_dev.pool[k].used;
+        b->mem[k] = malloc(b->used[k] + 1u);
+        if (!b->mem[k]) abort();
+        memcpy(b->mem[k], MEM[k], b->used[k]);
+    }
+}
+
+static void restore(const booted *b) {
+    flm_dev = b->dev;
+    for (int k = 0; k < 2; k++) memcpy(MEM[k], b->mem[k], b->used[k]);
+    app_ring_reset();                  /* boot's: no generation yet */
+    out_check(b->sent, b->sent_len);   /* the oracle sees the boot's frames, seq 0 on */
+}
+
 /* ---- libFuzzer entry points ------------------------------------------------------------ */
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
@@ -234,6 +289,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     fclose(f);
     memcpy(bad_blob, good_blob, blob_len);
     bad_blob[blob_len - 3] ^= 0x10;   /* a flipped bit in the last tensor: CRC mismatch at boot */
+    boot_each = getenv("FLM_FUZZ_BOOT_EACH") && atoi(getenv("FLM_FUZZ_BOOT_EACH"));
+    for (use_bad = 0; use_bad < 2 && !boot_each; use_bad++) boot_once(&boots[use_bad]);
+    use_bad = 0;
     return 0;
 }
 
@@ -242,7 +300,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cand_n = 0;
     out_frames = 0;
     idle_calls = empty_reads = 0;
-    if (setjmp(done) == 0) flm_app_run(arena, sizeof arena, FLM_TIER_SRAM);
+    if (!boot_each) restore(&boots[use_bad]);
+    if (setjmp(done) == 0) {
+        if (boot_each) flm_app_run(arena, sizeof arena, FLM_TIER_SRAM);
+        else flm_app_serve();
+    }
     out_rest();
     return 0;
 }

@@ -4,14 +4,16 @@
     python tests/fuzz/run.py --seconds 600 --targets app --json build/fuzz/app.json
     python tests/fuzz/run.py --replay             # every committed seed and regression input once
 
-Targets: ``app`` (tests/fuzz/fuzz_app.c: frame receiver + command handling of firmware/engine/
-app*.c, on a fake HAL) and ``blob`` (tests/fuzz/fuzz_blob.c: the blob reader, then the engine on
+Targets: ``app`` (tests/fuzz/fuzz_app.c: frame receiver + command handling of firmware/app/, on a
+fake HAL) and ``blob`` (tests/fuzz/fuzz_blob.c: the blob reader, then the engine on
 what it accepts); ``app32`` and ``blob32`` are the same built with -m32, so size_t is 32 bits as on
 the boards (length arithmetic that wraps there but not on x86-64 is caught). Inputs: tests/fuzz/corpus/<target>/ (seeds, committed), tests/fuzz/regressions/
 <target>/ (inputs that once crashed, committed), build/fuzz/work/<target>/ (what the fuzzer finds,
 not committed). A crash leaves its input in build/fuzz/crashes/: copy it into tests/fuzz/
 regressions/<target>/ once fixed. Exit status: 0 clean, 1 a crash or sanitizer report, 2 no
-toolchain. Prints one JSON line per target: executions, crashes, coverage, seconds."""
+toolchain. Prints one JSON line per target: executions, executions a second (libFuzzer's average),
+crashes, coverage, seconds. fuzz_app boots the app once per process and restores the booted state
+before each input; --replay boots it for every input, as a board does."""
 from __future__ import annotations
 
 import argparse
@@ -26,7 +28,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-ENGINE = ROOT / "firmware" / "engine"
+sys.path.insert(0, str(ROOT))   # run as a script: the repository's packages
+from firmware.build_meta import APP_DIR, APP_SOURCES, ENGINE_DIR, ENGINE_SOURCES  # noqa: E402
+
 BUILD = ROOT / "build" / "fuzz"
 TARGETS = ("app", "blob", "app32", "blob32")   # *32: built with -m32, the MCUs' 32-bit size_t
 CFLAGS = ["-std=c99", "-g", "-O1", "-fno-omit-frame-pointer", "-ffp-contract=off",
@@ -63,15 +67,14 @@ def build(target: str, build: Path = BUILD) -> Path:
     """Compile a target (cached on the sources' mtimes); returns the binary."""
     cc = clang()
     build.mkdir(parents=True, exist_ok=True)
-    srcs = [HERE / f"fuzz_{base(target)}.c"] + sorted(ENGINE.glob("*.c"))
-    if base(target) == "blob":      # the reader and the engine only: no app, protocol or HAL
-        srcs = [s for s in srcs if not s.name.startswith("app") and s.name != "protocol.c"]
+    app = base(target) == "app"     # blob: the reader and the engine only, no app, protocol or HAL
+    srcs = [HERE / f"fuzz_{base(target)}.c", *ENGINE_SOURCES, *(APP_SOURCES if app else ())]
     exe = build / f"fuzz_{target}"
-    deps = srcs + sorted(ENGINE.glob("*.h")) + [Path(__file__)]
+    deps = srcs + sorted(ENGINE_DIR.glob("*.h")) + sorted(APP_DIR.glob("*.h")) + [Path(__file__)]
     if exe.is_file() and exe.stat().st_mtime >= max(p.stat().st_mtime for p in deps):
         return exe
     m32 = ["-m32"] if target.endswith("32") else []
-    cmd = [cc, *CFLAGS, *m32, f"-I{ENGINE}", "-DFLM_MAX_LAYERS=4", *map(str, srcs), "-o", str(exe)]
+    cmd = [cc, *CFLAGS, *m32, f"-I{ENGINE_DIR}", f"-I{APP_DIR}", "-DFLM_MAX_LAYERS=4", *map(str, srcs), "-o", str(exe)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         if "cannot find" in r.stderr and "fuzzer" in r.stderr:
@@ -100,6 +103,7 @@ def _parse(out: str) -> dict:
         m = re.findall(pattern, out)
         return int(m[-1]) if m else default
     return {"executions": last(r"stat::number_of_executed_units:\s*(\d+)", last(r"Done (\d+) runs")),
+            "exec_per_s": last(r"stat::average_exec_per_sec:\s*(\d+)"),
             "coverage": last(r"cov: (\d+)"), "features": last(r"ft: (\d+)"),
             "corpus": last(r"corp: (\d+)"),
             "sanitizer_reports": len(re.findall(r"ERROR: (?:AddressSanitizer|LeakSanitizer)|runtime error:", out)),
@@ -144,8 +148,8 @@ def replay(target: str) -> dict:
     """Every committed seed and regression input once (no mutation)."""
     exe = build(target)
     files = [p for d in corpus_dirs(target) for p in sorted(d.iterdir()) if p.is_file()]
-    r = subprocess.run([str(exe), "-runs=1", *map(str, files)], env=_env(), capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run([str(exe), "-runs=1", *map(str, files)], env=dict(_env(), FLM_FUZZ_BOOT_EACH="1"),
+                       capture_output=True, text=True, timeout=300)
     out = r.stdout + r.stderr
     return {"target": target, "inputs": len(files), "returncode": r.returncode,
             "sanitizer_reports": _parse(out)["sanitizer_reports"], "log_tail": out[-3000:] if r.returncode else ""}

@@ -28,6 +28,6 @@ void hal_rp2040_mark_state(const void *state);
 #define FLM_STEP_END(step) hal_rp2040_step_end(step)
 #define FLM_STEP_STATE(state) hal_rp2040_mark_state(state)
 
-/* the soft-float's group term, whole-row loops and integer kernels, for kernels.c */
+/* the soft-float's assembly entry points (kernels_arch.h maps the kernels' hooks to them) */
 #include "softfloat_m0.h"
 #endif

@@ -1,8 +1,9 @@
-/* The Cortex-M0+ soft-float's kernel entry points (softfloat_m0.s), for kernels.c: force-included
- * (-include) into the engine wherever softfloat.c and softfloat_m0.s are linked, which is every
- * RP2040 build: the bare-metal one (through hal_rp2040.h) and the Arduino-Pico one for the real Pico
- * (firmware/exact_float.py), so both run the same float arithmetic and the same kernels. Plain
- * declarations: C++ sources of the Arduino build see it too, assembler sources nothing. */
+/* The Cortex-M0+ soft-float's kernel entry points (softfloat_m0.s), which kernels_arch.h maps the
+ * kernels' hooks to: force-included (-include) into the engine wherever softfloat.c and
+ * softfloat_m0.s are linked, which is every RP2040 build: the bare-metal one (through hal_rp2040.h)
+ * and the Arduino-Pico one for the real Pico (firmware/exact_float.py), so both run the same float
+ * arithmetic and the same kernels. Plain declarations: C++ sources of the Arduino build see it too,
+ * assembler sources nothing. */
 #ifndef FLM_SOFTFLOAT_M0_H
 #define FLM_SOFTFLOAT_M0_H
 #ifndef __ASSEMBLER__   /* an assembler run through the preprocessor sees nothing of it */
@@ -11,22 +12,19 @@
 extern "C" {
 #endif
 
-/* A matvec group's term (float)isum * (sc * xs), bit for bit, in one call: the kernels use it
- * instead of the plain expression (kernels.c FLM_GROUP_TERM). */
+/* A matvec group's term (float)isum * (sc * xs), bit for bit, in one call (kernel_hooks.h
+ * FLM_GROUP_TERM). */
 float flm_group_term(int32_t isum, float sc, float xs);
-#define FLM_GROUP_TERM flm_group_term
 
-/* kernels.c row_whole (f32 scales, whole groups of a multiple of 8, word-aligned activations) with
- * the group loop in assembly: the same dots, terms and adds in the same order. */
+/* kernel_hooks.h row_whole (f32 scales, whole groups of a multiple of 8, word-aligned activations)
+ * with the group loop in assembly: the same dots, terms and adds in the same order (FLM_ROW_WHOLE). */
 float flm_row_q8_m0(const uint8_t *p, const int8_t *x, const float *xs, uint32_t ng, uint32_t code_bytes);
 float flm_row_q4_m0(const uint8_t *p, const int8_t *x, const float *xs, uint32_t ng, uint32_t code_bytes);
-#define FLM_ROW_WHOLE(p, x, xs, ng, g, q8) \
-    ((q8) ? flm_row_q8_m0((p), (x), (xs), (ng), (g)) : flm_row_q4_m0((p), (x), (xs), (ng), (g) / 2u))
 
-/* Row-scaled rows (kernels.c rows_rs): n rows from row on, each row's integer sum (q8: two rows a
- * pass; q4: two codes a product, x being kernels.c rows_rs_lanes' lanes), then float(acc) * (S * X)
- * inline, bit for bit the plain expression, into out[0, n). geom = n_groups | group << 16. The
- * drivers advance row, n and out as they go. */
+/* Row-scaled rows (kernel_hooks.h FLM_RS_ROWS): n rows from row on, each row's integer sum (q8: two
+ * rows a pass; q4: two codes a product, x being kernels_arch.h rows_rs_lanes' lanes), then
+ * float(acc) * (S * X) inline, bit for bit the plain expression, into out[0, n). geom = n_groups |
+ * group << 16. The drivers advance row, n and out as they go. */
 typedef struct {
     const uint8_t *row;
     uint32_t stride, n;
@@ -38,18 +36,13 @@ typedef struct {
 void flm_rs_rows_q8_m0(flm_rs_job *j);
 void flm_rs_rows_q4_m0(flm_rs_job *j);
 float flm_rs_scale(int32_t acc, float s, float x);   /* the drivers' float(acc) * (s * x), as a function */
-#define FLM_RS_ROWS_Q8 flm_rs_rows_q8_m0
-#define FLM_RS_ROWS_Q4 flm_rs_rows_q4_m0
 
-/* The int8 attention's integer loops (kernels.c flm_dot2_q8, flm_axpy_q8; n a multiple of 8, 4). */
+/* The int8 attention's integer loops (kernel_hooks.h FLM_DOT2_Q8, FLM_AXPY_Q8; n a multiple of 8, 4). */
 void flm_dot2_q8_m0(const int8_t *a, const int8_t *b, const int8_t *x, uint32_t n, int32_t out[2]);
 void flm_axpy_q8_m0(int32_t *acc, const int8_t *v, int32_t w, uint32_t n);
-#define FLM_DOT2_Q8 flm_dot2_q8_m0
-#define FLM_AXPY_Q8 flm_axpy_q8_m0
 
-/* kernels.c flm_quantize_act's codes of a group, x[i] * inv as __aeabi_fmul forms it inline. */
+/* flm_quantize_act's codes of a group, x[i] * inv as __aeabi_fmul forms it inline (FLM_QUANT_CODES). */
 void flm_quant_codes_m0(const float *x, uint32_t n, float inv, int8_t *q);
-#define FLM_QUANT_CODES flm_quant_codes_m0
 
 #ifdef __cplusplus
 }

@@ -437,13 +437,13 @@ flm_group_term:
     bx r3
     .size flm_group_term, . - flm_group_term
 
-@ ---- whole matvec rows: kernels.c row_whole (f32 scales, groups of a multiple of 8 codes,
+@ ---- whole matvec rows: kernel_hooks.h row_whole (f32 scales, groups of a multiple of 8 codes,
 @ word-aligned activations) with the group dots and terms inline and the group loop in registers
 @ (compiled C spilled that loop's state around the inline dot, and a call per term saved and
-@ restored registers). The sums, terms and adds are kernels.c's, in its order: each group's
+@ restored registers). The sums, terms and adds are row_whole's, in its order: each group's
 @ integer dot, its term as flm_group_term forms it (TERM; flm_group_term_slow off the fast path),
 @ the first term as the row's value and every later one added by __aeabi_fadd(acc, term); the
-@ boot self-check (kernels.c flm_kernels_self_check) compares these rows with the scalar kernels'.
+@ boot self-check (kernels_check.h) compares these rows with the scalar kernels'.
 @
 @ float flm_row_q8_m0(const uint8_t *p, const int8_t *x, const float *xs, uint32_t ng, uint32_t code_bytes)
 @ float flm_row_q4_m0(...): the same for 4-bit codes (code_bytes = g / 2)
@@ -621,7 +621,7 @@ flm_group_term:
     ROW flm_row_q4_m0, Q4_WORD, 2, r7   @ a step: 4 code bytes
 
 @ ---- row-scaled matvec rows (docs/formats.md section 1; kernels.c rows_rs): a row's integer part,
-@ acc = sum_g k_g * (sum_{c in g} code_c * x_c), exact in an int32 for the shapes kernels.c sends
+@ acc = sum_g k_g * (sum_{c in g} code_c * x_c), exact in an int32 for the shapes kernels_arch.h sends
 @ here (|acc| < 2^31: at most 518 columns of q8, 1024 of q4), then float(acc) * (S * X) inline. A
 @ row: f32 S, u8 k[ng] padded to 4, then ng groups of g codes; geom = ng | g << 16 (g a multiple
 @ of 8; of 32 for q4). The drivers take a job (softfloat_m0.h flm_rs_job: row, stride, n, x or
@@ -766,8 +766,8 @@ flm_group_term:
     .endm
 
 @ q4, two codes a product: a word's nibbles j and j + 4 (elements j and j + 4 of its 8, each code + 8)
-@ masked into the two 16-bit lanes of a register, times X_j = x_j << 16 + x_{j+4} (kernels.c
-@ lanes_prep), put sum_j (c_j x_j + c_{j+4} x_{j+4}) in the high lane and sum_j c_j x_{j+4} in the
+@ masked into the two 16-bit lanes of a register, times X_j = x_j << 16 + x_{j+4} (kernels_arch.h
+@ rows_rs_lanes), put sum_j (c_j x_j + c_{j+4} x_{j+4}) in the high lane and sum_j c_j x_{j+4} in the
 @ low one. Over a sub-block of 32 columns both stay below 2^15 in magnitude (|c| <= 8, |x| <= 127),
 @ so the sub-block's sum is exact once the offsets' share is taken out: the sub-block's start value
 @ (-8 (1 + 2^16) sum X_j, mod 2^32) does that.
@@ -1002,7 +1002,7 @@ flm_rs_scale:
     b 20b
     .size flm_rs_rows_q8_m0, . - flm_rs_rows_q8_m0
 
-@ void flm_rs_rows_q4_m0(flm_rs_job *j): j->x is the lanes (kernels.c rows_rs_lanes). Locals as above.
+@ void flm_rs_rows_q4_m0(flm_rs_job *j): j->x is the lanes (kernels_arch.h rows_rs_lanes). Locals as above.
     JOB_DRIVER flm_rs_rows_q4_m0
 20: ldr r4, [sp, #8]
     ldr r5, [r4, #8]

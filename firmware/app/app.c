@@ -1,7 +1,15 @@
 /* The device app: boot (check the image and the kernels, place the model, the golden check), then
- * serve the host's commands forever. The commands' handlers live in app_*.c (app_state.h lists them). */
+ * serve the host's commands forever. The commands' handlers live in app_*.c (app_state.h lists
+ * the files, bottom up; this one is the top). */
 #include "app.h"
-#include "app_state.h"
+#include "app_console.h"
+#include "app_frames.h"
+#include "app_golden.h"
+#include "app_layout.h"
+#include "app_receive.h"
+#include "app_request.h"
+#include "app_speculate.h"
+#include "app_text.h"
 #include "hal.h"
 #include "kernels.h"
 #include <string.h>
@@ -9,8 +17,11 @@
 flm_app flm_dev;
 uint8_t flm_rxbuf[FLM_RXBUF_BYTES];
 
-static void boot(uint8_t *arena, size_t cap, uint32_t arena_tier) {
+void flm_app_boot(uint8_t *arena, size_t cap, uint32_t arena_tier) {
     size_t len = 0;
+    flm_tx_init(&flm_dev.tx, hal_serial_write);
+    flm_rx_init(&flm_dev.rx, flm_rxbuf, sizeof flm_rxbuf);
+    flm_dev.bad_seen = 0;   /* the receiver counts bad frames from 0 again */
     const uint8_t *blob = hal_blob(&len);
     app_ring_reset();
     flm_dev.image_ok = 0;
@@ -62,28 +73,30 @@ static void boot(uint8_t *arena, size_t cap, uint32_t arena_tier) {
     app_send_hello();
 }
 
-void flm_app_run(uint8_t *arena, size_t cap, uint32_t arena_tier) {
-    flm_tx_init(&flm_dev.tx, hal_serial_write);
-    flm_rx_init(&flm_dev.rx, flm_rxbuf, sizeof flm_rxbuf);
-    boot(arena, cap, arena_tier);
+void flm_app_serve(void) {
     for (;;) {
-        int got = app_poll_frame();
-        if (!got) {
+        int got = app_receive();
+        if (got == APP_RX_NOTHING) {
             app_report_bad_frames();
             hal_idle();
             continue;
         }
-        if (got == 2) { app_text_session(); continue; }
+        if (got == APP_RX_LINE) { app_console_line(); continue; }
         app_report_console();
         switch (flm_dev.rx.type) {
         case FLM_PING: app_send_hello(); break;
-        case FLM_GENERATE: app_generate(flm_dev.rx.payload, flm_dev.rx.len); break;
+        case FLM_GENERATE: app_generate_ids(flm_dev.rx.payload, flm_dev.rx.len); break;
         case FLM_LAYOUT: app_set_layout(flm_dev.rx.payload, flm_dev.rx.len); break;
         case FLM_STOP: break;   /* nothing running */
         case FLM_RESEND: app_resend(flm_dev.rx.payload, flm_dev.rx.len); break;
-        case FLM_GENERATE_TEXT: app_generate_text(); break;
+        case FLM_GENERATE_TEXT: app_generate_text(flm_dev.rx.payload, flm_dev.rx.len); break;
         case FLM_SELFTEST: app_selftest(flm_dev.rx.payload, flm_dev.rx.len); break;
         default: app_send_error(FLM_E_BAD_MESSAGE, "unknown message type"); break;
         }
     }
+}
+
+void flm_app_run(uint8_t *arena, size_t cap, uint32_t arena_tier) {
+    flm_app_boot(arena, cap, arena_tier);
+    flm_app_serve();
 }

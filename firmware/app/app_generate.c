@@ -1,6 +1,8 @@
-/* GENERATE: the prompt in chunks of up to the batch, then generated tokens, each step a TOKEN frame
- * carrying the forward pass it belongs to, then DONE (docs/formats.md section 2, 2.4). */
-#include "app_state.h"
+/* A generation: the prompt in chunks of up to the batch, then generated tokens, each step reported
+ * to its output with the forward pass it belongs to, then its totals (docs/formats.md section 2,
+ * 2.4). */
+#include "app_generate.h"
+#include "app_speculate.h"
 #include "crc32.h"
 #include "hal.h"
 #include "sampler.h"
@@ -17,15 +19,12 @@
 #endif
 
 enum { REASON_MAX_TOKENS = 0, REASON_EOS = 1, REASON_CONTEXT = 2, REASON_STOPPED = 3 };
-/* GENERATE flags (docs/formats.md section 2) */
-enum { GEN_LOGITS = 1u, GEN_SLIDE = 2u, GEN_ALL_LOGITS = 4u, GEN_FLAGS = 7u };
-#define GEN_HEAD 28u          /* GENERATE's fixed fields before n_prompt; GENERATE_TEXT's before its text */
-enum { SPEC_NONE = 0u, SPEC_LOOKUP = 1u, SPEC_DRAFT = 2u };   /* GENERATE speculate: where drafts come from */
 
-/* One generation's settings and running totals. */
+/* The generation running: its request (a copy: the forward passes read its fields as the globals
+ * they are, one load each), output and running totals. */
 static struct {
-    uint32_t n, max_new, flags, batch, speculate, draft_k;
-    float temperature, top_p;
+    app_request r;
+    const app_output *out;
     int every, greedy;        /* every step computes the whole head (LOGITS, ALL_LOGITS); temperature <= 0 */
     flm_rng rng;
     flm_done d;
@@ -43,8 +42,8 @@ static void add_pass(const flm_pass *ps) {
     }
 }
 
-/* One forward pass over the n tokens ctx[pos..pos+n) as steps G.d.steps.., then its TOKEN (and
- * LOGITS) frames: prompt steps, and the output of every token whose output is used. ps holds what
+/* One forward pass over the n tokens ctx[pos..pos+n) as steps G.d.steps.., then its steps to the
+ * output: prompt steps, and the output of every token whose output is used. ps holds what
  * proposing its drafts cost (n - 1 drafts at ctx[pos+1..], verified: every token's head, each
  * token's argmax, steps produced while each equals the next draft). Returns the steps produced,
  * the last one's output in *last (FLM_NONE: a prompt step). */
@@ -53,7 +52,7 @@ static uint32_t run_pass(uint32_t *ctx, uint32_t pos, uint32_t n, uint32_t n_dro
     flm_state *s = &flm_dev.state;
     const uint32_t step = G.d.steps;
     const int verify = ps->kind == FLM_PASS_VERIFY;
-    const int used = step + n >= G.n;             /* the last token's output is used: the prompt's last, or generated */
+    const int used = step + n >= G.r.n;          /* the last token's output is used: the prompt's last, or generated */
     ps->first = step;
     ps->len = ps->used = (uint8_t)n;
     if (n_drop) flm_slide(s, n_drop, &ps->st);
@@ -75,7 +74,7 @@ static uint32_t run_pass(uint32_t *ctx, uint32_t pos, uint32_t n, uint32_t n_dro
         ps->used = (uint8_t)k;
         ps->st.us[FLM_PH_SAMPLE] = (uint32_t)(hal_time_us() - ts);
     } else if (used && lg_last) {
-        out = flm_sample(lg_last, m->n_out, G.temperature, G.top_p, &G.rng, s->probs, s->idx);
+        out = flm_sample(lg_last, m->n_out, G.r.temperature, G.r.top_p, &G.rng, s->probs, s->idx);
         ps->st.us[FLM_PH_SAMPLE] = (uint32_t)(hal_time_us() - ts);
     }
     add_pass(ps);
@@ -84,9 +83,9 @@ static uint32_t run_pass(uint32_t *ctx, uint32_t pos, uint32_t n, uint32_t n_dro
         const float *lg = all ? logits + (size_t)i * m->n_out : i + 1u == n ? logits : 0;
         /* a verification's step i produced ctx[pos+i+1] (an accepted draft), its last step out */
         const uint32_t o = i + 1u == ps->used ? out : verify ? ctx[pos + i + 1u] : FLM_NONE;
-        app_send_token(step + i, pos + i, ctx[pos + i], o, mine ? ps->st.head_rows : 0u,
-                       lg ? flm_crc32_update(0, lg, (size_t)m->n_out * 4u) : 0u, ps);
-        if (G.flags & GEN_LOGITS) app_send_logits(step + i, lg);
+        G.out->token(step + i, pos + i, ctx[pos + i], o, mine ? ps->st.head_rows : 0u,
+                     lg ? flm_crc32_update(0, lg, (size_t)m->n_out * 4u) : 0u, ps);
+        if (G.r.flags & GEN_LOGITS) G.out->logits(step + i, lg);
     }
     G.d.steps += ps->used;
     if (out != FLM_NONE) G.d.generated += verify ? ps->used : 1u;
@@ -94,82 +93,16 @@ static uint32_t run_pass(uint32_t *ctx, uint32_t pos, uint32_t n, uint32_t n_dro
     return ps->used;
 }
 
-void app_generate(const uint8_t *p, size_t len) {
+void app_generate(const app_request *r, const app_output *sink, flm_done *d) {
     const flm_model *m = &flm_dev.model;
-    char t[120];
-    if (!flm_dev.image_ok) { app_send_error(app_no_model_code(), flm_dev.image_err); return; }
-    if (len < GEN_HEAD + 4u || len != GEN_HEAD + 4u + 4u * (size_t)flm_get_u32(p + GEN_HEAD)) {
-        app_send_error(FLM_E_BAD_MESSAGE, "GENERATE payload has the wrong length");
-        return;
-    }
-    uint32_t max_new = flm_get_u32(p), flags = flm_get_u32(p + 20), n = flm_get_u32(p + GEN_HEAD);
-    uint32_t batch = p[24], speculate = p[25], draft_k = p[26] ? p[26] : m->batch - 1u;
-    float temperature = flm_get_f32(p + 4), top_p = flm_get_f32(p + 8);
-    if (n == 0) { app_send_error(FLM_E_BAD_MESSAGE, "empty prompt"); return; }
-    if (flags & ~GEN_FLAGS) {
-        size_t i = 0;
-        app_put_str(t, &i, sizeof t, "GENERATE flags ");
-        app_put_dec(t, &i, sizeof t, flags);
-        app_put_str(t, &i, sizeof t, " has unknown bits (known: 1 logits, 2 slide, 4 all logits)");
-        app_send_error(FLM_E_BAD_MESSAGE, t);
-        return;
-    }
-    if (speculate > SPEC_DRAFT || p[27]) {
-        app_send_error(FLM_E_BAD_MESSAGE, "GENERATE: speculate must be 0 (none), 1 (prompt lookup) or 2 (the draft "
-                                          "model), the byte after draft_k 0");
-        return;
-    }
-    if (temperature != temperature || temperature - temperature != 0.0f || top_p != top_p) {
-        app_send_error(FLM_E_BAD_MESSAGE, "temperature must be a finite number and top_p a number");
-        return;
-    }
-    if (batch > m->batch) {
-        app_fmt2(t, sizeof t, "GENERATE asks for passes of ", batch, " tokens; this placement runs at most ", m->batch, "");
-        app_send_error(FLM_E_BAD_MESSAGE, t);
-        return;
-    }
-    if (speculate && temperature > 0.0f) {
-        app_send_error(FLM_E_BAD_MESSAGE, "speculative decoding verifies greedy tokens only: use temperature 0 "
-                                          "(exact speculative sampling is not implemented)");
-        return;
-    }
-    if (speculate && (draft_k < 1u || draft_k + 1u > m->batch)) {
-        app_fmt2(t, sizeof t, "speculative decoding: ", draft_k, " draft(s) need a batch of one more; this placement's is ",
-                 m->batch, "");
-        app_send_error(FLM_E_BAD_MESSAGE, t);
-        return;
-    }
-    if (speculate == SPEC_DRAFT && !flm_dev.draft_ok) {
-        app_send_error(FLM_E_BAD_MESSAGE, flm_dev.draft_why);
-        return;
-    }
-    if (n > m->seq_len) {
-        app_fmt2(t, sizeof t, "prompt of ", n, " tokens exceeds the context of ", m->seq_len, " tokens");
-        app_send_error(FLM_E_PROMPT_TOO_LONG, t);
-        return;
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        flm_dev.prompt[i] = flm_get_u32(p + GEN_HEAD + 4u + 4u * i);
-        if (flm_dev.prompt[i] >= m->vocab) {
-            app_fmt2(t, sizeof t, "prompt token ", flm_dev.prompt[i], " is outside the vocabulary of ", m->vocab, "");
-            app_send_error(FLM_E_BAD_TOKEN, t);
-            return;
-        }
-    }
-    app_ring_begin();                   /* accepted: a new generation, the ring starts empty */
+    const uint32_t n = r->n, max_new = r->max_new, flags = r->flags;
     memset(&G, 0, sizeof G);
-    G.n = n;
-    G.max_new = max_new;
-    G.flags = flags;
-    G.batch = batch ? batch : m->batch;
-    G.speculate = speculate;
-    G.draft_k = draft_k;
-    G.temperature = temperature;
-    G.top_p = top_p;
-    flm_rng_seed(&G.rng, flm_get_u64(p + 12));
+    G.r = *r;
+    G.out = sink;
+    flm_rng_seed(&G.rng, r->seed);
     /* LOGITS implies ALL_LOGITS: every step computes the whole head, never pruned or skipped */
     G.every = (flags & (GEN_LOGITS | GEN_ALL_LOGITS)) != 0;
-    G.greedy = !(temperature > 0.0f);
+    G.greedy = !(r->temperature > 0.0f);
     app_draft_reset();
     /* the prompt buffer holds the context from here on: ctx[q] = the id at cache position q (and a
      * verification's drafts after the last known one) */
@@ -188,9 +121,9 @@ void app_generate(const uint8_t *p, size_t len) {
         flm_pass ps;
         memset(&ps, 0, sizeof ps);
         if (G.d.steps >= n) ctx[pos] = tok;   /* a generated token's pass (ctx holds the prompt's) */
-        if (G.speculate == SPEC_DRAFT) FLM_STEP_STATE(&flm_dev.dstate);
+        if (G.r.speculate == SPEC_DRAFT) FLM_STEP_STATE(&flm_dev.dstate);
         FLM_STEP_BEGIN(G.d.steps, &flm_dev.state);   /* the mark covers proposing drafts and the pass */
-        if (n_drop && G.speculate == SPEC_DRAFT) {
+        if (n_drop && G.r.speculate == SPEC_DRAFT) {
             uint64_t td = hal_time_us();
             app_draft_slide(n_drop, &ps.st, ps.draft_bytes);
             ps.st.us[FLM_PH_DRAFT] += (uint32_t)(hal_time_us() - td);
@@ -200,28 +133,28 @@ void app_generate(const uint8_t *p, size_t len) {
          * crosses the context's end */
         uint32_t len = 1;
         if (G.d.steps + 1u < n) {
-            len = n - G.d.steps < G.batch ? n - G.d.steps : G.batch;
+            len = n - G.d.steps < G.r.batch ? n - G.d.steps : G.r.batch;
             if (len > m->seq_len - pos) len = m->seq_len - pos;
             ps.kind = len > 1u ? FLM_PASS_PREFILL : FLM_PASS_ONE;
-        } else if (G.speculate) {
-            uint32_t k = G.draft_k, left = max_new - G.d.generated - 1u, room = m->seq_len - 1u - pos;
+        } else if (G.r.speculate) {
+            uint32_t k = G.r.draft_k, left = max_new - G.d.generated - 1u, room = m->seq_len - 1u - pos;
             if (k > left) k = left;
             if (k > room) k = room;
             uint64_t td = hal_time_us();
-            if (k) k = G.speculate == SPEC_DRAFT ? app_draft_propose(ctx, pos, k, &ps.st, ps.draft_bytes)
+            if (k) k = G.r.speculate == SPEC_DRAFT ? app_draft_propose(ctx, pos, k, &ps.st, ps.draft_bytes)
                                                  : app_lookup_drafts(ctx, pos, k);
             ps.st.us[FLM_PH_DRAFT] += (uint32_t)(hal_time_us() - td);
             len += k;
             ps.kind = k ? FLM_PASS_VERIFY : FLM_PASS_ONE;
         }
         uint32_t out, steps = run_pass(ctx, pos, len, n_drop, &ps, &out);
-        if (G.speculate == SPEC_DRAFT) app_draft_accepted(pos, steps);
+        if (G.r.speculate == SPEC_DRAFT) app_draft_accepted(pos, steps);
         pos += steps;
         if (out != FLM_NONE) tok = out;
         if (out != FLM_NONE && flm_is_stop(m, out)) { reason = REASON_EOS; break; }
-        if (app_stop_requested()) { reason = REASON_STOPPED; break; }
+        if (sink->stop()) { reason = REASON_STOPPED; break; }
     }
     G.d.reason = (uint8_t)reason;
     G.d.total_us = hal_time_us() - t_start;
-    app_ring_end(&G.d);
+    *d = G.d;
 }

@@ -2,7 +2,8 @@
  * draft model (section 1.4). The verifying pass (app_generate.c) keeps the tokens greedy decoding
  * gives whatever is proposed; a proposer only decides how many it can skip. converter/reference.py
  * mirrors each one. */
-#include "app_state.h"
+#include "app_speculate.h"
+#include "app_text.h"
 #include "hal.h"
 #include <string.h>
 

@@ -1,6 +1,9 @@
-/* What the device sends (ERROR, LOG, HELLO, TOKEN, LOGITS, DONE) and the frames it keeps for
- * RESEND (docs/formats.md section 2.1). */
-#include "app_state.h"
+/* What the device sends (ERROR, LOG, HELLO, TOKEN, LOGITS, DONE), the frames it keeps for RESEND
+ * (docs/formats.md section 2.1), and the host's frames between a generation's steps. */
+#include "app_frames.h"
+#include "app_prompt.h"
+#include "app_receive.h"
+#include "app_text.h"
 #include "hal.h"
 #include <string.h>
 
@@ -61,8 +64,6 @@ void app_send_hello(void) {
     flm_tx_end(&flm_dev.tx);
     if (!flm_dev.image_ok) app_send_error(flm_dev.kernels_ok ? FLM_E_BAD_IMAGE : FLM_E_SELF_CHECK, flm_dev.image_err);
 }
-
-uint16_t app_no_model_code(void) { return flm_dev.kernels_ok ? FLM_E_NO_MODEL : FLM_E_SELF_CHECK; }
 
 void app_report_bad_frames(void) {
     if (flm_dev.rx.bad_frames != flm_dev.bad_seen) {
@@ -160,8 +161,8 @@ void app_send_logits(uint32_t step, const float *logits) {
 /* Between steps: answer PING and RESEND, refuse a second GENERATE, honour STOP. Returns 1 on STOP. */
 int app_stop_requested(void) {
     int stop = 0, got;
-    while ((got = app_poll_frame())) {
-        if (got == 2) flm_dev.rx.bad_frames++;    /* a text line while a host generates: line noise */
+    while ((got = app_receive())) {
+        if (got == APP_RX_LINE) flm_dev.rx.bad_frames++;    /* a text line while a host generates: line noise */
         else if (flm_dev.rx.type == FLM_STOP) stop = 1;
         else if (flm_dev.rx.type == FLM_PING) app_send_hello();
         else if (flm_dev.rx.type == FLM_RESEND) app_resend(flm_dev.rx.payload, flm_dev.rx.len);

@@ -1,5 +1,5 @@
 /* Message text for ERROR, LOG and the console without a C library's printf (small boards). */
-#include "app_state.h"
+#include "app_text.h"
 
 size_t app_slen(const char *s) { size_t n = 0; while (s[n]) n++; return n; }
 

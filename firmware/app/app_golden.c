@@ -7,7 +7,9 @@
  * It runs the forward pass a GENERATE runs (flm_body, the whole head, the greedy choice, and the
  * pruned scan greedy steps use), and leaves nothing a generation depends on: every GENERATE starts
  * at position 0 and writes each cache row before it reads it, and the RESEND ring is untouched. */
-#include "app_state.h"
+#include "app_golden.h"
+#include "app_frames.h"
+#include "app_text.h"
 #include "crc32.h"
 #include "hal.h"
 #include "sampler.h"

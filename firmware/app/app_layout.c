@@ -1,6 +1,10 @@
 /* Placement: stage tensors out of flash into PSRAM/SRAM, carve the state regions (at boot and on
  * LAYOUT; docs/formats.md section 1). */
-#include "app_state.h"
+#include "app_layout.h"
+#include "app_frames.h"
+#include "app_golden.h"
+#include "app_speculate.h"
+#include "app_text.h"
 #include "crc32.h"
 #include "hal.h"
 #include <string.h>

@@ -1,0 +1,175 @@
+/* The Cortex-M0+ kernels (ARMv6-M: no DSP or SIMD instructions, 1-cycle MULS on the RP2040): this
+ * core's kernel_hooks.h hooks. The group dots are inline assembly here; with the soft-float's
+ * assembly linked (softfloat_m0.s, declared by softfloat_m0.h, which every RP2040 build
+ * force-includes) the group term, the whole-row loops, the row-scaled rows, the int8 attention's
+ * loops and the activation codes are its entry points. A build without it (bench/kernels.py's
+ * libgcc probe empties softfloat_m0.h) runs the dots here and the portable rest.
+ *
+ * The rows take one group at a time (FLM_SCALAR_ROWS): on this core a group's bookkeeping costs
+ * more than its dot product, so the whole-row loop walks a row without the per-group format tests. */
+#ifndef FLM_KERNELS_ARCH_H
+#define FLM_KERNELS_ARCH_H
+#include "softfloat_m0.h"
+
+/* Each code byte read once (the tuned kernels' tails: the emulator's read counts must equal the
+ * engine's, tests/test_rp2040_emu.py). */
+static int32_t dot_q4_bytes(const uint8_t *w, const int8_t *x, uint32_t n) {
+    int32_t s = 0;
+    uint32_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        uint32_t b = w[i >> 1];
+        s += nib(b) * (int32_t)x[i] + nib(b >> 4) * (int32_t)x[i + 1];
+    }
+    if (i < n) s += nib(w[i >> 1]) * (int32_t)x[i];
+    return s;
+}
+
+/* dot_q4_bytes for codes offset by 8 (row-scaled q4), each code byte read once. */
+static int32_t dot_q4o_m0(const uint8_t *w, const int8_t *x, uint32_t n) {
+    int32_t s = 0;
+    uint32_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        uint32_t b = w[i >> 1];
+        s += ((int32_t)(b & 15u) - 8) * (int32_t)x[i] + ((int32_t)(b >> 4) - 8) * (int32_t)x[i + 1];
+    }
+    if (i < n) s += ((int32_t)(w[i >> 1] & 15u) - 8) * (int32_t)x[i];
+    return s;
+}
+
+/* Word loads of codes and activations (LDM with writeback, 2 cycles for 4 bytes against 2 for each
+ * LDRSB), each byte sign-extended in registers by SXTB or a shift, one MULS and ADDS per product.
+ * 8 weights a turn. */
+static inline __attribute__((always_inline)) int32_t dot_q8_m0(const int8_t *w, const int8_t *x, uint32_t n) {
+    int32_t s = 0;
+    uint32_t n8 = n & ~7u;
+    if (n8 && !(((uintptr_t)w | (uintptr_t)x) & 3u)) {   /* codes are; activations are in the engine */
+        const int8_t *end = w + n8;
+        uint32_t a, b, t, u;
+#define Q8_WORD                                                                                     \
+        "ldm %[w]!, {%[a]}\n ldm %[x]!, {%[b]}\n"                                                  \
+        "sxtb %[t], %[a]\n sxtb %[u], %[b]\n muls %[t], %[u]\n adds %[s], %[t]\n"                 \
+        "lsrs %[t], %[a], #8\n sxtb %[t], %[t]\n lsrs %[u], %[b], #8\n sxtb %[u], %[u]\n"         \
+        "muls %[t], %[u]\n adds %[s], %[t]\n"                                                       \
+        "lsrs %[t], %[a], #16\n sxtb %[t], %[t]\n lsrs %[u], %[b], #16\n sxtb %[u], %[u]\n"       \
+        "muls %[t], %[u]\n adds %[s], %[t]\n"                                                       \
+        "asrs %[a], %[a], #24\n asrs %[b], %[b], #24\n muls %[a], %[b]\n adds %[s], %[a]\n"
+        __asm volatile(".syntax unified\n"
+                       "1:\n" Q8_WORD Q8_WORD
+                       "cmp %[w], %[end]\n bne 1b\n"
+                       ".syntax divided\n"
+                       : [w] "+l"(w), [x] "+l"(x), [s] "+l"(s), [a] "=&l"(a), [b] "=&l"(b), [t] "=&l"(t), [u] "=&l"(u)
+                       : [end] "r"(end)
+                       : "cc", "memory");
+#undef Q8_WORD
+        n -= n8;
+    }
+    return s + dot_q8_scalar(w, x, n);
+}
+
+/* 8 nibbles per code word, each sign-extended by a shift pair (LSLS to the top, ASRS down). */
+static inline __attribute__((always_inline)) int32_t dot_q4_m0(const uint8_t *w, const int8_t *x, uint32_t n) {
+    int32_t s = 0;
+    uint32_t n8 = n & ~7u;
+    if (n8 && !(((uintptr_t)w | (uintptr_t)x) & 3u)) {
+        const uint8_t *end = w + n8 / 2u;
+        uint32_t a, b, t, u;
+#define Q4_PAIR(lo, hi, xlo, xhi)                                                                   \
+        "lsls %[t], %[a], #" #lo "\n asrs %[t], %[t], #28\n " xlo "\n muls %[t], %[u]\n adds %[s], %[t]\n" \
+        "lsls %[t], %[a], #" #hi "\n asrs %[t], %[t], #28\n " xhi "\n muls %[t], %[u]\n adds %[s], %[t]\n"
+        __asm volatile(".syntax unified\n"
+                       "1:\n"
+                       "ldm %[w]!, {%[a]}\n ldm %[x]!, {%[b]}\n"
+                       Q4_PAIR(28, 24, "sxtb %[u], %[b]", "lsrs %[u], %[b], #8\n sxtb %[u], %[u]")
+                       Q4_PAIR(20, 16, "lsrs %[u], %[b], #16\n sxtb %[u], %[u]", "asrs %[u], %[b], #24")
+                       "ldm %[x]!, {%[b]}\n"
+                       Q4_PAIR(12, 8, "sxtb %[u], %[b]", "lsrs %[u], %[b], #8\n sxtb %[u], %[u]")
+                       "lsls %[t], %[a], #4\n asrs %[t], %[t], #28\n lsrs %[u], %[b], #16\n sxtb %[u], %[u]\n"
+                       "muls %[t], %[u]\n adds %[s], %[t]\n"
+                       "asrs %[a], %[a], #28\n asrs %[b], %[b], #24\n muls %[a], %[b]\n adds %[s], %[a]\n"
+                       "cmp %[w], %[end]\n bne 1b\n"
+                       ".syntax divided\n"
+                       : [w] "+l"(w), [x] "+l"(x), [s] "+l"(s), [a] "=&l"(a), [b] "=&l"(b), [t] "=&l"(t), [u] "=&l"(u)
+                       : [end] "r"(end)
+                       : "cc", "memory");
+#undef Q4_PAIR
+        n -= n8;
+    }
+    return s + dot_q4_bytes(w, x, n);
+}
+#define FLM_DOT_Q8 dot_q8_m0
+#define FLM_DOT_Q4 dot_q4_m0
+#define FLM_DOT_Q4O dot_q4o_m0
+#define FLM_SCALAR_ROWS 1
+
+#ifdef FLM_SOFTFLOAT_M0_H   /* the soft-float's assembly is linked: its kernels */
+#define FLM_GROUP_TERM flm_group_term
+#define FLM_ROW_WHOLE(p, x, xs, ng, g, q8) \
+    ((q8) ? flm_row_q8_m0((p), (x), (xs), (ng), (g)) : flm_row_q4_m0((p), (x), (xs), (ng), (g) / 2u))
+#define FLM_QUANT_CODES flm_quant_codes_m0
+
+/* The assembly's attention loops take whole steps of 8 (dot2) and whole words (axpy). */
+#define FLM_DOT2_Q8(a, b, x, n, out)                                                                    \
+    do {                                                                                               \
+        if (!((n) & 7u)) {                                                                             \
+            flm_dot2_q8_m0(a, b, x, n, out);                                                           \
+            break;                                                                                     \
+        }                                                                                              \
+        (out)[0] = dot_q8_m0(a, x, n);                                                                 \
+        (out)[1] = dot_q8_m0(b, x, n);                                                                 \
+    } while (0)
+
+static inline __attribute__((always_inline)) void axpy_m0(int32_t *acc, const int8_t *v, int32_t w, uint32_t n) {
+    const uint32_t n4 = n & ~3u;
+    if (n4) flm_axpy_q8_m0(acc, v, w, n4);
+    axpy_scalar(acc + n4, v + n4, w, n - n4);
+}
+#define FLM_AXPY_Q8 axpy_m0
+
+/* The row-scaled rows. The q4 kernel's activations (softfloat_m0.s Q4L_WORD), on the stack: per
+ * sub-block of 32 columns a start value, minus the share of the codes' offset 8, then per 8 columns
+ * (x_j << 16) + x_{j+4}, j = 0..3. Up to LANE_COLS columns: 2,176 bytes of the RP2040's 8 KB stack
+ * floor. */
+#define LANE_COLS 1024u
+
+/* Their shape: whole groups of a multiple of 8 columns (q4: of 32, at most LANE_COLS), word-aligned
+ * activations, and (q8) rows whose sum fits an int32: |code| <= 128, |x| <= 127, k <= 255 make 518
+ * columns (docs/formats.md). 0: another shape; else geom = n_groups | group << 16. */
+static uint32_t rs_geom(const flm_tensor *w, const flm_act *xq) {
+    const uint32_t g = w->group, q8 = w->fmt == FLM_Q8;
+    const int ok = w->cols % g == 0u && g % (q8 ? 8u : 32u) == 0u && w->cols <= (q8 ? 518u : LANE_COLS) &&
+                   !((uintptr_t)xq & 3u);
+    return ok ? w->cols / g | g << 16 : 0u;
+}
+
+static __attribute__((noinline)) void rows_rs_lanes(flm_rs_job *j, uint32_t cols) {
+    uint32_t lanes[LANE_COLS / 32u * 17u], *p = lanes;
+    const int8_t *x = j->x;
+    for (uint32_t s = 0; s < cols; s += 32u) {
+        uint32_t *start = p++, sum = 0;
+        for (uint32_t b = s; b < s + 32u; b += 8u)
+            for (uint32_t i = 0; i < 4u; i++) {
+                const uint32_t v = ((uint32_t)(int32_t)x[b + i] << 16) + (uint32_t)(int32_t)x[b + i + 4u];
+                *p++ = v;
+                sum += v;
+            }
+        *start = 0u - 8u * 0x10001u * sum;
+    }
+    j->x = lanes;
+    flm_rs_rows_q4_m0(j);
+}
+
+/* q4 for a block of rows only: its lanes cost about a row. */
+static inline __attribute__((always_inline)) int rs_rows_m0(const flm_tensor *w, uint32_t r0, uint32_t r1,
+                                                            const flm_act *xq, const float *xs, float *out) {
+    const uint32_t geom = rs_geom(w, xq);
+    if (geom && (w->fmt == FLM_Q8 || r1 - r0 > 1u)) {
+        flm_rs_job j = {w->data + (size_t)r0 * w->stride, w->stride, r1 - r0, xq, geom, xs[0], out};
+        if (w->fmt == FLM_Q8) flm_rs_rows_q8_m0(&j);
+        else rows_rs_lanes(&j, w->cols);
+        return 1;
+    }
+    return 0;
+}
+#define FLM_RS_ROWS rs_rows_m0
+#endif
+#endif
