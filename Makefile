@@ -4,7 +4,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench fuzz system-deps test-deps emu-deps bench-deps clean
+.PHONY: demo test test-fast bench fuzz system-deps test-deps emu-deps bench-deps clean
 
 # Debian packages, installed when missing. system-deps: a C compiler for the native virtual board.
 system-deps:
@@ -46,6 +46,11 @@ demo: system-deps $(STAMP)
 
 test: system-deps test-deps $(STAMP) $(EMU_STAMP)
 	$(BIN)/python -m pytest -q
+
+# test-fast: the tests that need neither an emulator nor a cross compiler and take seconds each
+# (markers in tests/conftest.py), for development; make test runs them all
+test-fast: system-deps test-deps $(STAMP)
+	$(BIN)/python -m pytest -q -m "not cross and not emulated and not slow"
 
 # bench-deps: valgrind, whose callgrind counts the native engine's instructions per token (bench/callgrind.py).
 bench-deps:

@@ -99,6 +99,8 @@ def test_python_refuses_bad_blobs(small_qm, mutate, message):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.native
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_mutated_blobs_give_blob_errors_in_python_and_c(small_qm, blob_checker, tmp_path, data):
@@ -130,6 +132,7 @@ def test_mutated_blobs_give_blob_errors_in_python_and_c(small_qm, blob_checker, 
     (lambda b: with_crc(b[:4] + struct.pack("<I", 4) + b[8:]), "format version 4"),
     (lambda b: with_crc(b[:4] + struct.pack("<I", 2) + b[8:]), "older flashlm; re-run flashlm convert"),
 ])
+@pytest.mark.native
 def test_firmware_refuses_bad_image_at_boot(small_qm, tmp_path_factory, tmp_path, mutate, cause):
     bad = mutate(build_blob(small_qm))
     with native_link(small_qm, tmp_path, tmp_path_factory.mktemp("b"), blob_bytes=bad) as (link, boot):
@@ -142,6 +145,7 @@ def test_firmware_refuses_bad_image_at_boot(small_qm, tmp_path_factory, tmp_path
         assert isinstance(done, Error) and done.name == "no_model"
 
 
+@pytest.mark.native
 def test_firmware_refuses_bad_requests(small_qm, tmp_path_factory, tmp_path):
     c = small_qm.config
     with native_link(small_qm, tmp_path, tmp_path_factory.mktemp("b")) as (link, boot):

@@ -27,6 +27,9 @@ from host.output.console import make_console
 sys.path.insert(0, str(Path(__file__).parent))
 from modelzoo import random_model  # noqa: E402
 
+# every test here uses the module's projects, cross-compiled for the boards
+pytestmark = pytest.mark.cross
+
 ESP_BOARDS = ["esp32s3-n16r8", "esp32s3-n8r2", "esp32c3-devkitm-1"]
 RP_BOARDS = ["pico", "pico2", "pico-plus-2"]
 BOARDS = ESP_BOARDS + RP_BOARDS
@@ -57,6 +60,7 @@ def projects(model_dir, tmp_path_factory):
 
 # -- the engine cross-compiled for the boards' CPUs -------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("board", sorted(CROSS))
 def test_engine_cross_compiles_without_warnings(projects, board):
     cpu, cc = CROSS[board]
@@ -442,6 +446,8 @@ def test_flash_checks_the_port_before_building(projects, capsys, monkeypatch, tm
     assert rc == 2 and "/dev/ttyNOPE does not exist" in err and not ran.exists()
 
 
+@pytest.mark.native
+@pytest.mark.slow
 def test_run_reuses_the_build_of_build_o(model_dir, tmp_path, monkeypatch, capsys):
     """'flashlm build -o DIR' is what 'run --board native' then uses; two models in one folder keep
     their own builds."""

@@ -25,6 +25,8 @@ def llama2c_files(tmp_path_factory):
 
 @pytest.mark.parametrize("fmt,temperature,top_p,seed,all_logits", [("q8", 0.0, 0.0, 0, True), ("q4", 0.9, 0.95, 77, True),
                                                                     ("q8", 0.0, 0.0, 0, False)])
+@pytest.mark.native
+@pytest.mark.slow
 def test_cli_run_native_streams_the_reference_tokens(llama2c_files, tmp_path, capsys, fmt, temperature, top_p, seed,
                                                      all_logits):
     """Every step's logits CRC with --all-logits; the default mode's head rows and CRCs (prompt steps

@@ -34,6 +34,8 @@ def bits(a):
     return np.asarray(a, np.float32).view(np.uint32)
 
 
+@pytest.mark.native
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_engine_matches_reference_bit_for_bit(case, tmp_path, build_root):
     cfg, fmt, g, ov, tile = CASES[case]
@@ -51,6 +53,8 @@ def test_engine_matches_reference_bit_for_bit(case, tmp_path, build_root):
             assert_matches_reference(toks, logits, ref)
 
 
+@pytest.mark.native
+@pytest.mark.slow
 def test_context_full_and_eos_stop(tmp_path, build_root):
     _, ir = random_model(seed=3, max_seq_len=12)
     qm = quantize(ir, "q8", 32)
@@ -61,6 +65,8 @@ def test_context_full_and_eos_stop(tmp_path, build_root):
         assert [t.out_id for t in toks[1:]] == [r["out_id"] for r in ref[1:]]
 
 
+@pytest.mark.native
+@pytest.mark.slow
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("index", [False, True])
 def test_bytes_read_per_tier(tmp_path, build_root, tied, index):
@@ -88,6 +94,7 @@ def test_exp_table_is_the_references():
     assert table == EXP2_Q23.tolist()
 
 
+@pytest.mark.native
 def test_c_math_matches_numpy(tmp_path):
     exe = tmp_path / "math_check"
     subprocess.run(["cc", "-std=c99", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror",

@@ -26,6 +26,9 @@ from firmware.build import build_firmware
 sys.path.insert(0, str(Path(__file__).parent))
 from modelzoo import random_model  # noqa: E402
 
+# every test here uses the module's projects, cross-compiled for the boards
+pytestmark = pytest.mark.cross
+
 ARM = shutil.which("arm-none-eabi-gcc")
 needs_arm = pytest.mark.skipif(ARM is None, reason="arm-none-eabi-gcc is not installed")
 RV = shutil.which("riscv64-unknown-elf-gcc")
@@ -48,6 +51,7 @@ def nm(objs, *flags) -> list[tuple[str, str]]:
     return [(p[-2], p[-1]) for p in (ln.split() for ln in out.splitlines()) if len(p) >= 2]
 
 
+@pytest.mark.slow
 def test_only_the_rp2040_project_carries_the_soft_float(projects):
     pico, pico2 = projects["pico"], projects["pico2"]
     for f in X.M0.sources:
@@ -162,6 +166,9 @@ def test_linked_with_the_scripts_wraps_the_engine_calls_the_soft_float(projects,
     assert {"__aeabi_fadd", "__aeabi_fmul", "__aeabi_fdiv", "flm_group_term"} <= {s for t, s in ours if t == "T"}
 
 
+@pytest.mark.native
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_libgcc_soft_fp_is_ieee_exact_but_for_nan_to_int(tmp_path):
     """Evidence for the ESP32-C3 (rv32imc, no FPU: its float operations are libgcc's soft-fp, which
     ESP-IDF takes from the chip's ROM): GCC's soft-fp built for the Cortex-M0+, run on the emulated
@@ -219,6 +226,7 @@ def host_operands() -> tuple[np.ndarray, np.ndarray]:
             np.concatenate([eb] + [b for _, b in gen]).astype(np.uint32))
 
 
+@pytest.mark.native
 @pytest.mark.skipif(CC is None, reason="no C compiler")
 def test_libgcc_glue_is_the_hosts_ieee_arithmetic_bit_for_bit(tmp_path):
     """Each wrapped helper, compiled for the host, against NumPy's IEEE binary32: arithmetic and
@@ -277,6 +285,7 @@ def project_wraps(project: Path) -> list[str]:
     return re.findall(r'"-Wl,--wrap=(\w+)"', (project / "src" / "CMakeLists.txt").read_text())
 
 
+@pytest.mark.native
 @pytest.mark.skipif(CC is None, reason="no C compiler")
 def test_c3_project_wraps_exactly_what_the_glue_defines(projects, tmp_path):
     """The C3 project holds the soft-float and wraps each helper softfloat_libgcc.c defines (as

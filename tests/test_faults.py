@@ -152,6 +152,8 @@ def session_on(path, ports, **kw) -> Session:
 # byte faults: RESEND recovers every token the device still keeps; what it does not keep is
 # reported by step number, and generate_with_recovery regenerates it
 
+@pytest.mark.native
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_fault_kind(env, board, ports, kind):
     rate = {"noise": 2e-3}.get(kind, 4e-3)
@@ -169,6 +171,8 @@ def test_each_fault_kind(env, board, ports, kind):
     assert fig["delivered"] == fig["steps"] and res.complete, (res.missing_steps, res.notes)
 
 
+@pytest.mark.native
+@pytest.mark.slow
 def test_all_faults_at_once_long_generation(env, board, ports):
     """Out-of-ring losses are reported exactly, then regenerated; both directions damaged."""
     faults = Faults(drop=3e-3, dup=3e-3, flip=3e-3, insert=3e-3, noise=1e-3)
@@ -188,6 +192,7 @@ def test_all_faults_at_once_long_generation(env, board, ports):
     assert res.complete and fig["delivered"] == fig["steps"], res.recoveries
 
 
+@pytest.mark.native
 def test_sampled_generation_is_regenerated_exactly(env, board, ports):
     """A seeded sampled run replays from its seed: the regenerated steps match bit for bit."""
     with FaultProxy(board.vb.port, Faults(drop=4e-3, flip=4e-3), seed=9) as fp:
@@ -197,6 +202,7 @@ def test_sampled_generation_is_regenerated_exactly(env, board, ports):
     assert fig["wrong"] == 0 and fig["lost_silently"] == 0 and res.complete
 
 
+@pytest.mark.native
 def test_lost_generate_is_sent_again(env, board, ports):
     """The device never got GENERATE (its frame damaged on the way): the host's probe learns so
     from RESENT and sends GENERATE again."""
@@ -233,6 +239,7 @@ def _reconnect_to(proxy: FaultProxy, ports):
     return reconnect
 
 
+@pytest.mark.native
 def test_line_closed_mid_stream_short_outage(env, board, ports):
     """The line drops for 0.3 s: reconnect, re-handshake, and the device's ring re-sends what the
     outage swallowed (the same generation continues)."""
@@ -246,6 +253,7 @@ def test_line_closed_mid_stream_short_outage(env, board, ports):
     assert res.recoveries and res.recoveries[0]["after"] == "LinkLost"
 
 
+@pytest.mark.native
 def test_line_closed_long_generation_regenerates(env, board, ports):
     with FaultProxy(board.vb.port, close_after=1500, reopen_after=0.3) as fp:
         s = session_on(fp.port, ports)
@@ -254,6 +262,7 @@ def test_line_closed_long_generation_regenerates(env, board, ports):
     assert fig["wrong"] == 0 and fig["lost_silently"] == 0 and res.complete, res.recoveries
 
 
+@pytest.mark.native
 def test_board_reset_behind_the_same_port(env, board, ports):
     """Kill the board mid-generation and start it again behind the proxy (a USB-UART board that
     reset): the host sees the frame numbers start again, re-handshakes on the same port, checks
@@ -273,6 +282,7 @@ def test_board_reset_behind_the_same_port(env, board, ports):
     assert fig["wrong"] == 0 and fig["lost_silently"] == 0 and res.complete
 
 
+@pytest.mark.native
 def test_board_killed_port_gone_reconnect(env, board, ports):
     """Kill the native board mid-generation: its pty vanishes (LinkLost); the reconnect starts a
     new board, the host re-handshakes on the new port and regenerates."""
@@ -294,6 +304,7 @@ def test_board_killed_port_gone_reconnect(env, board, ports):
     assert fig["wrong"] == 0 and fig["lost_silently"] == 0 and res.complete
 
 
+@pytest.mark.native
 def test_board_back_with_another_model_is_refused(env, board, ports):
     sent_after = []
 
@@ -325,6 +336,7 @@ def test_board_back_with_another_model_is_refused(env, board, ports):
     record("model_changed", {"refused": True, "tokens_before": len(e.value.partial.tokens)})
 
 
+@pytest.mark.native
 def test_reset_without_recovery_raises_with_partial(env, board, ports):
     with FaultProxy(board.vb.port, baud=20000) as fp:
         s = session_on(fp.port, ports)
@@ -353,6 +365,8 @@ def _model_dir(env) -> Path:
     return d
 
 
+@pytest.mark.native
+@pytest.mark.slow
 def test_ctrl_c_during_run_writes_a_valid_report(env, board, tmp_path):
     d = _model_dir(env)
     with FaultProxy(board.vb.port, Faults(drop=2e-3), baud=2400, seed=3) as fp:
@@ -402,6 +416,7 @@ def test_atomic_write_survives_an_interrupt(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # the proxy from the command line, and image trust through `flashlm run`
 
+@pytest.mark.native
 def test_faultproxy_command_line(env, board, ports):
     cmd = [sys.executable, "-m", "host.cli", "faultproxy", board.vb.port, "--flip", "0.003", "--drop", "0.003",
            "--to-device", "insert=0.001", "--boot-noise", "--seed", "4"]
@@ -424,6 +439,7 @@ def test_faultproxy_command_line(env, board, ports):
     assert fig["wrong"] == 0 and fig["lost_silently"] == 0 and fig["delivered"] == fig["steps"]
 
 
+@pytest.mark.native
 def test_cli_refuses_a_board_with_another_model(env, capsys):
     from host.cli.main import main
     with start_native_board(env["binary"], env["blobs"]["other"]) as vb:
@@ -433,6 +449,7 @@ def test_cli_refuses_a_board_with_another_model(env, capsys):
     assert rc == 2 and err.startswith("flashlm: error: ") and want in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.native
 def test_cli_reports_a_corrupted_image(env, tmp_path, capsys):
     from host.cli.main import main
     bad = tmp_path / "bad.flmb"

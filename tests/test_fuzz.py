@@ -38,6 +38,8 @@ def toolchain():
         pytest.skip(str(e))
 
 
+@pytest.mark.native
+@pytest.mark.slow
 @pytest.mark.parametrize("target", fuzzrun.TARGETS)
 def test_committed_fuzz_inputs_run_clean(toolchain, target):
     try:
@@ -49,6 +51,8 @@ def test_committed_fuzz_inputs_run_clean(toolchain, target):
     assert res["returncode"] == 0 and res["sanitizer_reports"] == 0, res["log_tail"]
 
 
+@pytest.mark.native
+@pytest.mark.slow
 @pytest.mark.parametrize("target,seconds", [("app", 4), ("blob", 2)])
 def test_short_seeded_fuzz_run(toolchain, tmp_path, target, seconds):
     res = fuzzrun.fuzz(target, seconds, seed=1, work=tmp_path)
@@ -56,6 +60,7 @@ def test_short_seeded_fuzz_run(toolchain, tmp_path, target, seconds):
     assert res["executions"] > 100 and res["coverage"] > 100
 
 
+@pytest.mark.native
 def test_firmware_refuses_nonfinite_sampling(toolchain):
     """Found by fuzz_app: a GENERATE with a NaN/inf temperature (or a denormal one, which made
     logits/T overflow) fed NaN to flm_expf's float-to-int conversion (undefined behaviour)."""
@@ -76,6 +81,7 @@ def test_firmware_refuses_nonfinite_sampling(toolchain):
 # ---------------------------------------------------------------------------------------------
 # loaders
 
+@pytest.mark.slow
 def test_loader_fuzz_short_run(tmp_path):
     out = tmp_path / "loaders.json"
     r = subprocess.run([sys.executable, str(HERE / "fuzz" / "loaders.py"), "--examples", "200", "--seed", "1",

@@ -90,6 +90,7 @@ def test_golden_prompt_fits_any_vocabulary_and_context():
     (lambda b: b[:28] + struct.pack("<I", 0) + b[32:], "prompt step with an output"),
     (lambda b: b[:16 + 8] + struct.pack("<I", 10**6) + b[16 + 12:], "outside the vocabulary"),
 ])
+@pytest.mark.native
 def test_malformed_golden_sections_are_refused_in_python_and_ignored_by_the_firmware(mutate, message, tmp_path):
     qm = MODELS["q8-tied"]()
     blob = build_blob(qm)
@@ -106,6 +107,7 @@ def test_malformed_golden_sections_are_refused_in_python_and_ignored_by_the_firm
 # ---------------------------------------------------------------------------------------------
 # native board
 
+@pytest.mark.native
 @pytest.mark.parametrize("name", MODELS)
 def test_native_board_is_bit_exact_at_boot_on_selftest_and_after_a_layout(name, tmp_path):
     qm = MODELS[name]()
@@ -129,6 +131,7 @@ def test_native_board_is_bit_exact_at_boot_on_selftest_and_after_a_layout(name, 
         assert_steps_match(toks, generate(qm, [5, 9, 2], 6, kv="int8"))
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("fault", [1, 3])
 def test_native_board_reports_the_first_step_of_a_wrong_golden(fault, tmp_path):
     qm = MODELS["q8-tied"]()
@@ -147,6 +150,8 @@ def test_native_board_reports_the_first_step_of_a_wrong_golden(fault, tmp_path):
         assert done.reason == "max_tokens"
 
 
+@pytest.mark.native
+@pytest.mark.slow
 def test_a_build_without_the_boot_check_says_not_run_until_selftest(tmp_path):
     with rebuilt_board(MODELS["q8-tied"](), tmp_path, define="FLM_GOLDEN_AT_BOOT 0") as (link, h0, _):
         h, _ = hello_after(link, SelfTest())
@@ -174,6 +179,8 @@ def fma_supported() -> bool:
         return False
 
 
+@pytest.mark.native
+@pytest.mark.slow
 @pytest.mark.skipif(not fma_supported(), reason="this CPU has no fused multiply-add (FMA3)")
 def test_native_build_with_fused_multiply_add_is_not_bit_exact(tmp_path):
     """What a board compiler that contracts a*b+c does (the reason for -ffp-contract=off)."""
@@ -197,6 +204,10 @@ def emu_root(tmp_path_factory):
     return tmp_path_factory.mktemp("emu-golden")
 
 
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_emulated_rp2040_is_bit_exact_and_reports_a_wrong_golden(tmp_path, emu_root):
     from emuboard import emu_link
     qm = MODELS["q8-tied"]()
@@ -210,6 +221,10 @@ def test_emulated_rp2040_is_bit_exact_and_reports_a_wrong_golden(tmp_path, emu_r
         assert (boot[-1].golden, boot[-1].golden_first_diff) == ("differs", 1)
 
 
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_emulated_rp2040_with_a_flush_to_zero_soft_float_is_not_bit_exact(tmp_path):
     """The boot ROM's float routines may flush subnormals; a model whose embedding rows are subnormal
     (the residual stream starts below 2^-126) shows it at once."""

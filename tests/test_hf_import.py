@@ -76,6 +76,8 @@ def build_root(tmp_path_factory):
 
 # ----------------------------------------------------------------------------- the network
 
+@pytest.mark.native
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", SHAPES)
 def test_fp32_reference_matches_transformers_and_int8_runs_bit_exact(shape, tmp_path, build_root):
     model = hf_model(shape)
@@ -251,6 +253,7 @@ def test_sentencepiece_style_tokenizer_encodes_as_tokenizers_and_decodes_to_byte
     assert any(3 <= i < 259 for i in encode(tok, "日本語"))   # byte fallback in use
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("flavour", ["legacy", "metaspace", "metaspace-always"])
 def test_device_encodes_sentencepiece_style_text_as_the_host(tmp_path, tok_check, flavour):
     """The firmware's encoder (tokenizer.enc kind 2, with added tokens and the JSON's prefix rule)
@@ -319,6 +322,7 @@ def greedy_without_stops(qm, prompt, n):
     return [r["out_id"] for r in generate(replace(qm, stops=StopIds((), "none")), prompt, n)][len(prompt) - 1:]
 
 
+@pytest.mark.native
 def test_hf_model_with_two_eos_ids_stops_at_either(tmp_path, build_root):
     path = save(hf_model(), tmp_path / "hf")
     prompt = IDS[1:4]          # a greedy run that meets new tokens at least three times in 12 steps
@@ -342,6 +346,7 @@ def test_hf_model_with_two_eos_ids_stops_at_either(tmp_path, build_root):
     assert load_model(path).stop_ids().ids == (2,)        # config.json's eos_token_id
 
 
+@pytest.mark.native
 def test_llama2c_model_stops_at_bos_like_run_c(tmp_path, build_root):
     _, ir = random_model(seed=4, vocab_size=40, tied=False)
     ir.tensors["output"][1] *= 2.5                         # token 1 likely, but not at once
@@ -368,6 +373,8 @@ def test_bad_stop_ids_are_refused(tmp_path):
 
 # ----------------------------------------------------------------------------- the CLI
 
+@pytest.mark.native
+@pytest.mark.slow
 def test_cli_convert_plan_and_run_an_hf_folder(tmp_path, capsys):
     path = save(hf_model("untied-odd"), tmp_path / "hf", max_shard_size="40KB")
     (path / "tokenizer.json").write_text(spm_tokenizer_json())

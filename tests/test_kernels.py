@@ -34,11 +34,15 @@ def probe(tmp_path_factory):
         yield p
 
 
+@pytest.mark.native
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_soft_float_matches_host_ieee_bit_for_bit(probe):
     # 12 entry points x 5 operand kinds x 20000 pairs, and all 37 x 37 edge-case pairs
     assert kernels.check_float(probe, per_mode=20000) == []
 
 
+@pytest.mark.emulated
 def test_float_check_sees_a_wrong_bit(probe, monkeypatch):
     right = kernels.expected
 
@@ -52,6 +56,8 @@ def test_float_check_sees_a_wrong_bit(probe, monkeypatch):
 
 # the rounding of the cores without vectors (on the float's bits: i386 with SSE but not SSE2, kernels.c
 # has no FLM_VECTOR there) and of the cores with them (the float form, vectorised)
+@pytest.mark.native
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [["-m32", "-msse", "-mfpmath=sse"], []], ids=["bits", "vector"])
 def test_activation_codes_round_as_the_reference_for_every_float(flags, tmp_path):
     # converter/numerics.py's round_half_away is (int32)(v +- 0.5f): every binary32 v in [-127, 127]
@@ -100,6 +106,7 @@ def matvec_cases(seed: int, n: int):
         yield QTensor(fmt, codes, scales, g, s16, mult), xq, xs
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("cc,flags", HOST_BUILDS, ids=lambda v: v if isinstance(v, str) else " ".join(v) or "-")
 def test_host_rows_equal_the_reference(cc, flags, tmp_path):
     if shutil.which(cc) is None:
@@ -137,10 +144,15 @@ def test_host_rows_equal_the_reference(cc, flags, tmp_path):
     assert at == got.size
 
 
+@pytest.mark.emulated
 def test_tuned_kernels_pass_the_self_check(probe):
     assert probe.self_check() == 0
 
 
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
 @pytest.mark.parametrize("board", ["native", "rp2040-emu"])
 def test_wrong_tuned_kernel_is_refused_at_boot(board, tmp_path):
     if board == "rp2040-emu":

@@ -75,6 +75,7 @@ def pass_bytes(qm, kv, ids_len, T):
     return tuple(map(sum, zip(*per)))
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("name", MODELS)
 def test_c_engine_multi_token_logits_equal_one_token_logits(name, blob_checker, tmp_path):
     qm, kv = model(name)
@@ -100,6 +101,8 @@ def build_root(tmp_path_factory):
     return tmp_path_factory.mktemp("builds")
 
 
+@pytest.mark.native
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["q8-gqa", "q4-untied-int8kv", "ple-f16", "q8-row-int8kv", "q4-row-untied"])
 def test_batched_prefill_on_the_native_board_equals_the_reference(name, tmp_path, build_root):
     """GENERATE with prefill passes of T tokens: every step's logits (LOGITS flag) and tokens equal
@@ -129,6 +132,8 @@ def test_batched_prefill_on_the_native_board_equals_the_reference(name, tmp_path
         assert err.name == "bad_message" and "at most 4" in err.text
 
 
+@pytest.mark.native
+@pytest.mark.slow
 def test_prefill_bytes_fall_with_the_batch(tmp_path, build_root):
     """A prefill pass reads every matrix once: its TOKEN frames carry exactly the pass's bytes, and
     flash bytes per prompt token fall about T-fold."""
@@ -147,6 +152,10 @@ def test_prefill_bytes_fall_with_the_batch(tmp_path, build_root):
     assert per_token[1] / per_token[4] > 3.3 and per_token[1] / per_token[8] > 6.0
 
 
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["q8-gqa", "ple-q8-mqa-int8kv", "q8-row-int8kv", "q4-row-untied"])
 def test_batched_passes_on_the_emulated_rp2040(name, tmp_path):
     """The Cortex-M0+ build: prefill passes of T tokens give every step's logits bit for bit (the
@@ -221,6 +230,8 @@ def test_reference_speculation_is_greedy_exact(name):
         assert ver and [spec[i]["logits_crc"] for i in ver] == [plain[i]["logits_crc"] for i in ver]
 
 
+@pytest.mark.native
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["q8-gqa", "q4-untied-int8kv", "ple-f16", "q8-row-int8kv"])
 def test_prompt_lookup_speculation_on_the_native_board(name, tmp_path, build_root):
     """Verifying passes on the device produce exactly the reference's steps (ids, passes, logits
@@ -256,6 +267,8 @@ def test_prompt_lookup_speculation_on_the_native_board(name, tmp_path, build_roo
         assert [t.out_id for t in toks if t.out_id is not None] == greedy_ids(generate(qe, REPEATS, 24, kv=kv))
 
 
+@pytest.mark.native
+@pytest.mark.slow
 def test_speculation_with_a_sliding_window(tmp_path, build_root):
     """Verifying passes stop at the context's end; the window slides between passes; the tokens stay
     plain greedy decoding's."""
@@ -272,6 +285,8 @@ def test_speculation_with_a_sliding_window(tmp_path, build_root):
     assert done.generated == 40 and done.verify_passes > 0
 
 
+@pytest.mark.native
+@pytest.mark.slow
 def test_cli_run_batch_and_speculate(tmp_path, capsys):
     """`flashlm run --batch T --speculate lookup --draft-k K`: the report's passes (prefill chunks,
     acceptance, tokens per verifying pass, bytes per emitted token) in the summary and the JSON; the
@@ -343,6 +358,8 @@ def test_draft_travels_in_the_blob_and_refuses_another_vocabulary():
         attach(qm, quantize(other, "q8", 8))
 
 
+@pytest.mark.native
+@pytest.mark.slow
 @pytest.mark.parametrize("name,kv", [("q8-gqa", "int8"), ("ple-f16", "f32")])
 def test_draft_model_speculation_on_the_native_board(name, kv, tmp_path, build_root):
     """The draft model's greedy tokens as drafts: the device's steps equal the reference's, whose
@@ -367,6 +384,8 @@ def test_draft_model_speculation_on_the_native_board(name, kv, tmp_path, build_r
         assert err.name == "bad_message" and "no draft model" in err.text
 
 
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_draft_model_speculation_on_the_emulated_rp2040(tmp_path):
     """On the Cortex-M0+: greedy-exact, and the harness's count of what each pass read (the draft's
     weights in flash and its KV cache in SRAM included) equals the engine's."""

@@ -196,6 +196,7 @@ def test_predictions_monotone_in_bytes_moved(cfg, prof, data):
         assert t.us(n + 1, r) >= t.us(n, r) and t.us(n, r + 1) >= t.us(n, r)
 
 
+@pytest.mark.native
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(configs.filter(lambda c: c.vocab_size <= 300), st.sampled_from([7, 16, 32]), st.data())
 def test_region_sizes_mirror_engine_state(blob_checker, tmp_path, cfg, g, data):
@@ -401,6 +402,8 @@ def bits(a):
     return np.asarray(a, np.float32).view(np.uint32)
 
 
+@pytest.mark.native
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["q8-tied-gqa", "q4-untied-mqa"])
 def test_layout_switch_moves_counters_keeps_logits(case, tmp_path, build_root):
     if case == "q8-tied-gqa":
@@ -436,6 +439,7 @@ def test_layout_switch_moves_counters_keeps_logits(case, tmp_path, build_root):
         assert len(set(seen)) >= 4            # the counters moved between tiers
 
 
+@pytest.mark.native
 def test_layout_refused_keeps_the_previous_one(tmp_path, build_root):
     _, ir = random_model(seed=13)
     qm = quantize(ir, "q8", 32)
@@ -485,6 +489,7 @@ def model_dir(tmp_path_factory):
     return d / "out"
 
 
+@pytest.mark.slow
 def test_cli_plan_table_png_and_errors(model_dir, tmp_path):
     r = _flashlm("plan", model_dir, "--board", "pico", "--png", tmp_path / "map.png", "--json", tmp_path / "p.json")
     assert r.returncode == 0, r.stderr
@@ -501,6 +506,7 @@ def test_cli_plan_table_png_and_errors(model_dir, tmp_path):
         assert r.stderr.startswith("flashlm: error: the model does not fit on pico") and "changes that" in r.stdout
 
 
+@pytest.mark.slow
 def test_cli_apply_then_compare_run(model_dir, tmp_path):
     import shutil
     d = tmp_path / "m"
@@ -525,6 +531,10 @@ def test_cli_apply_then_compare_run(model_dir, tmp_path):
     assert "bit-identical logits" in r.stdout and (tmp_path / "c.png").stat().st_size > 1000
 
 
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_layout_on_the_emulated_rp2040(tmp_path, build_root):
     """Staging at boot and LAYOUT on the Cortex-M0+ build: counters equal the plan's, logits equal."""
     from emuboard import emu_link

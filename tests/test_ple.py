@@ -226,6 +226,7 @@ def _recrc(b: bytearray) -> bytes:
     (lambda b, e: struct.pack_into("<I", b, e("ple.table") + 40, 7), "inconsistent quantized layout",
      "wrong shape or format: ple.table"),
 ])
+@pytest.mark.native
 def test_ple_blob_checks_in_python_and_c(blob_checker, tmp_path, mutate, python, c):
     b = bytearray(build_blob(qmodel("q4-untied-f16")))
     mutate(b, lambda name: _entry(bytes(b), name))
@@ -245,6 +246,8 @@ def test_ple_blob_checks_in_python_and_c(blob_checker, tmp_path, mutate, python,
 # ---------------------------------------------------------------------------------------------
 # the engine on the native board
 
+@pytest.mark.native
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_engine_matches_reference_bit_for_bit(case, tmp_path, build_root):
     qm = qmodel(case)
@@ -270,6 +273,8 @@ def test_engine_matches_reference_bit_for_bit(case, tmp_path, build_root):
     assert done.phase_us[3] == sum(t.us[3] for t in toks)     # the ple phase is timed
 
 
+@pytest.mark.native
+@pytest.mark.slow
 @pytest.mark.skipif(not SHIPPED_PLE.exists(), reason="models/ple not trained")
 def test_shipped_ple_model_on_the_native_board(tmp_path, build_root):
     """The shipped PLE model as 'flashlm convert' makes it (q8 g32, the table int4): a text prompt,
@@ -293,6 +298,7 @@ def _stage_all_but(qm, keep: tuple[str, ...]) -> dict[str, str]:
     return {n: "sram" for n in list(qm.config.tensor_shapes()) + ["rope.cos", "rope.sin"] if n not in keep}
 
 
+@pytest.mark.native
 def test_flash_bytes_per_token_are_the_two_gathered_rows(tmp_path, build_root):
     """Everything but the embedding and the PLE table staged into SRAM (untied head): each step
     reads exactly one embedding row and one table row from flash."""
@@ -325,6 +331,7 @@ def test_flash_bytes_per_token_are_the_two_gathered_rows(tmp_path, build_root):
     assert 40 < row_bytes < 200
 
 
+@pytest.mark.native
 def test_a_header_that_places_the_table_in_ram_is_read_from_flash(tmp_path, build_root):
     """Staging skips ple.table whatever the image header says (the writer never produces this): the
     engine counts its row as a flash read."""

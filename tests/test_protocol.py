@@ -548,6 +548,7 @@ def corrupt_data_byte(frame: bytes) -> bytes | None:
     return bytes(enc)
 
 
+@pytest.mark.native
 def test_c_echo_mixed_stream(echo):
     goods: list[tuple[int, bytes]] = []
     stream = bytearray(b"\x00\x00")  # idle delimiters: ignored
@@ -582,6 +583,7 @@ def test_c_echo_mixed_stream(echo):
     assert dec.stats.bad_message == 4 and dec.stats.gaps == []
 
 
+@pytest.mark.native
 def test_c_encoder_block_boundaries(echo):
     """Frames whose zero-free runs end around 254-byte blocks, at the end and in the middle."""
     goods = []
@@ -602,6 +604,7 @@ def test_c_encoder_block_boundaries(echo):
 @SLOW
 @given(st.lists(st.tuples(u8, payload_bytes, st.sampled_from(["good", "flip", "cut", "junk"])),
                 min_size=1, max_size=12))
+@pytest.mark.native
 def test_c_echo_random(echo, items):
     goods, bad, stream = [], 0, bytearray()
     for t, payload, kind in items:
@@ -621,6 +624,7 @@ def test_c_echo_random(echo, items):
     assert echo(bytes(stream)) == expected_echo(goods, bad)
 
 
+@pytest.mark.native
 def test_c_rx_overflow(echo):
     small = encode_frame(Log("ok"), 0)
     big = encode_frame(Log("y" * 100), 1)

@@ -188,6 +188,7 @@ def run_heads(exe, blob_path, xs, n_out):
         yield tok, rows, full, np.frombuffer(out, F, n_out, k * rec + 12)
 
 
+@pytest.mark.native
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")   # x / 1e-25 squared: inf, as in C
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # inf - inf: NaN, as in C
 @pytest.mark.parametrize("variant", ["spread", "ties", "common", "tiny", "scaled", "whole", "overflow"])
@@ -245,6 +246,7 @@ def _entry(blob, name):
     return next(table + 64 * i for i in range(n) if blob[table + 64 * i:table + 64 * i + 32].rstrip(b"\0") == name)
 
 
+@pytest.mark.native
 def test_blob_with_a_bad_head_index_refused_in_python_and_c(blob_checker, tmp_path):
     qm = with_head_index(quantize(random_model(seed=35)[1], "q8", 32), 8)
     blob = bytearray(build_blob(qm))

@@ -204,6 +204,10 @@ def test_the_best_batch_is_the_smallest_near_the_lowest_within_ram():
 # ---------------------------------------------------------------------------------------------
 # the emulated RP2040: predicted vs measured prefill (deterministic cycles; a loose band)
 
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_predicted_prefill_tracks_the_emulated_rp2040(tmp_path):
     """The shipped model's prompt in passes of 1 and of 4 tokens on the emulated Cortex-M0+ (XIP model
     on): every pass's bytes are the predicted ones exactly; passes of 4 cost less per token, measured
@@ -283,6 +287,8 @@ def test_cli_plan_roofline_errors_are_one_line(tmp_path, capsys):
         assert rc == 2 and why in err and err.count("\n") == 1, (args, err)
 
 
+@pytest.mark.native
+@pytest.mark.slow
 def test_cli_plan_roofline_beside_a_measured_run(tmp_path, capsys):
     """A run on the native board (batched prefill, prompt lookup): its passes predicted at their own
     positions and drawn beside the measurement; the bytes of every kind of pass equal the prediction."""

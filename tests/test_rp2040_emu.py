@@ -56,6 +56,10 @@ def check_run(link, board, qm, prompt, n, temperature, top_p, seed, padding=0):
     return toks
 
 
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_emulated_rp2040_matches_reference_bit_for_bit(case, tmp_path, build_root):
     cfg, fmt, g, ov = CASES[case]
@@ -69,6 +73,10 @@ def test_emulated_rp2040_matches_reference_bit_for_bit(case, tmp_path, build_roo
         check_run(link, board, qm, [5], 10, 0.8, 0.9, 12345, padding=pad)
 
 
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["q4-f16-untied", "q8-tied"])
 def test_ple_model_bit_exact_on_the_emulated_rp2040(case, tmp_path, build_root):
     """Per-Layer Embeddings on the Cortex-M0+: out_vocab < vocab, ragged groups, fp16 scales; every
@@ -88,6 +96,10 @@ def test_ple_model_bit_exact_on_the_emulated_rp2040(case, tmp_path, build_root):
     assert all(t.head_rows == qm.config.n_out and t.us[3] > 0 for t in toks)
 
 
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["q4-untied", "ple-q8-tied-out-lt-vocab"])
 def test_head_index_tile_scan_bit_exact_on_the_emulated_rp2040(case, tmp_path, build_root):
     """A head index on the Cortex-M0+: greedy steps scan tiles (the same tokens and rows visited as
@@ -116,6 +128,10 @@ def test_head_index_tile_scan_bit_exact_on_the_emulated_rp2040(case, tmp_path, b
         check_run(link, board, qm, [5], 6, 0.8, 0.9, 7)
 
 
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_ragged_groups_bit_exact_and_padding_is_the_only_difference(tmp_path, build_root):
     _, ir = random_model(seed=7, dim=48, n_heads=4, n_kv_heads=1, hidden_dim=70, n_layers=3, vocab_size=61)
     qm = quantize(ir, "q8", 20, ["layers.*.ffn=q4:7", "layers.1.attn.wq=q4:48"])
@@ -125,6 +141,10 @@ def test_ragged_groups_bit_exact_and_padding_is_the_only_difference(tmp_path, bu
         check_run(link, board, qm, [2, 4], 8, 0.9, 0.0, 11, padding=pad)
 
 
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_tensors_staged_in_sram_are_counted_there_by_both(tmp_path):
     """A layout that stages tensors into SRAM: the firmware copies them at boot, the engine counts
     them as sram, and the harness sees the core read them there (the region marks name them)."""
@@ -162,6 +182,9 @@ def test_tensors_staged_in_sram_are_counted_there_by_both(tmp_path):
         assert t.bytes_read[2] > qm.config.vocab_size * qm.config.dim   # the tied embedding, read from SRAM
 
 
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_call_profile_times_the_engines_parts_and_changes_no_cycle(tmp_path, build_root):
     """The harness's call profile (make bench's attention itself) on a 2-layer q8 model with the
     int8 KV cache: every step costs the same cycles with the profile as without; per one-token step
@@ -191,6 +214,8 @@ def test_call_profile_times_the_engines_parts_and_changes_no_cycle(tmp_path, bui
         assert c["calls"]["attention"][0] + c["calls"]["rope"][0] + c["calls"]["kv_put"][0] <= (attn_us + 1) * 125
 
 
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_bad_image_refused_over_the_emulated_uart(tmp_path, build_root):
     _, ir = random_model(seed=3)
     qm = quantize(ir, "q8", 32)
@@ -205,6 +230,7 @@ def test_bad_image_refused_over_the_emulated_uart(tmp_path, build_root):
         assert any(isinstance(m, Log) and "refused" in m.text for m in msgs)
 
 
+@pytest.mark.cross
 def test_engine_and_hal_compile_warning_free_for_cortex_m0plus(tmp_path, build_root):
     _, ir = random_model(seed=4)
     qm = quantize(ir, "q4", 32)
@@ -237,6 +263,10 @@ def test_model_too_big_for_sram_is_a_one_line_build_error(tmp_path):
     assert "does not fit on rp2040-emu: sram short by" in msg and "a context of" in msg and "\n" not in msg
 
 
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_cli_run_board_rp2040_emu(tmp_path, build_root, capsys):
     """`flashlm run --board rp2040-emu` builds, starts the harness and reports its counts."""
     from converter.blob import read_blob

@@ -470,6 +470,8 @@ def test_cli_run_native_board(tmp_path, capsys, monkeypatch):
     assert json.loads((tmp_path / "r.json").read_text())["summary"]["generated_tokens"] == 4
 
 
+@pytest.mark.native
+@pytest.mark.slow
 def test_demo_end_to_end(tmp_path, capsys, monkeypatch):
     """convert + build (real native firmware) + run through `flashlm demo`, on a tiny random model."""
     import shutil

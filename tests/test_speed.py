@@ -48,6 +48,7 @@ def build_root(tmp_path_factory):
 # ---------------------------------------------------------------------------------------------
 # prefill without the head, pruned greedy head
 
+@pytest.mark.native
 @pytest.mark.parametrize("case", CASES)
 def test_default_mode_matches_reference_and_all_logits_ids(case, tmp_path, build_root):
     qm = qmodel(case)
@@ -78,6 +79,7 @@ def test_default_mode_matches_reference_and_all_logits_ids(case, tmp_path, build
             assert all(f.head_rows == c.n_out and f.logits_crc != 0 for f in full)
 
 
+@pytest.mark.native
 def test_unknown_generate_flags_are_refused(tmp_path, build_root):
     qm = qmodel("q8-no-index")
     with native_link(qm, tmp_path, build_root) as (link, _):
@@ -108,6 +110,8 @@ def kv_bytes(qm, pos, kv):
     return c.n_layers * c.n_heads * 2 * (pos + 1) * (c.head_dim * 4 if kv == "f32" else 4 + c.head_dim)
 
 
+@pytest.mark.native
+@pytest.mark.slow
 @pytest.mark.parametrize("name", KV_MODELS)
 def test_int8_kv_cache_bit_exact_and_switchable_by_layout(name, tmp_path, build_root, blob_checker):
     qm = kv_model(name)
@@ -143,6 +147,7 @@ def test_int8_kv_cache_bit_exact_and_switchable_by_layout(name, tmp_path, build_
     assert any(not np.array_equal(x["logits"], y["logits"]) for x, y in zip(a, b))
 
 
+@pytest.mark.native
 def test_layout_refuses_an_unknown_kv_format(tmp_path, build_root):
     qm = kv_model("gqa-hd12")
     h = parse_header(build_blob(qm))
@@ -168,6 +173,8 @@ def slide_bytes(qm, kv):
     return hd * 4, c.n_layers * moved * c.n_kv_heads * (k + row)
 
 
+@pytest.mark.native
+@pytest.mark.slow
 @pytest.mark.parametrize("kv", ["f32", "int8"])
 def test_sliding_window_bit_exact(kv, tmp_path, build_root):
     qm = with_head_index(quantize(spread_head(random_model(seed=47, max_seq_len=11)[1]), "q8", 32))
@@ -201,6 +208,10 @@ def test_sliding_window_bit_exact(kv, tmp_path, build_root):
 # ---------------------------------------------------------------------------------------------
 # the emulated RP2040: the same bits, and the harness counts what the engine counts
 
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_emulated_rp2040_int8_kv_slide_pruned(tmp_path):
     from emuboard import emu_link
     qm = with_head_index(quantize(spread_head(random_model(seed=49, dim=32, n_heads=2, n_kv_heads=1, hidden_dim=64,
@@ -229,6 +240,8 @@ def test_emulated_rp2040_int8_kv_slide_pruned(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # the CLI and the report: --kv, --slide, prefill vs decode
 
+@pytest.mark.native
+@pytest.mark.slow
 def test_cli_convert_kv_run_slide_and_the_prefill_decode_report(tmp_path, capsys):
     import csv
     import json

@@ -17,6 +17,7 @@ LONG_FILES = {
     "tests/test_session.py": "the session's cases share the fake board's fixtures",
     "tests/test_import.py": "one case per checkpoint format and field, sharing the writers of test checkpoints",
     "tests/test_boards_build.py": "every board profile's rendered project and build, sharing the rendering fixtures",
+    "tests/test_tokenize.py": "the host and device tokenizers' cases share the model and board fixtures",
     "firmware/engine/engine.c": "the forward pass is one translation unit so its static parts inline as bench "
                                 "measures them (its header comment)",
 }

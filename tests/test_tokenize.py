@@ -199,6 +199,7 @@ def bpe_blob(bpe, tmp_path_factory):
     return p
 
 
+@pytest.mark.native
 def test_device_ids_equal_host_ids_for_the_eval_text(tok_check, bpe_blob, bpe):
     """Every line of the held-out Shakespeare text, and the whole of it in 2000-byte pieces."""
     text = "\n".join(EVAL_LINES)
@@ -206,12 +207,15 @@ def test_device_ids_equal_host_ids_for_the_eval_text(tok_check, bpe_blob, bpe):
     assert_same_ids(tok_check, bpe_blob, bpe, EVAL_LINES + chunks, 128)
 
 
+@pytest.mark.native
 def test_device_ids_equal_host_ids_for_odd_texts(tok_check, bpe_blob, bpe):
     """White-space runs, contractions, digits, punctuation, letters and numbers of many scripts,
     combining marks, emoji, control characters, the added tokens inside text, texts too long."""
     assert_same_ids(tok_check, bpe_blob, bpe, SPECIAL + random_texts(6000, seed=1), 128)
 
 
+@pytest.mark.native
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.text(max_size=60), min_size=1, max_size=20))
 def test_device_ids_equal_host_ids_hypothesis(tok_check, bpe_blob, bpe, texts):
@@ -219,6 +223,7 @@ def test_device_ids_equal_host_ids_hypothesis(tok_check, bpe_blob, bpe, texts):
     assert_same_ids(tok_check, bpe_blob, bpe, texts, 128)
 
 
+@pytest.mark.native
 def test_invalid_utf8_is_refused_where_python_finds_it(tok_check, bpe_blob):
     bad = [b"\xff", b"ab\x80", b"\xc0\xaf", b"\xe0\x80\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xf8",
            b"ok\xe2\x82", "é".encode()[:1] + b"x", b"\xf0\x9f\x98"]
@@ -228,6 +233,7 @@ def test_invalid_utf8_is_refused_where_python_finds_it(tok_check, bpe_blob):
         assert (rc, at) == (1, e.value.start), raw
 
 
+@pytest.mark.native
 def test_llama2c_device_ids_equal_host_ids(tok_check, l2c, tmp_path):
     """llama2.c's score-driven merging: dummy prefix, whole characters, byte fallback, leftmost of
     equal scores — the tiny vocabulary of tests/test_import.py."""
@@ -240,6 +246,7 @@ def test_llama2c_device_ids_equal_host_ids(tok_check, l2c, tmp_path):
     assert_same_ids(tok_check, tmp_path / "m.flmb", l2c, texts, 32)
 
 
+@pytest.mark.native
 def test_llama2c_without_byte_fallback_refuses_what_the_host_refuses(tok_check, tmp_path):
     pieces = [b"<unk>", b"<s>", b"</s>", b" ", b"a", b"b", b"ab", b" a", "é".encode()]
     tok = parse_tokenizer_bin(tiny_bin([(p, -float(i)) for i, p in enumerate(pieces)]))
@@ -272,6 +279,8 @@ def ids_on_board(sess: Session, text: str, ctx: int):
     return res.prompt_ids
 
 
+@pytest.mark.native
+@pytest.mark.slow
 def test_generate_text_on_the_native_board(bpe, tmp_path, build_root):
     qm = model_with(bpe)
     texts = SPECIAL[:-2] + [t for t in EVAL_LINES if t][::40] + random_texts(60, seed=5)
@@ -306,6 +315,8 @@ def test_generate_text_on_the_native_board(bpe, tmp_path, build_root):
         assert sess.generate(Generate("still fine", 2)).complete
 
 
+@pytest.mark.native
+@pytest.mark.slow
 def test_generate_text_llama2c_on_the_native_board(l2c, tmp_path, build_root):
     with native_link(model_with(l2c, max_seq_len=32), tmp_path, build_root) as (link, boot):
         sess = Session(link)
@@ -314,6 +325,8 @@ def test_generate_text_llama2c_on_the_native_board(l2c, tmp_path, build_root):
             assert ids_on_board(sess, text, 32) == encode(l2c, text)
 
 
+@pytest.mark.native
+@pytest.mark.slow
 def test_no_device_tokenizer_refuses_text(tmp_path, build_root):
     _, ir = random_model(**BPE_CFG)                       # no tokenizer: no tokenizer.enc section
     with native_link(quantize(ir, "q8", 32), tmp_path, build_root) as (link, boot):
@@ -324,6 +337,8 @@ def test_no_device_tokenizer_refuses_text(tmp_path, build_root):
         assert e.value.error.name == "cannot_encode" and "no text encoder" in str(e.value)
 
 
+@pytest.mark.native
+@pytest.mark.slow
 def test_cli_encode_on_device_gives_the_hosts_ids(tmp_path, capsys):
     from host.cli.main import main
     out = tmp_path / "model"
@@ -367,6 +382,7 @@ def console_view(piece: bytes) -> bytes:
     return b"".join(b"\r\n" if c == 10 else bytes([c]) for c in piece if c >= 0x20 and c != 0x7F or c in (9, 10))
 
 
+@pytest.mark.native
 def test_console_answers_a_typed_line_in_plain_text(bpe, tmp_path, build_root):
     """A serial monitor's line (CR LF, with a typo corrected by backspace) gets the prompt, the greedy
     continuation — the same tokens a framed greedy run gives — and a summary line; no frames. The
@@ -397,6 +413,7 @@ def test_console_answers_a_typed_line_in_plain_text(bpe, tmp_path, build_root):
             == read_until(port, b"of 4\r\n", 10)
 
 
+@pytest.mark.native
 def test_a_frame_after_console_line_ends_and_noise_lose_nothing(bpe, tmp_path, build_root):
     """A frame whose COBS code byte is LF (its first 0x00 nine bytes in), sent right after a
     terminal's CR LF, and again after a stray printable byte (line noise that completes a
@@ -432,6 +449,10 @@ def test_a_frame_after_console_line_ends_and_noise_lose_nothing(bpe, tmp_path, b
         assert sess.generate(Generate("a framed run after it all", 2)).complete
 
 
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_generate_text_on_the_emulated_rp2040(bpe, tmp_path_factory):
     """The encoder cross-compiled for the Cortex-M0+, reading the section from XIP flash and working
     in the KV cache's SRAM: the host's ids, and the same tokens as from the host's ids."""
@@ -460,6 +481,7 @@ def test_prompt_of_reads_the_ids_from_token_frames():
     assert prompt_of([tok(0, 5, None), tok(1, 6, None)]) == []           # no generated step yet
 
 
+@pytest.mark.native
 def test_text_prompt_survives_a_lossy_link(bpe, tmp_path, build_root):
     """generate_with_recovery on a text prompt over the fault proxy: every step equals a clean run
     (steps lost beyond the device's ring are generated again, from the ids the device showed)."""

@@ -92,6 +92,7 @@ def test_text_file_corpus(tmp_path):
 
 # ----------------------------------------------------------------------------- tiny training run
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["tiny", "tiny-ple"])
 def test_tiny_training_smoke(tmp_path, preset):
     text = tmp_path / "sonnet.txt"
@@ -177,6 +178,7 @@ def test_lr_schedule():
 
 # ----------------------------------------------------------------------------- the shipped model
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (DEFAULT_DIR / "model.pt").exists(), reason="models/default not trained")
 def test_shipped_default_model():
     torch.set_num_threads(2)
@@ -199,6 +201,7 @@ def test_shipped_default_model():
     assert info["eval_loss"] < 4.0        # well below the 6.93 of a uniform guess over 1024 tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PLE_DIRS)
 def test_shipped_ple_models(name):
     """models/ple (most parameters in the PLE table) and its dense baseline: the preset's config,

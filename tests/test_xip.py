@@ -62,6 +62,7 @@ def reads(*addrs, size=4, fetch=False) -> list:
 # ---------------------------------------------------------------------------------------------
 # the cache model
 
+@pytest.mark.emulated
 def test_two_way_set_hits_misses_and_lru_evictions():
     B, C = A + 0x2000, A + 0x4000           # same set as A, other tags
     out, n = xip([["miss", 10]] + reads(A, A + 4, A + 8, B, A, C, A, B, C, A))
@@ -71,6 +72,7 @@ def test_two_way_set_hits_misses_and_lru_evictions():
     assert n == dict(hits=3, misses=7, fetch_misses=0, stall_cycles=70)
 
 
+@pytest.mark.emulated
 def test_a_read_crossing_a_line_looks_up_both_lines():
     out, n = xip([["miss", 10]] + reads(A + 6) + reads(A + 4, A + 12) + reads(A + 7, size=2)
                  + reads(A + 0x17, size=2) + [["read", A + 0x15, 1, False]])
@@ -80,6 +82,7 @@ def test_a_read_crossing_a_line_looks_up_both_lines():
     assert n["misses"] == 4 and n["hits"] == 5
 
 
+@pytest.mark.emulated
 def test_the_four_aliases():
     X, Y, Z = A + 0x100, A + 0x200, A + 0x300
     out, _ = xip([["miss", 10]]
@@ -91,6 +94,7 @@ def test_the_four_aliases():
                    10, 10, 10, 0]
 
 
+@pytest.mark.emulated
 def test_instruction_fetches_are_counted_apart_and_share_the_cache():
     out, n = xip([["miss", 10]] + reads(A, A + 2, A + 4, A + 6, A + 8, size=2, fetch=True)
                  + reads(A + 4) + reads(A + 0x2000, A + 0x4000) + reads(A, size=2, fetch=True))
@@ -100,6 +104,7 @@ def test_instruction_fetches_are_counted_apart_and_share_the_cache():
     assert n == dict(hits=4, misses=5, fetch_misses=3, stall_cycles=50)
 
 
+@pytest.mark.emulated
 def test_xip_ctrl_enable_flush_and_counters():
     out, n = xip([["miss", 10]] + reads(A, A)
                  + [["rd", 0x0c], ["rd", 0x10], ["wr", 0x00, 0x2]]       # CTR_HIT, CTR_ACC; EN off
@@ -115,6 +120,7 @@ def test_xip_ctrl_enable_flush_and_counters():
     assert n["hits"] == 3 and n["misses"] == 5
 
 
+@pytest.mark.emulated
 def test_line_transfer_from_the_ssi_registers():
     (boot2,), _ = xip([["boot2"]])
     # quad continuous read: 8 address+mode + 4 dummy + 16 data clocks, x SCKDV 2, + 1 RX delay + 2 bus
@@ -129,6 +135,7 @@ def test_line_transfer_from_the_ssi_registers():
     assert "disabled" in out[3]["why"] and "SCKDV = 0" in out[4]["why"] and out[3]["cycles"] == 0
 
 
+@pytest.mark.emulated
 def test_a_miss_the_ssi_cannot_serve_is_reported():
     """While the SSI is off (the HAL reconfiguring it) a miss is a fault the harness stops on;
     a hit is still served."""
@@ -169,6 +176,7 @@ class RefCache:
         return s + self.access(addr + size - 1, fetch) if (addr & 7) + size > 8 else s
 
 
+@pytest.mark.emulated
 @pytest.mark.parametrize("seed", range(3))
 def test_random_streams_match_a_plain_reference_model(seed):
     """Code fetched in runs, data read at random over a few sets (so that ways evict each other),
@@ -220,6 +228,8 @@ def build_root(tmp_path_factory):
     return tmp_path_factory.mktemp("xip-builds")
 
 
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_firmware_clock_counts_the_stalls_and_logits_stay_exact(tmp_path, build_root):
     """The same generation with the XIP model on and off: bit for bit the reference's logits both
     times; on every step the harness's cycles differ by exactly the stall cycles, and the
@@ -251,6 +261,9 @@ def test_firmware_clock_counts_the_stalls_and_logits_stay_exact(tmp_path, build_
         assert 0.99 * stall_us - len(PHASES) <= more_us <= stall_us + len(PHASES)
 
 
+@pytest.mark.native
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_a_miss_costs_what_the_firmwares_ssi_setting_makes_it(tmp_path, build_root):
     """The firmware built to clock the flash at clk_sys / 4 instead of the profile's / 2: the HAL
     writes that divider and the harness charges 28 x 4 + 3 = 115 cycles a miss from then on."""
@@ -284,6 +297,10 @@ def test_a_miss_costs_what_the_firmwares_ssi_setting_makes_it(tmp_path, build_ro
                           for c in counts)
 
 
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
 def test_compare_run_head_in_flash_vs_sram_goes_the_planners_way(tmp_path, build_root, capsys):
     """`flashlm compare --run --board rp2040-emu`: with the XIP model the output layer read from
     flash takes longer than from SRAM, as the planner predicts (sizes: make bench)."""
