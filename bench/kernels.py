@@ -14,7 +14,7 @@ processor clock cycles (rp2040js's per-instruction cycle counts):
 * each soft-float entry point (__aeabi_fadd ...) in cycles per call, the cost of a call to an
   empty function subtracted.
 
-The probe also answers the exactness checks of tests/test_softfloat.py (``check_float``): every
+The probe also answers the exactness checks of tests/test_kernels.py (``check_float``): every
 float entry point against the host's IEEE binary32 arithmetic (NumPy) on generated and edge-case
 operands. ``measure(work)`` returns the figures as a dict.
 """

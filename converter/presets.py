@@ -74,7 +74,7 @@ PRESETS: dict[str, Preset] = {
         config=_PLE_DENSE, steps=2000, batch_size=32, lr=3e-3, warmup=100, eval_every=250, ckpt_every=500,
         description="ple without PLE, FFN 320 so the core matches ple's: dim 96, 4 layers, 3/1 heads, "
                     f"vocab 2048, context 128; {param_summary(_PLE_DENSE)}"),
-    # the 28.9M seed shape (converter/shapes.py); trainable on a CPU, not shipped
+    # the 28.9M PLE shape that runs on an ESP32-S3 in the published build (converter/shapes.py); trainable on a CPU, not shipped
     "ple-28m": Preset(
         config=_PLE_28M, steps=4000, batch_size=16, lr=2e-3, warmup=200, eval_every=250, ckpt_every=500,
         description="the 28.9M seed shape: vocab 32768 in / 25353 out, dim 96, 6 layers, 4 heads, FFN 66, "

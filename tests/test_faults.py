@@ -1,4 +1,4 @@
-"""The serial link under faults, between the host and the real native board (host/faultproxy.py):
+"""The serial link under faults, between the host and the real native board (host/link/faultproxy.py):
 dropped, duplicated, flipped and inserted bytes, boot-log noise, a line that closes mid-stream, a
 board killed and restarted mid-generation (behind the same port and on a new one), a board that
 comes back with another model, a GENERATE lost on the way, Ctrl-C while streaming.

@@ -6,7 +6,7 @@
  * built and block[0] receives its code byte when the block is written out.  A full block (254
  * data bytes) is written when the next byte arrives or at the end of the frame, so a frame whose
  * last run of non-zero bytes fills a block exactly ends with that 0xFF block and no extra 0x01
- * block: the canonical COBS encoding, which host/protocol.py produces too (byte-identical). */
+ * block: the canonical COBS encoding, which host/link/cobs.py produces too (byte-identical). */
 #include "protocol.h"
 
 #include <string.h>

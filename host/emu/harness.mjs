@@ -4,7 +4,7 @@
 //                    [--flash-size 2097152] [--counts FILE] [--xip-model on|off]
 //                    [--profile NAME=ADDR[,NAME=ADDR...]]
 //
-// stdin/stdout are the UART0 byte stream (host/virtual.py passes the master side of a raw pty);
+// stdin/stdout are the UART0 byte stream (host/boards/emulated.py passes the master side of a raw pty);
 // everything else (warnings, faults) goes to stderr. The firmware image is loaded at the start
 // of the XIP flash window (0x10000000) and the weights blob at --blob-offset in it; the core
 // then starts as the boot ROM would after the Pico's boot2: VTOR = 0x10000100, SP and PC from

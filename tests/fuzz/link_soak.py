@@ -1,4 +1,4 @@
-"""Soak the serial link: many generations on the real native board through host/faultproxy.py,
+"""Soak the serial link: many generations on the real native board through host/link/faultproxy.py,
 each with its own seed and mix of faults (both directions), each checked step by step against a
 clean run of the same generation. Prints (and with --json writes) the totals: faults injected per
 kind, steps delivered, reported missing, lost silently (must be 0), delivered wrong (must be 0).

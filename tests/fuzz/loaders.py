@@ -13,7 +13,7 @@ traceback for the user), an example slower than ``--per-example`` seconds (a han
 allocation beyond ``--mem-mb`` MB: the run lowers its own RLIMIT_DATA to that much above what it
 uses after start-up, so a loader that believes a size field and allocates it fails loudly.
 
-    python tests/fuzz/loaders.py --examples 300           # tests/test_loader_fuzz.py runs this
+    python tests/fuzz/loaders.py --examples 300           # tests/test_fuzz.py runs this
     python tests/fuzz/loaders.py --examples 20000 --json build/fuzz/loaders.json   # make fuzz
 
 Prints one JSON line: examples per kind, accepted / refused counts, the slowest example."""
