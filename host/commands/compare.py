@@ -14,6 +14,7 @@ from ..boards.virtual import check_virtual_board, start_virtual_board
 from ..defaults import DEFAULT_PROMPT
 from ..errors import UserError
 from ..files import write_json
+from ..interrupts import interrupts
 from ..link.messages import PHASES, Generate
 from ..link.port import Link, open_port
 from ..output.plan_figures import compare_png
@@ -82,7 +83,7 @@ def measure_layouts(sess, plans: dict, request: Generate, on_layout=None) -> dic
     """For each (name, Plan): LAYOUT, then the same request (in one-token passes: what the planner
     predicts step by step). Returns name -> dict(hello, result, measured per-phase mean µs over
     generated steps, predicted per-phase mean µs at the same positions, bytes_match steps). A refused
-    layout gives dict(error=...)."""
+    layout gives dict(error=...); a generation stopped by Ctrl-C is the last one measured."""
     request = replace(request, batch=1)
     out = {}
     for name, pl in plans.items():
@@ -108,6 +109,8 @@ def measure_layouts(sess, plans: dict, request: Generate, on_layout=None) -> dic
                          crcs=[t.logits_crc for t in res.tokens])
         if on_layout is not None:
             on_layout(name, out[name])
+        if res.interrupted:
+            break
     return out
 
 
@@ -135,24 +138,27 @@ def run_layouts(console, args, spec, info: Source, board, layouts, plans, names)
     request = Generate(ids, args.max_tokens, args.temperature, args.top_p, args.seed)
     todo = {lay: plans[(board, lay)] for lay in layouts if (board, lay) in plans}
     emulated = None
-    with ExitStack() as stack:
-        if args.port is None:
-            emulated = check_virtual_board(board)   # a real board: flash it and pass --port
-            image = ensure_firmware(console, model, board)
-            vb = stack.enter_context(start_virtual_board(board, image, model.blob, args.timeout,
-                                                         args.xip_model == "on"))
-            port = vb.port
-        else:
-            port = args.port
-        ser = open_port(port, args.baud)
-        stack.callback(ser.close)
-        sess = Session(Link(ser), name=port, frame_timeout=args.timeout)
-        hello = sess.handshake(timeout=args.timeout)
-        sess.check_model(hello, model.model_hash)
-        memory = f", XIP model {args.xip_model}" if emulated else ""
-        console.print(f"measuring {len(todo)} layout(s) on {hello.board} ({hello.clock_name}{memory}), "
-                      f"{len(ids)}-token prompt, {args.max_tokens} tokens, seed {args.seed}")
-        res = measure_layouts(sess, todo, request)
+    with interrupts() as ctrl_c, ExitStack() as stack:
+        try:
+            if args.port is None:
+                emulated = check_virtual_board(board)   # a real board: flash it and pass --port
+                image = ensure_firmware(console, model, board)
+                vb = stack.enter_context(start_virtual_board(board, image, model.blob, args.timeout,
+                                                             args.xip_model == "on"))
+                port = vb.port
+            else:
+                port = args.port
+            ser = open_port(port, args.baud)
+            stack.callback(ser.close)
+            sess = Session(Link(ser), name=port, frame_timeout=args.timeout)
+            hello = sess.handshake(timeout=args.timeout)
+            sess.check_model(hello, model.model_hash)
+            memory = f", XIP model {args.xip_model}" if emulated else ""
+            console.print(f"measuring {len(todo)} layout(s) on {hello.board} ({hello.clock_name}{memory}), "
+                          f"{len(ids)}-token prompt, {args.max_tokens} tokens, seed {args.seed}")
+            res = measure_layouts(sess, todo, request)
+        finally:    # from here on Ctrl-C is ignored: the board is stopped before anything else
+            ctrl_c.hold()
     cols, first = [], None
     for lay, r in res.items():
         if "error" in r:
