@@ -17,7 +17,7 @@ def build_firmware(console, model_path, board: str, out: Path | None = None) -> 
     model = ModelDir.open(model_path)
     out = Path(out) if out else build_dir_for(model.path, board)
     step(console, f"building firmware for {board} into {out}")
-    res = build(console, board, out, model.blob)
+    res = build(console, board, out, model)
     if res.size_text:
         console.print(res.size_text, markup=False, soft_wrap=True)
     if res.binary is not None:

@@ -110,7 +110,11 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
         draft=None if qm.draft is None else {"source": str(qm.draft.qm.source), "kv": qm.draft.kv,
                                              "config": asdict(qm.draft.qm.config)},
         source=str(qm.source or ir.source or ckpt), quality=rep, device_tokenizer=enc_about,
-        stop_ids=list(qm.stops.ids), stop_source=qm.stops.source, head_index=index_report)
+        stop_ids=list(qm.stops.ids), stop_source=qm.stops.source, head_index=index_report,
+        convert={"checkpoint": str(ckpt.resolve()), "tokenizer_given": tokenizer is not None, "format": fmt,
+                 "group_size": group_size, "quant": list(recipe.quant), "scales": scales, "kv": kv, "ctx": context,
+                 "batch": batch, "draft": str(checkpoint_of(draft).resolve()) if draft is not None else None,
+                 "head_index": head_index})
     console.print(f"  {info.size:,} bytes, model {model.model_hash[:16]}, layout {info.layout_id}")
     console.print(f"[green]wrote[/] {outdir}/ ({BLOB_NAME}, {tok_name or 'no tokenizer'}, {MANIFEST}"
                   + (", quality.json)" if rep is not None else ")"))

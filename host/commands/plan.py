@@ -62,7 +62,8 @@ def run_plan(console, args, recipe: Recipe) -> int:
         pl = plan(spec, args.board, batch=plan_batch(args, source), **plan_kw)
     except NoFit as e:
         print_no_fit(console, e)
-        raise UserError(str(e)) from None
+        cmd = source.model.convert_command(**e.fixes[0]) if source.kind == "dir" and e.fixes and e.fixes[0] else None
+        raise UserError(str(e) + (f"; to convert it so: {cmd}" if cmd else "")) from None
     print_plan(console, pl, collapse=not args.all)
     out = pl.to_dict()
     if args.roofline:       # --png is the roofline's

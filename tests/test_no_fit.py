@@ -1,0 +1,56 @@
+"""A model too big for a board, the way a user meets it: ``build`` and ``run`` say what ``plan`` says
+(one planner, with the blob's own KV cache format and batch), and the convert line they end with
+works when typed, from the folder the user is in."""
+import re
+import shlex
+
+import pytest
+
+from converter.llama2c import write_llama2c
+from host.cli.main import main
+from modelzoo import random_model
+
+
+@pytest.fixture
+def big(tmp_path, monkeypatch):
+    """stories260K's shape (5 layers, 4 KV heads of 8, context 512) converted as a user would, from
+    tmp_path with relative paths: its int8 KV cache alone is 240 KB, more than a Pico's SRAM budget."""
+    monkeypatch.chdir(tmp_path)
+    _, ir = random_model(seed=2, dim=64, n_layers=5, n_heads=8, n_kv_heads=4, hidden_dim=172, vocab_size=512,
+                         max_seq_len=512)
+    write_llama2c(ir, tmp_path / "ckpt.bin", version=1)
+    assert main(["convert", "ckpt.bin", "-o", "out/m", "--no-report", "--head-index", "off"]) == 0
+    return "out/m"
+
+
+def _error(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("flashlm: error: "), err
+    return err[0]
+
+
+def _short(msg: str) -> str:
+    return re.search(r"sram short by [\d.]+ KB", msg).group(0)
+
+
+@pytest.mark.parametrize("board", ["pico", "rp2040-emu"])
+def test_build_says_what_plan_says_and_names_the_convert_line(big, board, capsys):
+    planned = _error(capsys, ["plan", big, "--board", board])
+    built = _error(capsys, ["build", "--board", board, "--model", big])
+    assert _short(built) == _short(planned)          # the blob's int8 KV cache and batch of 4, not f32 and 1
+    assert "flashlm plan --ctx" not in built
+    cmd = built.split("to convert it so: ")[1]
+    ctx = int(re.search(r"a context of (\d+) tokens fits", built).group(1))
+    assert shlex.split(cmd) == ["flashlm", "convert", "ckpt.bin", "-o", big, "--ctx", str(ctx), "--head-index", "off"]
+    assert planned.endswith(cmd)
+
+
+@pytest.mark.cross
+@pytest.mark.slow
+@pytest.mark.parametrize("board", ["pico", "rp2040-emu"])
+def test_the_suggested_convert_line_builds_when_typed(big, board, capsys):
+    cmd = _error(capsys, ["build", "--board", board, "--model", big]).split("to convert it so: ")[1]
+    assert main(shlex.split(cmd)[1:]) == 0
+    capsys.readouterr()
+    assert main(["build", "--board", board, "--model", big]) == 0, capsys.readouterr().err
