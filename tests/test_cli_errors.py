@@ -67,6 +67,19 @@ def test_help_is_not_an_error(capsys):
     assert "convert" in capsys.readouterr().out
 
 
+def test_board_options_list_the_boards_in_their_help(capsys):
+    from converter.boards import board_names
+    every = board_names()
+    for command, boards in (("demo", ["native", "rp2040-emu"]), ("run", ["native", "rp2040-emu"]),
+                            ("serve", ["native", "rp2040-emu"]), ("build", every), ("plan", every),
+                            ("compare", every)):
+        assert main([command, "--help"]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        listed = out.split("--board")[-1]
+        assert all(f" {b}," in listed or f" {b} " in listed for b in boards), (command, listed)
+        assert ("pico" in listed) == (boards is every), (command, listed)
+
+
 # -- convert ------------------------------------------------------------------------------------
 
 def test_convert_missing_checkpoint(capsys, tmp_path):

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from ..defaults import DEFAULT_PROMPT
-from .options import add_board_wait, add_max_tokens, output_dir
+from .options import VIRTUAL_BOARDS, add_board_wait, add_max_tokens, output_dir
 
 
 def add_parser(sub) -> None:
     d = sub.add_parser("demo", help="convert the shipped model, build, run, write out/demo/run.*")
-    d.add_argument("--board", default="native")
+    d.add_argument("--board", default="native",
+                   help=f"the virtual board to run on: {VIRTUAL_BOARDS} (default %(default)s)")
     d.add_argument("--prompt", default=DEFAULT_PROMPT)
     add_max_tokens(d, 48)
     d.add_argument("-o", "--output", default="out/demo", metavar="OUTDIR", type=output_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..defaults import MAX_DRAFTS
 from ..errors import UserError
-from .options import add_recipe, nonneg_int, output_file, positive_int, recipe_of
+from .options import ALL_BOARDS, add_recipe, nonneg_int, output_file, positive_int, recipe_of
 
 
 def add_model_options(p) -> None:
@@ -31,7 +31,7 @@ def add_model_options(p) -> None:
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="place a model's tensors on a board's memory tiers; predict per-token cost")
     add_model_options(p)
-    p.add_argument("--board", required=True)
+    p.add_argument("--board", required=True, help=f"the board profile: {ALL_BOARDS}")
     p.add_argument("--place", action="append", default=[], metavar="PATTERN=TIER",
                    help="pin tensors or buffers: 'head=psram', 'layers.*.ffn=sram', 'kv=psram' (repeatable)")
     p.add_argument("--flash-only", action="store_true", help="leave every tensor not --place'd in flash")
