@@ -129,6 +129,12 @@ class ModelDir:
         return self._manifest.get("device_tokenizer")
 
     @property
+    def planned_for(self) -> str | None:
+        """The board whose plan ``flashlm plan --apply`` recorded in the blob, or None: convert's own
+        layout (every tensor read from flash)."""
+        return (self._manifest.get("layout") or {}).get("board")
+
+    @property
     def source(self) -> str:
         """The checkpoint the model was converted from."""
         return str(self._manifest.get("source", ""))

@@ -47,14 +47,17 @@ def record_build(model: ModelDir, board: str, binary) -> None:
 
 def build(console, board: str, out_dir: Path, model: ModelDir):
     """Render and build the firmware for ``board`` sized for the model's blob (firmware.build's
-    result). A model that fits no placement there is an error ending with the convert line that
-    makes the planner's first suggestion, when the model folder recorded how it was converted."""
+    result). A model whose own layout does not fit there is an error naming the plan command that
+    places it; one that fits no placement, an error ending with the convert line that makes the
+    planner's first suggestion, when the model folder recorded how it was converted."""
     # they load jinja2 and the planner: a run whose build is recorded never needs them
     from firmware.build import build_firmware
-    from firmware.fits import NoFitError
+    from firmware.fits import LayoutNoFitError, NoFitError
     try:
         with console.status(f"building firmware for {board}"):
             return build_firmware(board, out_dir, model.blob)
+    except LayoutNoFitError as e:
+        raise UserError(e.text(model.path)) from None
     except NoFitError as e:
         fix = e.nofit.fixes[0] if e.nofit.fixes else {}
         cmd = model.convert_command(**fix) if fix else None
