@@ -4,6 +4,7 @@ write, and the default q8 model runs on the native board bit for bit as the refe
 (tokens and every step's logits CRC). Skipped where the shared copy is absent (a user's clone)."""
 import csv
 import os
+import re
 
 import numpy as np
 import pytest
@@ -15,7 +16,10 @@ from converter.quantize import quantize
 from converter.reference import FLAG_ALL_LOGITS, NO_TOKEN, generate
 from converter.tokenizer import decode, encode, load_tokenizer
 from host.cli.main import main
+from emuboard import require_emulator
+from hubserver import HubServer
 from modelzoo import shared_model
+from test_pull import flashlm, stories
 
 SHARED = shared_model("stories260K")
 pytestmark = pytest.mark.skipif(not (SHARED / "stories260K.bin").is_file(),
@@ -57,3 +61,24 @@ def test_default_q8_runs_bit_exact_on_native(tmp_path, capsys, monkeypatch):
         assert int(row["in_id"]) == r["in_id"]
         assert (int(row["out_id"]) if row["out_id"] else NO_TOKEN) == r["out_id"]
         assert int(row["logits_crc"]) == r["logits_crc"]
+
+
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
+def test_demo_by_name_on_the_emulated_rp2040_fits_its_context(tmp_path):
+    """``flashlm demo --model stories260K``: pulled once (from a loopback hub), then offline; its
+    int8 KV cache for 512 positions does not fit the RP2040's SRAM beside convert's batch, so the demo
+    converts the longest context the planner fits, and the board runs it bit-exact."""
+    require_emulator()
+    home = tmp_path / "hf"
+    with HubServer(stories()) as hub:
+        assert flashlm(tmp_path, home, "pull", "stories260K", endpoint=hub.url).returncode == 0
+    r = flashlm(tmp_path, home, "demo", "--board", "rp2040-emu", "--model", "stories260K", "--max-tokens", "6",
+                offline=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = " ".join(r.stdout.split())
+    ctx = int(re.search(r"context (\d+) of the model's 512 tokens: the longest that fits rp2040-emu's RAM", out)[1])
+    assert 256 <= ctx < 512
+    assert f"context {ctx}" in out and "bit-exact with the reference: yes" in out
