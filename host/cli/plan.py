@@ -12,7 +12,8 @@ def add_model_options(p) -> None:
     """The MODEL and what the plan is for: context, KV format, batch, position, cache line; how a
     checkpoint is quantized; the files written."""
     p.add_argument("model", metavar="MODEL",
-                   help="model dir from 'flashlm convert', a .flmb blob, a checkpoint, or shape:NAME (e.g. shape:ple-28m)")
+                   help="model dir from 'flashlm convert', a .flmb blob, a checkpoint, a model name (flashlm pull), "
+                        "or shape:NAME (e.g. shape:ple-28m)")
     p.add_argument("--ctx", type=positive_int, metavar="N", help="plan for a shorter context than the model's")
     p.add_argument("--kv", choices=("f32", "int8"),
                    help="KV cache format (default: the blob's, or for a checkpoint or shape int8 as convert "
