@@ -54,8 +54,11 @@ def _record(section: str, key: str, value: str) -> None:
 
 
 def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _fetch_error(e: Exception, what: str, revision: str) -> UserError:
