@@ -6,10 +6,11 @@ once and that commit is used from then on. The record is ``$HF_HOME/flashlm/pins
 entry there to trust a new upload). A file whose sha256 differs is deleted from the cache."""
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from converter.files import sha256_file
 
 from .errors import UserError
 from .files import write_json
@@ -53,14 +54,6 @@ def _record(section: str, key: str, value: str) -> None:
     write_json(pins_path(), pins, sort_keys=True)
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _fetch_error(e: Exception, what: str, revision: str) -> UserError:
     """One line for a file the hub did not give: offline or unreachable without it in the cache, or
     no such repository, revision or file."""
@@ -92,7 +85,7 @@ def _check(repo: str, path: str, local: Path, commit: str, want: str | None) -> 
     """Compare a cached file with the sha256 pinned (``want``) or recorded; record it if neither."""
     key = f"{repo}@{commit}/{path}"
     recorded = _pins()["files"].get(key)
-    got = sha256_of(local)
+    got = sha256_file(local)
     expected, source = (want, "the catalogue's") if want else (recorded, f"the one recorded at first download in {pins_path()}")
     if expected is None:
         _record("files", key, got)
