@@ -13,6 +13,8 @@ def add_parser(sub) -> None:
                    help="a catalogue name (e.g. stories260K, downloaded once: flashlm pull), hf:OWNER/NAME[@REV] "
                         "or a checkpoint (default: the shipped model); converted with the longest context that "
                         "fits the board")
+    d.add_argument("--tokenizer", metavar="PATH", help="the tokenizer of a --model checkpoint that has none in it "
+                                                        "(llama2.c's tokenizer.bin, or a tokenizer.json)")
     d.add_argument("--prompt", default=DEFAULT_PROMPT)
     add_max_tokens(d, 48)
     d.add_argument("-o", "--output", default="out/demo", metavar="OUTDIR", type=output_dir)
@@ -23,4 +25,4 @@ def add_parser(sub) -> None:
 def cmd_demo(args, console) -> int:
     from ..commands.demo import demo    # converter, boards, session (numpy, pyserial): not for --help
     return demo(console, args.board, args.prompt, args.max_tokens, args.output, args.timeout,
-                args.xip_model == "on", args.model)
+                args.xip_model == "on", args.model, args.tokenizer)

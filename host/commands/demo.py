@@ -53,10 +53,11 @@ def fitting_context(console, checkpoint, tokenizer, board: str) -> int | None:
 
 
 def demo(console, board: str, prompt: str, max_tokens: int, out, timeout: float = 10.0,
-         xip_model: bool = True, model=None) -> int:
-    """``model``: None (the shipped model), a catalogue name, hf:REPO[@REV] or a checkpoint path."""
+         xip_model: bool = True, model=None, tokenizer=None) -> int:
+    """``model``: None (the shipped model), a catalogue name, hf:REPO[@REV] or a checkpoint path;
+    ``tokenizer``: a checkpoint's tokenizer file."""
     check_virtual_board(board)
-    ckpt, tok = _default_model() if model is None else resolve_model(console, model)
+    ckpt, tok = _default_model() if model is None else resolve_model(console, model, tokenizer)
     out = Path(out)
     console.rule("[bold]flashlm demo[/]: 1/3 convert")
     context = fitting_context(console, ckpt, tok, board)
