@@ -86,7 +86,10 @@ def _check(repo: str, path: str, local: Path, commit: str, want: str | None) -> 
     key = f"{repo}@{commit}/{path}"
     recorded = _pins()["files"].get(key)
     got = sha256_file(local)
-    expected, source = (want, "the catalogue's") if want else (recorded, f"the one recorded at first download in {pins_path()}")
+    if want:
+        expected, source = want, "the catalogue's"
+    else:
+        expected, source = recorded, f"the one recorded at first download in {pins_path()}"
     if expected is None:
         _record("files", key, got)
         return
