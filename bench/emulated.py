@@ -35,8 +35,9 @@ from pathlib import Path
 
 from converter import costmodel as C
 from converter import timing
-from converter.blob import padding_per_step, read_header
+from converter.blob import read_header
 from converter.boards import load_board
+from converter.formats import padding_per_step
 from host.link.messages import PHASES, TIERS, Done, Generate, Log, Stop
 from host.boards.emulated import start_emulated_board
 

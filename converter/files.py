@@ -1,9 +1,19 @@
 """Files the user names: read them, or fail with one line that names the file."""
 from __future__ import annotations
 
+import hashlib
 import os
 
 from .ir import ModelError
+
+
+def sha256_file(path) -> str:
+    """The hex sha256 of a file, read in 1 MB chunks (a checkpoint need not fit in memory twice)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def regular_file_size(path, expect: str = "a model file", cls: type = ModelError) -> int:

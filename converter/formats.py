@@ -126,6 +126,26 @@ def row_padding(e) -> int:
     return e.row_stride - (scales + (ng - 1) * f.value_bytes(e.group_size) + f.value_bytes(last))
 
 
+def padding_per_step(h, tied: bool, head_rows: int, tokens: int = 1, scan: bool = True) -> dict[str, int]:
+    """Per tier, the padding (row_padding) inside the rows a forward pass of ``tokens`` tokens reads
+    that no kernel loads: every row of the layers' matrices when one token runs through them (for
+    more, the engine copies whole rows, padding and all, to reuse them: kernels.c flm_matmul_rows),
+    a row per token of the gathered tables (the embedding, the PLE table), the ``head_rows`` rows of
+    the output layer (the embedding's rows when ``tied``) one token's head computed, and, when that
+    head ran the tile ``scan``, every row of the head index's centre rows."""
+    by = {e.name: e for e in h.entries}
+    head = by["tok_embeddings" if tied else "output"]
+    rows = {e.name: e.rows if tokens == 1 else 0 for e in h.entries if e.fmt in ("q8", "q4")}
+    rows.update({"tok_embeddings": tokens, "ple.table": tokens, "output": 0,
+                 "head.centroids": by["head.centroids"].rows if scan and "head.centroids" in by else 0})
+    rows[head.name] = rows.get(head.name, 0) + head_rows
+    out = {}
+    for name, n in rows.items():
+        if name in by:
+            out[by[name].tier] = out.get(by[name].tier, 0) + n * row_padding(by[name])
+    return out
+
+
 def scale_flags(t: QTensor) -> int:
     """The format bits that say how a quantized tensor's groups are scaled (0: f32 per group)."""
     return FMT_ROWSCALE if t.rowscale else FMT_SCALE16 if t.scale16 else 0

@@ -43,11 +43,14 @@ class PlanError(ModelError):
 class NoFit(PlanError):
     """The model does not fit the board. ``str()`` is one line; ``details`` the full explanation."""
 
-    def __init__(self, summary: str, shortfall: dict, details: list[str], suggestions: list[str]):
+    def __init__(self, summary: str, shortfall: dict, details: list[str], suggestions: list[str],
+                 fixes: list[dict] | None = None):
         super().__init__(summary)
         self.shortfall = shortfall        # tier -> (need, budget)
         self.details = details
         self.suggestions = suggestions
+        # per suggestion, the convert options that make it ({} for none: another board, fewer --place)
+        self.fixes = fixes if fixes is not None else [{} for _ in suggestions]
 
 
 def fmt_bytes(n: float) -> str:
@@ -372,12 +375,13 @@ def _no_fit(spec, prof, kv, places, blob, budget, ram, shortfalls, best, sizes, 
             for t in C.RAM_TIERS:
                 if t not in ram:
                     details.append(f"{t}: none on this board")
-    suggestions = _suggestions(spec, prof, kv, places, line, batch) if suggest else []
+    found = _suggestions(spec, prof, kv, places, line, batch) if suggest else []
+    suggestions = [text for text, _ in found]
     parts = [f"{t} short by {fmt_bytes(n - b)}" for t, (n, b) in short.items()]
     summary = f"the model does not fit on {bname}: " + ", ".join(parts)
     if suggestions:
         summary += "; " + "; ".join(suggestions[:2 if suggestions[0].startswith("no quantization") else 1])
-    return NoFit(summary, short, details, suggestions)
+    return NoFit(summary, short, details, suggestions, [fix for _, fix in found])
 
 
 INT4_STEPS = (("layers.*.ffn", "int4 for the FFN matrices"),
@@ -391,45 +395,47 @@ def _int4(spec: ModelSpec, pattern: str) -> ModelSpec | None:
     return spec.with_formats([f"{pattern}=q4"]) if names else None
 
 
-def _max_ctx(spec: ModelSpec, board, kv, places, line) -> int | None:
+def _max_ctx(spec: ModelSpec, board, kv, places, line, batch: int = 1) -> int | None:
     lo, hi = 1, spec.config.max_seq_len - 1
-    if hi < 1 or not fits(spec.with_context(1), board, kv=kv, overrides=places, line=line):
+
+    def ok(ctx: int) -> bool:
+        return fits(spec.with_context(ctx), board, kv=kv, overrides=places, line=line, batch=batch)
+    if hi < 1 or not ok(1):
         return None
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if fits(spec.with_context(mid), board, kv=kv, overrides=places, line=line):
+        if ok(mid):
             lo = mid
         else:
             hi = mid - 1
     return lo
 
 
-def _suggestions(spec: ModelSpec, prof: dict, kv: str, places, line, batch: int = 1) -> list[str]:
-    """The cheapest changes that fit, cheapest first: a smaller batch, model changes on this board,
-    then boards (the model changes at a batch of one)."""
-    out = []
+def _suggestions(spec: ModelSpec, prof: dict, kv: str, places, line, batch: int = 1) -> list[tuple[str, dict]]:
+    """The cheapest changes that fit, cheapest first, each with the convert options that make it (a
+    model's KV format, batch, context and recipe are convert's; a KV format is also run's --kv): a
+    smaller batch, then model changes on this board at this batch, then other boards."""
+    out: list[tuple[str, dict]] = []
+
+    def ok(s: ModelSpec, kv_: str = kv, b: int = batch, over=places) -> bool:
+        return fits(s, prof, kv=kv_, overrides=over, line=line, batch=b)
     if batch > 1:
-        fit = next((b for b in range(batch - 1, 0, -1)
-                    if fits(spec, prof, kv=kv, overrides=places, line=line, batch=b)), None)
+        fit = next((b for b in range(batch - 1, 0, -1) if ok(spec, b=b)), None)
         if fit is not None:
-            out.append(f"a batch of {fit} token{'s' * (fit > 1)} per forward pass fits (--batch {fit}; "
-                       f"{batch} asked)")
-            return out
-    if places and fits(spec, prof, kv=kv, line=line):
-        out.append("it fits without the --place overrides ("
-                   + ", ".join(repr(p.text) for p in places) + ")")
+            return [(f"a batch of {fit} token{'s' * (fit > 1)} per forward pass fits (flashlm convert --batch {fit}; "
+                     f"{batch} asked)", {"batch": fit})]
+    if places and ok(spec, over=()):
+        out.append(("it fits without the --place overrides (" + ", ".join(repr(p.text) for p in places) + ")", {}))
     ctx = spec.config.max_seq_len
-    c = _max_ctx(spec, prof, kv, places, line)
+    c = _max_ctx(spec, prof, kv, places, line, batch)
     if c is not None:
-        out.append(f"a context of {c} tokens fits (flashlm plan --ctx {c}; the model has {ctx})")
-    if kv == "f32" and fits(spec, prof, kv="int8", overrides=places, line=line):
-        out.append("an int8 KV cache fits (--kv int8)")
-    done = set()
+        out.append((f"a context of {c} tokens fits (flashlm convert --ctx {c}; the model has {ctx})", {"ctx": c}))
+    if kv == "f32" and ok(spec, kv_="int8"):
+        out.append(("an int8 KV cache fits (flashlm convert --kv int8)", {"kv": "int8"}))
     for pattern, what in INT4_STEPS:
         s = _int4(spec, pattern)
-        if s is not None and fits(s, prof, kv=kv, overrides=places, line=line):
-            out.append(f"{what} fits (flashlm convert --quant '{pattern}=q4')")
-            done.add(pattern)
+        if s is not None and ok(s):
+            out.append((f"{what} fits (flashlm convert --quant '{pattern}=q4')", {"quant": [f"{pattern}=q4"]}))
             break
     if not out:   # no single change: accumulate, cheapest first
         s, steps = spec, []
@@ -438,33 +444,34 @@ def _suggestions(spec: ModelSpec, prof: dict, kv: str, places, line, batch: int 
             if s2 is None:
                 continue
             s, steps = s2, steps + [(pattern, what)]
-            for kv2 in KV_FORMATS:
-                if fits(s, prof, kv=kv2, overrides=places, line=line):
-                    quant = " ".join(f"--quant '{p}=q4'" for p, _ in steps)
-                    out.append(f"{' + '.join(w for _, w in steps)}"
-                               + (" + an int8 KV cache" if kv2 == "int8" else "") + f" fits ({quant})")
+            quant = [f"{p}=q4" for p, _ in steps]
+            for kv2 in [kv] + (["int8"] if kv == "f32" else []):
+                label = " + ".join(w for _, w in steps) + (" + an int8 KV cache" if kv2 != kv else "")
+                opts = " ".join(f"--quant '{q}'" for q in quant) + (" --kv int8" if kv2 != kv else "")
+                fix = {"quant": quant, **({"kv": kv2} if kv2 != kv else {})}
+                if ok(s, kv_=kv2):
+                    out.append((f"{label} fits (flashlm convert {opts})", fix))
                     break
-                c = _max_ctx(s, prof, kv2, places, line)
+                c = _max_ctx(s, prof, kv2, places, line, batch)
                 if c is not None:
-                    quant = " ".join(f"--quant '{p}=q4'" for p, _ in steps)
-                    out.append(f"{' + '.join(w for _, w in steps)}" + (" + an int8 KV cache" if kv2 == "int8" else "")
-                               + f" + a context of {c} tokens fits ({quant}, --ctx {c})")
+                    out.append((f"{label} + a context of {c} tokens fits (flashlm convert {opts} --ctx {c})",
+                                {**fix, "ctx": c}))
                     break
             if out:
                 break
         if not out:
-            out.append(f"no quantization or context change makes it fit {prof.get('name')}")
+            out.append((f"no quantization or context change makes it fit {prof.get('name')}", {}))
     boards = []
     for b in board_names():
         if b == prof.get("name") or b == "native":
             continue
         try:
-            if fits(spec, b, kv=kv, line=None):
+            if fits(spec, b, kv=kv, line=None, batch=batch):
                 boards.append(b)
         except ModelError:
             continue
     if boards:
-        out.append("it fits as is on " + ", ".join(boards))
+        out.append(("it fits as is on " + ", ".join(boards), {}))
     return out
 
 

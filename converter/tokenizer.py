@@ -303,18 +303,24 @@ def from_hf_json(json_str: str, config: dict | None = None) -> Tokenizer:
 # ----------------------------------------------------------------------------- files
 
 def load_tokenizer(path) -> Tokenizer:
-    """tokenizer.bin (llama2.c) or tokenizer.json (``tokenizers``), told apart by content."""
+    """tokenizer.bin (llama2.c) or tokenizer.json (``tokenizers``), told apart by content (a .json
+    name is read as JSON whatever it holds). Every error names the file as the tokenizer, so a
+    checkpoint given where a tokenizer goes does not read as a corrupt checkpoint."""
     buf = read_file(path, "a tokenizer file")
-    if buf.lstrip()[:1] == b"{":
+    name = f"tokenizer {path}"
+    if buf.lstrip()[:1] == b"{" or str(path).lower().endswith(".json"):
         try:
             text = buf.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ModelError(f"{path}: tokenizer JSON is not UTF-8: {e}") from None
+            raise ModelError(f"{name}: tokenizer JSON is not UTF-8: {e}") from None
         try:
             return from_hf_json(text)
         except ModelError as e:
-            raise ModelError(f"{path}: {e}") from None
-    return parse_tokenizer_bin(buf, str(path))
+            raise ModelError(f"{name}: {e}") from None
+    try:
+        return parse_tokenizer_bin(buf, name)
+    except ModelError as e:
+        raise ModelError(f"{e} (neither a llama2.c tokenizer.bin nor a tokenizer.json)") from None
 
 
 # ----------------------------------------------------------------------------- encode / decode

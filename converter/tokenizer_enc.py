@@ -203,6 +203,29 @@ def _json_pairs(model: dict) -> dict[tuple[int, int], tuple[int, int]]:
     return pairs
 
 
+def _plain_post(post) -> bool:
+    """Whether a post-processor leaves a single text's ids as the encoder made them, but for at most
+    one token before them (the BOS the host's encoder and the device put first): none, ByteLevel
+    (offsets only), a template of the text alone or one special token and the text (transformers 5
+    saves ``TemplateProcessing`` of the text alone with a tokenizer that has none), or a sequence of
+    those."""
+    if post is None:
+        return True
+    if not isinstance(post, dict):
+        return False
+    kind = post.get("type")
+    if kind == "ByteLevel":
+        return True
+    if kind == "Sequence":
+        return all(_plain_post(p) for p in post.get("processors") or [])
+    if kind != "TemplateProcessing":
+        return False
+    single = post.get("single") or []
+    seqs = [i for i, item in enumerate(single) if isinstance(item, dict) and "Sequence" in item]
+    return seqs in ([0], [1]) and seqs[0] == len(single) - 1 and all(
+        isinstance(item, dict) and "SpecialToken" in item for item in single[:seqs[0]])
+
+
 def _bpe_unsupported(d: dict) -> str | None:
     """Why this tokenizer JSON is not the ByteLevel BPE the device encoder reproduces, or None."""
     pre = d.get("pre_tokenizer")
@@ -213,9 +236,8 @@ def _bpe_unsupported(d: dict) -> str | None:
     for key in ("normalizer", "truncation", "padding"):
         if d.get(key) is not None:
             return f"it has a {key}"
-    post = d.get("post_processor")
-    if post is not None and (not isinstance(post, dict) or post.get("type") != "ByteLevel"):
-        return "its post-processor is not ByteLevel"
+    if not _plain_post(d.get("post_processor")):
+        return "its post-processor adds tokens to a text other than one BOS before it"
     model = d["model"]
     if model.get("dropout") not in (None, 0, 0.0):
         return "its BPE has dropout"

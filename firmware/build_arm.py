@@ -11,12 +11,15 @@ from pathlib import Path
 
 import jinja2
 
-from converter.footprint import arena_bytes
+from converter.footprint import arena_bytes, layout_needs
 
 from .build_meta import APP_SOURCES, ENGINE_SOURCES, TEMPLATES_DIR, BuildError, BuildResult
+from .fits import no_fit_error
 
 CLOCK_KINDS = {"host clock": 0, "chip timer": 1, "emulated timer": 2}
 APT_HINT = "apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi"
+ARENA_DEFINE = re.compile(r"#define FLM_ARENA_BYTES (\d+)u")
+RAM_OVERFLOW = re.compile(r"region [`']?RAM'? overflowed by (\d+) bytes")
 
 
 def blob_window(prof: dict) -> tuple[int, int]:
@@ -40,11 +43,34 @@ def render_makefile(prof: dict, out: Path) -> None:
     (out / "Makefile").write_text(env.get_template("Makefile-arm.j2").render(ctx))
 
 
+def _ram_overflow(text: str) -> bool:
+    return bool(RAM_OVERFLOW.search(text)) or "RAM overflow" in text
+
+
+def _make(out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "-s", "-C", str(out)], capture_output=True, text=True)
+
+
+def _set_arena(out: Path, n: int) -> None:
+    cfg = out / "flm_config.h"
+    cfg.write_text(ARENA_DEFINE.sub(f"#define FLM_ARENA_BYTES {n}u", cfg.read_text()))
+
+
+def _arena_room(out: Path) -> int:
+    """The most SRAM the arena can have beside the firmware's own data and the linker script's
+    stack floor: linked with an arena of 8 bytes, the stack's room less its floor, plus those 8."""
+    _set_arena(out, 8)
+    if _make(out).returncode != 0:
+        return 0
+    syms = symbols(out / "firmware.elf")
+    return (syms["__stack_free"] - syms["__stack_min"] + 8) & ~7
+
+
 def _link_error(text: str, prof: dict, arena: int) -> str | None:
     """A one-line explanation of a failed link that is about memory, else None."""
     ram = int(prof["tiers"]["sram"]["capacity"])
-    m = re.search(r"region [`']?RAM'? overflowed by (\d+) bytes", text)
-    if m or "RAM overflow" in text:
+    m = RAM_OVERFLOW.search(text)
+    if _ram_overflow(text):
         over = f" ({int(m.group(1)):,} bytes over)" if m else ""
         return (f"the model does not fit in {prof['name']}'s {ram // 1024} KB of SRAM{over}: KV cache, "
                 f"scratch and prompt buffer need {arena:,} bytes, plus the firmware's own data and an 8 KB "
@@ -66,9 +92,19 @@ def build_arm(board: str, prof: dict, out: Path, blob, header, min_group: int) -
     cc = "arm-none-eabi-gcc"
     if shutil.which("make") is None or shutil.which(cc) is None:
         raise BuildError(f"building {board} needs make and {cc} ({APT_HINT})")
-    r = subprocess.run(["make", "-s", "-C", str(out)], capture_output=True, text=True)
-    m = re.search(r"#define FLM_ARENA_BYTES (\d+)u", (out / "flm_config.h").read_text())
+    r = _make(out)
+    m = ARENA_DEFINE.search((out / "flm_config.h").read_text())
     arena = int(m.group(1)) if m else arena_bytes(header.config, min_group, header.state_tiers.batch)
+    if r.returncode != 0 and _ram_overflow((r.stderr or "") + (r.stdout or "")):
+        # the firmware's own data grows with the model (the receive buffer holds a full-context
+        # prompt): the arena takes what is left, if that holds the layout
+        need, room = layout_needs(header)["sram"], _arena_room(out)
+        if room < need:
+            sram = {**prof["tiers"]["sram"], "budget": room}
+            raise no_fit_error({**prof, "tiers": {**prof["tiers"], "sram": sram}}, header, {"sram": (need, room)})
+        arena = room
+        _set_arena(out, arena)
+        r = _make(out)
     if r.returncode != 0:
         text = (r.stderr or "") + (r.stdout or "")
         why = _link_error(text, prof, arena)

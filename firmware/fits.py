@@ -24,17 +24,40 @@ def budget(prof: dict, tier: str) -> int:
     return int(t.get("budget", t.get("capacity", 0)))
 
 
+class NoFitError(BuildError):
+    """A blob that fits no placement on the board: the planner's one-line summary, and its NoFit
+    (``nofit``: the shortfall per tier and the suggestions with the convert options of each)."""
+
+    def __init__(self, nofit: NoFit):
+        super().__init__(str(nofit))
+        self.nofit = nofit
+
+
+class LayoutNoFitError(BuildError):
+    """The blob's own layout does not fit the board's RAM though a placement of the model does:
+    ``text(model)`` is the error naming the command that places it (for the model folder ``model``)."""
+
+    def __init__(self, board: str, layout_id: int, shortfall: dict):
+        self.board, self.layout_id, self.shortfall = board, layout_id, shortfall
+        super().__init__(self.text("MODEL"))
+
+    def text(self, model) -> str:
+        parts = [f"{t} needs {n:,} bytes, budget {b:,}: short by {n - b:,}" for t, (n, b) in self.shortfall.items()]
+        return (f"the blob's layout {self.layout_id} does not fit {self.board}'s RAM ({'; '.join(parts)}); "
+                f"'flashlm plan {model} --board {self.board} --apply' places it within the budgets")
+
+
 def no_fit_error(prof: dict, header, shortfall: dict) -> BuildError:
     """The error for a blob whose own layout does not fit the board's RAM budgets (``shortfall``:
-    tier -> (need, budget)): the planner's shortfall per tier and what would fit when no placement
-    fits, else the layout's shortfall and the command that places the model within the budgets."""
+    tier -> (need, budget)): when no placement of the model fits, the planner's shortfall per tier and
+    what would fit, planned as the blob runs (its KV cache format and batch); else the layout's
+    shortfall and the command that places the model within the budgets."""
+    st = header.state_tiers
     try:
-        plan(ModelSpec.from_header(header), prof)
+        plan(ModelSpec.from_header(header), prof, kv=st.kv, batch=st.batch)
     except NoFit as e:
-        return BuildError(str(e))
-    parts = [f"{t} needs {n:,} bytes, budget {b:,}: short by {n - b:,}" for t, (n, b) in shortfall.items()]
-    return BuildError(f"the blob's layout {header.layout_id} does not fit {prof['name']}'s RAM ({'; '.join(parts)}); "
-                      f"'flashlm plan MODEL --board {prof['name']} --apply' places it within the budgets")
+        return NoFitError(e)
+    return LayoutNoFitError(prof["name"], header.layout_id, shortfall)
 
 
 @dataclass(frozen=True)

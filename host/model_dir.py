@@ -9,11 +9,14 @@ was made. Each fact is written once: the batch a forward pass runs, for one, is 
 from __future__ import annotations
 
 import json
+import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from converter.tokenizer import load_tokenizer
 
+from .defaults import DEFAULT_BATCH
 from .errors import UserError
 from .files import write_json
 
@@ -21,6 +24,12 @@ MANIFEST = "manifest.json"
 BLOB_NAME = "model.flmb"
 QUALITY = "quality.json"
 TRAIN_CHECKPOINT = "model.pt"     # what `flashlm train` writes in its folder (models/default holds one)
+
+
+def _shown(path: str) -> str:
+    """A recorded absolute path as a command typed here gives it: relative when under this folder."""
+    rel = os.path.relpath(path)
+    return rel if not rel.startswith("..") else path
 
 
 def checkpoint_of(path) -> Path:
@@ -120,6 +129,12 @@ class ModelDir:
         return self._manifest.get("device_tokenizer")
 
     @property
+    def planned_for(self) -> str | None:
+        """The board whose plan ``flashlm plan --apply`` recorded in the blob, or None: convert's own
+        layout (every tensor read from flash)."""
+        return (self._manifest.get("layout") or {}).get("board")
+
+    @property
     def source(self) -> str:
         """The checkpoint the model was converted from."""
         return str(self._manifest.get("source", ""))
@@ -153,12 +168,38 @@ class ModelDir:
         return tok
 
     # -- writing ---------------------------------------------------------------------------
+    def convert_command(self, **changes) -> str | None:
+        """The ``flashlm convert`` line that makes this folder again with ``changes`` (convert's
+        options by their keyword names: ctx, batch, kv, quant, ...), from the options convert recorded;
+        None for a folder convert did not record them in, or whose checkpoint is gone."""
+        rec = self._manifest.get("convert")
+        if not isinstance(rec, dict) or not rec.get("checkpoint"):
+            return None
+        ckpt = rec["checkpoint"]
+        if not rec.get("named") and not Path(ckpt).exists():
+            return None
+        o = {**rec, **changes}
+        args = ["flashlm", "convert", _shown(ckpt) if not rec.get("named") else ckpt, "-o", str(self.path)]
+        if rec.get("tokenizer_given") and self._manifest.get("tokenizer"):    # the copy convert kept here
+            args += ["--tokenizer", str(self.path / self._manifest["tokenizer"])]
+        defaults = {"format": "q8", "group_size": 32, "scales": None, "kv": "int8", "ctx": None,
+                    "batch": DEFAULT_BATCH, "head_index": "auto"}
+        for key, default in defaults.items():
+            if o.get(key) != default and o.get(key) is not None:
+                args += [f"--{key.replace('_', '-')}", str(o[key])]
+        for q in o.get("quant") or []:
+            args += ["--quant", q]
+        if o.get("draft"):
+            args += ["--draft", _shown(o["draft"])]
+        return shlex.join(args)
+
     @classmethod
     def create(cls, path, *, blob, tokenizer: str | None, config: dict, recipe: dict, quantization: dict,
                kv: str, draft: dict | None, source: str, quality: dict | None, device_tokenizer: str,
-               stop_ids: list[int], stop_source: str, head_index: dict) -> "ModelDir":
+               stop_ids: list[int], stop_source: str, head_index: dict, convert: dict | None = None) -> "ModelDir":
         """Write the manifest (and quality.json, the quality report, when there is one) of a model
-        folder convert has filled with the blob (``blob``: its BlobInfo) and the tokenizer."""
+        folder convert has filled with the blob (``blob``: its BlobInfo) and the tokenizer; ``convert``:
+        the options it was called with (what ``convert_command`` repeats)."""
         d = Path(path)
         if quality is not None:
             write_json(d / QUALITY, quality)
@@ -177,6 +218,7 @@ class ModelDir:
             "device_tokenizer": device_tokenizer,
             "stop_ids": stop_ids, "stop_source": stop_source,
             "head_index": head_index,
+            "convert": convert,
         }
         write_json(d / MANIFEST, manifest)
         return cls(d, manifest)

@@ -1,6 +1,9 @@
 """Small random models for tests: our PyTorch Transformer with perturbed norms, as ModelIR; and
-Per-Layer-Embedding models drawn straight in NumPy (every tensor of the config's shape list)."""
+Per-Layer-Embedding models drawn straight in NumPy (every tensor of the config's shape list); and
+where the real models shared beside the project are."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -64,3 +67,11 @@ def with_head_index(qm, size: int = 8):
     from converter import headprune
     qm.head_index = headprune.build(qm.head(), qm.config.n_out, size)
     return qm
+
+
+def shared_model(name: str) -> Path:
+    """A real model's folder shared beside the project: ../shared/models/NAME from the project root
+    (from a git worktree one folder deeper, ../../shared); the first path when neither exists."""
+    root = Path(__file__).resolve().parent.parent
+    found = [up / "shared" / "models" / name for up in (root.parent, root.parent.parent)]
+    return next((d for d in found if d.is_dir()), found[0])

@@ -67,6 +67,19 @@ def test_help_is_not_an_error(capsys):
     assert "convert" in capsys.readouterr().out
 
 
+def test_board_options_list_the_boards_in_their_help(capsys):
+    from converter.boards import board_names
+    every = board_names()
+    for command, boards in (("demo", ["native", "rp2040-emu"]), ("run", ["native", "rp2040-emu"]),
+                            ("serve", ["native", "rp2040-emu"]), ("build", every), ("plan", every),
+                            ("compare", every)):
+        assert main([command, "--help"]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        listed = out.split("--board")[-1]
+        assert all(f" {b}," in listed or f" {b} " in listed for b in boards), (command, listed)
+        assert ("pico" in listed) == (boards is every), (command, listed)
+
+
 # -- convert ------------------------------------------------------------------------------------
 
 def test_convert_missing_checkpoint(capsys, tmp_path):
@@ -77,6 +90,19 @@ def test_convert_missing_tokenizer(capsys, tmp_path):
     ck = tmp_path / "m.bin"
     ck.write_bytes(b"\0" * 64)
     _fails(capsys, ["convert", str(ck), "--tokenizer", str(tmp_path / "t.json")], "t.json", "does not exist")
+
+
+def test_convert_with_a_wrong_tokenizer_blames_the_tokenizer(capsys, tmp_path, monkeypatch):
+    """The checkpoint itself given as --tokenizer (or a .json that is not a tokenizer): the error is the
+    tokenizer's, not a corrupt checkpoint's."""
+    from converter.llama2c import write_llama2c
+    from modelzoo import random_model
+    monkeypatch.chdir(tmp_path)
+    write_llama2c(random_model(seed=1, vocab_size=64)[1], tmp_path / "m.bin", version=1)
+    (tmp_path / "t.json").write_text("[1, 2]")
+    for tok, why in (("m.bin", "neither a llama2.c tokenizer.bin nor a tokenizer.json"), ("t.json", "not a BPE")):
+        line = _fails(capsys, ["convert", "m.bin", "--tokenizer", tok, "-o", "out"], f"tokenizer {tok}: ", why)
+        assert "checkpoint" not in line
 
 
 def test_convert_bad_quant_override(capsys, tmp_path):

@@ -301,6 +301,26 @@ def test_bytelevel_tokenizer_without_bos_and_its_device_section(tmp_path):
     assert data is not None and "ByteLevel BPE" in about
 
 
+@pytest.mark.native
+@pytest.mark.parametrize("bos", [None, "<|endoftext|>"])
+def test_device_encodes_a_tokenizer_transformers_saved_as_the_host(tmp_path, tok_check, bos):
+    """transformers 5's save_pretrained writes a TemplateProcessing post-processor of the text alone (or
+    with its BOS first): nothing the device encoder cannot do, so the blob gets its section."""
+    from tokenizers import Tokenizer as HF
+    from transformers import PreTrainedTokenizerFast
+    saved = PreTrainedTokenizerFast(tokenizer_object=HF.from_str(bytelevel_tokenizer_json()), bos_token=bos,
+                                    eos_token="<|endoftext|>", add_bos_token=bos is not None)
+    path = save(hf_model(), tmp_path / "hf")
+    saved.save_pretrained(path)
+    post = json.loads((path / "tokenizer.json").read_text())["post_processor"]
+    assert post["type"] == "TemplateProcessing"
+    qm = quantize(load_model(path), "q8", 32)
+    data, about = device_section(qm.tokenizer, qm.config)
+    assert data is not None and "ByteLevel BPE" in about, about
+    (tmp_path / "m.flmb").write_bytes(build_blob(qm))
+    assert_same_ids(tok_check, tmp_path / "m.flmb", qm.tokenizer, TEXTS + random_texts(300, seed=5), 64)
+
+
 def test_missing_or_unreadable_tokenizers(tmp_path, capsys):
     path = save(hf_model(), tmp_path / "hf")
     assert load_model(path).tokenizer is None               # converts; runs need --prompt-ids

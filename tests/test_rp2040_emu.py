@@ -9,7 +9,7 @@ import zlib
 import pytest
 
 from converter.blob import build_blob, parse_header
-from converter.blob import padding_per_step as blob_padding
+from converter.formats import padding_per_step as blob_padding
 from converter.quantize import quantize
 from converter.reference import FLAG_ALL_LOGITS, FLAG_LOGITS, NO_TOKEN, generate
 from emuboard import BOARD, emu_link, image_for, require_emulator
@@ -35,7 +35,7 @@ def build_root(tmp_path_factory):
 
 
 def padding_per_step(qm) -> int:
-    """The padding inside the rows one step reads with every logit computed (blob.padding_per_step),
+    """The padding inside the rows one step reads with every logit computed (formats.padding_per_step),
     all in flash here."""
     return blob_padding(parse_header(build_blob(qm)), qm.config.tied, qm.config.n_out).get("flash", 0)
 

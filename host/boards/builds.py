@@ -45,11 +45,25 @@ def record_build(model: ModelDir, board: str, binary) -> None:
                        json.dumps({"key": key, "binary": str(Path(binary).resolve())}).encode())
 
 
-def build(console, board: str, out_dir: Path, blob: Path):
-    """Render and build the firmware for ``board`` sized for ``blob`` (firmware.build's result)."""
-    from firmware.build import build_firmware    # it loads jinja2: a run whose build is recorded never needs it
-    with console.status(f"building firmware for {board}"):
-        return build_firmware(board, out_dir, blob)
+def build(console, board: str, out_dir: Path, model: ModelDir):
+    """Render and build the firmware for ``board`` sized for the model's blob (firmware.build's
+    result). A model whose own layout does not fit there is an error naming the plan command that
+    places it; one that fits no placement, an error ending with the convert line that makes the
+    planner's first suggestion, when the model folder recorded how it was converted."""
+    # they load jinja2 and the planner: a run whose build is recorded never needs them
+    from firmware.build import build_firmware
+    from firmware.fits import LayoutNoFitError, NoFitError
+    try:
+        with console.status(f"building firmware for {board}"):
+            return build_firmware(board, out_dir, model.blob)
+    except LayoutNoFitError as e:
+        raise UserError(e.text(model.path)) from None
+    except NoFitError as e:
+        fix = e.nofit.fixes[0] if e.nofit.fixes else {}
+        cmd = model.convert_command(**fix) if fix else None
+        if cmd is None:
+            raise
+        raise UserError(f"{e}; to convert it so: {cmd}") from None
 
 
 def _home(model_dir: Path) -> Path:
@@ -80,7 +94,7 @@ def ensure_firmware(console, model: ModelDir, board: str = "native") -> Path:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     step(console, f"building {board} firmware into {out}")
-    res = build(console, board, out, model.blob)
+    res = build(console, board, out, model)
     if res.binary is None:
         raise UserError(f"board {board} has no host-runnable binary; flash {res.project_dir} and use --port")
     record_build(model, board, res.binary)

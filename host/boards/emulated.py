@@ -14,8 +14,10 @@ import tty
 from pathlib import Path
 
 from converter.boards import load_board
+from converter.formats import padding_per_step
 
 from ..errors import BoardError
+from ..link.messages import TIERS
 from .native import VirtualBoard, drain
 
 
@@ -87,6 +89,34 @@ class EmulatedBoard(VirtualBoard):
         return f"EmulatedBoard(port={self.port!r}, pid={self.proc.pid}, alive={self.alive})"
 
 
+def unloaded_padding(header, tokens, greedy: bool, drafted: bool) -> dict[int, list[list[int]]] | None:
+    """Per forward pass of ``tokens`` (the TOKEN frames, by the pass's first step), the row padding
+    the engine counts (whole row strides) and no kernel loads, per tier: what the harness's counts
+    of the bytes the core loaded lack (formats.padding_per_step). A pass's head ran for one token
+    when one of its steps shows head rows (else for all of them, or none); a greedy one (``greedy``:
+    no sampling, no whole-head flags) reads the head index's centre rows when it runs the tile scan,
+    and a step computing every head row may have scanned every tile or not: it gets both candidates.
+    None when the run ``drafted`` with a draft model whose rows are padded: which of its rows each
+    pass read is not in the frames."""
+    draft = header.draft
+    if drafted and draft is not None and any(padding_per_step(draft, draft.config.tied, draft.config.n_out).values()):
+        return None
+    index = any(e.name == "head.centroids" for e in header.entries)
+    passes: dict[int, list] = {}
+    for t in tokens:
+        passes.setdefault(t.chunk, []).append(t)
+    out = {}
+    for first, steps in passes.items():
+        heads = [t.head_rows for t in steps if t.head_rows]
+        rows = heads[0] if len(heads) == 1 else 0
+        scans = [False]
+        if index and greedy and rows and steps[0].kind != "verify":
+            scans = [True] if rows < header.config.n_out else [True, False]
+        out[first] = [[padding_per_step(header, header.config.tied, rows, steps[0].chunk_len, scan).get(tier, 0)
+                       for tier in TIERS] for scan in scans]
+    return out
+
+
 def emulator_missing() -> str | None:
     """Why the emulated board cannot start here (one line), or None when it can."""
     if shutil.which("node") is None:
@@ -138,12 +168,14 @@ def start_emulated_board(image, blob_path, board: str = "rp2040-emu", timeout: f
         os.close(fd)
         counts_path = Path(name)
     else:
-        counts_path = Path(counts_path)
+        counts_path = Path(counts_path).resolve()
         counts_path.write_bytes(b"")
     master, slave = os.openpty()
     tty.setraw(slave)          # binary frames: no echo, no newline translation
     try:
-        proc = subprocess.Popen(["node", str(EMU_HARNESS), "--firmware", str(image), "--blob", str(blob_path),
+        # the harness runs in host/emu (where rp2040js is installed): every path it gets is absolute
+        proc = subprocess.Popen(["node", str(EMU_HARNESS), "--firmware", str(image.resolve()),
+                                 "--blob", str(blob_path.resolve()),
                                  "--blob-offset", str(off), "--flash-size", str(flash),
                                  "--counts", str(counts_path), "--xip-model", "on" if xip_model else "off",
                                  *(["--profile", ",".join(f"{n}={a:#x}" for n, a in entries.items())] if entries else [])],
@@ -160,14 +192,15 @@ def start_emulated_board(image, blob_path, board: str = "rp2040-emu", timeout: f
     vb = EmulatedBoard(proc, os.ttyname(slave), image, blob_path, stderr_tail, slave, counts_path, own, board,
                        xip_model)
     deadline = time.monotonic() + timeout
-    while not any(ln.startswith("rp2040-emu: ready") for ln in list(stderr_tail)):
-        if proc.poll() is not None:
-            time.sleep(0.05)
-            msg = vb.describe_exit()
-            vb.stop()
-            raise BoardError(msg)
-        if time.monotonic() > deadline:
-            vb.stop()
-            raise BoardError(f"emulated board {board} did not start within {timeout:g} s")
-        time.sleep(0.02)
+    try:
+        while not any(ln.startswith("rp2040-emu: ready") for ln in list(stderr_tail)):
+            if proc.poll() is not None:
+                time.sleep(0.05)
+                raise BoardError(vb.describe_exit())
+            if time.monotonic() > deadline:
+                raise BoardError(f"emulated board {board} did not start within {timeout:g} s")
+            time.sleep(0.02)
+    except BaseException:       # Ctrl-C too: no harness or counts file is left behind
+        vb.stop()
+        raise
     return vb

@@ -152,6 +152,10 @@ def start_native_board(binary, blob_path, timeout: float = 10, wrapper=()) -> Vi
                 time.sleep(0.05)   # let the stderr reader catch the last line
                 fail(_exit_text(binary, rc, list(stderr_tail)[-1:]))
             buf += chunk
+    except KeyboardInterrupt:     # no board is left running
+        proc.kill()
+        proc.wait()
+        raise
     finally:
         sel.close()
 

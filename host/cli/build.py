@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from ..errors import UserError
-from .options import output_dir
+from .options import ALL_BOARDS, output_dir
 
 
 def add_parser(sub) -> None:
     b = sub.add_parser("build", help="render and build the firmware for a board")
-    b.add_argument("--board", default="native")
+    b.add_argument("--board", default="native", help=f"the board the firmware is for: {ALL_BOARDS} "
+                                                        f"(default %(default)s)")
     b.add_argument("--model", metavar="OUTDIR", help="model directory the firmware is sized for")
     b.add_argument("-o", "--output", metavar="BUILDDIR", type=output_dir,
                    help="where to build (default: OUTDIR/build/BOARD)")

@@ -2,14 +2,15 @@
 board."""
 from __future__ import annotations
 
-from .options import add_generation_args, recipe_of
+from .options import ALL_BOARDS, add_generation_args, recipe_of
 from .plan import add_model_options, query_of
 
 
 def add_parser(sub) -> None:
     c = sub.add_parser("compare", help="layouts side by side: predicted, and with --run measured on a board")
     add_model_options(c)
-    c.add_argument("--board", action="append", metavar="B", help="board profile (repeatable; default native)")
+    c.add_argument("--board", action="append", metavar="B",
+                   help=f"board profile (repeatable; default native): {ALL_BOARDS}")
     c.add_argument("--layout", action="append", metavar="L",
                    help="auto | flash | PATTERN=TIER[,...] (repeatable; default: flash and auto)")
     c.add_argument("--run", action="store_true", help="also measure each layout on the board (LAYOUT, no reflash)")

@@ -8,7 +8,8 @@ from .options import add_recipe, output_dir, positive_int, recipe_of
 def add_parser(sub) -> None:
     c = sub.add_parser("convert", help="checkpoint -> quantized flash image + manifest")
     c.add_argument("checkpoint", metavar="CHECKPOINT",
-                   help="llama2.c or flashlm checkpoint, or a Hugging Face folder (config.json, safetensors)")
+                   help="llama2.c or flashlm checkpoint, a Hugging Face folder (config.json, safetensors), or a model "
+                        "name: a catalogue name (flashlm pull lists them) or hf:OWNER/NAME[@REV]")
     c.add_argument("-o", "--output", metavar="OUTDIR", type=output_dir, default="out/model")
     add_recipe(c)
     c.add_argument("--kv", choices=("f32", "int8"), default="int8",

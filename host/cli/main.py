@@ -14,10 +14,10 @@ import sys
 
 from ..errors import is_user_error, one_line
 from ..output.console import make_console
-from . import build, compare, convert, demo, eval, faultproxy, flash, plan, run, serve, train
+from . import build, compare, convert, demo, eval, faultproxy, flash, plan, pull, run, serve, train
 from .options import Parser
 
-COMMANDS = (convert, build, run, flash, plan, compare, serve, faultproxy, demo, eval, train)   # in --help's order
+COMMANDS = (pull, convert, build, run, flash, plan, compare, serve, faultproxy, demo, eval, train)   # in --help's order
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
         elif extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         elif args.command is None:
-            parser.error("choose a command: convert, build, flash, run, serve, plan, compare, demo, eval, train")
+            parser.error("choose a command: pull, convert, build, flash, run, serve, plan, compare, demo, eval, train")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
     debug = bool(os.environ.get("FLASHLM_DEBUG"))

@@ -6,16 +6,44 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 from ..commands.recipe import Recipe
 
 
+# placeholders an option's help may hold, filled with the board profiles' names when help is shown
+ALL_BOARDS, VIRTUAL_BOARDS = "{all boards}", "{virtual boards}"
+
+
+class _Formatter(argparse.HelpFormatter):
+    def _split_lines(self, text, width):    # a board's name (pico-plus-2) is never broken at its hyphens
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message):  # argparse's own errors, in the same one-line shape as ours
         sys.stderr.write(f"flashlm: error: {self.prog.removeprefix('flashlm').strip() + ': ' if self.prog != 'flashlm' else ''}"
                          f"{message} (see '{self.prog} --help')\n")
         raise SystemExit(2)
+
+    def format_help(self) -> str:
+        marked = [a for a in self._actions
+                  if isinstance(a.help, str) and (ALL_BOARDS in a.help or VIRTUAL_BOARDS in a.help)]
+        if marked:
+            # the profiles (and numpy under the board module) are read only when help is shown
+            from converter.boards import board_names
+
+            from ..boards.virtual import emulated_boards
+            names = {ALL_BOARDS: ", ".join(board_names()), VIRTUAL_BOARDS: ", ".join(["native", *emulated_boards()])}
+            for a in marked:
+                for mark, text in names.items():
+                    a.help = a.help.replace(mark, text)
+        return super().format_help()
 
 
 def positive_int(s: str) -> int:

@@ -8,14 +8,15 @@ from pathlib import Path
 from ..commands.plan_options import Passes, PlanQuery
 from ..defaults import MAX_DRAFTS
 from ..errors import UserError
-from .options import add_recipe, nonneg_int, output_file, positive_int, recipe_of
+from .options import ALL_BOARDS, add_recipe, nonneg_int, output_file, positive_int, recipe_of
 
 
 def add_model_options(p) -> None:
     """The MODEL and what the plan is for: context, KV format, batch, position, cache line; how a
     checkpoint is quantized; the files written."""
     p.add_argument("model", metavar="MODEL",
-                   help="model dir from 'flashlm convert', a .flmb blob, a checkpoint, or shape:NAME (e.g. shape:ple-28m)")
+                   help="model dir from 'flashlm convert', a .flmb blob, a checkpoint, a model name (flashlm pull), "
+                        "or shape:NAME (e.g. shape:ple-28m)")
     p.add_argument("--ctx", type=positive_int, metavar="N", help="plan for a shorter context than the model's")
     p.add_argument("--kv", choices=("f32", "int8"),
                    help="KV cache format (default: the blob's, or for a checkpoint or shape int8 as convert "
@@ -34,7 +35,7 @@ def add_model_options(p) -> None:
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="place a model's tensors on a board's memory tiers; predict per-token cost")
     add_model_options(p)
-    p.add_argument("--board", required=True)
+    p.add_argument("--board", required=True, help=f"the board profile: {ALL_BOARDS}")
     p.add_argument("--place", action="append", default=[], metavar="PATTERN=TIER",
                    help="pin tensors or buffers: 'head=psram', 'layers.*.ffn=sram', 'kv=psram' (repeatable)")
     p.add_argument("--flash-only", action="store_true", help="leave every tensor not --place'd in flash")

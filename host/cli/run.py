@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UserError
-from .options import add_generation_args, output_file
+from .options import VIRTUAL_BOARDS, add_generation_args, output_file
 
 
 def _tokens(s: str) -> int:
@@ -21,7 +21,7 @@ def _tokens(s: str) -> int:
 def add_parser(sub) -> None:
     r = sub.add_parser("run", help="generate on a board and show per-token timing")
     where = r.add_mutually_exclusive_group(required=True)
-    where.add_argument("--board", help="start a virtual board (native, or rp2040-emu: the emulated RP2040)")
+    where.add_argument("--board", help=f"start a virtual board: {VIRTUAL_BOARDS}")
     where.add_argument("--port", metavar="PATH", help="serial port of a flashed board")
     r.add_argument("--model", metavar="OUTDIR", required=True)
     add_generation_args(r, max_tokens=32)

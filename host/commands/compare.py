@@ -15,6 +15,7 @@ from ..boards.virtual import check_virtual_board, start_virtual_board
 from ..defaults import DEFAULT_PROMPT
 from ..errors import UserError
 from ..files import write_json
+from ..interrupts import interrupts
 from ..link.messages import PHASES, Generate
 from ..link.port import Link, open_port
 from ..output.plan_figures import compare_png
@@ -101,7 +102,7 @@ def measure_layouts(sess, plans: dict, request: Generate, on_layout=None) -> dic
     """For each (name, Plan): LAYOUT, then the same request (in one-token passes: what the planner
     predicts step by step). Returns name -> dict(hello, result, measured per-phase mean µs over
     generated steps, predicted per-phase mean µs at the same positions, bytes_match steps). A refused
-    layout gives dict(error=...)."""
+    layout gives dict(error=...); a generation stopped by Ctrl-C is the last one measured."""
     request = replace(request, batch=1)
     out = {}
     for name, pl in plans.items():
@@ -127,6 +128,8 @@ def measure_layouts(sess, plans: dict, request: Generate, on_layout=None) -> dic
                          crcs=[t.logits_crc for t in res.tokens])
         if on_layout is not None:
             on_layout(name, out[name])
+        if res.interrupted:
+            break
     return out
 
 
@@ -154,25 +157,28 @@ def run_layouts(console, measure: Measure, spec, info: Source, board, layouts, p
     request = Generate(ids, measure.max_tokens, measure.temperature, measure.top_p, measure.seed)
     todo = {lay: plans[(board, lay)] for lay in layouts if (board, lay) in plans}
     emulated = None
-    with ExitStack() as stack:
-        target = measure.target
-        if target.port is None:
-            emulated = check_virtual_board(board)   # a real board: flash it and pass --port
-            image = ensure_firmware(console, model, board)
-            vb = stack.enter_context(start_virtual_board(board, image, model.blob, measure.timeout,
-                                                         target.xip_model))
-            port = vb.port
-        else:
-            port = target.port
-        ser = open_port(port, target.baud)
-        stack.callback(ser.close)
-        sess = Session(Link(ser), name=port, frame_timeout=measure.timeout)
-        hello = sess.handshake(timeout=measure.timeout)
-        sess.check_model(hello, model.model_hash)
-        memory = f", XIP model {'on' if target.xip_model else 'off'}" if emulated else ""
-        console.print(f"measuring {len(todo)} layout(s) on {hello.board} ({hello.clock_name}{memory}), "
-                      f"{len(ids)}-token prompt, {measure.max_tokens} tokens, seed {measure.seed}")
-        res = measure_layouts(sess, todo, request)
+    with interrupts() as ctrl_c, ExitStack() as stack:
+        try:
+            target = measure.target
+            if target.port is None:
+                emulated = check_virtual_board(board)   # a real board: flash it and pass --port
+                image = ensure_firmware(console, model, board)
+                vb = stack.enter_context(start_virtual_board(board, image, model.blob, measure.timeout,
+                                                             target.xip_model))
+                port = vb.port
+            else:
+                port = target.port
+            ser = open_port(port, target.baud)
+            stack.callback(ser.close)
+            sess = Session(Link(ser), name=port, frame_timeout=measure.timeout)
+            hello = sess.handshake(timeout=measure.timeout)
+            sess.check_model(hello, model.model_hash)
+            memory = f", XIP model {'on' if target.xip_model else 'off'}" if emulated else ""
+            console.print(f"measuring {len(todo)} layout(s) on {hello.board} ({hello.clock_name}{memory}), "
+                          f"{len(ids)}-token prompt, {measure.max_tokens} tokens, seed {measure.seed}")
+            res = measure_layouts(sess, todo, request)
+        finally:    # from here on Ctrl-C is ignored: the board is stopped before anything else
+            ctrl_c.hold()
     cols, first = [], None
     for lay, r in res.items():
         if "error" in r:

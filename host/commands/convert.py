@@ -23,6 +23,7 @@ from ..files import atomic_write_bytes
 from ..model_dir import BLOB_NAME, MANIFEST, ModelDir, checkpoint_of
 from ..output.console import step
 from ..output.model_tables import print_quality
+from .pull import is_model_name, resolve_model
 from .recipe import Recipe
 
 
@@ -47,11 +48,15 @@ def _write_tokenizer(ir, tokenizer_arg, outdir: Path) -> str | None:
 
 def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=None, report=True, kv="int8",
             context=None, batch=DEFAULT_BATCH, draft=None, head_index="auto") -> ModelDir:
-    """Checkpoint -> OUTDIR/{model.flmb, tokenizer.*, manifest.json, quality.json}, quantized as
+    """Checkpoint (or a model name, host/commands/pull.py) -> OUTDIR/{model.flmb, tokenizer.*,
+    manifest.json, quality.json}, quantized as
     ``recipe`` says. ``context``: the positions the converted model holds (default: the
     checkpoint's); ``batch``: the most tokens one forward pass runs (recorded in the blob);
     ``draft``: a small model carried for speculative decoding; ``head_index``: auto, on or off (the
     greedy head's tile index, see _head_index)."""
+    name = str(checkpoint) if is_model_name(checkpoint) else None
+    tokenizer_given = tokenizer is not None
+    checkpoint, tokenizer = resolve_model(console, checkpoint, tokenizer)
     ckpt = checkpoint_of(checkpoint)
     if not ckpt.exists():
         raise UserError(f"checkpoint {ckpt} does not exist")
@@ -110,7 +115,12 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
         draft=None if qm.draft is None else {"source": str(qm.draft.qm.source), "kv": qm.draft.kv,
                                              "config": asdict(qm.draft.qm.config)},
         source=str(qm.source or ir.source or ckpt), quality=rep, device_tokenizer=enc_about,
-        stop_ids=list(qm.stops.ids), stop_source=qm.stops.source, head_index=index_report)
+        stop_ids=list(qm.stops.ids), stop_source=qm.stops.source, head_index=index_report,
+        convert={"checkpoint": name or str(ckpt.resolve()), "named": name is not None,
+                 "tokenizer_given": tokenizer_given, "format": fmt,
+                 "group_size": group_size, "quant": list(recipe.quant), "scales": scales, "kv": kv, "ctx": context,
+                 "batch": batch, "draft": str(checkpoint_of(draft).resolve()) if draft is not None else None,
+                 "head_index": head_index})
     console.print(f"  {info.size:,} bytes, model {model.model_hash[:16]}, layout {info.layout_id}")
     console.print(f"[green]wrote[/] {outdir}/ ({BLOB_NAME}, {tok_name or 'no tokenizer'}, {MANIFEST}"
                   + (", quality.json)" if rep is not None else ")"))

@@ -1,7 +1,8 @@
 """The MODEL argument of ``flashlm plan`` and ``flashlm compare``: a model directory written by
 ``flashlm convert``, a ``.flmb`` blob, a checkpoint (llama2.c / flashlm ``.pt`` / a Hugging Face
-folder), which is quantized in memory as ``convert`` would, or ``shape:NAME``, a named shape from
-converter/shapes.py planned with its own recipe (``--quant`` applies on top)."""
+folder, or a model name: host/commands/pull.py), which is quantized in memory as ``convert`` would,
+or ``shape:NAME``, a named shape from converter/shapes.py planned with its own recipe (``--quant``
+applies on top)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from converter.shapes import SHAPES, shape_spec
 
 from ..errors import UserError
 from ..model_dir import MANIFEST, ModelDir, checkpoint_of
+from .pull import resolve_model
 from .recipe import Recipe
 
 SHAPE_PREFIX = "shape:"
@@ -48,6 +50,7 @@ def load_spec(model, recipe: Recipe = Recipe(), tokenizer=None, context: int | N
     if str(model).startswith(SHAPE_PREFIX):
         spec = shape_spec(str(model)[len(SHAPE_PREFIX):])
         return (spec.with_formats(list(recipe.quant)) if recipe.quant else spec), Source("shape")
+    model, tokenizer = resolve_model(None, model, tokenizer)
     p = checkpoint_of(model)
     if (p.is_dir() and not is_hf_dir(p)) or p.name == MANIFEST:
         md = ModelDir.open(p)

@@ -65,7 +65,8 @@ def plan_model(console, model, board: str, recipe: Recipe = Recipe(), tokenizer=
         pl = plan(spec, board, batch=query.batch_for(source), **plan_kw)
     except NoFit as e:
         print_no_fit(console, e)
-        raise UserError(str(e)) from None
+        cmd = source.model.convert_command(**e.fixes[0]) if source.kind == "dir" and e.fixes and e.fixes[0] else None
+        raise UserError(str(e) + (f"; to convert it so: {cmd}" if cmd else "")) from None
     print_plan(console, pl, collapse=not show_all)
     out = pl.to_dict()
     if passes is not None:

@@ -9,7 +9,7 @@ from ..files import atomic_write_bytes
 from ..link.messages import PHASES
 from ..session.result import RunResult, step_share
 from .labels import PHASE_COLORS, PHASE_HEADERS, shown_phases
-from .stats import summarize
+from .stats import percentile, summarize
 
 def plot_png(result: RunResult, path) -> Path:
     buf = io.BytesIO()
@@ -34,6 +34,7 @@ def run_figure(result: RunResult):
     groups = [("prefill", [t for t in toks if t.out_id is None]),
               ("decode", [t for t in toks if t.out_id is not None])]
     top = 0.0
+    totals: dict[int, float] = {}
     for kind, ts in groups:
         if not ts:
             continue
@@ -47,6 +48,11 @@ def run_figure(result: RunResult):
                    hatch="//" if kind == "prefill" else None, edgecolor="white", linewidth=0.3)
             bottom = [b + v for b, v in zip(bottom, vals)]
         top = max([top] + bottom)
+        totals.update(zip(xs, bottom))
+    cap = spike_cap(list(totals.values()))
+    clipped = {x: v for x, v in totals.items() if cap is not None and v > cap}
+    for x, v in clipped.items():      # a step past the axis keeps its figure, written where it leaves
+        ax.text(x, cap, f"{v:,.0f} ↑", rotation=90, ha="center", va="top", fontsize=7, color="0.15")
     for t in toks:
         if t.chunk == t.step and t.chunk_len > 1:
             ax.axvline(t.step - 0.5, color="0.55", linestyle=":", linewidth=0.8)
@@ -74,13 +80,26 @@ def run_figure(result: RunResult):
     speeds = [f"{kind} {s[key]:,.1f} tok/s" for kind, key in (("decode", "tokens_per_s"),
                                                                ("prefill", "prefill_tok_per_s")) if s[key]]
     head = f"{result.board} — {result.clock}: device µs per step (its share of its pass)"
-    ax.set_title(fitted_title(fig, 10, head, ", ".join(speeds)), fontsize=10)
+    note = (f"{len(clipped)} step{'s' * (len(clipped) != 1)} past {cap:,.0f} µs cut at the top, each labelled "
+            f"with its µs" if clipped else "")
+    ax.set_title(fitted_title(fig, 10, head, ", ".join(speeds), note), fontsize=10)
     ax.set_xlabel("step")
     ax.set_ylabel(f"µs ({result.clock})")
     ax.set_xlim(-0.75, n - 0.25)
-    ax.set_ylim(0, (top or 1.0) * 1.08)   # the tallest bar whole (the twin axis must not rescale it)
+    # the tallest bar whole, unless it is a spike (the twin axis must not rescale it)
+    ax.set_ylim(0, cap if clipped else (top or 1.0) * 1.08)
     fig.tight_layout(rect=(0, 0.045 + 0.04 * rows_of_keys, 1, 1))
     return fig
+
+
+def spike_cap(totals: list[float]) -> float | None:
+    """Where the µs axis stops when a few steps would flatten the rest (a host clock's process
+    switch, a page fault: a step of the native board can take 100 times its neighbours): three
+    times the 90th percentile of the steps' totals, when something is above it; None otherwise."""
+    if len(totals) < 5:
+        return None
+    cap = 3.0 * percentile(totals, 90)
+    return cap if cap > 0 and max(totals) > cap else None
 
 
 def fitted_title(fig, fontsize: float, *lines: str) -> str:

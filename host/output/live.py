@@ -33,7 +33,7 @@ class LiveView:
         self.hello = hello
         self.ple = ple                    # the model has Per-Layer Embeddings: always show their column
         self.draft = draft                # speculative decoding: always show the drafting column
-        self.piece_of = piece_of          # id -> bytes, for showing prompt steps' input tokens
+        self.piece_of = piece_of          # id -> bytes, for showing each step's input token
         self.prompt_text = prompt_text
         self.tokens: list = []
         self.text = ""
@@ -43,16 +43,16 @@ class LiveView:
         self._printed_header = False
 
     # rows ------------------------------------------------------------------------------------
-    def _token_cell(self, t):
-        if t.out_id is not None:
-            return Text(piece_repr(t.piece))
+    def _token_cells(self, t) -> tuple[Text, Text]:
+        """The step's input token and the token it produced ("–": a prompt step's output is unused)."""
         shown = None
         if self.piece_of is not None:
             try:
                 shown = self.piece_of(t.in_id)
             except Exception:       # a display nicety must never break a run
                 shown = None
-        return Text(piece_repr(shown) if shown is not None else f"#{t.in_id}", style="dim")
+        given = Text(piece_repr(shown) if shown is not None else f"#{t.in_id}", style="dim")
+        return given, Text(piece_repr(t.piece)) if t.out_id is not None else Text("–", style="dim")
 
     def _row(self, t, phases) -> list[str]:
         """step, pos, pass, then the step's share of its pass's µs per phase, total µs and bytes per
@@ -67,7 +67,8 @@ class LiveView:
         table.add_column("step", justify="right")
         table.add_column("pos", justify="right")
         table.add_column("pass", justify="right")
-        table.add_column("token", overflow="ellipsis", max_width=18, no_wrap=True)
+        table.add_column("in", overflow="ellipsis", max_width=14, no_wrap=True)
+        table.add_column("out", overflow="ellipsis", max_width=14, no_wrap=True)
         phases = shown_phases(self.tokens, self.ple, self.draft)
         for p in phases:
             table.add_column(PHASE_HEADERS[p], justify="right")
@@ -79,7 +80,7 @@ class LiveView:
         for t in self.tokens[-rows:]:
             r = self._row(t, phases)
             style = "dim" if t.out_id is None else None
-            table.add_row(r[0], r[1], r[2], self._token_cell(t), *r[3:], style=style)
+            table.add_row(r[0], r[1], r[2], *self._token_cells(t), *r[3:], style=style)
         text = Text(self.prompt_text, style="dim")
         text.append(visible_text(self.text), style="bold")
         return Group(table, Panel(text, title="text", title_align="left"))
@@ -98,15 +99,16 @@ class LiveView:
         if not self._printed_header:   # the columns are fixed by the first step
             self._printed_header = True
             self._line_phases = shown_phases(self.tokens, self.ple, self.draft)
-            head = (f"{'step':>5} {'pos':>5} {'pass':>6} {'token':<16} "
+            head = (f"{'step':>5} {'pos':>5} {'pass':>6} {'in':<12} {'out':<12} "
                     + " ".join(f"{PHASE_HEADERS[p]:>14}" for p in self._line_phases)
                     + f" {'total µs':>10} " + " ".join(f"{tier + ' B':>10}" for tier in TIERS)
                     + f" {'head rows':>9}   [{where(self.hello)}; µs and bytes: the step's share of its pass]")
             self.console.print(head, markup=False, highlight=False, soft_wrap=True)
         n = len(self._line_phases)
         r = self._row(t, self._line_phases)
-        tok = self._token_cell(t).plain
-        line = (f"{r[0]:>5} {r[1]:>5} {r[2]:>6} {tok[:16]:<16} " + " ".join(f"{v:>14}" for v in r[3:3 + n])
+        given, made = (c.plain for c in self._token_cells(t))
+        line = (f"{r[0]:>5} {r[1]:>5} {r[2]:>6} {given[:12]:<12} {made[:12]:<12} "
+                + " ".join(f"{v:>14}" for v in r[3:3 + n])
                 + f" {r[3 + n]:>10} " + " ".join(f"{v:>10}" for v in r[4 + n:-1]) + f" {r[-1]:>9}")
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 

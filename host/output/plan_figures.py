@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from converter.costmodel import state_sizes
+from converter.formats import up64
 
 from .labels import PHASE_COLORS
 from .plan_tables import PHASE_LABEL, mb
@@ -13,6 +14,19 @@ KIND_COLORS = {"embedding": "#4c72b0", "head": "#c44e52", "head_index": "#e8a0a2
                "ple_table": "#2f4b7c", "ple": "#a3845f",
                "norm": "#937860", "rope": "#8172b3", "tokenizer": "#8c8c8c", "kv": "#da8bc3",
                "logits": "#ccb974", "scratch": "#64b5cd", "other": "#999999"}
+
+
+def memory_map_segments(plan, tier: str) -> list[tuple[str, str, int, bool]]:
+    """(name, kind, bytes, pale) of what ``plan`` puts in ``tier``, as the planner counts it: in
+    flash every tensor of the blob (pale: staged, read from RAM); in a RAM tier the tensors staged
+    there (each rounded up to 64 bytes) and the state regions there, sized for the plan's KV cache
+    format and batch (the prompt buffer with scratch). A RAM tier's segments add up to the plan's
+    need there."""
+    if tier == "flash":
+        return [(t.name, t.kind, t.length, plan.tiers[t.name] != "flash") for t in plan.spec.tensors]
+    sizes = state_sizes(plan.spec, plan.kv, plan.batch)
+    return ([(t.name, t.kind, up64(t.length), False) for t in plan.spec.tensors if plan.tiers[t.name] == tier]
+            + [(r, r, sizes[r], False) for r, rt in plan.regions.items() if rt == tier])
 
 
 def memory_map_png(plan, path) -> Path:
@@ -26,21 +40,10 @@ def memory_map_png(plan, path) -> Path:
 
     tiers = [t for t in ("flash", "psram", "sram") if t in plan.budget]
     fig, axes = plt.subplots(len(tiers), 1, figsize=(11, 1.9 + 1.35 * len(tiers)), squeeze=False)
-    sizes = state_sizes(plan.spec, plan.kv)
     present = set()
     for ax, tier in zip(axes[:, 0], tiers):
         x = 0.0
-        segs = []
-        if tier == "flash":
-            for t in plan.spec.tensors:
-                segs.append((t.name, t.kind, t.length, plan.tiers[t.name] != "flash"))
-        else:
-            for t in plan.spec.tensors:
-                if plan.tiers[t.name] == tier:
-                    segs.append((t.name, t.kind, t.length, False))
-            for r, rt in plan.regions.items():
-                if rt == tier:
-                    segs.append((r, r, sizes[r], False))
+        segs = memory_map_segments(plan, tier)
         for name, kind, n, pale in segs:
             present.add(kind if kind in KIND_COLORS else "other")
             ax.barh(0, n, left=x, height=0.6, color=KIND_COLORS.get(kind, "#999999"),

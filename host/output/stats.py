@@ -77,9 +77,11 @@ XIP_FIELDS = ("hits", "misses", "fetch_misses", "stall_cycles")
 def harness_rows(result: RunResult) -> list[dict]:
     """Per forward pass the emulator harness measured (its marks name the pass's first step, and cover
     proposing its drafts): its counts of the bytes the core read per tier beside the engine's own
-    counters from the pass's first TOKEN frame, plus cycles, emulated µs and host ms, the steps the
-    pass produced and (XIP model on) the pass's XIP cache hits, misses (line transfers; fetch_misses
-    of them instruction fetches), the cycles they stalled the core and the cycles one miss costs."""
+    counters from the pass's first TOKEN frame and the row padding the engine counts but no kernel
+    loads (``agree``: the engine's less the padding equal the harness's; None: not compared), plus
+    cycles, emulated µs and host ms, the steps the pass produced and (XIP model on) the pass's XIP
+    cache hits, misses (line transfers; fetch_misses of them instruction fetches), the cycles they
+    stalled the core and the cycles one miss costs."""
     by = {int(r["step"]): r for r in result.harness if "step" in r}
     rows = []
     for t in sorted(result.tokens, key=lambda t: t.step):
@@ -88,11 +90,15 @@ def harness_rows(result: RunResult) -> list[dict]:
             continue
         hb = [int(b) for b in h.get("bytes", [])]
         eb = [int(b) for b in t.bytes_read]
+        # like with like: the engine's counts less the padding it counts and no kernel loads
+        pads = None if result.padding is None else result.padding.get(int(t.step), [[0] * len(TIERS)])
+        pad = None if pads is None else next((p for p in pads if [e - q for e, q in zip(eb, p)] == hb), pads[0])
         rows.append({"step": int(t.step), "kind": "prefill" if t.out_id is None else "decode",
                      "pass": t.kind, "tokens": t.chunk_len, "steps": t.chunk_used,
                      "engine_bytes": dict(zip(TIERS, eb)),
                      "harness_bytes": dict(zip(TIERS, hb)),
-                     "agree": hb == eb,
+                     "padding_bytes": None if pad is None else dict(zip(TIERS, pad)),
+                     "agree": None if pad is None else [e - q for e, q in zip(eb, pad)] == hb,
                      "cycles": int(h.get("cycles", 0)), "emulated_us": float(h.get("us", 0.0)),
                      "wall_ms": float(h.get("wall_ms", 0.0)),
                      "xip": {k: int(v) for k, v in h["xip"].items()} if h.get("xip") else None})
@@ -118,13 +124,20 @@ def harness_summary(result: RunResult) -> dict | None:
         xip["miss_cycles"] = xg[-1]["xip"]["miss_cycles"]
         xip["stall_share"] = sum(r["xip"]["stall_cycles"] for r in xg) / max(1, sum(r["cycles"] for r in xg))
     n = sum(r["steps"] for r in gen)
-    return {"steps": len(rows), "agree_steps": sum(r["agree"] for r in rows),
-            "mismatch_steps": [r["step"] for r in rows if not r["agree"]],
+    padded = [r for r in gen if r["padding_bytes"] is not None]
+    return {"steps": len(rows), "agree_steps": sum(r["agree"] is True for r in rows),
+            "mismatch_steps": [r["step"] for r in rows if r["agree"] is False],
+            "compared_steps": sum(r["agree"] is not None for r in rows),
+            "padding_per_token": {tier: sum(r["padding_bytes"][tier] for r in padded)
+                                  / sum(r["steps"] for r in padded) for tier in TIERS} if padded else None,
             "cycles_per_token": stats([r["cycles"] / r["steps"] for r in gen]),
             "emulated_us_per_token": stats([r["emulated_us"] / r["steps"] for r in gen]),
             "wall_ms_per_token": stats([r["wall_ms"] / r["steps"] for r in gen]),
             "harness_bytes_per_token": {tier: (sum(r["harness_bytes"][tier] for r in gen) / n) if n else None
                                         for tier in TIERS},
+            # the engine's counters over the same passes
+            "engine_bytes_per_token": {tier: (sum(r["engine_bytes"][tier] for r in gen) / n) if n else None
+                                       for tier in TIERS},
             "xip_per_token": xip}
 
 

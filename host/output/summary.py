@@ -49,11 +49,16 @@ def summary_renderables(result: RunResult) -> list:
     lines += pass_lines(s["passes"], at)
     h = s.get("harness")
     if h is not None:
-        hb, eb = h["harness_bytes_per_token"], s["bytes_per_token"]
+        hb, eb = h["harness_bytes_per_token"], h["engine_bytes_per_token"]
+        pad = h["padding_per_token"]
         lines.append("emulator harness, bytes the core read per decode token: "
                      + ", ".join(f"{tier} {hb[tier]:,.0f} (engine {eb[tier]:,.0f})" for tier in TIERS
                                  if hb[tier] is not None and eb[tier] is not None)
-                     + f" — agree on {h['agree_steps']}/{h['steps']} steps")
+                     + (f" — agree on {h['agree_steps']}/{h['steps']} steps" if h["compared_steps"] else
+                        " — not compared: which padded rows of the draft model each pass read is not reported")
+                     + (" less the row padding the engine counts and no kernel loads ("
+                        + ", ".join(f"{tier} {pad[tier]:,.0f}" for tier in TIERS if pad[tier]) + " a decode token)"
+                        if pad and any(pad.values()) else ""))
         x = h["xip_per_token"]
         if x is not None:
             lines.append(f"XIP cache per decode token: p50 {fmt(x['hits']['p50'])} hits, {fmt(x['misses']['p50'])} "

@@ -37,6 +37,9 @@ class RunResult:
     logs: list[str] = field(default_factory=list)
     board_name: str = ""
     harness: list = field(default_factory=list)          # emulator's per-step read counts (rp2040-emu)
+    # per forward pass (its first step), the row padding per tier the engine counts and the harness cannot
+    # see (candidates; boards.emulated.unloaded_padding); None: not known, the counts are not compared
+    padding: dict | None = field(default_factory=dict)
     generation: int | None = None                        # the device's number for it (RESEND)
     resent_steps: list[int] = field(default_factory=list)   # lost, then recovered by RESEND
     resend_requests: int = 0
