@@ -31,10 +31,11 @@
 #define FLM_RXBUF_BYTES (FLM_RX_CAP > 192 ? FLM_RX_CAP : 192)
 
 #ifndef FLM_MAX_ENTRIES
-/* tensor-table entries a LAYOUT may address: at most 15 outside the layers (tokenizer, tokenizer.stop,
+/* tensor-table entries a LAYOUT may address: at most 16 outside the layers (tokenizer, tokenizer.stop,
  * tokenizer.enc, rope.cos, rope.sin, tok_embeddings, ple.table, ple.proj, ple.norm, norm, output,
- * head.centroids, head.tiles, draft, golden) */
-#define FLM_MAX_ENTRIES (15 + 12 * FLM_MAX_LAYERS)
+ * head.centroids, head.tiles, moe.use, draft, golden) and per layer 6, the FFN's (3, or a router and 3
+ * per expert) and PLE's 3 */
+#define FLM_MAX_ENTRIES (16 + (10 + 3 * FLM_MAX_EXPERTS) * FLM_MAX_LAYERS)
 #endif
 
 typedef struct { uint8_t *base; size_t cap, used; } flm_pool;
