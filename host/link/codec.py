@@ -104,7 +104,20 @@ def _enc_token(m: Token) -> bytes:
         + struct.pack("<IIBBBBB", m.head_rows, m.logits_crc, m.pass_index, m.chunk_len, m.chunk_used,
                       PASS_KINDS.index(m.kind), len(piece))
         + piece
+        + _enc_experts(m)
     )
+
+
+def _enc_experts(m: Token) -> bytes:
+    """u8 layers (0: no experts), u8 top_k, u8 mask bytes, the step's experts per layer, the pass's masks."""
+    L = len(m.experts)
+    if L != len(m.pass_experts) or len({len(c) for c in m.experts}) > 1:
+        raise ProtocolError("TOKEN experts: one choice of equal length and one mask per layer")
+    k = len(m.experts[0]) if L else 0
+    mb = max((mask.bit_length() for mask in m.pass_experts), default=0)
+    mb = (mb + 7) // 8 if L else 0
+    return (struct.pack("<3B", L, k, mb) + bytes(e for c in m.experts for e in c)
+            + b"".join(mask.to_bytes(mb, "little") for mask in m.pass_experts))
 
 
 def _enc_done(m: Done) -> bytes:
@@ -283,11 +296,17 @@ def _dec_token(r: _Reader) -> Token:
     bytes_read = r.unpack("3I")
     head_rows, logits_crc, index, chunk_len, chunk_used, kind = r.unpack("IIBBBB")
     piece = r.s8()
+    L, k, mb = r.unpack("3B")
+    chosen = r.take(L * k)
+    masks = tuple(int.from_bytes(r.take(mb), "little") for _ in range(L))
     r.end()
     if kind >= len(PASS_KINDS) or index > step:
         raise ProtocolError(f"TOKEN pass kind {kind} is unknown or its place {index} is past step {step}")
+    experts = tuple(tuple(chosen[i * k:(i + 1) * k]) for i in range(L))
+    if any(not masks[i] >> e & 1 for i, c in enumerate(experts) for e in c):
+        raise ProtocolError("TOKEN experts: a step's expert is not among its pass's")
     return Token(step, pos, in_id, None if out_id == NO_TOKEN else out_id, us, bytes_read,
-                 head_rows, logits_crc, piece, index, chunk_len, chunk_used, PASS_KINDS[kind])
+                 head_rows, logits_crc, piece, index, chunk_len, chunk_used, PASS_KINDS[kind], experts, masks)
 
 
 def _dec_done(r: _Reader) -> Done:
