@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from .corpus import split_docs
 from .ir import ModelError, QuantModel
 from .reference import Reference
+from .tokenizer import encode
 
 SECTION = "moe.use"
 VERSION = 1
@@ -99,3 +102,29 @@ def own_text(qm: QuantModel, tokens: int = TOKENS, seed: int = 0) -> list[int]:
             x = ref.body(ids[-1], len(ids) - 1)
         out += ids
     return out[:tokens]
+
+
+def eval_ids(qm: QuantModel, path: Path, tokens: int = TOKENS) -> list[int]:
+    """The first ``tokens`` ids of a held-out text as training framed it: each document (form-feed lines
+    apart, converter/corpus.py) ``BOS doc EOS``."""
+    try:
+        docs = split_docs(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelError(f"{path}: cannot read as UTF-8 text: {e}") from None
+    ids: list[int] = []
+    for doc in docs:
+        if len(ids) >= tokens:
+            break
+        ids += encode(qm.tokenizer, doc, bos=True, eos=True)
+    return ids[:tokens]
+
+
+def calibrate(qm: QuantModel, eval_text: Path | None = None, tokens: int = TOKENS) -> ExpertUse:
+    """The experts' use on ``eval_text`` when given (and the model has a tokenizer that encodes), else on
+    the model's own greedy text."""
+    if eval_text is not None and qm.tokenizer is not None and qm.tokenizer.kind in ("bpe", "llama2c"):
+        ids = eval_ids(qm, eval_text, tokens)
+        if ids:
+            return count(qm, ids, tokens, f"{eval_text}, its first {len(ids)} tokens")
+    ids = own_text(qm, tokens)
+    return count(qm, ids, tokens, f"the model's own greedy text from random tokens, {len(ids)} tokens")

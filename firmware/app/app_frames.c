@@ -94,11 +94,11 @@ static void tx_token(const flm_kept_token *k) {
     uint32_t plen = 0;
     const uint8_t *piece = k->out == FLM_NONE ? (const uint8_t *)"" : flm_piece(&flm_dev.model, k->out, &plen);
     flm_tx_s8(&flm_dev.tx, (const char *)piece, plen);
-    const flm_model *m = &flm_dev.model;   /* the experts: layers, top_k, mask bytes, then per layer the rest */
+    const flm_model *m = &flm_dev.model;   /* the experts: layers, top_k, n_experts, then per layer the rest */
     const uint32_t L = m->n_experts ? m->n_layers : 0u, mb = (m->n_experts + 7u) / 8u;
     flm_tx_u8(&flm_dev.tx, (uint8_t)L);
     flm_tx_u8(&flm_dev.tx, (uint8_t)m->top_k);
-    flm_tx_u8(&flm_dev.tx, (uint8_t)mb);
+    flm_tx_u8(&flm_dev.tx, (uint8_t)m->n_experts);
     for (uint32_t l = 0; l < L; l++) flm_tx_put(&flm_dev.tx, k->route[l], m->top_k);
     for (uint32_t l = 0; l < L; l++) flm_tx_put(&flm_dev.tx, k->experts[l], mb);
     flm_tx_end(&flm_dev.tx);
