@@ -57,13 +57,18 @@ class Entry:
     rowscale: bool = False
 
 
-def padding_per_step(h: "BlobHeader", tied: bool, head_rows: int) -> dict[str, int]:
+def padding_per_step(h: "BlobHeader", tied: bool, head_rows: int, experts=()) -> dict[str, int]:
     """Per tier, the padding (row_padding) inside the rows one forward step of one token reads:
-    every row of the layers' matrices, one row each of the gathered tables (the embedding, the PLE
-    table), and ``head_rows`` rows of the output layer (the embedding's rows when ``tied``)."""
+    every row of the layers' matrices (of a mixture of experts only the experts it read: ``experts``,
+    per layer a bitmask, as TOKEN frames carry them), one row each of the gathered tables (the
+    embedding, the PLE table), and ``head_rows`` rows of the output layer (the embedding's rows when
+    ``tied``)."""
     by = {e.name: e for e in h.entries}
     head = by["tok_embeddings" if tied else "output"]
-    rows = {e.name: e.rows for e in h.entries if e.fmt in ("q8", "q4")}
+    c = h.config
+    unread = {f"{pre}{w}" for layer, mask in enumerate(experts) for e, pre in enumerate(c.ffn_prefixes(layer))
+              if not mask >> e & 1 for w in ("w1", "w2", "w3")}
+    rows = {e.name: e.rows for e in h.entries if e.fmt in ("q8", "q4") and e.name not in unread}
     rows.update({"tok_embeddings": 1, "ple.table": 1, "output": 0})
     rows[head.name] = rows.get(head.name, 0) + head_rows
     out = {}
