@@ -332,7 +332,7 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
                     rows=cfg.n_heads * 2 * (1 if contiguous else pos + 1))
         u["scratch"].add("attention", cfg.n_heads * (pos + 1) * 4 * 3, counted=False)   # att[] passes
         u[p + "ffn_norm"].add("ffn", d * 4)
-        if cfg.n_experts:   # engine.c experts(): the router read once, each chosen expert's matrices
+        if cfg.n_experts:   # engine.c experts(): the router's f32 rows, each chosen expert's matrices
             u[p + "ffn.router"].add("ffn", by[p + "ffn.router"].length)
             u["scratch"].add("ffn", d * 4 + cfg.n_experts * 4, counted=False)           # its input, logits
         for e, f in enumerate(cfg.ffn_prefixes(li)):

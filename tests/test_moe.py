@@ -38,10 +38,10 @@ PROMPT = [3, 17, 40, 2, 88, 61, 5, 29, 70]
 REPEATS = [5, 9, 2, 7, 5, 9, 2, 7, 5, 9]        # prompt lookup finds drafts in it
 
 
-def model(name, seed=7):
-    cfg, fmt, g, scales, kv = MODELS[name]
+def model(name, seed=7, scales=None):
+    cfg, fmt, g, default_scales, kv = MODELS[name]
     _, ir = random_model(seed=seed, **cfg)
-    return quantize(ir, fmt, g, scales=scales), kv
+    return quantize(ir, fmt, g, scales=scales or default_scales), kv
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +245,7 @@ def test_planner_counts_the_expected_experts():
     assert u["layers.1.ffn.experts.2.w1"].counted == pytest.approx(0.6 * w1)
     four = pass_usage(spec, 0, 4, "f32", "greedy", "skip")
     assert four["layers.1.ffn.experts.2.w1"].counted == pytest.approx(w1 * (1 - 0.4 ** 4))
-    assert four["layers.1.ffn.router"].counted == by["layers.1.ffn.router"].length
+    assert four["layers.1.ffn.router"].counted == 4 * by["layers.1.ffn.router"].length    # f32 rows, read per token
 
 
 def test_planner_puts_the_most_used_experts_in_sram():
@@ -341,27 +341,29 @@ def test_speculative_decoding_verifies_through_the_experts(name, tmp_path, build
 @pytest.mark.parametrize("name", ["q8-k2", "q4-k1"])
 def test_emulated_rp2040_matches_reference_bit_for_bit(name, tmp_path):
     """The Cortex-M0+ build: every step's logits and experts as the reference's in one-token and
-    batched passes and through speculative decoding; the harness's count of the bytes the core loaded
-    in each pass is the engine's less the rows' padding (only the chosen experts' rows read)."""
+    batched passes and through speculative decoding, with row scales (the HAL's row-scaled kernels) and
+    f32 scales; with the latter's rows (no padding a kernel skips) the harness's count of the bytes the
+    core loaded in each pass equals the engine's: only the chosen experts' rows, each once a pass."""
     from converter.blob import padding_per_step
     from emuboard import emu_link, require_emulator
     from nativeboard import assert_matches_reference, assert_steps_match, run
     require_emulator()
-    qm, kv = model(name)
-    h = parse_header(build_blob(qm, state=StateTiers(kv=kv, batch=4)))
-    with emu_link(qm, tmp_path, tmp_path / "b", kv=kv, batch=4) as (link, boot, board):
-        assert boot[-1].golden == "exact"
-        for T in (1, 4):
-            board.read_counts()
-            ref = generate(qm, PROMPT, 4, flags=FLAG_LOGITS, kv=kv, batch=T)
-            toks, logits, done = run(link, PROMPT, 4, batch=T)
-            assert_matches_reference(toks, logits, ref)
-            counts = {c["step"]: c for c in board.read_counts()}
-            for t in toks:
-                if t.step == t.chunk:   # a pass: each token's embedding row, the whole head once, its experts
-                    pad = padding_per_step(h, True, qm.config.n_out + t.chunk_len - 1, t.pass_experts).get("flash", 0)
-                    assert counts[t.step]["bytes"] == [t.bytes_read[0] - pad, *t.bytes_read[1:]], f"pass {t.step}"
-        ref = generate(qm, REPEATS, 8, kv=kv, batch=4, speculate="lookup", draft_k=3)
-        toks, _, done = run(link, REPEATS, 8, logits=False, speculate="lookup", draft_k=3)
-        assert_steps_match(toks, ref)
-        assert greedy_ids(ref) == greedy_ids(generate(qm, REPEATS, 8, kv=kv)) and done.verify_passes > 0
+    for scales in ("row", "f32"):
+        qm, kv = model(name, scales=scales)
+        exact_bytes = not sum(padding_per_step(parse_header(build_blob(qm)), True, qm.config.n_out).values())
+        assert exact_bytes == (scales == "f32")
+        with emu_link(qm, tmp_path, tmp_path / "b", kv=kv, batch=4) as (link, boot, board):
+            assert boot[-1].golden == "exact"
+            for T in (1, 4):
+                board.read_counts()
+                ref = generate(qm, PROMPT, 4, flags=FLAG_LOGITS, kv=kv, batch=T)
+                toks, logits, done = run(link, PROMPT, 4, batch=T)
+                assert_matches_reference(toks, logits, ref)
+                counts = {c["step"]: c for c in board.read_counts()}
+                assert sorted(counts) == sorted({t.chunk for t in toks})
+                assert all(counts[t.step]["bytes"] == list(t.bytes_read) for t in toks if t.step == t.chunk
+                           and exact_bytes), [(counts[t.step]["bytes"], t.bytes_read) for t in toks if t.step == t.chunk]
+            ref = generate(qm, REPEATS, 8, kv=kv, batch=4, speculate="lookup", draft_k=3)
+            toks, _, done = run(link, REPEATS, 8, logits=False, speculate="lookup", draft_k=3)
+            assert_steps_match(toks, ref)
+            assert greedy_ids(ref) == greedy_ids(generate(qm, REPEATS, 8, kv=kv)) and done.verify_passes > 0

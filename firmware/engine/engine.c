@@ -412,7 +412,8 @@ const uint8_t *flm_route(const flm_state *s, uint32_t l, uint32_t i) {
 /* Layer l's router for the n tokens of xb (converter/numerics.py route): logits r_e = the f32 dot of
  * router row e and the token's input; the top k, largest first, ties to the lowest index (the float
  * order's comparison: a NaN never wins); their weights, the softmax over the chosen logits
- * e_j = exp(r_j - r_0), w_j = e_j * (1 / (e_0 + e_1 + ...)). The router is read once for the pass. */
+ * e_j = exp(r_j - r_0), w_j = e_j * (1 / (e_0 + e_1 + ...)). The router's f32 rows are read in place,
+ * once per token (a few hundred bytes a row: no copy into the row buffer). */
 static PROFILED void route(flm_state *s, uint32_t l, uint32_t n, flm_step_stats *st) {
     const flm_model *m = s->m;
     const uint32_t E = m->n_experts, k = m->top_k;
@@ -439,7 +440,7 @@ static PROFILED void route(flm_state *s, uint32_t l, uint32_t n, flm_step_stats 
         const float inv = 1.0f / sum;
         for (uint32_t j = 0; j < k; j++) w[j] = w[j] * inv;
     }
-    st->bytes[R->tier] += R->length;
+    st->bytes[R->tier] += n * R->length;
 }
 
 /* A mixture-of-experts FFN for the pass's n tokens (normed inputs in xb; converter/reference.py
