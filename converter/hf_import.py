@@ -307,13 +307,14 @@ def _ir_name(name: str, c: ModelConfig) -> str | None:
     if not m or int(m.group(1)) >= c.n_layers:
         return None
     layer, rest = int(m.group(1)), m.group(2)
-    if c.n_experts:
+    if c.n_experts:   # the experts and router instead of the dense FFN
         e = _LEGACY_EXPERT.fullmatch(rest)
         if e and int(e.group(1)) < c.n_experts:
             return f"layers.{layer}.ffn.experts.{int(e.group(1))}.{e.group(2)}"
         if rest in _MOE_NAMES:
             return f"layers.{layer}.{_MOE_NAMES[rest]}"
-        return None
+        if rest.startswith("mlp."):
+            return None
     return f"layers.{layer}.{_LAYER_NAMES[rest]}" if rest in _LAYER_NAMES else None
 
 

@@ -367,3 +367,91 @@ def test_emulated_rp2040_matches_reference_bit_for_bit(name, tmp_path):
             toks, _, done = run(link, REPEATS, 8, logits=False, speculate="lookup", draft_k=3)
             assert_steps_match(toks, ref)
             assert greedy_ids(ref) == greedy_ids(generate(qm, REPEATS, 8, kv=kv)) and done.verify_passes > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixtral through the Hugging Face importer
+
+def mixtral(seed=0, **over):
+    """A random MixtralForCausalLM (transformers, CPU, eval), weights scaled so routing and logits are
+    far from uniform."""
+    transformers = pytest.importorskip("transformers")
+    kw = dict(vocab_size=300, hidden_size=48, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+              rope_theta=500.0, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    kw.update(over)
+    torch.manual_seed(seed)
+    model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**kw)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in name else p * 5)
+    return model
+
+
+def legacy_layout(folder):
+    """The folder's fused experts rewritten as the published checkpoints store them: one tensor per
+    expert, block_sparse_moe.experts.{e}.w1/w2/w3 and block_sparse_moe.gate."""
+    from safetensors.torch import load_file, save_file
+    sd, out = load_file(folder / "model.safetensors"), {}
+    for name, t in sd.items():
+        pre, _, rest = name.partition(".mlp.")
+        if rest == "experts.gate_up_proj":
+            half = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{pre}.block_sparse_moe.experts.{e}.w1.weight"] = t[e, :half].contiguous()
+                out[f"{pre}.block_sparse_moe.experts.{e}.w3.weight"] = t[e, half:].contiguous()
+        elif rest == "experts.down_proj":
+            for e in range(t.shape[0]):
+                out[f"{pre}.block_sparse_moe.experts.{e}.w2.weight"] = t[e].contiguous()
+        elif rest == "gate.weight":
+            out[f"{pre}.block_sparse_moe.gate.weight"] = t
+        else:
+            out[name] = t
+    (folder / "model.safetensors").unlink()
+    save_file(out, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+@pytest.mark.slow
+def test_mixtral_import_matches_transformers(tmp_path):
+    """fp32 (our PyTorch model and the reference's fp32 model) within float tolerance of transformers'
+    logits, from the fused layout transformers 5 saves and the published one-tensor-per-expert layout;
+    the routers kept f32 and the quantized model's choices mostly the fp32 model's."""
+    from converter.fidelity import quality_report
+    from converter.load import load_model
+    from converter.quantize import rope_tables
+    from converter.torch_import import ir_to_module
+    model = mixtral()
+    model.save_pretrained(tmp_path / "hf")
+    ids = PROMPT * 3
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(want).max() > 1.0
+    ir = load_model(tmp_path / "hf")
+    c = ir.config
+    assert (c.n_experts, c.moe_top_k, c.hidden_dim, c.tied) == (4, 2, 40, False)
+    with torch.no_grad():
+        ours = ir_to_module(ir)(torch.tensor([ids]))[0].numpy()
+    fp = Fp32Model(ir, *rope_tables(c))
+    fp32 = np.stack([fp.forward(t, p) for p, t in enumerate(ids)])
+    for got in (ours, fp32):
+        np.testing.assert_allclose(got, want, atol=2e-5 * np.abs(want).max(), rtol=0)
+    legacy_layout(tmp_path / "hf")
+    again = load_model(tmp_path / "hf")
+    assert again.tensors.keys() == ir.tensors.keys()
+    assert all(np.array_equal(again.tensors[n], ir.tensors[n]) for n in ir.tensors)
+    qm = quantize(ir, "q8", 16)
+    assert qm.recipe["layers.1.ffn.router"] == "f32"
+    assert quality_report(ir, qm, positions=32, tokens=ids)["router_agreement"] > 0.9
+
+
+@pytest.mark.parametrize("arch,needs", [("Qwen2MoeForCausalLM", "shared expert"), ("OlmoeForCausalLM", "q_norm"),
+                                        ("DeepseekV3ForCausalLM", "latent attention"),
+                                        ("GptOssForCausalLM", "attention sinks")])
+def test_other_mixtures_of_experts_refused_by_name(arch, needs, tmp_path):
+    from converter.load import load_model
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(f'{{"architectures": ["{arch}"], "hidden_size": 64}}')
+    with pytest.raises(ModelError, match=f"{arch} is a mixture of experts flashlm does not import: it needs "
+                                         f".*{needs}.*MixtralForCausalLM") as e:
+        load_model(tmp_path / "hf")
+    assert "\n" not in str(e.value)
