@@ -76,7 +76,7 @@ def section(work: Path) -> dict:
     out = {"board": "rp2040-emu", "xip_model": "on", "recipe": "q8 g32, every tensor in flash",
            "n_experts": c.n_experts, "top_k": c.moe_top_k, "k_over_e": k_over_e, "bound": BOUND * k_over_e,
            "within_bound": int(m["ffn_share_read"] <= BOUND * k_over_e),
-           "expert_use": {"source": use.source, "share": use.shares()},
+           "expert_use": {"source": use.source.replace(f"{ROOT}/", ""), "share": use.shares()},
            "eval_fp32": evals, "emulated": emu, "predicted": pred,
            "moe_beats_equal_bytes": int(evals["moe"]["eval_loss"] < evals["moe-same-bytes"]["eval_loss"])}
     ratios = {
