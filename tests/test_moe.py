@@ -5,7 +5,6 @@ RP2040 (int8 and int4, k = 1 and 2, multi-token passes whose tokens go to differ
 speculative decoding verifying through the experts)."""
 import struct
 import subprocess
-import zlib
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from converter.torch_model import MoE
 from host.link.codec import decode_payload, encode_payload
 from host.link.messages import Token
 from host.output.experts import expert_summary, summary_lines
+from blobedit import entry, recrc
 from modelzoo import random_model
 
 MODELS = {
@@ -153,16 +153,6 @@ def test_expert_use_is_calibrated_and_travels_in_the_blob():
     assert own.tokens == 40 and "own greedy text" in own.source
 
 
-def _entry(blob: bytes, name: str) -> int:
-    n, table = struct.unpack_from("<II", blob, 36)
-    return next(table + 64 * i for i in range(n) if blob[table + 64 * i:table + 64 * i + 32].rstrip(b"\0") == name.encode())
-
-
-def _recrc(b: bytearray) -> bytes:
-    struct.pack_into("<I", b, 12, zlib.crc32(memoryview(b)[16:]))
-    return bytes(b)
-
-
 def _use_at(b, e) -> int:
     """Where moe.use's fields start (version, layers, experts, top_k, tokens, then the counts)."""
     return struct.unpack_from("<I", b, e("moe.use") + 52)[0]
@@ -202,8 +192,8 @@ def test_inconsistent_router_or_experts_refused_in_python_and_c(blob_checker, tm
     qm, _ = model("q8-k2")
     qm.expert_use = expertuse.count(qm, PROMPT)
     b = bytearray(build_blob(qm))
-    mutate(b, lambda name: _entry(bytes(b), name))
-    blob = _recrc(b)
+    mutate(b, lambda name: entry(bytes(b), name))
+    blob = recrc(b)
     if python is None:
         read_blob(blob)
     else:
