@@ -342,7 +342,12 @@ def test_emulated_rp2040_matches_reference_bit_for_bit(name, tmp_path):
         qm, kv = model(name, scales=scales)
         exact_bytes = not sum(padding_per_step(parse_header(build_blob(qm)), True, qm.config.n_out).values())
         assert exact_bytes == (scales == "f32")
-        with emu_link(qm, tmp_path, tmp_path / "b", kv=kv, batch=4) as (link, boot, board):
+        c, lengths = qm.config, {e.name: e.length for e in parse_header(build_blob(qm)).entries}
+        expert_bytes = lambda masks: sum(lengths[f"{pre}{w}"] for layer, mask in enumerate(masks)
+                                         for e, pre in enumerate(c.ffn_prefixes(layer)) if mask >> e & 1
+                                         for w in ("w1", "w2", "w3"))
+        experts = tuple(f"{pre}{w}" for layer in range(c.n_layers) for pre in c.ffn_prefixes(layer) for w in ("w1", "w2", "w3"))
+        with emu_link(qm, tmp_path, tmp_path / "b", kv=kv, batch=4, watch=experts) as (link, boot, board):
             assert boot[-1].golden == "exact"
             for T in (1, 4):
                 board.read_counts()
@@ -353,6 +358,9 @@ def test_emulated_rp2040_matches_reference_bit_for_bit(name, tmp_path):
                 assert sorted(counts) == sorted({t.chunk for t in toks})
                 assert all(counts[t.step]["bytes"] == list(t.bytes_read) for t in toks if t.step == t.chunk
                            and exact_bytes), [(counts[t.step]["bytes"], t.bytes_read) for t in toks if t.step == t.chunk]
+                # the core's flash reads inside the experts' rows: the chosen experts' (the pass's), each once a pass
+                assert all(counts[t.step]["watched"] == expert_bytes(t.pass_experts) for t in toks
+                           if t.step == t.chunk and exact_bytes)
             ref = generate(qm, REPEATS, 8, kv=kv, batch=4, speculate="lookup", draft_k=3)
             toks, _, done = run(link, REPEATS, 8, logits=False, speculate="lookup", draft_k=3)
             assert_steps_match(toks, ref)
