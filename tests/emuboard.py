@@ -50,10 +50,10 @@ def emu_link(qm, tmp: Path, build_root: Path, blob_bytes: bytes | None = None, k
     require_emulator()
     blob = tmp / "model.flmb"
     write_blob(qm, blob, state=StateTiers(kv=kv, batch=batch))
+    ranges = tuple((e.offset, e.offset + e.length) for e in read_header(blob).entries if e.name in watch)
     image = image_for(blob, build_root)
     if blob_bytes is not None:
         blob.write_bytes(blob_bytes)
-    ranges = tuple((e.offset, e.offset + e.length) for e in read_header(blob).entries if e.name in watch)
     with start_emulated_board(image, blob, BOARD, xip_model=xip_model, profile=profile, watch=ranges) as board:
         port = serial.Serial(board.port, 115200, timeout=0.05)
         try:
