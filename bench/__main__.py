@@ -31,6 +31,10 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run the emul
   callgrind instructions, emulated RP2040 cycles) (bench/headindex.py);
 * ple_vs_dense — the shipped PLE model beside its equal-core dense twin: fp32 eval loss over
   all of eval.txt and the Pico plan's predicted bytes per token (bench/ple_vs_dense.py);
+* moe — the shipped mixture of experts beside the dense default (same bytes per token) and
+  models/moe-dense (same parameters): fp32 eval loss of the three; on the emulated RP2040 (XIP model
+  on) cycles per decode token and the flash bytes a token loads from the FFN's matrices against
+  reading every expert (k/E); the planner's predictions for the ESP32-S3 and the Pico (bench/moe.py);
 * passes — forward passes of several tokens on the shipped models, native and emulated RP2040:
   prefill cycles (µs) and flash bytes per prompt token at T = 1, 4, 8, and speculative decoding
   (prompt lookup, the default model's draft model): acceptance, tokens per verifying pass, emitted
@@ -59,8 +63,8 @@ from typing import Callable
 
 from rich.console import Console
 
-from . import (callgrind, convert, docs_page, emulated, headindex, kernels, native, native15m, passes, ple_seed, ple_vs_dense,
-               predict, speed, xip)
+from . import (callgrind, convert, docs_page, emulated, headindex, kernels, moe, native, native15m, passes, ple_seed,
+               ple_vs_dense, predict, speed, xip)
 from .model import ROOT, default_ir
 from .report import RESULTS, print_report
 
@@ -84,6 +88,7 @@ SECTIONS = [
     Section("speed", speed.section, emulated=True),
     Section("head_index", headindex.section, emulated=True),
     Section("ple_vs_dense", ple_vs_dense.section),
+    Section("moe", moe.section, emulated=True),
     Section("passes", passes.section, emulated=True),
     Section("convert", convert.section),
 ]
@@ -135,6 +140,8 @@ def main(argv=None) -> int:
         native15m.print_table(results["native15m"])
     for board, f in results.get("speed", {}).items():
         speed.print_board(board, f)
+    if "moe" in results:
+        moe.print_table(results["moe"])
     if "passes" in results:
         passes.print_passes(results["passes"], results.get("passes_predicted"))
     print_report(console, results, previous)

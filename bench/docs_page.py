@@ -257,6 +257,26 @@ def ple_vs_dense_table(r: dict) -> Figures | None:
                    f"core ple/dense {p['core_ratio']:.4f}; PLE lowers the eval loss by {p['loss_gain_nats']:.4f} nats")
 
 
+def moe_tables(r: dict) -> list[Figures]:
+    m = r.get("moe")
+    if not m:
+        return []
+    evals = per_run("fp32 eval over all of eval.txt (PyTorch on the host)", m["eval_fp32"], [
+        ("parameters", "params"), ("train steps", "train_steps"), ("eval loss, nats/token", "eval_loss"),
+        ("perplexity", "eval_ppl"), ("bits per character", "eval_bits_per_char")])
+    emu = per_run(f"per decode token on {m['board']}, XIP model {m['xip_model']} ({m['recipe']})", m["emulated"], [
+        ("cycles", "cycles_per_token"), ("flash bytes", "flash_bytes_per_token"),
+        ("FFN flash bytes (harness)", "ffn_flash_bytes_per_token"),
+        ("FFN bytes, every row once", "ffn_flash_bytes_every_row"), ("FFN share read", "ffn_share_read")],
+        f"moe: {m['n_experts']} experts, top {m['top_k']}: k/E {m['k_over_e']:.3f}, the bound 1.1 x k/E "
+        f"{m['bound']:.3f}; experts' use calibrated on {m['expert_use']['source']}")
+    pred = [Figures(f"PREDICTED decode token on {b} (planner, q8 g32, placed by the planner)",
+                    ["model", "ms/token", "tok/s"] + [f"{t} B/token" for t in TIERS],
+                    [[name, p["total_ms"], p["tok_per_s"]] + [p["bytes_per_token"].get(t, 0) for t in TIERS]
+                     for name, p in models.items() if p["fits"]]) for b, models in m["predicted"].items()]
+    return [evals, emu, *pred]
+
+
 def passes_tables(r: dict) -> list[Figures]:
     out = []
     for board, f in r.get("passes", {}).items():
@@ -341,6 +361,8 @@ def render(r: dict) -> str:
         ("Predicted boards", "Run: PREDICTED (esp32s3-n16r8 and pico profiles).", [predicted_table(r), ple_seed_table(r)]),
         ("PLE vs dense", "Eval: fp32 in PyTorch on the host; bytes and tok/s: PREDICTED (pico profile).",
          [ple_vs_dense_table(r)]),
+        ("Mixture of experts", "models/moe beside models/default (same bytes per token) and models/moe-dense (same "
+         "parameters). Runs: fp32 eval on the host, emulated (XIP on), PREDICTED (esp32s3-n16r8, pico).", moe_tables(r)),
         ("Forward passes of several tokens", "Runs: native, emulated (XIP on), PREDICTED (esp32s3-n16r8, pico, and "
          "rp2040-emu beside the emulated figures).", passes_tables(r)),
         ("Convert", "Host clock.", [convert_table(r)]),

@@ -37,7 +37,7 @@ from converter import costmodel as C
 from converter import timing
 from converter.blob import read_header
 from converter.boards import load_board
-from converter.formats import padding_per_step
+from converter.formats import padding_per_step, row_padding
 from host.link.messages import PHASES, TIERS, Done, Generate, Log, Stop
 from host.boards.emulated import start_emulated_board
 
@@ -99,15 +99,25 @@ def call_profile(h: list[dict]) -> dict:
             for name in PROFILE}
 
 
+def watched_rows(header, names) -> tuple[tuple[tuple[int, int], ...], int]:
+    """The blob byte ranges of the tensors ``names`` (all in flash) and the bytes a core loads reading
+    every row of them once (their rows less the padding no kernel loads)."""
+    es = [e for e in header.entries if e.name in names]
+    return (tuple((e.offset, e.offset + e.length) for e in es),
+            sum(e.rows * (e.row_stride - row_padding(e)) for e in es))
+
+
 def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: str = "int8",
-            profile: bool = False) -> dict:
+            profile: bool = False, watch: tuple[str, ...] = ()) -> dict:
     """One generation of the prompt and ``new_tokens`` on the emulated RP2040 (deterministic: one run)
     with the KV cache ``kv``; with the XIP model, after a SELFTEST (every golden step); ``profile``:
-    with the call profile of the functions PROFILE."""
+    with the call profile of the functions PROFILE; ``watch``: names of tensors (in flash) whose bytes
+    the harness counts apart in each decode token (``watched``)."""
     blob, fw = blob_and_firmware(qm, BOARD, work, kv=kv)
     m = re.search(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s", fw.size_text, re.M)
-    with start_emulated_board(fw.binary, blob, xip_model=xip_model, profile=PROFILE if profile else ()) as board, \
-            session(board.port) as s:
+    ranges, every_row = watched_rows(read_header(blob), watch)
+    with start_emulated_board(fw.binary, blob, xip_model=xip_model, profile=PROFILE if profile else (),
+                              watch=ranges) as board, session(board.port) as s:
         checked = s.selftest(timeout=600) if xip_model else None
         golden = golden_ms(s.logs)
         board.read_counts()
@@ -116,6 +126,8 @@ def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: st
     dec, pre = res.generated_steps[1:], res.prompt_steps
     h = [counts[t.step] for t in dec]
     profiled = {"call_profile": call_profile(h)} if profile else {}
+    if watch:
+        profiled.update(watched_bytes_per_token=_median(c["watched"] for c in h), watched_bytes_every_row=every_row)
     hp = [counts[t.step] for t in pre]
     emu_us = {p: _median(t.us[i] for t in dec) for i, p in enumerate(PHASES)}
     device_us = _median(sum(t.us) for t in dec)

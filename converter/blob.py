@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import golden, headprune
+from . import expertuse, golden, headprune
 from .draft import Draft, check_pair
 from .files import read_file
 from .formats import (ALIGN, BY_CODE, DRAFT, ENTRY_SIZE, FMT_BASE, FMT_ROWSCALE, FMT_SCALE16, GOLDEN, HEADER_SIZE,
@@ -28,7 +28,7 @@ from .tokenizer_enc import SECTION as ENC_SECTION, device_section
 MAGIC = b"FLMB"
 VERSION = 3
 NONE_ID = 0xFFFFFFFF
-CONFIG_FMT = "<10I2f4I"        # 64-byte config block at offset 48 (v2: ple_dim, out_vocab, 2 reserved)
+CONFIG_FMT = "<10I2f4I"        # 64-byte config block at offset 48 (ple_dim, out_vocab, n_experts, moe_top_k last)
 STOP_SECTION = "tokenizer.stop"   # u32 n, u32 ids[n]: generation ends at any of these ids
 ENTRY_FMT = "<32s8I"
 
@@ -111,11 +111,12 @@ class Section:
 
     @classmethod
     def tensor(cls, name: str, t) -> "Section":
-        """A QTensor in its format, anything else as one row of f32 (a norm's vector)."""
+        """A QTensor in its format, anything else as f32 rows (a norm's vector: one row; a router: its rows)."""
         if isinstance(t, QTensor):
             return cls(name, t.fmt, t.shape[0], t.shape[1], t.group_size, scale_flags(t), encode_qtensor(t))
-        a = np.ascontiguousarray(t, "<f4").reshape(1, -1)
-        return cls(name, "f32", 1, a.shape[1], 0, 0, a.tobytes())
+        a = np.ascontiguousarray(t, "<f4")
+        a = a.reshape(1, -1) if a.ndim == 1 else a
+        return cls(name, "f32", a.shape[0], a.shape[1], 0, 0, a.tobytes())
 
     @property
     def scale16(self) -> bool:
@@ -133,7 +134,8 @@ class Section:
 def sections(qm: QuantModel, batch: int = 1, golden_fault: int | None = None) -> list[Section]:
     """A model's sections in blob order: tokenizer (its stop ids, tokenizer.stop, and its device
     encoder's tables, tokenizer.enc), RoPE tables, tensors, with a head index its centre rows and
-    tiles (the head's rows then stored in tile order, converter/headprune.py), the draft model (a
+    tiles (the head's rows then stored in tile order, converter/headprune.py), the experts' calibrated
+    use (converter/expertuse.py), the draft model (a
     blob of its own, its passes ``batch`` tokens like the model's), and the golden check
     (converter/golden.py; ``golden_fault``: a test's deliberately wrong step)."""
     c = qm.config
@@ -154,6 +156,8 @@ def sections(qm: QuantModel, batch: int = 1, golden_fault: int | None = None) ->
     if index is not None:
         out.append(Section.tensor(headprune.CENTROIDS, index.centroids))
         out.append(Section.raw(headprune.SECTION, headprune.section_bytes(index, qm.head().shape[0])))
+    if qm.expert_use is not None:
+        out.append(Section.raw(expertuse.SECTION, qm.expert_use.section_bytes(c.moe_top_k)))
     if qm.draft is not None:
         out.append(Section.raw(DRAFT, build_blob(qm.draft.qm, state=StateTiers(qm.draft.kv, batch))))
     out.append(Section.raw(GOLDEN, golden.section_bytes(qm, golden_fault)))
@@ -175,7 +179,7 @@ def config_block(c: ModelConfig, tok: Tokenizer | None) -> bytes:
     eos = tok.eos_id if tok is not None and tok.eos_id is not None else NONE_ID
     return struct.pack(CONFIG_FMT, c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.hidden_dim,
                        c.vocab_size, c.max_seq_len, 1 if c.tied else 0, bos, eos,
-                       c.norm_eps, c.rope_theta, c.ple_dim, c.n_out, 0, 0)
+                       c.norm_eps, c.rope_theta, c.ple_dim, c.n_out, c.n_experts, c.moe_top_k)
 
 
 def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None, state: StateTiers = StateTiers(),
@@ -268,6 +272,7 @@ class BlobHeader:
     state_tiers: StateTiers = StateTiers()   # the KV cache format, the batch, the RAM regions' tiers
     draft: "BlobHeader | None" = None   # the header of its draft model's blob (section draft), if any
     head_scan: HeadScan | None = None   # the head index's header, if the blob has one
+    expert_use: expertuse.ExpertUse | None = None   # the experts' calibrated use, if the blob has it
 
     @property
     def tiers(self) -> dict[str, str]:
@@ -299,7 +304,7 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
         cfg = ModelConfig(dim=v[0], n_layers=v[1], n_heads=v[2], n_kv_heads=v[3], hidden_dim=v[4],
                           vocab_size=v[5], max_seq_len=v[6], tied=bool(v[7] & 1),
                           norm_eps=float(v[10]), rope_theta=float(v[11]), ple_dim=v[12],
-                          out_vocab=0 if v[13] == v[5] else v[13])
+                          out_vocab=0 if v[13] == v[5] else v[13], n_experts=v[14], moe_top_k=v[15])
         cfg.validate()
     except (ModelError, ZeroDivisionError) as e:
         raise BlobError(f"{what}: bad model config in header: {e}") from None
@@ -332,7 +337,20 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
     draft = parse_header(blob[d.offset:d.offset + d.length], f"{what}: draft model", check_crc) if d else None
     return BlobHeader(version, total, crc, mhash, layout_id, cfg,
                       None if v[8] == NONE_ID else v[8], None if v[9] == NONE_ID else v[9], entries,
-                      state, draft, _head_scan(blob, entries))
+                      state, draft, _head_scan(blob, entries), _expert_use(blob, entries, cfg, what))
+
+
+def _expert_use(blob: bytes, entries: list[Entry], c: ModelConfig, what: str) -> expertuse.ExpertUse | None:
+    """The experts' calibrated use, checked (a model without experts must not carry it)."""
+    e = next((e for e in entries if e.name == expertuse.SECTION), None)
+    if e is None:
+        return None
+    if e.fmt != "bytes" or not c.n_experts:
+        raise BlobError(f"{what}: a {expertuse.SECTION} section needs a bytes section of a model with experts")
+    try:
+        return expertuse.decode(blob[e.offset:e.offset + e.length], c.n_layers, c.n_experts, c.moe_top_k)
+    except ModelError as err:
+        raise BlobError(f"{what}: {err}") from None
 
 
 def _head_scan(blob: bytes, entries: list[Entry]) -> HeadScan | None:
@@ -371,8 +389,8 @@ def read_blob(path_or_bytes) -> QuantModel:
                 raise BlobError(f"{what}: tensor {name}: shape {(e.rows, e.cols)}, expected {shape}")
             tensors[name] = decode_qtensor(buf, e.fmt, e.rows, e.cols, e.group_size, e.scale16, e.rowscale)
         else:
-            if e.fmt != "f32" or e.rows * e.cols != int(np.prod(shape)):
-                raise BlobError(f"{what}: tensor {name}: bad format or size")
+            if e.fmt != "f32" or (e.rows, e.cols) != ((1, shape[0]) if len(shape) == 1 else shape):
+                raise BlobError(f"{what}: tensor {name}: {e.fmt} [{e.rows}, {e.cols}], expected f32 {list(shape)}")
             tensors[name] = np.frombuffer(buf, "<f4").reshape(shape).astype(np.float32)
     rope = {}
     for name in ("rope.cos", "rope.sin"):
@@ -403,6 +421,7 @@ def read_blob(path_or_bytes) -> QuantModel:
                             f"{c.max_seq_len}")
         qm.draft = Draft(dq, h.draft.state_tiers.kv)
     qm.head_index = _read_head_index(blob, by, qm, what)
+    qm.expert_use = h.expert_use
     read_golden(blob, h, what)
     return qm
 

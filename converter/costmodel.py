@@ -12,7 +12,11 @@ Everything here mirrors firmware/engine/engine.c (and sampler.c) operation by op
   head ("full": sampled steps, ALL_LOGITS), none ("skip": a prompt step whose output is unused),
   or a greedy step computing k rows (int k): with a head index (converter/headprune.py) the tile
   scan — every centre row, every tile record, k head rows in runs of a tile each and their row ->
-  token map entries; without one the whole head (k = out_vocab) with its argmax. Predictions of
+  token map entries; without one the whole head (k = out_vocab) with its argmax. A mixture of
+  experts' FFN reads its router and each expert's matrices times the share of tokens that choose the
+  expert (``ModelSpec.expert_share``: the convert-time calibration, converter/expertuse.py, or k/E
+  without one; **predicted**), or, given the experts a step read (``experts``: per layer a bitmask, as
+  TOKEN frames carry them), exactly those. Predictions of
   greedy steps quote k = the rows the convert-time calibration measured on average
   (``HeadScan.expected_rows``, **predicted**), or out_vocab without an index; the rows a real step
   visits depend on its activations and are reported per step (TOKEN head_rows);
@@ -29,7 +33,7 @@ from .blob import sections
 from .footprint import prompt_bytes, region_bytes
 from .formats import REGIONS, HeadScan, blob_size, row_stride
 from .ir import ModelConfig, ModelError
-from .quantize import check_scales, default_spec, parse_overrides, resolve_head
+from .quantize import check_scales, default_spec, is_router, parse_overrides, resolve_head
 
 PHASES = ("embed", "attention", "ffn", "ple", "output", "sampling")
 TIERS = ("flash", "psram", "sram")
@@ -105,6 +109,13 @@ class ModelSpec:
     source: str = ""
     tokenizer_estimated: bool = False
     head_scan: HeadScan | None = None
+    expert_use: object = None          # converter.expertuse.ExpertUse: the experts' calibrated use
+
+    def expert_share(self, layer: int, expert: int) -> float:
+        """The share of tokens whose router chooses ``expert`` in ``layer``: the calibration's, or k/E
+        (every expert alike) without one. A prediction."""
+        c = self.config
+        return c.moe_top_k / c.n_experts if self.expert_use is None else self.expert_use.share(layer, expert)
 
     @property
     def blob_bytes(self) -> int:
@@ -130,13 +141,13 @@ class ModelSpec:
         ts = tuple(TensorSpec(e.name, e.fmt, e.rows, e.cols, e.group_size, e.length, e.row_stride, e.scale16,
                               e.rowscale)
                    for e in h.entries)
-        return cls(h.config, ts, source, head_scan=h.head_scan)
+        return cls(h.config, ts, source, head_scan=h.head_scan, expert_use=h.expert_use)
 
     @classmethod
     def from_quant(cls, qm, source: str = "") -> "ModelSpec":
         ts = tuple(TensorSpec(s.name, s.fmt, s.rows, s.cols, s.group, len(s.data), s.row_stride, s.scale16, s.rowscale)
                    for s in sections(qm))
-        return cls(qm.config, ts, source or qm.source, head_scan=HeadScan.of(qm.head_index))
+        return cls(qm.config, ts, source or qm.source, head_scan=HeadScan.of(qm.head_index), expert_use=qm.expert_use)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, fmt: str = "q8", group_size: int = 32, overrides=(),
@@ -157,8 +168,9 @@ class ModelSpec:
         for name in ("rope.cos", "rope.sin"):
             ts.append(TensorSpec(name, "f32", cfg.max_seq_len, hd2, 0, cfg.max_seq_len * hd2 * 4, hd2 * 4))
         for name, shape in cfg.tensor_shapes().items():
-            if len(shape) == 1:
-                ts.append(TensorSpec(name, "f32", 1, shape[0], 0, shape[0] * 4, shape[0] * 4))
+            if len(shape) == 1 or is_router(name):
+                rows, cols = (1, shape[0]) if len(shape) == 1 else shape
+                ts.append(TensorSpec(name, "f32", rows, cols, 0, rows * cols * 4, cols * 4))
                 continue
             f, g = default_spec(name, fmt, group_size)
             for o in reversed(ovs):
@@ -260,11 +272,31 @@ def tiles_visited(spec: ModelSpec, rows: int) -> int:
     return min(spec.head_scan.n_tiles, -(-rows * spec.head_scan.n_tiles // spec.config.n_out))
 
 
+def expert_reads(spec: ModelSpec, experts=None) -> list[list[float]]:
+    """Per layer and expert the times a step reads the expert's matrices: its share of tokens
+    (spec.expert_share, a prediction), or with ``experts`` (per layer a bitmask of the experts read) 1
+    or 0; [] without experts."""
+    c = spec.config
+    if not c.n_experts:
+        return []
+    if experts is not None:
+        return [[float(mask >> e & 1) for e in range(c.n_experts)] for mask in experts]
+    return [[spec.expert_share(layer, e) for e in range(c.n_experts)] for layer in range(c.n_layers)]
+
+
+def expert_tensors(spec: ModelSpec) -> dict[str, float]:
+    """Each expert matrix's name and the share of tokens that read it (spec.expert_share)."""
+    c = spec.config
+    return {f"{pre}{w}": spec.expert_share(layer, e) for layer in range(c.n_layers)
+            for e, pre in enumerate(c.ffn_prefixes(layer)) if c.n_experts for w in ("w1", "w2", "w3")}
+
+
 def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
-          head: str | int | None = None) -> dict[str, Use]:
+          head: str | int | None = None, experts=None) -> dict[str, Use]:
     """Traffic per tensor name and per state region ("kv", "logits", "scratch") for a step at
     ``pos`` whose output layer is ``head`` (see head_mode): ``read`` is exactly what engine.c adds
-    to ``bytes[tier]``."""
+    to ``bytes[tier]`` — for a mixture of experts what it adds on average over the calibration's
+    choices, or exactly with ``experts`` (expert_reads)."""
     cfg = spec.config
     if not 0 <= pos < cfg.max_seq_len:
         raise ModelError(f"position {pos} is outside the context of {cfg.max_seq_len}")
@@ -284,6 +316,7 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
         _act(u, "embed", by["ple.proj"])
         u["ple.norm"].add("embed", L * P * 4)
         u["scratch"].add("embed", L * P * 4 * 4, counted=False)           # scale, norm, table row, combine
+    reads = expert_reads(spec, experts)
     u["rope.cos"].add("attention", hd // 2 * 4, rows=1, stride=hd // 2 * 4)
     u["rope.sin"].add("attention", hd // 2 * 4, rows=1, stride=hd // 2 * 4)
     for li in range(cfg.n_layers):
@@ -299,10 +332,16 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
                     rows=cfg.n_heads * 2 * (1 if contiguous else pos + 1))
         u["scratch"].add("attention", cfg.n_heads * (pos + 1) * 4 * 3, counted=False)   # att[] passes
         u[p + "ffn_norm"].add("ffn", d * 4)
-        for w in ("ffn.w1", "ffn.w3", "ffn.w2"):
-            u[p + w].add("ffn", by[p + w].length)
-            _act(u, "ffn", by[p + w])
-        u["scratch"].add("ffn", cfg.hidden_dim * 4 * 3, counted=False)                  # SiLU * up
+        if cfg.n_experts:   # engine.c experts(): the router's f32 rows, each chosen expert's matrices
+            u[p + "ffn.router"].add("ffn", by[p + "ffn.router"].length)
+            u["scratch"].add("ffn", d * 4 + cfg.n_experts * 4, counted=False)           # its input, logits
+        for e, f in enumerate(cfg.ffn_prefixes(li)):
+            share = reads[li][e] if cfg.n_experts else 1.0
+            for w in ("w1", "w3", "w2"):
+                u[f + w].add("ffn", by[f + w].length * share)
+                _act(u, "ffn", by[f + w], share)
+            # SiLU * up; with experts the gathered input, the weighted sum
+            u["scratch"].add("ffn", (cfg.hidden_dim * 3 + (d * 4 if cfg.n_experts else 0)) * 4 * share, counted=False)
         if P:   # engine.c ple_block()
             for w in ("ple.gate", "ple.proj"):
                 u[p + w].add("ple", by[p + w].length)
@@ -340,19 +379,21 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
     return u
 
 
-def _act(u: dict, phase: str, w: TensorSpec) -> None:
+def _act(u: dict, phase: str, w: TensorSpec, share: float = 1.0) -> None:
     """Activation traffic of one matvec (not counted by the engine): the fp32 input once, its int8
-    codes and scales once per row (cache-resident after the first), the outputs."""
+    codes and scales once per row (cache-resident after the first), the outputs; times ``share``, the
+    times a step runs it (an expert's)."""
     groups = -(-w.cols // w.group)
-    u["scratch"].add(phase, w.cols * 4 + w.cols + groups * 4 + w.rows * 4, counted=False)
+    u["scratch"].add(phase, (w.cols * 4 + w.cols + groups * 4 + w.rows * 4) * share, counted=False)
 
 
 # -------------------------------------------------------------------------------------------------
 # compute
 
 def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
-                   sampling: str = "greedy", head: str | int | None = None) -> dict[str, float]:
-    """Cycles per phase on ``prof``'s CPU: MACs x cycles_per_mac + flops x cycles_per_flop."""
+                   sampling: str = "greedy", head: str | int | None = None, experts=None) -> dict[str, float]:
+    """Cycles per phase on ``prof``'s CPU: MACs x cycles_per_mac + flops x cycles_per_flop (a mixture
+    of experts' chosen experts as usage counts them)."""
     cfg = spec.config
     comp = prof.get("compute", {})
     fpu = bool(prof.get("fpu", True))
@@ -392,6 +433,8 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
         out["embed"] += (dequant_row(by["ple.table"]) + matvec(by["ple.proj"]) + L * rms(P)
                          + L * P * 4 * cpf)
     t = pos + 1
+    reads = expert_reads(spec, experts)
+    E, k = cfg.n_experts, cfg.moe_top_k
     for li in range(cfg.n_layers):
         p = f"layers.{li}."
         c = rms(d) + sum(matvec(by[p + w]) for w in ("attn.wq", "attn.wk", "attn.wv", "attn.wo"))
@@ -407,8 +450,15 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
             c += 2 * cfg.kv_dim * 2 * cpf + 2 * cfg.n_kv_heads * 2 * FLOPS_DIV * cpf  # K, V rows quantized
         c += d * cpf                                                                  # residual
         out["attention"] += c
-        f = rms(d) + sum(matvec(by[p + w]) for w in ("ffn.w1", "ffn.w3", "ffn.w2"))
-        f += hid * (FLOPS_EXP + FLOPS_DIV + 3) * cpf + d * cpf
+        f = rms(d) + d * cpf                                                           # norm, residual
+        if E:   # the router's f32 dots, the top-k's compares, the softmax of k logits
+            f += E * d * 2 * cpf + k * E * cpm + k * (FLOPS_EXP + 2) * cpf + FLOPS_DIV * cpf
+        for e, pre in enumerate(cfg.ffn_prefixes(li)):
+            share = reads[li][e] if E else 1.0
+            one = sum(matvec(by[pre + w]) for w in ("w1", "w3", "w2")) + hid * (FLOPS_EXP + FLOPS_DIV + 3) * cpf
+            if E:   # the gathered input (a copy) and the weighted sum
+                one += d * cpm + 2 * d * cpf
+            f += share * one
         out["ffn"] += f
         if P:   # gate, gelu * u, proj, post-norm, residual
             out["ple"] += (matvec(by[p + "ple.gate"]) + matvec(by[p + "ple.proj"]) + P * (FLOPS_GELU + 1) * cpf

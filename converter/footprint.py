@@ -41,6 +41,9 @@ def region_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32", batch: int =
                                        t * (cfg.head_dim // 2) * 4, t * (cfg.head_dim // 2) * 4, t * ple,
                                        max(t, cfg.n_layers) * cfg.ple_dim * 4,   # a table row, or the gates
                                        t * 2 * _up8(wide), t * (wide // min_group + 1) * 4]
+    if cfg.n_experts:   # the experts' sums, router logits, weights, every layer's choices, a pass's tokens per expert
+        E, k = cfg.n_experts, cfg.moe_top_k
+        scratch += [t * cfg.dim * 4, E * 4, t * k * 4, cfg.n_layers * t * k, 2 * t]
     if t > 1:   # the row buffer: two rows of the widest (engine.c, hal.h hal_matmul)
         scratch += [row_copy_bytes(wide, min_group)] * 2
     return {"kv": 2 * _up8(kv), "logits": _up8(t * cfg.n_out * 4) + 2 * _up8(cfg.n_out * 4),

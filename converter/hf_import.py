@@ -6,7 +6,13 @@ fallback) ``pytorch_model.bin`` / its index; ``tokenizer.json`` (optional; with
 ``tokenizer_config.json``) and ``generation_config.json`` (optional: the stop ids).
 
 ``LlamaForCausalLM``, and ``MistralForCausalLM`` / ``Qwen2ForCausalLM`` where they are the same
-network: RMSNorm, rotary attention with grouped KV heads, a SiLU-gated FFN, tied or untied head.
+network: RMSNorm, rotary attention with grouped KV heads, a SiLU-gated FFN, tied or untied head;
+``MixtralForCausalLM``, the same network with a mixture of SiLU-gated experts in every FFN (a router,
+the top ``num_experts_per_tok`` of ``num_local_experts``, their weights the softmax over the chosen
+logits). Its experts arrive as one tensor each (``block_sparse_moe.experts.{e}.w1``/``w2``/``w3``, the
+published checkpoints) or fused (``mlp.experts.gate_up_proj`` [E, 2 I, D], gate rows first, and
+``mlp.experts.down_proj`` [E, D, I], as transformers 5 saves them); either becomes one IR tensor per
+expert. Other mixture-of-experts architectures are refused by name with what they would need.
 What the engine has no operator for is refused with the config field (or tensor) that asks for
 it: another activation, RoPE scaling, a partial rotary dimension, biases that are not all zero
 (``attention_bias``, ``mlp_bias``, Qwen2's q/k/v biases), a sliding window shorter than the
@@ -35,8 +41,29 @@ from .files import read_file
 from .ir import ModelConfig, ModelError, ModelIR, StopIds
 from .tokenizer import from_hf_json
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "MixtralForCausalLM")
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "mixtral": "MixtralForCausalLM"}
+# mixtures of experts flashlm does not import, and what of theirs its MoE layer (Mixtral's) lacks
+OTHER_MOE = {
+    "Qwen2MoeForCausalLM": "a shared expert with a sigmoid gate beside the routed ones, routing weights not "
+                           "renormalised over the top-k (norm_topk_prob), q/k/v biases",
+    "Qwen3MoeForCausalLM": "RMSNorm of every query and key head (q_norm, k_norm), dense layers among the sparse "
+                           "ones (mlp_only_layers, decoder_sparse_step), norm_topk_prob",
+    "OlmoeForCausalLM": "RMSNorm of the queries and keys (q_norm, k_norm) and routing weights not renormalised "
+                        "over the top-k (norm_topk_prob false)",
+    "DeepseekV2ForCausalLM": "multi-head latent attention (compressed KV), shared experts, grouped top-k routing",
+    "DeepseekV3ForCausalLM": "multi-head latent attention (compressed KV), shared experts, sigmoid routing scores "
+                             "with a bias, grouped top-k",
+    "PhimoeForCausalLM": "sparsemixer routing and LayerNorm with biases",
+    "GraniteMoeForCausalLM": "embedding, residual, attention and logits multipliers",
+    "GraniteMoeSharedForCausalLM": "a shared expert and embedding, residual, attention and logits multipliers",
+    "JetMoeForCausalLM": "a mixture of attention heads beside the mixture of FFN experts, biases",
+    "DbrxForCausalLM": "LayerNorm, clipped q/k/v, routing weights renormalised by a p-norm",
+    "GptOssForCausalLM": "attention sinks, sliding-window layers, biased experts with a clamped SwiGLU",
+    "Llama4ForCausalLM": "a shared expert, sigmoid routing, attention layers without RoPE",
+    "MiniMaxForCausalLM": "linear (lightning) attention layers",
+}
 DTYPES = ("F32", "F16", "BF16")          # safetensors' names of the dtypes read (widened to fp32)
 SILU = ("silu", "swish")
 WEIGHT_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
@@ -54,6 +81,9 @@ _LAYER_NAMES = {
     "mlp.down_proj.weight": "ffn.w2",
     "mlp.up_proj.weight": "ffn.w3",
 }
+_LEGACY_EXPERT = re.compile(r"block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight")
+_MOE_NAMES = {"block_sparse_moe.gate.weight": "ffn.router", "mlp.gate.weight": "ffn.router"}
+_FUSED = {"mlp.experts.gate_up_proj": "gate_up", "mlp.experts.down_proj": "down"}
 _BIASES = {"self_attn.q_proj.bias": "attention_bias", "self_attn.k_proj.bias": "attention_bias",
            "self_attn.v_proj.bias": "attention_bias", "self_attn.o_proj.bias": "attention_bias",
            "mlp.gate_proj.bias": "mlp_bias", "mlp.up_proj.bias": "mlp_bias", "mlp.down_proj.bias": "mlp_bias"}
@@ -130,6 +160,10 @@ def read_config(cfg: dict, context: int | None = None) -> tuple[str, ModelConfig
     is the positions the converted model holds."""
     archs = cfg.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs else MODEL_TYPES.get(cfg.get("model_type"))
+    if arch in OTHER_MOE:
+        raise ModelError(f"config.json: {arch} is a mixture of experts flashlm does not import: it needs "
+                         f"{OTHER_MOE[arch]}; flashlm imports MixtralForCausalLM's (SwiGLU experts, the top-k "
+                         f"router logits' softmax, no shared expert)")
     if arch not in ARCHITECTURES:
         what = arch or cfg.get("model_type") or "none given"
         raise ModelError(f"config.json: architecture {what!r} is not supported (flashlm imports "
@@ -159,10 +193,12 @@ def read_config(cfg: dict, context: int | None = None) -> tuple[str, ModelConfig
     tied = cfg.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):
         raise ModelError(f"config.json: tie_word_embeddings must be true or false, got {tied!r}")
+    experts = (_int(cfg, "num_local_experts"), _int(cfg, "num_experts_per_tok")) if arch == "MixtralForCausalLM" \
+        else (0, 0)
     c = ModelConfig(dim=dim, n_layers=_int(cfg, "num_hidden_layers"), n_heads=n_heads,
                     n_kv_heads=_int(cfg, "num_key_value_heads", n_heads), vocab_size=_int(cfg, "vocab_size"),
                     hidden_dim=_int(cfg, "intermediate_size"), max_seq_len=ctx, tied=tied,
-                    norm_eps=float(eps), rope_theta=_rope_theta(cfg))
+                    norm_eps=float(eps), rope_theta=_rope_theta(cfg), n_experts=experts[0], moe_top_k=experts[1])
     try:
         c.validate()
     except ModelError as e:
@@ -268,9 +304,35 @@ def _ir_name(name: str, c: ModelConfig) -> str | None:
     if name == "lm_head.weight":
         return None if c.tied else "output"      # a tied head is the embedding, as transformers ties it
     m = _LAYER.fullmatch(name)
-    if m and int(m.group(1)) < c.n_layers and m.group(2) in _LAYER_NAMES:
-        return f"layers.{int(m.group(1))}.{_LAYER_NAMES[m.group(2)]}"
-    return None
+    if not m or int(m.group(1)) >= c.n_layers:
+        return None
+    layer, rest = int(m.group(1)), m.group(2)
+    if c.n_experts:   # the experts and router instead of the dense FFN
+        e = _LEGACY_EXPERT.fullmatch(rest)
+        if e and int(e.group(1)) < c.n_experts:
+            return f"layers.{layer}.ffn.experts.{int(e.group(1))}.{e.group(2)}"
+        if rest in _MOE_NAMES:
+            return f"layers.{layer}.{_MOE_NAMES[rest]}"
+        if rest.startswith("mlp."):
+            return None
+    return f"layers.{layer}.{_LAYER_NAMES[rest]}" if rest in _LAYER_NAMES else None
+
+
+def _split_fused(name: str, layer: int, kind: str, t: np.ndarray, c: ModelConfig) -> dict[str, np.ndarray]:
+    """One layer's fused experts (transformers 5's layout) as one tensor per expert: gate_up_proj
+    [E, 2 I, D] gives w1 (its first I rows) and w3, down_proj [E, D, I] gives w2."""
+    E, I, D = c.n_experts, c.hidden_dim, c.dim
+    want = (E, 2 * I, D) if kind == "gate_up" else (E, D, I)
+    if tuple(t.shape) != want:
+        raise ModelError(f"tensor {name}: shape {tuple(t.shape)}, expected {want}")
+    p = f"layers.{layer}.ffn.experts."
+    if kind == "down":
+        return {f"{p}{e}.w2": np.ascontiguousarray(t[e]) for e in range(E)}
+    out = {}
+    for e in range(E):
+        out[f"{p}{e}.w1"] = np.ascontiguousarray(t[e, :I])
+        out[f"{p}{e}.w3"] = np.ascontiguousarray(t[e, I:])
+    return out
 
 
 def read_weights(folder, arch: str, c: ModelConfig) -> dict[str, np.ndarray]:
@@ -278,8 +340,11 @@ def read_weights(folder, arch: str, c: ModelConfig) -> dict[str, np.ndarray]:
     with _Weights(folder) as w:
         for name in w.names():
             ir = _ir_name(name, c)
+            m = _LAYER.fullmatch(name)
+            if ir is None and c.n_experts and m and int(m.group(1)) < c.n_layers and m.group(2) in _FUSED:
+                tensors.update(_split_fused(name, int(m.group(1)), _FUSED[m.group(2)], w.get(name), c))
+                continue
             if ir is None:
-                m = _LAYER.fullmatch(name)
                 field = _BIASES.get(m.group(2)) if m else None
                 if field is not None:
                     if np.any(w.get(name)):

@@ -26,6 +26,15 @@ docs/numerics.md), L = n_layers:
     layers.{i}.ple.proj       [dim, P]
     layers.{i}.ple.norm       [dim]
 
+With a mixture of experts (``n_experts`` E > 0, ``moe_top_k`` k of them per token; the forward
+pass is specified in docs/numerics.md), each layer's FFN is E SwiGLU experts of ``hidden_dim`` and a
+router instead of ``ffn.w1``/``w2``/``w3``:
+
+    layers.{i}.ffn.router          [E, dim]          the router's logits (kept fp32)
+    layers.{i}.ffn.experts.{e}.w1  [hidden_dim, dim] expert e's gate (after the router, e = 0..E-1)
+    layers.{i}.ffn.experts.{e}.w2  [dim, hidden_dim]
+    layers.{i}.ffn.experts.{e}.w3  [hidden_dim, dim]
+
 ``out_vocab`` (0 = vocab) rows of the output layer: a tied head is the first out_vocab rows of
 tok_embeddings; tokens >= out_vocab can be inputs but are never predicted.
 
@@ -48,6 +57,8 @@ import numpy as np
 from .errors import FlashlmError
 
 MAX_STOP_IDS = 16        # the firmware keeps the stop ids in a fixed array (blob section tokenizer.stop)
+MAX_EXPERTS = 64         # experts per layer: the planner's and the engine's per-expert counts stay small
+MAX_TOP_K = 8            # experts a token reads per layer: the engine keeps its choices in a fixed array
 
 
 class ModelError(FlashlmError, ValueError):
@@ -68,6 +79,8 @@ class ModelConfig:
     rope_theta: float = 10000.0
     ple_dim: int = 0          # P: Per-Layer Embedding width (0: a dense model without PLE)
     out_vocab: int = 0        # rows of the output layer (0: vocab_size); read it as n_out
+    n_experts: int = 0        # E: experts per FFN layer (0: a dense FFN)
+    moe_top_k: int = 0        # k: experts each token reads per layer (0 when dense)
 
     @property
     def n_out(self) -> int:
@@ -106,6 +119,16 @@ class ModelConfig:
         if self.out_vocab > self.vocab_size:
             raise ModelError(f"config: out_vocab {self.out_vocab} exceeds vocab_size {self.vocab_size} "
                              f"(the output layer predicts a prefix of the vocabulary)")
+        for name, v in dict(n_experts=self.n_experts, moe_top_k=self.moe_top_k).items():
+            if not isinstance(v, (int, np.integer)) or v < 0:
+                raise ModelError(f"config: {name} must be a non-negative integer (0: a dense FFN), got {v!r}")
+        if self.n_experts > MAX_EXPERTS:
+            raise ModelError(f"config: n_experts {self.n_experts} is more than flashlm's {MAX_EXPERTS} experts a layer")
+        if self.n_experts and not 1 <= self.moe_top_k <= min(self.n_experts, MAX_TOP_K):
+            raise ModelError(f"config: moe_top_k {self.moe_top_k} must be 1..{min(self.n_experts, MAX_TOP_K)} "
+                             f"(experts a token reads, of {self.n_experts}; at most {MAX_TOP_K})")
+        if not self.n_experts and self.moe_top_k:
+            raise ModelError(f"config: moe_top_k {self.moe_top_k} without experts (n_experts 0: a dense FFN)")
         if self.ple_dim > 1 << 16 or self.n_layers * self.ple_dim > 1 << 18:
             raise ModelError(f"config: ple_dim {self.ple_dim} x {self.n_layers} layers is implausibly large "
                              f"(limits 65536 and 262144 in all)")
@@ -126,9 +149,12 @@ class ModelConfig:
             shapes[p + "attn.wv"] = (self.kv_dim, d)
             shapes[p + "attn.wo"] = (d, self.n_heads * hd)
             shapes[p + "ffn_norm"] = (d,)
-            shapes[p + "ffn.w1"] = (self.hidden_dim, d)
-            shapes[p + "ffn.w2"] = (d, self.hidden_dim)
-            shapes[p + "ffn.w3"] = (self.hidden_dim, d)
+            if self.n_experts:
+                shapes[p + "ffn.router"] = (self.n_experts, d)
+            for f in self.ffn_prefixes(i):
+                shapes[f + "w1"] = (self.hidden_dim, d)
+                shapes[f + "w2"] = (d, self.hidden_dim)
+                shapes[f + "w3"] = (self.hidden_dim, d)
             if P:
                 shapes[p + "ple.gate"] = (P, d)
                 shapes[p + "ple.proj"] = (d, P)
@@ -138,14 +164,27 @@ class ModelConfig:
             shapes["output"] = (self.n_out, d)
         return shapes
 
+    def ffn_prefixes(self, layer: int) -> list[str]:
+        """The name prefixes of layer ``layer``'s FFN matrices (w1, w2, w3 follow): the dense FFN's, or
+        each expert's in index order."""
+        p = f"layers.{layer}.ffn."
+        return [f"{p}experts.{e}." for e in range(self.n_experts)] if self.n_experts else [p]
+
     def n_params(self) -> int:
         return int(sum(np.prod(s) for s in self.tensor_shapes().values()))
 
     def param_split(self) -> dict[str, int]:
         """Parameters in the PLE table (``table``: read one row per token, lives in flash) and in
-        everything else (``core``); they sum to n_params()."""
+        everything else (``core``), which sum to n_params(); with experts also those in the experts
+        (``experts``, part of core) and those a token reads (``active``: all but the experts it does
+        not choose)."""
         table = int(np.prod(self.tensor_shapes().get("ple.table", (0,))))
-        return {"table": table, "core": self.n_params() - table}
+        out = {"table": table, "core": self.n_params() - table}
+        if self.n_experts:
+            one = 3 * self.dim * self.hidden_dim * self.n_layers      # one expert in every layer
+            out["experts"] = one * self.n_experts
+            out["active"] = self.n_params() - one * (self.n_experts - self.moe_top_k)
+        return out
 
 
 @dataclass
@@ -311,6 +350,7 @@ class QuantModel:
     stops: StopIds = StopIds((), "none")                   # generation ends at any of these ids
     draft: object = None        # converter.draft.Draft: a small model proposing tokens for speculative decoding
     head_index: object = None   # converter.headprune.HeadIndex: the greedy head's tiles (headcalib.py decides)
+    expert_use: object = None   # converter.expertuse.ExpertUse: how often each expert is chosen (calibrated)
 
     def head(self) -> QTensor:
         return self.tensors["tok_embeddings" if self.config.tied else "output"]  # type: ignore

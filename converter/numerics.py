@@ -1,6 +1,6 @@
 """The reference's arithmetic, operation by operation: the exp table, SiLU and GELU, left-fold sums,
-activation quantization, the quantized matvec, RMSNorm, RoPE and attention (f32 and int8 KV), each
-in the one order the C engine (firmware/engine/) follows. docs/numerics.md is their specification."""
+activation quantization, the quantized matvec, RMSNorm, RoPE, attention (f32 and int8 KV) and the
+experts' router, each in the one order the C engine (firmware/engine/) follows. docs/numerics.md is their specification."""
 from __future__ import annotations
 
 import numpy as np
@@ -132,6 +132,31 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: np.float32) -> np.ndarray:
     ss = fold(x * x) / F(x.shape[0]) + eps
     inv = F(1.0) / np.sqrt(F(ss))
     return ((x * inv) * w).astype(F)
+
+
+def top_k(r: np.ndarray, k: int) -> list[int]:
+    """The indices of the k largest of r, largest first: k times the first maximum of those not yet
+    chosen (ties to the lowest index; a NaN never wins a comparison, so it is chosen only when it is
+    the first of those left)."""
+    chosen: list[int] = []
+    for _ in range(k):
+        best = -1
+        for i in range(len(r)):
+            if i not in chosen and (best < 0 or r[i] > r[best]):
+                best = i
+        chosen.append(best)
+    return chosen
+
+
+def route(router: np.ndarray, x: np.ndarray, k: int) -> tuple[list[int], np.ndarray]:
+    """The experts of one token and their weights, largest logit first: logits r_e = fold(router[e] * x)
+    (f32, the fp32 router against the normed input), the top k (top_k), and the softmax over the chosen
+    logits only: e_j = fexp(r_j - r_0), w_j = e_j * (1 / fold(e))."""
+    r = fold(router * x[None, :], axis=1)
+    chosen = top_k(r, k)
+    with np.errstate(invalid="ignore"):          # a broken model's inf - inf: NaN, as in C
+        e = fexp(r[chosen] - r[chosen[0]])
+    return chosen, (e * (F(1.0) / fold(e))).astype(F)
 
 
 def rope(v: np.ndarray, n_heads: int, hd: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

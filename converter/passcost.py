@@ -8,6 +8,10 @@ The engine's multi-token pass (firmware/engine/engine.c ``flm_body_many``, kerne
 * every weight matrix is read once from its tier (a row is copied into an SRAM row buffer, then
   multiplied by the T tokens' activations): the matrix's bytes and gather costs once, plus the
   copy's writes (the row's bytes again, into the scratch region's tier);
+* a mixture of experts' expert matrices once if any token chooses the expert, which the prediction
+  takes as 1 - (1 - share)^T of them (share: the expert's calibrated share of tokens,
+  costmodel.ModelSpec.expert_share; the T tokens' choices taken as independent); its f32 router once
+  per token (read in place, not copied);
 * everything else is per token, exactly the one-token step's: the embedding (and PLE table) row it
   gathers, the RoPE rows, the norms' weights (the engine reads them once per vector), its attention
   over the KV cache up to its own position, the activations it moves, and all of its arithmetic.
@@ -160,7 +164,7 @@ def pass_usage(spec: C.ModelSpec, pos: int, n: int, kv: str, sampling: str, head
                 o.add(ph, b, rows=u.rows.get(ph, 0), stride=u.stride)
             for ph, b in u.extra.items():
                 o.add(ph, b, counted=False)
-    by = spec.by_name()
+    by, experts = spec.by_name(), C.expert_tensors(spec)
     for name, o in out.items():
         t = by.get(name)
         if t is None or t.fmt not in ("q8", "q4"):
@@ -170,6 +174,8 @@ def pass_usage(spec: C.ModelSpec, pos: int, n: int, kv: str, sampling: str, head
                 continue
             tokens_read = sum(1 for h in heads if ph != "output" or h != HEAD_SKIP)
             once = o.read[ph] // tokens_read
+            if name in experts:     # read once if any of the pass's tokens chose it
+                once = t.length * (1.0 - (1.0 - min(1.0, experts[name])) ** n)
             o.read[ph] = once
             if n > 1:   # kernels.c flm_matmul_rows: memcpy of each row into row_buf, then n dot products
                 out["scratch"].add(ph, once, counted=False)

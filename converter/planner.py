@@ -166,10 +166,12 @@ class Plan:
     def staged(self, tier: str) -> list[str]:
         return [t.name for t in self.spec.tensors if self.tiers[t.name] == tier]
 
-    def predict_at(self, pos: int, sampling: str = "greedy", head: str | int | None = None) -> Prediction:
-        """A step at pos with output layer ``head`` (costmodel.head_mode; None: a decode step)."""
+    def predict_at(self, pos: int, sampling: str = "greedy", head: str | int | None = None,
+                   experts=None) -> Prediction:
+        """A step at pos with output layer ``head`` (costmodel.head_mode; None: a decode step) and, for a
+        mixture of experts, the experts it read (per layer a bitmask; None: the expected ones)."""
         return predict(self.spec, self.prof, self.tiers, self.regions, pos, self.kv, sampling, self.line,
-                         head=head)
+                         head=head, experts=experts)
 
     def rows(self) -> list[dict]:
         """One row per tensor and region: name, shape, format, bytes, tier, bytes read per token."""

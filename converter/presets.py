@@ -25,12 +25,17 @@ class Preset:
     seed: int = 0
     description: str = ""
     tokenizer_of: str = ""             # a shipped model folder whose tokenizer this one shares (a draft)
+    aux_loss: float = 0.01             # weight of the experts' load-balancing loss (models with experts)
 
 
 def param_summary(cfg: ModelConfig) -> str:
-    """Parameters in all, in the PLE table (read one row per token, from flash) and in the core."""
+    """Parameters in all, in the PLE table (read one row per token, from flash) and in the core; with
+    experts, those in the experts and those a token reads."""
     split = cfg.param_split()
     n = cfg.n_params()
+    if cfg.n_experts:
+        return (f"{n:,} parameters: experts {split['experts']:,} ({100 * split['experts'] / n:.1f}%), "
+                f"{split['active']:,} read per token")
     if not split["table"]:
         return f"{n:,} parameters (no PLE table)"
     return (f"{n:,} parameters: PLE table {split['table']:,} ({100 * split['table'] / n:.1f}%), "
@@ -49,6 +54,14 @@ _PLE_28M = SHAPES["ple-28m"]["config"]
 # the draft model of models/default's speculative decoding: its tokenizer, an eighth of its parameters
 _DRAFT_DEFAULT = ModelConfig(dim=48, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=1024, hidden_dim=128,
                              max_seq_len=128, tied=True)
+# the default model's FFN cut into 4 experts of half its width, 2 read per token: a token reads the
+# default's bytes (FFN 2 x 176 = 352 wide, plus a 4 x 128 router), the experts hold twice its FFN
+_MOE_FAMILY = dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=1, vocab_size=1024, max_seq_len=128, tied=True)
+_MOE = ModelConfig(**_MOE_FAMILY, hidden_dim=176, n_experts=4, moe_top_k=2)
+# moe's baseline of equal total parameters: one dense FFN as wide as its four experts (1,377,408 vs 1,379,456)
+_MOE_DENSE = ModelConfig(**_MOE_FAMILY, hidden_dim=704)
+_TINY_MOE = ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=320, hidden_dim=32,
+                        max_seq_len=32, tied=True, n_experts=4, moe_top_k=2)
 _TINY_PLE = ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=320, hidden_dim=64,
                         max_seq_len=32, tied=True, ple_dim=16, out_vocab=300)
 
@@ -86,6 +99,24 @@ PRESETS: dict[str, Preset] = {
         tokenizer_of="models/default",
         description="draft of the default model (its tokenizer): dim 48, 2 layers, 2/1 heads, FFN 128; "
                     f"{param_summary(_DRAFT_DEFAULT)}"),
+    # The shipped mixture of experts: the default model's shape, tokenizer and recipe, its FFN 4 experts
+    # of width 176 of which each token reads 2 (flashlm eval: beside default, same bytes per token, and
+    # moe-dense, same parameters)
+    "moe": Preset(
+        config=_MOE, steps=4000, batch_size=32, lr=3e-3, warmup=100, eval_every=250, ckpt_every=500,
+        tokenizer_of="models/default",
+        description="mixture of experts, Pico sized: default's shape, 4 experts of FFN 176, top 2 a token; "
+                    f"{param_summary(_MOE)}"),
+    # moe's baseline of equal total parameters (and twice the FFN bytes per token): dense FFN 704
+    "moe-dense": Preset(
+        config=_MOE_DENSE, steps=4000, batch_size=32, lr=3e-3, warmup=100, eval_every=250, ckpt_every=500,
+        tokenizer_of="models/default",
+        description="moe's parameters in one dense FFN of 704 (default's tokenizer): "
+                    f"{param_summary(_MOE_DENSE)}"),
+    # seconds; four experts, two a token, for smoke tests
+    "tiny-moe": Preset(
+        config=_TINY_MOE, steps=60, batch_size=8, lr=3e-3, warmup=5, eval_every=30, eval_max_tokens=4096,
+        ckpt_every=30, description=f"smoke tests: tiny with 4 experts of FFN 32, top 2; {param_summary(_TINY_MOE)}"),
     # seconds; PLE and an output layer smaller than the vocabulary, for smoke tests
     "tiny-ple": Preset(
         config=_TINY_PLE, steps=60, batch_size=8, lr=3e-3, warmup=5, eval_every=30, eval_max_tokens=4096,

@@ -3,7 +3,8 @@
 Recipe: every matrix gets the default format and group size; the token embedding and an untied
 output head stay q8 when the default is q4 (they are the tensors whose error reaches the logits
 directly); the PLE table (``ple.table``, most of a PLE model, read one row per token) is q4
-whatever the default; norms stay f32.  Overrides ``PATTERN=FMT[:GROUP]`` (fnmatch on tensor
+whatever the default; norms and the experts' routers (``layers.*.ffn.router``: their top-k choices
+should not move with quantization error of their own) stay f32.  Overrides ``PATTERN=FMT[:GROUP]`` (fnmatch on tensor
 names; a pattern also matches everything below it, so ``layers.*.ffn=q4`` covers
 ``layers.3.ffn.w1``; ``head`` names the output layer: ``tok_embeddings`` when tied, else
 ``output``) win, last one first.
@@ -125,6 +126,11 @@ def quantize_matrix(w: np.ndarray, fmt: str, group_size: int, scale16: bool = Fa
     return QTensor(fmt, codes.reshape(rows, ng * group_size)[:, :cols].copy(), scales, group_size, scale16)
 
 
+def is_router(name: str) -> bool:
+    """A mixture of experts' router (kept f32 whatever the recipe)."""
+    return name.endswith(".ffn.router")
+
+
 def default_spec(name: str, default_format: str, group_size: int) -> tuple[str, int]:
     if name == "ple.table":
         return "q4", group_size
@@ -165,8 +171,11 @@ def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, over
     tensors: dict[str, QTensor | np.ndarray] = {}
     recipe: dict[str, str] = {}
     for name, t in ir.tensors.items():
-        if len(t.shape) == 1:
-            tensors[name] = np.asarray(t, np.float32)
+        if len(t.shape) == 1 or is_router(name):
+            if any(fnmatch.fnmatchcase(name, o.pattern) for o in ovs) and is_router(name):
+                raise ModelError(f"--quant: {name} stays f32 (a router's choices must not move by its "
+                                 f"own quantization error)")
+            tensors[name] = np.asarray(t.dequantize() if isinstance(t, QTensor) else t, np.float32)
             recipe[name] = "f32"
             continue
         fmt, g = default_spec(name, default_format, group_size)

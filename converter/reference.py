@@ -11,7 +11,7 @@ from . import headprune
 from .formats import KV_FORMATS
 from .ir import QTensor, QuantModel
 from .numerics import (F, PackedMatrix, attend, attend_int8, gelu, quantize_activation, rmsnorm, rope, rotate_back,
-                       silu)
+                       route, silu)
 from .sampling import Rng, sample
 
 NO_TOKEN = 0xFFFFFFFF
@@ -46,6 +46,8 @@ class Reference:
             self.kc, self.vc = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
             self.ks, self.vs = np.zeros(shape[:3], F), np.zeros(shape[:3], F)
         self.index = qm.head_index
+        # the last pass's routing: per token, per layer, the chosen experts (largest weight first)
+        self.routes: list[list[list[int]]] = []
 
     def ple_inputs(self, token: int, x: np.ndarray) -> np.ndarray:
         """u [L, P]: each layer's per-layer input, from the embedding row x and the table row."""
@@ -114,12 +116,41 @@ class Reference:
             att = np.stack([self._attend(layer, q[i], pos + i) for i in range(n)])
             x = x + m[p + "attn.wo"].matmul(att)
             xb = np.stack([rmsnorm(xi, v[p + "ffn_norm"], self.eps) for xi in x])
-            hb = silu(m[p + "ffn.w1"].matmul(xb)) * m[p + "ffn.w3"].matmul(xb)
-            x = x + m[p + "ffn.w2"].matmul(hb)
+            x = x + (self.experts(layer, xb) if c.n_experts else self.ffn(p + "ffn.", xb))
             if u is not None:
                 h = gelu(m[p + "ple.gate"].matmul(x)) * np.stack([ui[layer] for ui in u])
                 x = x + np.stack([rmsnorm(yi, v[p + "ple.norm"], self.eps) for yi in m[p + "ple.proj"].matmul(h)])
         return x
+
+    def ffn(self, prefix: str, xb: np.ndarray) -> np.ndarray:
+        """A SwiGLU FFN (the dense one, or an expert) on inputs xb [T, dim]: w2 (silu(w1 xb) * w3 xb)."""
+        m = self.mats
+        return m[prefix + "w2"].matmul(silu(m[prefix + "w1"].matmul(xb)) * m[prefix + "w3"].matmul(xb))
+
+    def experts(self, layer: int, xb: np.ndarray) -> np.ndarray:
+        """A mixture-of-experts FFN on the pass's normed inputs xb [T, dim]: each token routed (numerics.route),
+        then expert by expert in index order the tokens routed to it together (its rows read once for
+        all of them), each token's output the sum of weight * expert output over its experts in index
+        order (the first term alone, then + each next)."""
+        c, n = self.cfg, len(xb)
+        routes = [route(self.vecs[f"layers.{layer}.ffn.router"], xi, c.moe_top_k) for xi in xb]
+        if layer == 0:
+            self.routes = [[] for _ in range(n)]
+        for t, (chosen, _) in enumerate(routes):
+            self.routes[t].append(chosen)
+        y = np.zeros_like(xb)
+        started = np.zeros(n, bool)
+        for e in range(c.n_experts):
+            toks = [t for t, (chosen, _) in enumerate(routes) if e in chosen]
+            if not toks:
+                continue
+            out = self.ffn(f"layers.{layer}.ffn.experts.{e}.", xb[toks])
+            for i, t in enumerate(toks):
+                chosen, w = routes[t]
+                term = w[chosen.index(e)] * out[i]
+                y[t] = y[t] + term if started[t] else term
+                started[t] = True
+        return y
 
     def body(self, token: int, pos: int) -> np.ndarray:
         """Token at pos through every layer (its K and V rows stored): the residual stream x."""
@@ -196,6 +227,22 @@ class DraftProposer:
         self.pos = self.pos - n_drop if self.pos > 1 + n_drop else min(self.pos, 1)
 
 
+def pass_experts(routes: list[list[list[int]]], n_layers: int) -> dict:
+    """The experts a pass read: per layer a bitmask (bit e: expert e ran for some token of the pass)."""
+    masks = [0] * n_layers
+    for token in routes:
+        for layer, chosen in enumerate(token):
+            for e in chosen:
+                masks[layer] |= 1 << e
+    return {"pass_experts": masks}
+
+
+def step_experts(moe: dict, routes: list[list[list[int]]], i: int) -> dict:
+    """A step's expert fields (a model with experts only): its token's chosen experts per layer,
+    largest weight first, and its pass's (pass_experts)."""
+    return dict(moe, experts=routes[i]) if moe else {}
+
+
 def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float = 0.0,
              top_p: float = 0.0, seed: int = 0, flags: int = 0, kv: str = "f32", batch: int = 1,
              speculate: str = "none", draft_k: int = 0) -> list[dict]:
@@ -205,7 +252,9 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
     record per step — pos (the cache position), in_id, out_id (NO_TOKEN for a prompt step whose
     output is unused), head_rows, logits (the whole output layer when the step computed it, else
     None), logits_crc (their crc32, else 0) and the forward pass it came from (chunk: its first step,
-    chunk_len: its tokens, chunk_used: the steps it produced, kind: PASS_*) — stopping on max tokens,
+    chunk_len: its tokens, chunk_used: the steps it produced, kind: PASS_*; with experts also experts, the
+    step's token's chosen experts per layer, and pass_experts, the pass's per layer as a bitmask) —
+    stopping on max tokens,
     any of the model's stop ids (``qm.stops``) or a full context.
 
     The prompt runs in passes of up to ``batch`` tokens, never crossing the context's end, the last
@@ -252,6 +301,7 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
             ctx[pos + 1:pos + 1 + len(drafts)] = drafts
             n += len(drafts)
         xs = ref.body_many(ctx[pos:pos + n], pos)
+        moe = pass_experts(ref.routes, qm.config.n_layers) if qm.config.n_experts else {}
         if drafts:                      # verify: every token's head, the argmax of each
             logits = [ref.logits(x) for x in xs]
             outs = [int(np.argmax(lg)) for lg in logits]
@@ -261,7 +311,8 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
             for i in range(used):
                 steps.append(dict(pos=pos + i, in_id=ctx[pos + i], out_id=outs[i], head_rows=qm.config.n_out,
                                   logits=logits[i], logits_crc=zlib.crc32(logits[i].tobytes()),
-                                  chunk=step, chunk_len=n, chunk_used=used, kind=PASS_VERIFY))
+                                  chunk=step, chunk_len=n, chunk_used=used, kind=PASS_VERIFY,
+                                  **step_experts(moe, ref.routes, i)))
             generated += used
             tok, out = outs[used - 1], outs[used - 1]
             if drafter is not None:
@@ -291,7 +342,7 @@ def generate(qm: QuantModel, prompt_ids, max_new_tokens: int, temperature: float
             steps.append(dict(pos=pos + i, in_id=ctx[pos + i], out_id=out if i == n - 1 else NO_TOKEN,
                               head_rows=rows if every or i == n - 1 else 0, logits=lg,
                               logits_crc=zlib.crc32(lg.tobytes()) if lg is not None else 0,
-                              chunk=step, chunk_len=n, chunk_used=n, kind=kind))
+                              chunk=step, chunk_len=n, chunk_used=n, kind=kind, **step_experts(moe, ref.routes, i)))
         pos += n
         if out in stops:
             break

@@ -94,11 +94,12 @@ class Prediction:
 def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[str, str], pos: int,
             kv: str = "f32", sampling: str = "greedy", line: int | None = None,
             tm: dict[str, TierModel] | None = None, uses: dict[str, Use] | None = None,
-            head: str | int | None = None) -> Prediction:
+            head: str | int | None = None, experts=None) -> Prediction:
     """Predict one step at ``pos`` with tensors on ``tiers`` (name -> tier), state regions on
-    ``regions`` (region -> tier) and output layer ``head`` (see head_mode)."""
+    ``regions`` (region -> tier), output layer ``head`` (see head_mode) and, for a mixture of
+    experts, the experts read (costmodel.expert_reads; None: the expected ones)."""
     tm = tm or tier_models(prof, line)
-    uses = uses if uses is not None else usage(spec, pos, kv, sampling, head)
+    uses = uses if uses is not None else usage(spec, pos, kv, sampling, head, experts)
     where = {**{t.name: tiers.get(t.name, "flash") for t in spec.tensors}, **regions}
     bytes_read = dict.fromkeys(TIERS, 0)
     mem = dict.fromkeys(PHASES, 0.0)
@@ -111,5 +112,5 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
             if b or use.rows.get(ph):
                 mem[ph] += model.us(b, use.rows.get(ph, 0), use.stride)
     clock = float(prof.get("clock_mhz", 100))
-    comp = {ph: c / clock for ph, c in compute_cycles(spec, pos, prof, kv, sampling, head).items()}
+    comp = {ph: c / clock for ph, c in compute_cycles(spec, pos, prof, kv, sampling, head, experts).items()}
     return Prediction(pos, bytes_read, {ph: mem[ph] + comp[ph] for ph in PHASES}, mem, comp)

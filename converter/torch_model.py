@@ -1,6 +1,8 @@
 """Our PyTorch Llama-style model: RMSNorm, interleaved-pair RoPE, grouped/multi-query heads,
-SwiGLU FFN, tied or untied head over the first ``n_out`` tokens, optional Per-Layer Embeddings
-(``ple_dim`` > 0, the forward pass of converter/reference.py).  Parameter names map one-to-one
+SwiGLU FFN or a mixture of SwiGLU experts (``n_experts`` > 0: a router, the top ``moe_top_k`` experts
+per token weighted by the softmax of their logits, as Mixtral), tied or untied head over the first
+``n_out`` tokens, optional Per-Layer Embeddings (``ple_dim`` > 0); the forward pass of
+converter/reference.py.  Parameter names map one-to-one
 onto ``ir`` tensor names (see ``state_dict_to_ir`` in ``torch_import``)."""
 from __future__ import annotations
 
@@ -73,6 +75,36 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+class MoE(nn.Module):
+    """A mixture of experts FFN: router logits ``r = router(x)``, the k largest chosen, their weights the
+    softmax of the chosen logits, ``y = sum_j w_j expert_j(x)``. Each expert runs on the tokens routed
+    to it only. ``aux`` holds the last forward pass's load-balancing loss (Switch Transformer's
+    ``E * sum_e f_e P_e``: f_e the share of the choices that went to expert e, P_e its mean router
+    probability), which is 1 when the experts share the tokens evenly."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.k = cfg.moe_top_k
+        self.router = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
+        self.experts = nn.ModuleList(FeedForward(cfg) for _ in range(cfg.n_experts))
+        self.aux = torch.zeros(())
+
+    def forward(self, x):
+        shape, E = x.shape, len(self.experts)
+        x = x.reshape(-1, shape[-1])
+        logits = self.router(x)
+        top, chosen = torch.topk(logits, self.k, dim=-1)
+        w = F.softmax(top, dim=-1, dtype=torch.float32).to(x.dtype)
+        y = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            tok, slot = torch.nonzero(chosen == e, as_tuple=True)
+            if tok.numel():
+                y.index_add_(0, tok, expert(x[tok]) * w[tok, slot, None])
+        share = F.one_hot(chosen, E).sum(1).float().mean(0) / self.k
+        self.aux = E * torch.sum(share * F.softmax(logits, dim=-1, dtype=torch.float32).mean(0))
+        return y.reshape(shape)
+
+
 class PLEInputs(nn.Module):
     """The per-layer inputs u [B, T, L, P]: (rmsnorm(proj(x) / sqrt(dim)) + table[token] * sqrt(P)) / sqrt(2),
     the projection cut into L slices of P that share one norm gain."""
@@ -114,7 +146,7 @@ class Block(nn.Module):
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.attn = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.ffn = FeedForward(cfg)
+        self.ffn = MoE(cfg) if cfg.n_experts else FeedForward(cfg)
         self.ple = PLEBlock(cfg) if cfg.ple_dim else None
 
     def forward(self, x, cos, sin, u=None):
@@ -138,7 +170,7 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init)
         for name, p in self.named_parameters():   # GPT-2 style scaled init of residual projections
-            if name.endswith("attn.wo.weight") or name.endswith("ffn.w2.weight"):
+            if name.endswith("attn.wo.weight") or name.endswith(".w2.weight"):
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * cfg.n_layers))
         for layer in self.layers:
             if layer.ple is not None:
@@ -148,6 +180,12 @@ class Transformer(nn.Module):
     def _init(m):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, 0.0, 0.02)
+
+    def aux_loss(self) -> torch.Tensor:
+        """The mean over MoE layers of their load-balancing losses in the last forward pass (0 without
+        experts)."""
+        losses = [layer.ffn.aux for layer in self.layers if isinstance(layer.ffn, MoE)]
+        return torch.stack(losses).mean() if losses else torch.zeros(())
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, T] -> logits [B, T, n_out]"""

@@ -336,6 +336,8 @@ def train(preset: str = "default", out_dir: str | os.PathLike = "runs/default", 
              "betas": list(p.betas), "grad_clip": p.grad_clip, "optimizer": "AdamW",
              "schedule": "linear warmup + cosine", "eval_every": eval_every,
              "ckpt_every": ckpt_every}
+    if cfg.n_experts:
+        hyper["aux_loss"] = p.aux_loss
     info: dict = {"preset": preset, "seed": seed, "steps": steps, "hyper": hyper,
                   "corpus": dict(corp.source), "n_params": n_params,
                   "param_split": cfg.param_split(),
@@ -375,7 +377,8 @@ def train(preset: str = "default", out_dir: str | os.PathLike = "runs/default", 
             if not torch.isfinite(loss):
                 raise TrainError(f"loss became {loss.item()} at step {step + 1}; try a lower --lr")
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            # the experts' load balance joins the objective; the loss reported stays the cross-entropy
+            (loss + p.aux_loss * model.aux_loss() if cfg.n_experts else loss).backward()
             if p.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), p.grad_clip)
             opt.step()

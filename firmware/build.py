@@ -57,13 +57,16 @@ def render_project(board: str, out_dir, config: ModelConfig, min_group: int, hea
     else:
         arena, psram_arena = build_arenas(header, prof)
     n_entries = len(header.entries) if header is not None else 0
+    models = [c] + ([header.draft.config] if header is not None and header.draft is not None else [])
     ctx = dict(board=prof, fw_version=FW_VERSION, max_layers=c.n_layers,
+               max_experts=max(1, *(m.n_experts for m in models)), max_top_k=max(1, *(m.moe_top_k for m in models)),
                arena_bytes=arena, psram_arena_bytes=psram_arena,
                rx_cap=64 + max(32 + 4 * c.max_seq_len, 12 + n_entries, 30 + text_bytes + text_bytes // 254),
                engine_sources=[p.name for p in ENGINE_SOURCES], app_sources=[p.name for p in APP_SOURCES],
                hal_sources=hal_sources,
                model_summary=(f"dim {c.dim}, {c.n_layers} layers, {c.n_heads}/{c.n_kv_heads} heads, "
-                              f"hidden {c.hidden_dim}, vocab {c.vocab_size}, context {c.max_seq_len}"))
+                              f"hidden {c.hidden_dim}" + (f" x {c.n_experts} experts (top {c.moe_top_k})" if c.n_experts else "")
+                              + f", vocab {c.vocab_size}, context {c.max_seq_len}"))
     (out / "flm_config.h").write_text(env.get_template("flm_config.h.j2").render(ctx))
     (src / "main.c").write_text(env.get_template("main.c.j2").render(ctx))
     if prof.get("build") == "make":

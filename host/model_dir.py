@@ -196,7 +196,8 @@ class ModelDir:
     @classmethod
     def create(cls, path, *, blob, tokenizer: str | None, config: dict, recipe: dict, quantization: dict,
                kv: str, draft: dict | None, source: str, quality: dict | None, device_tokenizer: str,
-               stop_ids: list[int], stop_source: str, head_index: dict, convert: dict | None = None) -> "ModelDir":
+               stop_ids: list[int], stop_source: str, head_index: dict, expert_use: dict | None,
+               convert: dict | None = None) -> "ModelDir":
         """Write the manifest (and quality.json, the quality report, when there is one) of a model
         folder convert has filled with the blob (``blob``: its BlobInfo) and the tokenizer; ``convert``:
         the options it was called with (what ``convert_command`` repeats)."""
@@ -218,6 +219,7 @@ class ModelDir:
             "device_tokenizer": device_tokenizer,
             "stop_ids": stop_ids, "stop_source": stop_source,
             "head_index": head_index,
+            "expert_use": expert_use,
             "convert": convert,
         }
         write_json(d / MANIFEST, manifest)

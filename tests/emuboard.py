@@ -42,17 +42,19 @@ def image_for(blob: Path, build_root: Path) -> Path:
 
 @contextlib.contextmanager
 def emu_link(qm, tmp: Path, build_root: Path, blob_bytes: bytes | None = None, kv: str = "f32", batch: int = 1,
-             xip_model: bool = True, profile: tuple[str, ...] = ()):
+             xip_model: bool = True, profile: tuple[str, ...] = (), watch: tuple[str, ...] = ()):
     """Yields (link, boot_frames, board) for an emulated RP2040 running qm (or raw blob_bytes), with
-    the harness's XIP model on or off and its call profile of the functions ``profile``; the image
-    reserves the chip's whole SRAM budget, whatever the blob's batch."""
+    the harness's XIP model on or off, its call profile of the functions ``profile`` and its count of
+    the flash reads in the tensors ``watch`` (each step's ``watched``); the image reserves the chip's
+    whole SRAM budget, whatever the blob's batch."""
     require_emulator()
     blob = tmp / "model.flmb"
     write_blob(qm, blob, state=StateTiers(kv=kv, batch=batch))
+    ranges = tuple((e.offset, e.offset + e.length) for e in read_header(blob).entries if e.name in watch)
     image = image_for(blob, build_root)
     if blob_bytes is not None:
         blob.write_bytes(blob_bytes)
-    with start_emulated_board(image, blob, BOARD, xip_model=xip_model, profile=profile) as board:
+    with start_emulated_board(image, blob, BOARD, xip_model=xip_model, profile=profile, watch=ranges) as board:
         port = serial.Serial(board.port, 115200, timeout=0.05)
         try:
             link = Link(port)

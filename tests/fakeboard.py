@@ -1,4 +1,4 @@
-"""A small fake device for host tests: speaks protocol v3 (docs/formats.md section 2) on the
+"""A small fake device for host tests: speaks protocol v4 (docs/formats.md section 2) on the
 master side of an ``os.openpty()`` pair, from a thread.  The host opens ``board.path`` (the
 slave) like any serial port.
 
@@ -100,7 +100,7 @@ class FakeBoard:
                  board="fakeboard", fw="fake-0.1", clock=2, image_ok=True,
                  image_error="tensor table out of bounds", boot_junk=b"", ignore_pings=0,
                  drop_steps=(), corrupt_steps=(), silent_after=None, generate_error=None,
-                 step_delay=0.0, proto=3, ple=False, out_vocab=None, golden=(2, 2, 4, 0xFFFF),
+                 step_delay=0.0, proto=4, ple=False, out_vocab=None, golden=(2, 2, 4, 0xFFFF),
                  selftest_golden=None):
         self.vocab, self.max_seq_len = vocab, max_seq_len
         # HELLO's golden check (state, checked, total, first step that differs), and after a SELFTEST
@@ -257,7 +257,8 @@ class FakeBoard:
             pc = piece(out_id) if out_id is not None else b""
             payload = (struct.pack("<4I", step, pos, in_id, NO_TOKEN if out_id is None else out_id)
                        + struct.pack("<7I", *us) + struct.pack("<3I", *step_bytes(pos))
-                       + struct.pack("<IIBBBBB", self.out_vocab, 0x1234 + step, 0, 1, 1, 0, len(pc)) + pc)
+                       + struct.pack("<IIBBBBB", self.out_vocab, 0x1234 + step, 0, 1, 1, 0, len(pc)) + pc
+                       + bytes(3))      # protocol 4: no experts (a dense model)
             mangle = "drop" if step in self.drop_steps else "corrupt" if step in self.corrupt_steps else None
             self._send(0x82, payload, mangle)
             self.tokens_sent += 1

@@ -119,6 +119,8 @@ def assert_steps_match(toks, ref) -> None:
     assert [t.logits_crc for t in toks] == [r["logits_crc"] for r in ref]
     assert ([(t.chunk, t.chunk_len, t.chunk_used, t.kind) for t in toks]
             == [(r["chunk"], r["chunk_len"], r["chunk_used"], r["kind"]) for r in ref])
+    assert [t.experts for t in toks] == [tuple(map(tuple, r.get("experts", ()))) for r in ref]
+    assert [t.pass_experts for t in toks] == [tuple(r.get("pass_experts", ())) for r in ref]
 
 
 def assert_matches_reference(toks, logits, ref) -> None:

@@ -5,7 +5,6 @@ table out of flash."""
 import dataclasses
 import struct
 import subprocess
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ from converter.quantize import quantize, quantize_matrix
 from converter.reference import FLAG_LOGITS, Reference, generate
 from converter.tokenizer import encode
 from host.link.messages import Error, Hello, Layout
+from blobedit import entry, recrc
 from modelzoo import random_ple_model
 from nativeboard import assert_matches_reference, drain, expected_bytes_read, native_link, recv_until, run
 
@@ -205,16 +205,6 @@ def test_blob_refuses_the_table_off_flash():
         assert "\n" not in str(e.value)
 
 
-def _entry(blob: bytes, name: str) -> int:
-    n, table = struct.unpack_from("<II", blob, 36)
-    return next(table + 64 * i for i in range(n) if blob[table + 64 * i:table + 64 * i + 32].rstrip(b"\0") == name.encode())
-
-
-def _recrc(b: bytearray) -> bytes:
-    struct.pack_into("<I", b, 12, zlib.crc32(memoryview(b)[16:]))
-    return bytes(b)
-
-
 @pytest.mark.parametrize("mutate,python,c", [
     (lambda b, e: None, None, "ok"),
     (lambda b, e: b.__setitem__(slice(e("layers.1.ple.gate"), e("layers.1.ple.gate") + 8), b"ple.xxxx"),
@@ -229,8 +219,8 @@ def _recrc(b: bytearray) -> bytes:
 @pytest.mark.native
 def test_ple_blob_checks_in_python_and_c(blob_checker, tmp_path, mutate, python, c):
     b = bytearray(build_blob(qmodel("q4-untied-f16")))
-    mutate(b, lambda name: _entry(bytes(b), name))
-    blob = _recrc(b)
+    mutate(b, lambda name: entry(bytes(b), name))
+    blob = recrc(b)
     if python is None:
         read_blob(blob)
     else:
@@ -337,12 +327,12 @@ def test_a_header_that_places_the_table_in_ram_is_read_from_flash(tmp_path, buil
     engine counts its row as a flash read."""
     qm = qmodel("q8-tied-out50")
     b = bytearray(build_blob(qm))
-    e = _entry(bytes(b), "ple.table")
+    e = entry(bytes(b), "ple.table")
     struct.pack_into("<I", b, e + 48, 2)
     h = parse_header(bytes(b), check_crc=False)
     codes = [{"flash": 0, "psram": 1, "sram": 2}[x.tier] for x in h.entries]
     struct.pack_into("<I", b, 32, layout_id_of(codes))
-    with native_link(qm, tmp_path, build_root, blob_bytes=_recrc(b)) as (link, boot):
+    with native_link(qm, tmp_path, build_root, blob_bytes=recrc(b)) as (link, boot):
         toks, logits, _ = run(link, [4], 3)
     assert isinstance(boot[-1], Hello) and boot[-1].image_ok and boot[-1].layout_id == layout_id_of(codes)
     assert_matches_reference(toks, logits, generate(qm, [4], 3, flags=FLAG_LOGITS))

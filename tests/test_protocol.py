@@ -198,7 +198,10 @@ def test_wire_layout():
     assert encode_payload(Generate([5, 6], 10, 0.5, 0.0, 3, True, batch=4, speculate="draft", draft_k=3)) == (
         2, struct.pack("<IffQIBBBBI2I", 10, 0.5, 0.0, 3, 1, 4, 2, 3, 0, 2, 5, 6))
     t, p = encode_payload(Token(1, 2, 3, None, (0,) * 7, (0,) * 3, 9, 7, b"ab", 1, 3, 2, "verify"))
-    assert t == 0x82 and p[12:16] == b"\xff" * 4 and p[-3:] == b"\x02ab" and len(p) == 71
+    assert t == 0x82 and p[12:16] == b"\xff" * 4 and p[-6:] == b"\x02ab\x00\x00\x00" and len(p) == 74
+    moe = encode_payload(Token(1, 2, 3, None, (0,) * 7, (0,) * 3, 9, 7, b"ab", 1, 3, 2, "verify", 4, ((1, 3), (2, 0)),
+                               (0b1110, 0b0101)))[1]
+    assert moe[-12:] == b"\x02ab" + bytes([2, 2, 4, 1, 3, 2, 0, 0x0e, 0x05])   # layers, k, E, choices, pass masks
     assert p[56:64] == struct.pack("<II", 9, 7)                       # head_rows, logits_crc
     assert p[64:68] == bytes([1, 3, 2, 2])                            # the pass: place, tokens, steps, kind
     d = encode_payload(Done(1, 2, "stopped", 3, (0,) * 7, 4, 1, 3, 2, (9, 0, 8), (6, 0, 0)))[1]

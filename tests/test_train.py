@@ -1,7 +1,7 @@
 """Training: the corpus helpers, smoke runs of the ``tiny`` and ``tiny-ple`` presets on an in-test
-text (no network), and the shipped checkpoints ``models/default``, ``models/ple`` and
-``models/ple-dense`` (each one's recorded eval loss must be reproduced on its shipped held-out
-text)."""
+text (no network), and the shipped checkpoints ``models/default``, ``models/ple``,
+``models/ple-dense``, ``models/moe`` and its baselines (each one's recorded eval loss must be
+reproduced on its shipped held-out text)."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +24,8 @@ from converter.torch_model import Transformer
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = ROOT / "models" / "default"
 PLE_DIRS = {name: ROOT / "models" / name for name in ("ple", "ple-dense")}
+# the shipped mixture of experts and its baselines: folder -> preset (moe-same-bytes: the default preset)
+MOE_DIRS = {"moe": "moe", "moe-dense": "moe-dense", "moe-same-bytes": "default"}
 CKPT_KEYS = {"format", "version", "config", "state_dict", "tokenizer_json", "train"}
 
 # Sonnet 18 (public domain), reshuffled into a small deterministic training text.
@@ -245,6 +247,29 @@ def test_shipped_ple_models(name):
     assert back.config.ple_dim == cfg.ple_dim and set(back.tensors) == set(qm.tensors)
     spec = ModelSpec.from_quant(qm)
     assert fits(spec, "pico") and fits(spec, "esp32s3-n16r8")          # as 'flashlm convert' makes it
+
+
+@pytest.mark.slow
+def test_shipped_mixture_of_experts_and_its_baselines():
+    """models/moe and its baselines: each preset's config, trained alike (steps, seed, tokenizer), the
+    recorded eval losses reproduced; the experts beat the same-bytes model and read its bytes per token."""
+    torch.set_num_threads(2)
+    losses, tokenizers = {}, set()
+    for name, preset in MOE_DIRS.items():
+        d = ROOT / "models" / name
+        ck = torch.load(d / "model.pt", map_location="cpu", weights_only=True)
+        assert set(ck) == CKPT_KEYS and ModelConfig(**ck["config"]) == PRESETS[preset].config
+        info = ck["train"]
+        assert info["complete"] and info["preset"] == preset and info["steps"] == 1000 and info["seed"] == 0
+        assert hashlib.sha256((d / "eval.txt").read_bytes()).hexdigest() == info["eval_text_sha256"]
+        tokenizers.add(ck["tokenizer_json"])
+        loss, n, _ = T.evaluate_dir(d)
+        assert n == info["eval_tokens"] and loss == pytest.approx(info["eval_loss"], rel=1e-4)
+        losses[name] = loss
+    assert tokenizers == {(DEFAULT_DIR / "tokenizer.json").read_text(encoding="utf-8")}
+    moe, same = PRESETS["moe"].config.param_split(), PRESETS["default"].config.n_params()
+    assert abs(moe["active"] / same - 1) < 0.01
+    assert losses["moe"] < losses["moe-same-bytes"]
 
 
 def test_draft_preset_shares_the_default_models_tokenizer(tmp_path):

@@ -17,6 +17,8 @@ typedef struct {   /* a TOKEN frame's fields: the step's, then its pass's */
     uint32_t step, pos, in, out, head_rows, crc;
     uint32_t us[FLM_N_PHASES], bytes[FLM_N_TIERS];
     uint8_t index, len, used, kind;
+    uint8_t route[FLM_MAX_LAYERS][FLM_MAX_TOP_K];       /* the step's token's experts per layer */
+    uint8_t experts[FLM_MAX_LAYERS][FLM_EXPERT_MASK];   /* its pass's, per layer a bitmask */
 } flm_kept_token;
 
 static struct {
@@ -92,6 +94,13 @@ static void tx_token(const flm_kept_token *k) {
     uint32_t plen = 0;
     const uint8_t *piece = k->out == FLM_NONE ? (const uint8_t *)"" : flm_piece(&flm_dev.model, k->out, &plen);
     flm_tx_s8(&flm_dev.tx, (const char *)piece, plen);
+    const flm_model *m = &flm_dev.model;   /* the experts: layers, top_k, n_experts, then per layer the rest */
+    const uint32_t L = m->n_experts ? m->n_layers : 0u, mb = (m->n_experts + 7u) / 8u;
+    flm_tx_u8(&flm_dev.tx, (uint8_t)L);
+    flm_tx_u8(&flm_dev.tx, (uint8_t)m->top_k);
+    flm_tx_u8(&flm_dev.tx, (uint8_t)m->n_experts);
+    for (uint32_t l = 0; l < L; l++) flm_tx_put(&flm_dev.tx, k->route[l], m->top_k);
+    for (uint32_t l = 0; l < L; l++) flm_tx_put(&flm_dev.tx, k->experts[l], mb);
     flm_tx_end(&flm_dev.tx);
 }
 
@@ -103,6 +112,9 @@ void app_send_token(uint32_t step, uint32_t pos, uint32_t in, uint32_t out, uint
     memcpy(k->bytes, ps->st.bytes, sizeof k->bytes);
     k->index = (uint8_t)(step - ps->first);   /* the step's place in its pass */
     k->len = ps->len; k->used = ps->used; k->kind = ps->kind;
+    for (uint32_t l = 0; l < flm_dev.model.n_layers && flm_dev.model.n_experts; l++)
+        memcpy(k->route[l], flm_route(&flm_dev.state, l, k->index), flm_dev.model.top_k);
+    memcpy(k->experts, ps->experts, sizeof k->experts);
     K.steps = step + 1u;
     tx_token(k);
 }

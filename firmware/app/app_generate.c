@@ -57,6 +57,12 @@ static uint32_t run_pass(uint32_t *ctx, uint32_t pos, uint32_t n, uint32_t n_dro
     ps->len = ps->used = (uint8_t)n;
     if (n_drop) flm_slide(s, n_drop, &ps->st);
     flm_body_many(s, ctx + pos, n, pos, &ps->st);
+    for (uint32_t l = 0; l < m->n_layers && m->n_experts; l++)   /* the experts the pass read */
+        for (uint32_t i = 0; i < n; i++)
+            for (uint32_t j = 0; j < m->top_k; j++) {
+                const uint8_t e = flm_route(s, l, i)[j];
+                ps->experts[l][e >> 3] |= (uint8_t)(1u << (e & 7u));
+            }
     /* every token's logits (a verification; LOGITS, ALL_LOGITS), or the last token's when it
      * samples, or the pruned scan */
     const int all = G.every || verify;

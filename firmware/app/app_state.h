@@ -31,10 +31,11 @@
 #define FLM_RXBUF_BYTES (FLM_RX_CAP > 192 ? FLM_RX_CAP : 192)
 
 #ifndef FLM_MAX_ENTRIES
-/* tensor-table entries a LAYOUT may address: at most 15 outside the layers (tokenizer, tokenizer.stop,
+/* tensor-table entries a LAYOUT may address: at most 16 outside the layers (tokenizer, tokenizer.stop,
  * tokenizer.enc, rope.cos, rope.sin, tok_embeddings, ple.table, ple.proj, ple.norm, norm, output,
- * head.centroids, head.tiles, draft, golden) */
-#define FLM_MAX_ENTRIES (15 + 12 * FLM_MAX_LAYERS)
+ * head.centroids, head.tiles, moe.use, draft, golden) and per layer 6, the FFN's (3, or a router and 3
+ * per expert) and PLE's 3 */
+#define FLM_MAX_ENTRIES (16 + (10 + 3 * FLM_MAX_EXPERTS) * FLM_MAX_LAYERS)
 #endif
 
 typedef struct { uint8_t *base; size_t cap, used; } flm_pool;
@@ -77,6 +78,8 @@ extern uint8_t flm_rxbuf[FLM_RXBUF_BYTES];
 /* Why a request needing the model is refused while !flm_dev.image_ok (protocol.h FLM_E_*). */
 static inline uint16_t app_no_model_code(void) { return flm_dev.kernels_ok ? FLM_E_NO_MODEL : FLM_E_SELF_CHECK; }
 
+#define FLM_EXPERT_MASK ((FLM_MAX_EXPERTS + 7) / 8)   /* bytes of a layer's bitmask of experts */
+
 /* A forward pass of a generation, as every TOKEN frame of the steps it produced carries it
  * (docs/formats.md section 2.4): prompt steps in chunks, a decode step, or a verification of drafts. */
 enum { FLM_PASS_ONE = 0, FLM_PASS_PREFILL = 1, FLM_PASS_VERIFY = 2 };
@@ -86,6 +89,7 @@ typedef struct {
     flm_step_stats st;                 /* its µs per phase (proposing its drafts: FLM_PH_DRAFT) and bytes
                                         * per tier, drafting's included (head_rows: per step) */
     uint32_t draft_bytes[FLM_N_TIERS]; /* of which proposing its drafts read (DONE keeps the split) */
+    uint8_t experts[FLM_MAX_LAYERS][FLM_EXPERT_MASK];   /* per layer, bit e: expert e ran for a token of it */
 } flm_pass;
 
 /* A generation's DONE. */

@@ -42,18 +42,93 @@ static uint64_t stride_of(uint32_t fmt, uint32_t cols, uint32_t g, uint32_t scal
 }
 
 #define ANY_ROWS 0xFFFFFFFFu   /* slot(): a row count checked later (head.centroids: one per tile) */
-#define N_LAYER_TENSORS 12   /* the first 9 always; the 3 PLE ones when ple_dim > 0 */
-static const char *const LAYER_NAMES[N_LAYER_TENSORS] = {"attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo",
-                                                         "ffn_norm", "ffn.w1", "ffn.w2", "ffn.w3",
-                                                         "ple.gate", "ple.proj", "ple.norm"};
+/* A layer's tensors, in the order flm_tensor_at lists them: the attention's and the FFN norm, then the
+ * dense FFN (ffn.w1, w2, w3) or the router and each expert's w1, w2, w3, then PLE's (ple_dim > 0). */
+#define N_FIXED 6
+static const char *const FIXED_NAMES[N_FIXED] = {"attn_norm", "attn.wq", "attn.wk", "attn.wv", "attn.wo", "ffn_norm"};
+static const char *const FFN_NAMES[3] = {"w1", "w2", "w3"};
+static const char *const PLE_NAMES[3] = {"ple.gate", "ple.proj", "ple.norm"};
 
-static flm_tensor *layer_slot(flm_layer *L, int k) {
-    flm_tensor *ts[N_LAYER_TENSORS] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm,
-                                       &L->w1, &L->w2, &L->w3, &L->ple_gate, &L->ple_proj, &L->ple_norm};
-    return ts[k];
+static uint32_t ffn_tensors(const flm_model *m) { return m->n_experts ? 1u + 3u * m->n_experts : 3u; }
+
+static uint32_t layer_tensors(const flm_model *m) { return N_FIXED + ffn_tensors(m) + (m->ple_dim ? 3u : 0u); }
+
+static flm_tensor *ffn_slot(flm_layer *L, uint32_t e, uint32_t w) {
+    flm_ffn *f = &L->ffn[e];
+    return w == 0 ? &f->w1 : w == 1 ? &f->w2 : &f->w3;
 }
 
-static int layer_tensors(const flm_model *m) { return m->ple_dim ? N_LAYER_TENSORS : 9; }
+/* Tensor k (< layer_tensors) of layer L, in the order above. */
+static flm_tensor *layer_slot(const flm_model *m, flm_layer *L, uint32_t k) {
+    flm_tensor *fixed[N_FIXED] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm};
+    if (k < N_FIXED) return fixed[k];
+    k -= N_FIXED;
+    if (k < ffn_tensors(m)) {
+        if (!m->n_experts) return ffn_slot(L, 0, k);
+        return k == 0 ? &L->router : ffn_slot(L, (k - 1u) / 3u, (k - 1u) % 3u);
+    }
+    k -= ffn_tensors(m);
+    return k == 0 ? &L->ple_gate : k == 1 ? &L->ple_proj : &L->ple_norm;
+}
+
+/* The name of layer tensor k after "layers.N." (for messages), into buf. */
+static const char *layer_name(const flm_model *m, uint32_t k, char *buf) {
+    if (k < N_FIXED) return FIXED_NAMES[k];
+    k -= N_FIXED;
+    if (k >= ffn_tensors(m)) return PLE_NAMES[k - ffn_tensors(m)];
+    if (!m->n_experts) { memcpy(buf, "ffn.", 4); memcpy(buf + 4, FFN_NAMES[k], 3); return buf; }
+    if (k == 0) return "ffn.router";
+    uint32_t e = (k - 1u) / 3u, i = 12;
+    memcpy(buf, "ffn.experts.", 12);
+    if (e >= 10u) buf[i++] = (char)('0' + e / 10u);
+    buf[i++] = (char)('0' + e % 10u);
+    buf[i++] = '.';
+    memcpy(buf + i, FFN_NAMES[(k - 1u) % 3u], 3);
+    return buf;
+}
+
+/* A decimal number of at most 5 digits at *p (no leading zero but "0"), advancing *p; FLM_NONE if none. */
+static uint32_t number(const char **p) {
+    const char *q = *p;
+    uint32_t v = 0;
+    if (*q < '0' || *q > '9' || (q[0] == '0' && q[1] >= '0' && q[1] <= '9')) return FLM_NONE;
+    while (*q >= '0' && *q <= '9' && q - *p < 5) v = v * 10u + (uint32_t)(*q++ - '0');
+    *p = q;
+    return v;
+}
+
+/* Where a layer tensor's table entry goes (name = what follows "layers.N."), its formats and shape. */
+static flm_tensor *layer_entry(const flm_model *m, flm_layer *L, const char *name, uint32_t *fmts, uint32_t *rows,
+                               uint32_t *cols) {
+    const uint32_t F32 = 1u << FLM_F32, Q = (1u << FLM_Q8) | (1u << FLM_Q4);
+    static const uint8_t is_norm[N_FIXED] = {1, 0, 0, 0, 0, 1};
+    const uint32_t r[N_FIXED] = {1, m->dim, m->kv_dim, m->kv_dim, m->dim, 1};
+    for (uint32_t k = 0; k < N_FIXED; k++)
+        if (!strcmp(name, FIXED_NAMES[k])) { *fmts = is_norm[k] ? F32 : Q; *rows = r[k]; return layer_slot(m, L, k); }
+    const uint32_t ffn_rows[3] = {m->hidden, m->dim, m->hidden}, ffn_cols[3] = {m->dim, m->hidden, m->dim};
+    uint32_t e = 0;
+    const char *w = 0;
+    if (!m->n_experts && !strncmp(name, "ffn.", 4)) {
+        w = name + 4;
+    } else if (m->n_experts && !strcmp(name, "ffn.router")) {
+        *fmts = F32; *rows = m->n_experts;
+        return &L->router;
+    } else if (m->n_experts && !strncmp(name, "ffn.experts.", 12)) {
+        const char *p = name + 12;
+        e = number(&p);
+        if (e >= m->n_experts || *p != '.') return 0;
+        w = p + 1;
+    }
+    for (uint32_t i = 0; w && i < 3u; i++)
+        if (!strcmp(w, FFN_NAMES[i])) { *fmts = Q; *rows = ffn_rows[i]; *cols = ffn_cols[i]; return ffn_slot(L, e, i); }
+    for (uint32_t i = 0; m->ple_dim && i < 3u; i++) {
+        if (strcmp(name, PLE_NAMES[i]) != 0) continue;
+        const uint32_t pr[3] = {m->ple_dim, m->dim, 1}, pc[3] = {m->dim, m->ple_dim, m->dim};
+        *fmts = i == 2 ? F32 : Q; *rows = pr[i]; *cols = pc[i];
+        return i == 0 ? &L->ple_gate : i == 1 ? &L->ple_proj : &L->ple_norm;
+    }
+    return 0;
+}
 
 /* Where a table entry goes and what it must look like; NULL for names the engine does not use. */
 static flm_tensor *slot(flm_model *m, flm_tensor *tokenizer, const char *name, uint32_t *fmts,
@@ -76,19 +151,31 @@ static flm_tensor *slot(flm_model *m, flm_tensor *tokenizer, const char *name, u
     if (m->ple_dim && !strcmp(name, "ple.proj")) { *rows = m->n_layers * m->ple_dim; return &m->ple_proj; }
     if (strncmp(name, "layers.", 7) != 0) return 0;
     const char *p = name + 7;
-    uint32_t l = 0;
-    if (*p < '0' || *p > '9') return 0;
-    while (*p >= '0' && *p <= '9' && l < 100000u) l = l * 10u + (uint32_t)(*p++ - '0');
-    if (*p++ != '.' || l >= m->n_layers) return 0;
-    for (int k = 0; k < layer_tensors(m); k++) {
-        if (strcmp(p, LAYER_NAMES[k]) != 0) continue;
-        static const uint8_t is_norm[N_LAYER_TENSORS] = {1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1};
-        uint32_t r[N_LAYER_TENSORS] = {1, m->dim, m->kv_dim, m->kv_dim, m->dim, 1, m->hidden, m->dim, m->hidden,
-                                       m->ple_dim, m->dim, 1};
-        uint32_t c[N_LAYER_TENSORS] = {m->dim, m->dim, m->dim, m->dim, m->dim, m->dim, m->dim, m->hidden, m->dim,
-                                       m->dim, m->ple_dim, m->dim};
-        *fmts = is_norm[k] ? F32 : Q; *rows = r[k]; *cols = c[k];
-        return layer_slot(&m->layers[l], k);
+    uint32_t l = number(&p);
+    if (l >= m->n_layers || *p++ != '.') return 0;
+    return layer_entry(m, &m->layers[l], p, fmts, rows, cols);
+}
+
+/* The experts' calibrated use (section moe.use, docs/formats.md section 1; the planner's, the engine
+ * does not read it): when present, counts for this model's layers and experts that sum to k per token. */
+static int check_expert_use(const flm_model *m, char *err, size_t en) {
+    uint32_t len = 0;
+    const uint8_t *u = flm_blob_section(m, "moe.use", &len);
+    if (!u) return 0;
+    if (!m->n_experts || len < 20u || flm_rd32(u) != 1u || flm_rd32(u + 4) != m->n_layers ||
+        flm_rd32(u + 8) != m->n_experts || flm_rd32(u + 12) != m->top_k || !flm_rd32(u + 16) ||
+        len != 20u + 4u * m->n_layers * m->n_experts)
+        return fail(err, en, "moe.use does not fit the model's experts", 0, 0, 0);
+    const uint32_t tokens = flm_rd32(u + 16);
+    for (uint32_t l = 0; l < m->n_layers; l++) {
+        uint64_t sum = 0;
+        for (uint32_t e = 0; e < m->n_experts; e++) {
+            const uint32_t c = flm_rd32(u + 20u + 4u * (l * m->n_experts + e));
+            if (c > tokens) sum = ~(uint64_t)0;
+            else if (sum != ~(uint64_t)0) sum += c;
+        }
+        if (sum != (uint64_t)m->top_k * tokens)
+            return fail(err, en, "moe.use: counts that do not sum to top_k x tokens in layer", 0, l, 1);
     }
     return 0;
 }
@@ -162,6 +249,7 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
     m->seq_len = flm_rd32(c + 24); m->tied = flm_rd32(c + 28) & 1u; m->bos = flm_rd32(c + 32);
     m->eos = flm_rd32(c + 36); m->eps = rdf(c + 40);
     m->ple_dim = flm_rd32(c + 48); m->n_out = flm_rd32(c + 52);
+    m->n_experts = flm_rd32(c + 56); m->top_k = flm_rd32(c + 60);
     if (!m->dim || !m->n_heads || !m->n_kv_heads || !m->vocab || !m->seq_len || !m->hidden ||
         m->dim % m->n_heads || m->n_heads % m->n_kv_heads || (m->dim / m->n_heads) % 2u ||
         m->dim > 65536u || m->hidden > 262144u || m->vocab > (1u << 20) || m->seq_len > 65536u ||
@@ -170,6 +258,11 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
     if (m->n_layers == 0 || m->n_layers > FLM_MAX_LAYERS)
         return fail(err, en, "layer count unsupported by this build:", 0, m->n_layers, 1);
     if (m->n_layers * m->ple_dim > 262144u) return fail(err, en, "bad model config in image: ple_dim", 0, 0, 0);
+    if (m->n_experts > 64u || (m->n_experts ? !m->top_k || m->top_k > m->n_experts : m->top_k != 0))
+        return fail(err, en, "bad model config in image: experts", 0, 0, 0);
+    if (m->n_experts > FLM_MAX_EXPERTS || m->top_k > FLM_MAX_TOP_K)
+        return fail(err, en, "experts per layer (or read per token) unsupported by this build:", 0,
+                    m->n_experts > FLM_MAX_EXPERTS ? m->n_experts : m->top_k, 1);
     m->head_dim = m->dim / m->n_heads;
     m->kv_dim = m->n_kv_heads * m->head_dim;
     /* K and V caches, f32: sized in 64 bits, so the engine's size_t sums cannot wrap on a 32-bit core */
@@ -214,11 +307,13 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
                         : !m->ple_norm.data ? "ple.norm" : 0;
     if (missing) return fail(err, en, "image lacks tensor ", missing, 0, 0);
     for (uint32_t l = 0; l < m->n_layers; l++)
-        for (int k = 0; k < layer_tensors(m); k++)
-            if (!layer_slot(&m->layers[l], k)->data)
-                return fail(err, en, "image lacks a layer tensor: ", LAYER_NAMES[k], l, 1);
+        for (uint32_t k = 0; k < layer_tensors(m); k++) {
+            char name[24];
+            if (!layer_slot(m, &m->layers[l], k)->data)
+                return fail(err, en, "image lacks a layer tensor: ", layer_name(m, k, name), l, 1);
+        }
     flm_blob_tie_head(m);
-    if (check_index(m, err, en) != 0) return -1;
+    if (check_index(m, err, en) != 0 || check_expert_use(m, err, en) != 0) return -1;
     m->min_group = 1024u;
     for (uint32_t i = 0; flm_tensor_at(m, i); i++) {
         const flm_tensor *t = flm_tensor_at(m, i);
@@ -305,8 +400,8 @@ flm_tensor *flm_tensor_at(const flm_model *cm, uint32_t i) {
         top[n++] = &m->ple_norm;
     }
     if (i < n) return top[i];
-    uint32_t k = (uint32_t)layer_tensors(m), l = (i - n) / k;
-    return l < m->n_layers ? layer_slot(&m->layers[l], (int)((i - n) % k)) : 0;
+    uint32_t k = layer_tensors(m), l = (i - n) / k;
+    return l < m->n_layers ? layer_slot(m, &m->layers[l], (i - n) % k) : 0;
 }
 
 const uint8_t *flm_blob_section(const flm_model *m, const char *name, uint32_t *len) {

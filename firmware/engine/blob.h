@@ -7,6 +7,14 @@
 #ifndef FLM_MAX_LAYERS
 #define FLM_MAX_LAYERS 32
 #endif
+/* Experts per FFN layer a build holds (a generated project: its model's, at least 1) and the most a
+ * token reads; a dense FFN is expert 0 */
+#ifndef FLM_MAX_EXPERTS
+#define FLM_MAX_EXPERTS 8
+#endif
+#ifndef FLM_MAX_TOP_K
+#define FLM_MAX_TOP_K 2
+#endif
 
 enum { FLM_F32 = 0, FLM_Q8 = 1, FLM_Q4 = 2, FLM_BYTES = 3 };
 #define FLM_FMT_SCALE16 0x100u   /* table format bit 8: the rows carry fp16 scales (q8/q4 only) */
@@ -29,8 +37,12 @@ typedef struct {
                                     * (bytes: a model holds hundreds of tensors in the RP2040's SRAM) */
 } flm_tensor;
 
+typedef struct { flm_tensor w1, w2, w3; } flm_ffn;   /* a SwiGLU FFN: gate, down, up */
+
 typedef struct {
-    flm_tensor attn_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3;
+    flm_tensor attn_norm, wq, wk, wv, wo, ffn_norm;
+    flm_ffn ffn[FLM_MAX_EXPERTS];  /* the dense FFN (ffn[0]), or expert e's (n_experts > 0) */
+    flm_tensor router;             /* f32 [n_experts, dim]: the experts' router (n_experts > 0 only) */
     flm_tensor ple_gate, ple_proj, ple_norm;   /* Per-Layer Embeddings (ple_dim > 0 only) */
 } flm_layer;
 
@@ -39,6 +51,7 @@ typedef struct {
     uint32_t dim, n_layers, n_heads, n_kv_heads, hidden, vocab, seq_len, tied, bos, eos;
     uint32_t ple_dim;              /* P: Per-Layer Embedding width, 0 = none */
     uint32_t n_out;                /* rows of the output layer (out_vocab): the logits' length */
+    uint32_t n_experts, top_k;     /* a mixture of experts: E experts a layer, k read per token (0, 0: dense) */
     uint32_t head_dim, kv_dim, layout_id;
     uint32_t min_group;            /* smallest group size of the quantized tensors */
     uint32_t state_tiers;          /* header: 4-bit tier per RAM region (FLM_REG_*), 0 = default arena */

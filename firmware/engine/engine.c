@@ -70,6 +70,11 @@ static void layout(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_R
     s->pt = carve(&sc, nt > m->n_layers ? (size_t)nt * m->ple_dim * 4u : ple);   /* a table row, or the pass's gates */
     s->xq = carve(&sc, (size_t)nt * s->xq_stride * 2u);   /* flm_act codes: 2 bytes on SIMD cores, room for them everywhere */
     s->xs = carve(&sc, (size_t)nt * s->xs_stride * 4u);
+    s->macc = carve(&sc, m->n_experts ? (size_t)nt * m->dim * 4u : 0u);
+    s->mlogit = carve(&sc, m->n_experts * 4u);
+    s->mweight = carve(&sc, (size_t)nt * m->top_k * 4u);
+    s->routes = carve(&sc, (size_t)m->n_layers * nt * m->top_k);
+    s->msel = carve(&sc, m->n_experts ? 2u * nt : 0u);
     s->row_buf = 0;
     s->row_buf_bytes = 0;
     if (nt > 1u) {   /* two rows: one a core on two cores (halves 8-byte aligned), or blocks of two on one */
@@ -390,6 +395,85 @@ static void ple_block(flm_state *s, uint32_t l, uint32_t n, flm_step_stats *st) 
     for (uint32_t i = 0; i < n * dim; i++) s->x[i] = s->x[i] + s->xb[i];
 }
 
+/* The dense FFN, or one expert (f), for the n tokens whose normed inputs are x [n][dim]: w2 (silu(w1 x) *
+ * w3 x) into out [n][dim]. */
+static void swiglu(flm_state *s, const flm_ffn *f, const float *x, uint32_t n, float *out, flm_step_stats *st) {
+    const flm_model *m = s->m;
+    matmul(s, &f->w1, x, m->dim, n, s->hb, m->hidden, st);
+    matmul_same_x(s, &f->w3, &f->w1, x, m->dim, n, s->hb2, m->hidden, st);
+    for (uint32_t i = 0; i < n * m->hidden; i++) s->hb[i] = flm_silu(s->hb[i]) * s->hb2[i];
+    matmul(s, &f->w2, s->hb, m->hidden, n, out, m->dim, st);
+}
+
+const uint8_t *flm_route(const flm_state *s, uint32_t l, uint32_t i) {
+    return s->routes + ((size_t)l * s->m->batch + i) * s->m->top_k;
+}
+
+/* Layer l's router for the n tokens of xb (converter/numerics.py route): logits r_e = the f32 dot of
+ * router row e and the token's input; the top k, largest first, ties to the lowest index (the float
+ * order's comparison: a NaN never wins); their weights, the softmax over the chosen logits
+ * e_j = exp(r_j - r_0), w_j = e_j * (1 / (e_0 + e_1 + ...)). The router's f32 rows are read in place,
+ * once per token (a few hundred bytes a row: no copy into the row buffer). */
+static PROFILED void route(flm_state *s, uint32_t l, uint32_t n, flm_step_stats *st) {
+    const flm_model *m = s->m;
+    const uint32_t E = m->n_experts, k = m->top_k;
+    const flm_tensor *R = &m->layers[l].router;
+    for (uint32_t t = 0; t < n; t++) {
+        uint8_t *c = (uint8_t *)flm_route(s, l, t);
+        float *w = s->mweight + t * k;
+        for (uint32_t e = 0; e < E; e++)
+            s->mlogit[e] = flm_dot_f32((const float *)(const void *)(R->data + (size_t)e * R->stride),
+                                       s->xb + (size_t)t * m->dim, m->dim);
+        uint64_t used = 0;    /* bit e: expert e is chosen (E <= 64) */
+        for (uint32_t j = 0; j < k; j++) {
+            uint32_t best = E;
+            for (uint32_t e = 0; e < E; e++)
+                if (!(used >> e & 1u) && (best == E || flm_f32_gt(s->mlogit[e], s->mlogit[best]))) best = e;
+            used |= (uint64_t)1 << best;
+            c[j] = (uint8_t)best;
+        }
+        float sum = 0.0f;
+        for (uint32_t j = 0; j < k; j++) {
+            w[j] = flm_expf(s->mlogit[c[j]] - s->mlogit[c[0]]);
+            sum = j == 0 ? w[j] : sum + w[j];
+        }
+        const float inv = 1.0f / sum;
+        for (uint32_t j = 0; j < k; j++) w[j] = w[j] * inv;
+    }
+    st->bytes[R->tier] += n * R->length;
+}
+
+/* A mixture-of-experts FFN for the pass's n tokens (normed inputs in xb; converter/reference.py
+ * Reference.experts): route every token, then expert by expert in index order the tokens routed to it
+ * together — their inputs gathered into xb2, the expert's rows read once for all of them (only the
+ * chosen experts' rows are read), outputs into q — each token's weighted output added to its sum in
+ * macc (the first term alone, then + each next); then x += the sum. */
+static void experts(flm_state *s, uint32_t l, uint32_t n, flm_step_stats *st) {
+    const flm_model *m = s->m;
+    const uint32_t dim = m->dim, k = m->top_k;
+    uint8_t *sel = s->msel, *rank = s->msel + m->batch;   /* the tokens routed to an expert, its rank in each */
+    route(s, l, n, st);
+    for (uint32_t e = 0; e < m->n_experts; e++) {
+        uint32_t ne = 0;
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t j = 0; j < k; j++)
+                if (flm_route(s, l, t)[j] == e) { sel[ne] = (uint8_t)t; rank[ne++] = (uint8_t)j; }
+        if (!ne) continue;
+        for (uint32_t i = 0; i < ne; i++) memcpy(s->xb2 + (size_t)i * dim, s->xb + (size_t)sel[i] * dim, dim * 4u);
+        swiglu(s, &m->layers[l].ffn[e], s->xb2, ne, s->q, st);
+        for (uint32_t i = 0; i < ne; i++) {
+            const uint8_t *c = flm_route(s, l, sel[i]);
+            const float w = s->mweight[sel[i] * k + rank[i]], *y = s->q + (size_t)i * dim;
+            float *a = s->macc + (size_t)sel[i] * dim;
+            uint32_t first = 1;   /* e is the token's lowest expert: its sum starts here */
+            for (uint32_t j = 0; j < k; j++) first &= c[j] >= e;
+            if (first) for (uint32_t d = 0; d < dim; d++) a[d] = w * y[d];
+            else for (uint32_t d = 0; d < dim; d++) a[d] = a[d] + w * y[d];
+        }
+    }
+    for (uint32_t i = 0; i < n * dim; i++) s->x[i] = s->x[i] + s->macc[i];
+}
+
 void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t pos, flm_step_stats *st) {
     const flm_model *m = s->m;
     const uint32_t dim = m->dim, hd = m->head_dim, half = hd / 2u;
@@ -437,11 +521,12 @@ void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t po
         st->us[FLM_PH_ATTN] += (uint32_t)(t2 - t1);
 
         rmsnorm(s->xb, s->x, dim, &L->ffn_norm, dim, n, m->eps, st);
-        matmul(s, &L->w1, s->xb, dim, n, s->hb, m->hidden, st);
-        matmul_same_x(s, &L->w3, &L->w1, s->xb, dim, n, s->hb2, m->hidden, st);
-        for (uint32_t i = 0; i < n * m->hidden; i++) s->hb[i] = flm_silu(s->hb[i]) * s->hb2[i];
-        matmul(s, &L->w2, s->hb, m->hidden, n, s->xb, dim, st);
-        for (uint32_t i = 0; i < n * dim; i++) s->x[i] = s->x[i] + s->xb[i];
+        if (m->n_experts) {
+            experts(s, l, n, st);
+        } else {
+            swiglu(s, &L->ffn[0], s->xb, n, s->xb, st);
+            for (uint32_t i = 0; i < n * dim; i++) s->x[i] = s->x[i] + s->xb[i];
+        }
         t1 = hal_time_us();
         st->us[FLM_PH_FFN] += (uint32_t)(t1 - t2);
 

@@ -22,6 +22,11 @@ typedef struct {
      * L*P, head_dim/2, ...); att and probs/idx serve one token at a time */
     float *x, *xb, *xb2, *q, *att, *hb, *hb2, *logits, *cos, *sin, *xs, *probs;
     float *pu, *pt;                 /* PLE: per-layer inputs u [L*P] per token; the table row [L*P], then the gates [P] per token */
+    /* experts (n_experts > 0): the FFN outputs being summed [dim] per token, a token's router logits
+     * [n_experts], this layer's weights [top_k] per token; routes: every layer's chosen experts, largest
+     * weight first, of the last flm_body_many ([n_layers][n_tok][top_k], for its TOKEN frames) */
+    float *macc, *mlogit, *mweight;
+    uint8_t *routes, *msel;         /* msel: the pass's tokens routed to one expert [batch], their ranks [batch] */
     uint8_t *kc, *vc;               /* KV cache: one row per (layer, position, kv head), m->kv_fmt */
     uint32_t kv_row;                /* bytes of a row: f32 head_dim*4; int8 f32 scale + head_dim codes, padded to 4 */
     size_t kv_bytes;                /* bytes of the KV region, from kc to the end of vc */
@@ -39,7 +44,7 @@ typedef struct {
 enum {
     FLM_REG_KV,        /* KV cache: kc, vc (read every step: counted in bytes_read) */
     FLM_REG_LOGITS,    /* out_vocab-sized buffers: logits (one set per token of a pass), probs, idx */
-    FLM_REG_SCRATCH,   /* activations: x, xb, xb2, q, att, hb, hb2, cos, sin, pu, pt, xq, xs, row_buf */
+    FLM_REG_SCRATCH,   /* activations: x, xb, xb2, q, att, hb, hb2, cos, sin, pu, pt, xq, xs, row_buf, the experts' */
     FLM_N_REGIONS
 };
 
@@ -61,6 +66,9 @@ void flm_state_init_regions(flm_state *s, const flm_model *m, uint8_t *const bas
  * pass's bit for bit (docs/formats.md section 1.5). Token i's K and V rows are stored at pos + i
  * before any token attends; token i attends positions 0..pos+i. */
 void flm_body_many(flm_state *s, const uint32_t *t, uint32_t n, uint32_t pos, flm_step_stats *st);
+/* The experts token i (< n_tok) of the last flm_body_many read in layer l: top_k indices, largest weight
+ * first (a model with experts only). */
+const uint8_t *flm_route(const flm_state *s, uint32_t l, uint32_t i);
 /* flm_body_many of one token. */
 void flm_body(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st);
 /* Final RMSNorm and the whole output layer for the last token of the pass: its logits[n_out] in token

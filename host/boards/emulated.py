@@ -112,7 +112,8 @@ def unloaded_padding(header, tokens, greedy: bool, drafted: bool) -> dict[int, l
         scans = [False]
         if index and greedy and rows and steps[0].kind != "verify":
             scans = [True] if rows < header.config.n_out else [True, False]
-        out[first] = [[padding_per_step(header, header.config.tied, rows, steps[0].chunk_len, scan).get(tier, 0)
+        out[first] = [[padding_per_step(header, header.config.tied, rows, steps[0].chunk_len, scan,
+                                        steps[0].pass_experts).get(tier, 0)
                        for tier in TIERS] for scan in scans]
     return out
 
@@ -139,15 +140,17 @@ def _entries(image: Path, names) -> dict[str, int]:
 
 
 def start_emulated_board(image, blob_path, board: str = "rp2040-emu", timeout: float = 10,
-                         counts_path=None, xip_model: bool = True, profile: tuple[str, ...] = ()) -> EmulatedBoard:
+                         counts_path=None, xip_model: bool = True, profile: tuple[str, ...] = (),
+                         watch: tuple[tuple[int, int], ...] = ()) -> EmulatedBoard:
     """Start the harness on ``image`` (firmware.bin) with the blob at the board's flash offset;
     UART0 is the pty the returned board's ``port`` names. ``xip_model``: flash reads go through the
     harness's XIP cache and QSPI timing model (host/emu/xip.mjs), whose stalls the emulated clock
     counts; False runs rp2040js as is (a flash read costs what an SRAM read costs). ``profile``:
     names of the image's functions (found in the firmware.elf beside it); each step's counts then
-    hold ``calls``: name -> [cycles inside its calls, calls] (the harness's call profile). Problems
-    are one-line BoardErrors."""
-    image, blob_path = Path(image), Path(blob_path)
+    hold ``calls``: name -> [cycles inside its calls, calls] (the harness's call profile). ``watch``:
+    byte ranges [lo, hi) of the blob (some of its tensors); each step's counts then hold ``watched``,
+    the bytes of the core's flash reads that fell in them. Problems are one-line BoardErrors."""
+    image, blob_path = Path(image).resolve(), Path(blob_path).resolve()   # the harness runs in EMU_DIR
     why = emulator_missing()
     if why:
         raise BoardError(why)
@@ -178,7 +181,8 @@ def start_emulated_board(image, blob_path, board: str = "rp2040-emu", timeout: f
                                  "--blob", str(blob_path.resolve()),
                                  "--blob-offset", str(off), "--flash-size", str(flash),
                                  "--counts", str(counts_path), "--xip-model", "on" if xip_model else "off",
-                                 *(["--profile", ",".join(f"{n}={a:#x}" for n, a in entries.items())] if entries else [])],
+                                 *(["--profile", ",".join(f"{n}={a:#x}" for n, a in entries.items())] if entries else []),
+                                 *(["--watch", ",".join(f"{off + lo}-{off + hi}" for lo, hi in watch)] if watch else [])],
                                 stdin=master, stdout=master, stderr=subprocess.PIPE, cwd=str(EMU_DIR),
                                 start_new_session=True, close_fds=True)
     except OSError as e:

@@ -114,7 +114,9 @@ def measure_layouts(sess, plans: dict, request: Generate, on_layout=None) -> dic
         res = sess.generate(request)
         sampling = "greedy" if request.temperature <= 0 else "temperature"
         gen = res.generated_steps
-        preds = {t.step: pl.predict_at(t.pos, sampling, step_head(t, sampling)) for t in res.tokens}
+        # a mixture of experts: each step's prediction for the experts its TOKEN says it read
+        preds = {t.step: pl.predict_at(t.pos, sampling, step_head(t, sampling), t.pass_experts or None)
+                 for t in res.tokens}
         measured = {ph: mean(t.us[i] for t in gen) for i, ph in enumerate(PHASES)} if gen else {}
         predicted = {ph: mean(preds[t.step].phase_us.get(ph, 0.0) for t in gen) for ph in PHASES} if gen else {}  # (draft: not predicted, 0)
         tiers = ("flash", "psram", "sram")

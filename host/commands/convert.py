@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from converter import headcalib
+from converter import expertuse, headcalib
 from converter import quantize as Q
 from converter.blob import read_golden, write_blob
 from converter.draft import attach
@@ -74,7 +74,9 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
     split = c.param_split()
     console.print(f"  dim {c.dim}, {c.n_layers} layers, {c.n_heads}/{c.n_kv_heads} heads, hidden {c.hidden_dim}, "
                   f"vocab {c.vocab_size}" + (f" (predicts {c.n_out})" if c.n_out != c.vocab_size else "")
-                  + (f", PLE dim {c.ple_dim}" if c.ple_dim else "") + f", context {c.max_seq_len}, "
+                  + (f", PLE dim {c.ple_dim}" if c.ple_dim else "")
+                  + (f", {c.n_experts} experts a layer, {c.moe_top_k} read per token" if c.n_experts else "")
+                  + f", context {c.max_seq_len}, "
                   f"{c.n_params():,} parameters" + (f" ({split['table']:,} in the PLE table)" if split["table"] else ""))
     step(console, f"quantizing to {fmt} (group {group_size}, {scales or 'row'} scales)"
           + (f" with {len(overrides)} override(s)" if overrides else ""))
@@ -87,6 +89,7 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
             rep = quality_report(ir, qm)
         print_quality(console, rep)
     index_report = _head_index(console, qm, head_index)
+    experts_report = _expert_use(console, qm, ckpt) if c.n_experts else None
     if draft is not None:
         qm = attach_draft(console, qm, draft, recipe)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -116,6 +119,7 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
                                              "config": asdict(qm.draft.qm.config)},
         source=str(qm.source or ir.source or ckpt), quality=rep, device_tokenizer=enc_about,
         stop_ids=list(qm.stops.ids), stop_source=qm.stops.source, head_index=index_report,
+        expert_use=experts_report,
         convert={"checkpoint": name or str(ckpt.resolve()), "named": name is not None,
                  "tokenizer_given": tokenizer_given, "format": fmt,
                  "group_size": group_size, "quant": list(recipe.quant), "scales": scales, "kv": kv, "ctx": context,
@@ -146,6 +150,23 @@ def _head_index(console, qm, mode: str) -> dict:
     console.print(f"  head index {'kept' if index is not None else 'left out'}: {rep['reason']} "
                   f"({rep['steps']} greedy steps, {rep['seconds']} s)", markup=False, soft_wrap=True)
     return rep
+
+
+def _expert_use(console, qm, ckpt: Path) -> dict:
+    """Calibrate how often each expert is chosen (converter/expertuse.py) on the held-out text beside the
+    checkpoint (eval.txt), else on the model's own text; the blob carries it for the planner."""
+    step(console, "calibrating the experts' use")
+    t0 = time.monotonic()
+    text = ckpt.parent / "eval.txt"
+    with console.status("routing tokens through the reference"):
+        qm.expert_use = use = expertuse.calibrate(qm, text if text.is_file() else None)
+    shares = use.shares()
+    for layer, row in enumerate(shares):
+        console.print(f"  layer {layer}: " + ", ".join(f"expert {e} {100 * v:.1f} %" for e, v in enumerate(row)),
+                      markup=False)
+    console.print(f"  share of tokens reading each expert, on {use.source} ({time.monotonic() - t0:.1f} s)",
+                  markup=False, soft_wrap=True)
+    return {"tokens": use.tokens, "source": use.source, "share": shares}
 
 
 def attach_draft(console, qm, draft, recipe: Recipe):

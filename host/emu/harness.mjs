@@ -2,7 +2,7 @@
 //
 //   node harness.mjs --firmware firmware.bin --blob model.flmb --blob-offset 0x10000
 //                    [--flash-size 2097152] [--counts FILE] [--xip-model on|off]
-//                    [--profile NAME=ADDR[,NAME=ADDR...]]
+//                    [--profile NAME=ADDR[,NAME=ADDR...]] [--watch LO-HI[,LO-HI...]]
 //
 // stdin/stdout are the UART0 byte stream (host/boards/emulated.py passes the master side of a raw pty);
 // everything else (warnings, faults) goes to stderr. The firmware image is loaded at the start
@@ -27,6 +27,8 @@
 //    "wall_ms": host ms, "xip": {"hits", "misses", "fetch_misses", "stall_cycles", "miss_cycles"}}
 // ("xip" only with the model on: the step's cache hits, line transfers, those of them that were
 // instruction fetches, the cycles they stalled the core, and the cycles one transfer costs).
+// With --watch (flash offsets [LO, HI) of some of the blob's tensors: a mixture of experts' FFN) the
+// line also holds "watched": the bytes of those flash reads that fell in the ranges (part of bytes[0]).
 //
 // Call profile: with --profile (function names and entry addresses, from the ELF's symbols) each
 // step's line also holds "calls": {NAME: [cycles, calls]}: the emulated cycles spent inside the
@@ -51,7 +53,7 @@ const VECTORS = FLASH_BASE + 0x100;
 const TX_BACKLOG_MAX = 1 << 20;   // bytes the host has not read yet before the "UART" drops
 
 function parseArgs(argv) {
-  const a = { flashSize: 2 * 1024 * 1024, counts: null, xipModel: true, profile: new Map() };
+  const a = { flashSize: 2 * 1024 * 1024, counts: null, xipModel: true, profile: new Map(), watch: [] };
   for (let i = 0; i < argv.length; i++) {
     const k = argv[i];
     const v = argv[i + 1];
@@ -69,12 +71,18 @@ function parseArgs(argv) {
         if (!m) die(`--profile takes NAME=ADDR[,NAME=ADDR...], not ${item}`, 2);
         a.profile.set(Number(m[2]) & ~1, m[1]);   // a Thumb function's address has bit 0 set
       }
+    } else if (k === '--watch') {
+      for (const item of (v || '').split(',')) {
+        const m = /^(0x[0-9a-fA-F]+|\d+)-(0x[0-9a-fA-F]+|\d+)$/.exec(item);
+        if (!m || Number(m[1]) >= Number(m[2])) die(`--watch takes LO-HI[,LO-HI...] (flash offsets), not ${item}`, 2);
+        a.watch.push([Number(m[1]), Number(m[2])]);
+      }
     } else die(`unknown argument ${k}`, 2);
     i++;
   }
   if (!a.firmware || !a.blob || !Number.isInteger(a.blobOffset)) {
     die('usage: harness.mjs --firmware BIN --blob BLOB --blob-offset N [--flash-size N] [--counts FILE] '
-        + '[--xip-model on|off] [--profile NAME=ADDR,...]', 2);
+        + '[--xip-model on|off] [--profile NAME=ADDR,...] [--watch LO-HI,...]', 2);
   }
   return a;
 }
@@ -173,13 +181,18 @@ const blobHi = args.blobOffset + blob.length;
 let pendingRegions = [];
 let regions = [];
 const bytes = [0, 0, 0];
+const watch = args.watch;
+let watched = 0;
 let gen = -1;
 let step = null;
 
 function countRead(addr, size) {
   if (addr >= FLASH_BASE && addr < 0x14000000) {   // the XIP window and its aliases
     const off = addr & 0xffffff;
-    if (off >= blobLo && off < blobHi) bytes[0] += size;
+    if (off >= blobLo && off < blobHi) {
+      bytes[0] += size;
+      for (let i = 0; i < watch.length; i++) if (off >= watch[i][0] && off < watch[i][1]) { watched += size; break; }
+    }
     return;
   }
   for (let i = 0; i < regions.length; i++) {
@@ -240,6 +253,7 @@ watchdog.writeUint32 = (offset, value) => {
     step = { gen, step: s[2] >>> 0, cycles: core.cycles + stall, nanos: clock.nanos, wall: performance.now(),
              xip: cache.counters(), calls: profileSnapshot() };
     bytes[0] = bytes[1] = bytes[2] = 0;
+    watched = 0;
     use(counting);
   } else if (value === MARK_END) {
     use(plain);
@@ -247,6 +261,7 @@ watchdog.writeUint32 = (offset, value) => {
       const rec = { gen: step.gen, step: step.step, bytes: bytes.slice(),
                     cycles: core.cycles + stall - step.cycles, us: (clock.nanos - step.nanos) / 1000,
                     wall_ms: performance.now() - step.wall };
+      if (watch.length) rec.watched = watched;
       if (args.xipModel) {
         const now = cache.counters();
         rec.xip = {};

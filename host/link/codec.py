@@ -104,7 +104,19 @@ def _enc_token(m: Token) -> bytes:
         + struct.pack("<IIBBBBB", m.head_rows, m.logits_crc, m.pass_index, m.chunk_len, m.chunk_used,
                       PASS_KINDS.index(m.kind), len(piece))
         + piece
+        + _enc_experts(m)
     )
+
+
+def _enc_experts(m: Token) -> bytes:
+    """u8 layers (0: no experts), u8 top_k, u8 n_experts, the step's experts per layer, then per layer the
+    pass's bitmask in (n_experts + 7) / 8 bytes."""
+    L = len(m.experts) if m.n_experts else 0
+    if L != len(m.pass_experts) or len({len(c) for c in m.experts}) > 1:
+        raise ProtocolError("TOKEN experts: one choice of equal length and one mask per layer")
+    k, mb = (len(m.experts[0]) if L else 0), (m.n_experts + 7) // 8
+    return (struct.pack("<3B", L, k, m.n_experts) + bytes(e for c in m.experts for e in c)
+            + b"".join(mask.to_bytes(mb, "little") for mask in m.pass_experts))
 
 
 def _enc_done(m: Done) -> bytes:
@@ -283,11 +295,20 @@ def _dec_token(r: _Reader) -> Token:
     bytes_read = r.unpack("3I")
     head_rows, logits_crc, index, chunk_len, chunk_used, kind = r.unpack("IIBBBB")
     piece = r.s8()
+    L, k, n_experts = r.unpack("3B")
+    chosen = r.take(L * k)
+    masks = tuple(int.from_bytes(r.take((n_experts + 7) // 8), "little") for _ in range(L))
     r.end()
     if kind >= len(PASS_KINDS) or index > step:
         raise ProtocolError(f"TOKEN pass kind {kind} is unknown or its place {index} is past step {step}")
+    experts = tuple(tuple(chosen[i * k:(i + 1) * k]) for i in range(L))
+    if (L and not 1 <= k <= n_experts) or any(not masks[i] >> e & 1 for i, c in enumerate(experts) for e in c) \
+            or any(m >> n_experts for m in masks):
+        raise ProtocolError(f"TOKEN experts: {L} layers of top {k} of {n_experts} experts, a step's expert not "
+                            f"among its pass's, or a pass's outside the {n_experts}")
     return Token(step, pos, in_id, None if out_id == NO_TOKEN else out_id, us, bytes_read,
-                 head_rows, logits_crc, piece, index, chunk_len, chunk_used, PASS_KINDS[kind])
+                 head_rows, logits_crc, piece, index, chunk_len, chunk_used, PASS_KINDS[kind],
+                 n_experts if L else 0, experts, masks)
 
 
 def _dec_done(r: _Reader) -> Done:

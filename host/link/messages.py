@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-PROTO_VERSION = 3
+PROTO_VERSION = 4
 
 
 class MsgType(enum.IntEnum):
@@ -202,6 +202,11 @@ class Token:
     chunk_len: int = 1         # tokens it ran
     chunk_used: int = 1        # steps it produced (a verifying pass: the accepted drafts + 1)
     kind: str = "one"          # PASS_KINDS
+    # a mixture of experts (version 4): the experts a layer has (0: a dense model), and per layer the
+    # experts this step's token read (largest weight first) and those its pass read (bit e: expert e)
+    n_experts: int = 0
+    experts: tuple[tuple[int, ...], ...] = ()
+    pass_experts: tuple[int, ...] = ()
 
     @property
     def chunk(self) -> int:

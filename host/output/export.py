@@ -9,6 +9,7 @@ from pathlib import Path
 from .. import files
 from ..link.messages import PHASES, TIERS, clock_name
 from ..session.result import RunResult, step_share
+from .experts import step_dict, step_label
 from .figure import plot_png
 from .labels import piece_repr
 from .stats import harness_rows, step_total, summarize
@@ -34,7 +35,7 @@ def _token_dict(t) -> dict:
             "pass": {"first": t.chunk, "tokens": t.chunk_len, "steps": t.chunk_used, "kind": t.kind},
             "us": dict(zip(PHASES, map(int, t.us))), "bytes_read": dict(zip(TIERS, map(int, t.bytes_read))),
             "share_us": dict(zip(PHASES, sh["us"])), "share_bytes": dict(zip(TIERS, sh["bytes"])),
-            "total_us": step_total(t), "head_rows": t.head_rows, "logits_crc": t.logits_crc}
+            "total_us": step_total(t), "head_rows": t.head_rows, "logits_crc": t.logits_crc, **step_dict(t)}
 
 
 def result_dict(result: RunResult) -> dict:
@@ -85,13 +86,13 @@ def _json_default(o):
 
 CSV_FIELDS = (["step", "pos", "kind", "in_id", "out_id", "piece"] + [f"{p}_us" for p in PHASES]
               + ["total_us"] + [f"{t}_bytes" for t in TIERS] + ["head_rows", "logits_crc", "board", "clock"]
-              + ["pass_first", "pass_tokens", "pass_steps", "pass_kind"])
+              + ["pass_first", "pass_tokens", "pass_steps", "pass_kind", "experts"])
 
 
 def write_csv(result: RunResult, path) -> Path:
     """One row per step, lost steps included (kind "missing", empty numbers). The µs and bytes are
     the forward pass's the step came from, as its TOKEN carried them (pass_first, pass_tokens: the
-    pass; a step's share is them divided by pass_steps)."""
+    pass; a step's share is them divided by pass_steps); experts: its token's per layer (experts.py)."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
     w.writeheader()
@@ -107,7 +108,7 @@ def write_csv(result: RunResult, path) -> Path:
                "piece": piece_repr(t.piece)[1:-1] if t.out_id is not None else "",
                "total_us": int(sum(t.us)), "head_rows": t.head_rows, "logits_crc": t.logits_crc, "board": board,
                "clock": clock, "pass_first": t.chunk, "pass_tokens": t.chunk_len, "pass_steps": t.chunk_used,
-               "pass_kind": t.kind}
+               "pass_kind": t.kind, "experts": step_label(t)}
         row.update({f"{p}_us": int(u) for p, u in zip(PHASES, t.us)})
         row.update({f"{tier}_bytes": int(b) for tier, b in zip(TIERS, t.bytes_read)})
         w.writerow(row)

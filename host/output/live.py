@@ -13,6 +13,7 @@ from converter.tokenizer import visible_text
 
 from ..link.messages import PHASES, TIERS
 from ..session.result import step_share
+from .experts import step_label
 from .labels import PHASE_HEADERS, piece_repr, shown_phases, where
 
 def pass_label(t) -> str:
@@ -56,10 +57,11 @@ class LiveView:
 
     def _row(self, t, phases) -> list[str]:
         """step, pos, pass, then the step's share of its pass's µs per phase, total µs and bytes per
-        tier, and its head rows."""
+        tier, its head rows, and with experts its token's per layer."""
         sh = step_share(t)
         return ([str(t.step), str(t.pos), pass_label(t)] + [f"{sh['us'][PHASES.index(p)]:,.0f}" for p in phases]
-                + [f"{sum(sh['us']):,.0f}"] + [f"{b:,.0f}" for b in sh["bytes"]] + [f"{t.head_rows:,}"])
+                + [f"{sum(sh['us']):,.0f}"] + [f"{b:,.0f}" for b in sh["bytes"]] + [f"{t.head_rows:,}"]
+                + ([step_label(t)] if t.n_experts else []))
 
     def render(self):
         table = Table(title=f"per-step device time ({where(self.hello)})", title_justify="left",
@@ -76,6 +78,8 @@ class LiveView:
         for tier in TIERS:
             table.add_column(f"{tier} B", justify="right")
         table.add_column("head rows", justify="right")
+        if any(t.n_experts for t in self.tokens):
+            table.add_column("experts per layer", no_wrap=True)
         rows = self.max_rows or max(5, (self.console.size.height or 30) - 12)
         for t in self.tokens[-rows:]:
             r = self._row(t, phases)
@@ -102,14 +106,16 @@ class LiveView:
             head = (f"{'step':>5} {'pos':>5} {'pass':>6} {'in':<12} {'out':<12} "
                     + " ".join(f"{PHASE_HEADERS[p]:>14}" for p in self._line_phases)
                     + f" {'total µs':>10} " + " ".join(f"{tier + ' B':>10}" for tier in TIERS)
-                    + f" {'head rows':>9}   [{where(self.hello)}; µs and bytes: the step's share of its pass]")
+                    + f" {'head rows':>9}" + ("  experts per layer" if t.n_experts else "")
+                    + f"   [{where(self.hello)}; µs and bytes: the step's share of its pass]")
             self.console.print(head, markup=False, highlight=False, soft_wrap=True)
         n = len(self._line_phases)
         r = self._row(t, self._line_phases)
         given, made = (c.plain for c in self._token_cells(t))
         line = (f"{r[0]:>5} {r[1]:>5} {r[2]:>6} {given[:12]:<12} {made[:12]:<12} "
                 + " ".join(f"{v:>14}" for v in r[3:3 + n])
-                + f" {r[3 + n]:>10} " + " ".join(f"{v:>10}" for v in r[4 + n:-1]) + f" {r[-1]:>9}")
+                + f" {r[3 + n]:>10} " + " ".join(f"{v:>10}" for v in r[4 + n:7 + n]) + f" {r[7 + n]:>9}"
+                + (f"  {r[8 + n]}" if t.n_experts else ""))
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def __enter__(self) -> "LiveView":

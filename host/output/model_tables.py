@@ -17,12 +17,17 @@ def print_quality(console, rep: dict) -> None:
         console.print(f"logits over {rep.get('positions', '?')} positions: top-1 agreement "
                       f"[bold]{rep['top1_agreement'] * 100:.1f}%[/], mean KL(fp32 || quantized) "
                       f"[bold]{rep.get('kl_mean', float('nan')):.5f}[/] nats")
+    if "router_agreement" in rep:
+        console.print(f"experts: the quantized model's routers choose the fp32 model's experts in "
+                      f"[bold]{rep['router_agreement'] * 100:.1f}%[/] of (position, layer) choices")
 
 
 def print_eval(console, rep: dict) -> None:
     split = rep["param_split"]
     console.print(f"{rep['checkpoint']}: {rep['n_params']:,} parameters"
-                  + (f" (PLE table {split['table']:,}, core {split['core']:,})" if split["table"] else ""),
+                  + (f" (PLE table {split['table']:,}, core {split['core']:,})" if split["table"] else "")
+                  + (f" ({split['experts']:,} in experts, {split['active']:,} read per token)" if "experts" in split
+                     else ""),
                   soft_wrap=True)
     t = Table(title=f"held-out {rep['eval_text']}: the first {rep['targets_window']:,} of {rep['targets_available']:,} "
                     f"targets ({rep['chars']:,} characters)"

@@ -61,8 +61,15 @@ def print_plan(console, plan, collapse: bool = True) -> None:
         shape = "x".join(map(str, r["shape"])) if r["shape"] else "-"
         mult = f" ×{n}" if n > 1 else ""
         t.add_row(r["name"], shape, r["format"], f"{r['bytes'] * n:,}" + mult, r["tier"],
-                  f"{r['read'] * n:,}" if r["read"] else "-")
+                  f"{r['read'] * n:,.0f}" if r["read"] else "-")
     console.print(t)
+    c = plan.spec.config
+    if c.n_experts:
+        use = plan.spec.expert_use
+        console.print(f"experts: {c.moe_top_k} of {c.n_experts} a layer read per token; an expert's read/token is its "
+                      f"bytes times the share of tokens choosing it ("
+                      + (f"calibrated at convert time: {use.tokens} tokens" if use is not None
+                         else "no calibration in this model: k/E each") + "; a prediction)", soft_wrap=True)
     u = Table(title="tiers (usable budget from the board profile)", title_justify="left")
     for col in ("tier", "placed", "budget", "free", "read/token"):
         u.add_column(col, justify="left" if col == "tier" else "right")
@@ -71,7 +78,7 @@ def print_plan(console, plan, collapse: bool = True) -> None:
             continue
         placed, bud = plan.need.get(tier, 0), plan.budget[tier]
         u.add_row(tier + (" (whole blob)" if tier == "flash" else ""), mb(placed), mb(bud), mb(bud - placed),
-                  f"{p.bytes_read[tier]:,}")
+                  f"{p.bytes_read[tier]:,.0f}")
     console.print(u)
     ph = Table(title=f"predicted cost per token at position {plan.pos} ({plan.board} profile; a prediction, "
                      f"not a measurement)", title_justify="left")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from ..link.messages import PHASES, TIERS
 from ..session.result import RunResult, step_share
+from .experts import expert_summary
 
 def percentile(values, q: float) -> float | None:
     """Linear-interpolated percentile (numpy's default), ``q`` in [0, 100]; None when empty."""
@@ -235,6 +236,7 @@ def summarize(result: RunResult) -> dict:
         "device_steps_us": int(sum(step_total(t) for t in result.tokens)),
         "host_wall_s": result.wall_s,
         "passes": pass_summary(result),
+        "experts": expert_summary(result.tokens),
         "harness": harness,
         "timing_note": timing_note(result.clock, harness),
     }

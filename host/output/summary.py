@@ -1,5 +1,6 @@
 """The end-of-run summary: per-phase p50/p95/mean of prefill and decode steps, tok/s, bytes per
-token per tier, forward passes, the emulator harness's counts, the golden check, link losses."""
+token per tier, forward passes, the experts read (a mixture of experts), the emulator harness's
+counts, the golden check, link losses."""
 from __future__ import annotations
 
 from rich.table import Table
@@ -7,6 +8,7 @@ from rich.text import Text
 
 from ..link.messages import TIERS
 from ..session.result import RunResult
+from .experts import summary_lines as expert_lines
 from .labels import PHASE_HEADERS, fmt, shown_phases, where
 from .stats import summarize
 
@@ -47,6 +49,7 @@ def summary_renderables(result: RunResult) -> list:
             lines.append(f"bytes read per {grp} token: "
                          + ", ".join(f"{tier} {b[tier]:,.0f}" for tier in TIERS) + f"  [{at}]")
     lines += pass_lines(s["passes"], at)
+    lines += expert_lines(s["experts"])
     h = s.get("harness")
     if h is not None:
         hb, eb = h["harness_bytes_per_token"], h["engine_bytes_per_token"]
