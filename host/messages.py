@@ -47,7 +47,7 @@ ERROR_CODES = {
     9: "cannot_encode",
     10: "self_check",
 }
-CLOCKS = ("host clock", "chip timer", "emulated timer")
+CLOCKS = ("host clock", "chip timer", "emulated timer", "emulated instructions")   # 3: QEMU boards (tools/esp_qemu)
 
 GENERATE_FLAG_LOGITS = 0x1      # a LOGITS frame after every step (implies ALL_LOGITS)
 GENERATE_FLAG_SLIDE = 0x2       # a full context slides its window instead of ending the generation
