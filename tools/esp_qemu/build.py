@@ -110,12 +110,13 @@ def build_rv32(out: Path, defines=(), cflags=None) -> Path:
     return elf
 
 
-def build(isa: str | Isa, blob, out, defines=(), cflags=None) -> Path:
-    """Render and compile the image for ``isa`` sized for the model in ``blob``; returns the ELF."""
+def build(isa: str | Isa, blob, out, defines=(), cflags=None, fused=False) -> Path:
+    """Render and compile the image for ``isa`` sized for the model in ``blob``; returns the ELF.
+    ``fused`` (Xtensa): fused multiply-adds (the golden check's negative control, xtensa.py)."""
     isa = ISAS[isa] if isinstance(isa, str) else isa
     out = Path(out)
     render(isa, Path(blob), out)
     if isa is RV32:
         return build_rv32(out, defines, cflags)
     from .xtensa import build_xtensa
-    return build_xtensa(out, defines, cflags)
+    return build_xtensa(out, defines, cflags, fused)

@@ -2,7 +2,7 @@
 the native board, on real models, and show the negative controls fail as they must.
 
 For each model (the shipped default model as int8 and int4, stories260K as int8 and int4; convert's
-defaults otherwise: row scales, int8 KV cache, batch 4) and each board (native, the ESP32-C3's ISA,
+defaults otherwise: row scales, int8 KV cache, batch 4; stories260K at a context of 128) and each board (native, the ESP32-C3's ISA,
 the ESP32-S3's ISA):
 
 - the boot golden check (HELLO: "bit-exact with the reference: yes (2 of 4 golden steps)") and
@@ -13,8 +13,9 @@ the ESP32-S3's ISA):
   passes of 4 (batched prefill) and greedy speculation from prompt lookup;
 - and each QEMU board's emulated instructions per decode token (from its TOKEN frames).
 
-Negative controls (``--controls``): the Xtensa image built with -ffp-contract=fast (LLVM then fuses
-a*b+c into the FPU's MADD.S, which rounds once) and the RISC-V image with FLM_FAULT_FTZ (the
+Negative controls (``--controls``): the Xtensa image with every multiply-add the C allows fused into
+the FPU's MADD.S, which rounds once (xtensa.py fuse_multiply_adds: what GCC's default
+-ffp-contract=fast does on the S3; LLVM 22 itself fuses nothing even with -ffp-contract=fast) and the RISC-V image with FLM_FAULT_FTZ (the
 soft-float flushes subnormals to zero, as a ROM's might) must each report "no" with the first step
 that differs, on the default model with subnormal embedding rows for the FTZ one (as
 tests/test_golden.py does for the RP2040).
@@ -51,10 +52,15 @@ if not STORIES.is_dir():
 MODELS = {
     "default-q8": (ROOT / "models" / "default" / "model.pt", ["--format", "q8"], "ROMEO:\nWhat"),
     "default-q4": (ROOT / "models" / "default" / "model.pt", ["--format", "q4"], "ROMEO:\nWhat"),
-    "stories260K-q8": (STORIES / "stories260K.bin", ["--format", "q8", "--tokenizer", str(STORIES / "tok512.bin")],
-                       "Once upon a time"),
-    "stories260K-q4": (STORIES / "stories260K.bin", ["--format", "q4", "--tokenizer", str(STORIES / "tok512.bin")],
-                       "Once upon a time"),
+    # the f32 KV cache: float attention (the negative control's model: with the int8 cache the few
+    # float multiply-adds sit before an int8 quantization, which absorbs a fused one's rounding)
+    "default-q8-kvf32": (ROOT / "models" / "default" / "model.pt", ["--format", "q8", "--kv", "f32"], "ROMEO:\nWhat"),
+    # a context of 128 (of the model's 512): with 512 the KV cache and buffers do not fit the C3's SRAM
+    # budget (the planner: 171 positions fit)
+    "stories260K-q8": (STORIES / "stories260K.bin", ["--format", "q8", "--ctx", "128", "--tokenizer",
+                                                     str(STORIES / "tok512.bin")], "Once upon a time"),
+    "stories260K-q4": (STORIES / "stories260K.bin", ["--format", "q4", "--ctx", "128", "--tokenizer",
+                                                     str(STORIES / "tok512.bin")], "Once upon a time"),
 }
 BOARDS = ("native", "rv32", "xtensa")
 TIMEOUT = 300.0
@@ -91,14 +97,14 @@ def recv_until(link, done, timeout: float = TIMEOUT) -> list:
 
 
 @contextlib.contextmanager
-def session(kind: str, blob: Path, work: Path, defines=(), cflags=None):
+def session(kind: str, blob: Path, work: Path, defines=(), fused=False):
     """Yields (link, boot HELLO, board) for ``kind`` ("native", "rv32", "xtensa") running blob."""
-    tag = "-".join([kind, *(d.split()[0] for d in defines), *(["cflags"] if cflags else [])])
+    tag = "-".join([kind, *(d.split()[0] for d in defines), *(["fused"] if fused else [])])
     out = work / f"build-{blob.parent.name}-{tag}"
     if kind == "native":
         start = lambda: start_native_board(build_firmware("native", out, blob).binary, blob)  # noqa: E731
     else:
-        elf = build(kind, blob, out, defines, cflags)
+        elf = build(kind, blob, out, defines, fused=fused)
         start = lambda: qemu_board.start(kind, elf, blob)  # noqa: E731
     with start() as b:
         port = serial.Serial(b.port, 115200, timeout=0.05)
@@ -209,14 +215,12 @@ def subnormal_model(work: Path) -> Path:
 
 def controls(work: Path) -> dict:
     out = {}
-    blob = convert("default-q8", work) / "model.flmb"
-    fma = ("-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=fast", "-ffunction-sections",
-           "-fdata-sections")
-    for what, kind, b, defines, cflags in (("xtensa, -ffp-contract=fast (MADD.S)", "xtensa", blob, (), fma),
-                                           ("rv32, soft-float flushing subnormals (FLM_FAULT_FTZ)", "rv32",
-                                            subnormal_model(work), ("FLM_FAULT_FTZ=1",), None)):
+    blob = convert("default-q8-kvf32", work) / "model.flmb"
+    for what, kind, b, defines, fused in (("xtensa, multiply-adds fused (MADD.S)", "xtensa", blob, (), True),
+                                          ("rv32, soft-float flushing subnormals (FLM_FAULT_FTZ)", "rv32",
+                                           subnormal_model(work), ("FLM_FAULT_FTZ=1",), False)):
         qm = read_blob(b)
-        with session(kind, b, work, defines, cflags) as (link, hello, _):
+        with session(kind, b, work, defines, fused) as (link, hello, _):
             st = selftest(link)
             first = first_differing_step(link, qm, read_golden(b.read_bytes()).prompt,
                                          kv_format(read_header(b).state_tiers))
@@ -227,7 +231,7 @@ def controls(work: Path) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.esp_qemu.check", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated (empty: none): " + ", ".join(MODELS))
     ap.add_argument("--boards", default=",".join(BOARDS))
     ap.add_argument("--controls", action="store_true", help="also the negative controls")
     ap.add_argument("--work", default="out/esp-qemu", help="where models and builds go (reused)")
@@ -237,7 +241,7 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     results = {"models": [], "controls": {}}
     ok = True
-    for name in a.models.split(","):
+    for name in filter(None, a.models.split(",")):
         r = check_model(name, work, tuple(a.boards.split(",")))
         results["models"].append(r)
         ok &= r["ok"]

@@ -74,7 +74,17 @@ def align_literals(asm: str) -> str:
     return re.sub(r"^(\s*)\.literal_position", r"\1.p2align 2\n\1.literal_position", asm, flags=re.M)
 
 
-def build_xtensa(out: Path, defines=(), cflags=None) -> Path:
+def fuse_multiply_adds(ll: str) -> str:
+    """LLVM IR whose every a*b+c the C source lets fuse (clang -ffp-contract=on: llvm.fmuladd, "fuse
+    when profitable") fused (llvm.fma: one rounding, MADD.S). LLVM 22's Xtensa backend never finds a
+    fusion profitable, so -ffp-contract=fast alone changes no instruction; this is the build GCC
+    makes for the S3 unless told -ffp-contract=off (GCC's default in GNU C is fast, and its Xtensa
+    port has MADD.S): the golden check's negative control."""
+    return ll.replace("@llvm.fmuladd.f32", "@llvm.fma.f32")
+
+
+def build_xtensa(out: Path, defines=(), cflags=None, fused=False) -> Path:
+    """``fused``: every multiply-add the C allows fused into MADD.S (fuse_multiply_adds)."""
     missing = [t for t in (CLANG, LLVM_MC, LD) if shutil.which(t) is None]
     if missing:
         raise BuildError(f"the ESP32-S3-ISA board needs {', '.join(missing)} ({APT})")
@@ -89,6 +99,14 @@ def build_xtensa(out: Path, defines=(), cflags=None) -> Path:
         if src.suffix == ".S":
             _run([CLANG, "--target=xtensa", "-E", "-P", "-x", "assembler-with-cpp", rel, "-o", str(asm)], out,
                  f"preprocessing {src.name}")
+        elif fused:
+            ll = objs / (src.name + ".ll")
+            extra = ["-fno-builtin"] if src.name in NO_BUILTIN else []
+            _run([CLANG, *flags, *extra, "-ffp-contract=on", "-S", "-emit-llvm", rel, "-o", str(ll)], out,
+                 f"compiling {src.name} for Xtensa")
+            ll.write_text(fuse_multiply_adds(ll.read_text()))
+            _run([CLANG, *flags[:flags.index("-include")], "-Wno-override-module", "-S", str(ll), "-o", str(asm)],
+                 out, f"compiling {src.name}'s fused IR for Xtensa")
         else:
             extra = ["-fno-builtin"] if src.name in NO_BUILTIN else []
             _run([CLANG, *flags, *extra, "-S", rel, "-o", str(asm)], out, f"compiling {src.name} for Xtensa")
