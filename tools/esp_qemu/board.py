@@ -79,10 +79,22 @@ class QemuBoard(VirtualBoard):
         return f"QemuBoard({self.name}, port={self.port!r}, pid={self.proc.pid}, alive={self.alive})"
 
 
+def raw_link(fd: int) -> None:
+    """Raw mode for the pty (binary frames: no echo, no translation either way), with every output
+    flag cleared: QEMU's stdio chardev turns OPOST back on when it starts (it keeps a console's
+    output processing), and with the pty's default ONLCR still set that turns every 0x0a the host
+    writes into 0x0d 0x0a before QEMU reads it."""
+    import termios
+    import tty
+    tty.setraw(fd)
+    attrs = termios.tcgetattr(fd)
+    attrs[1] = 0               # c_oflag
+    termios.tcsetattr(fd, termios.TCSANOW, attrs)
+
+
 def start(isa: str | Isa, elf, blob, settle: float = 0.2) -> QemuBoard:
     """Start QEMU on ``elf`` with ``blob``; problems are one-line BoardErrors. ``settle``: how long
     to watch for QEMU refusing its command line before returning."""
-    import tty
     isa = ISAS[isa] if isinstance(isa, str) else isa
     elf, blob = Path(elf), Path(blob)
     cmd = qemu_command(isa, elf, blob)
@@ -93,7 +105,7 @@ def start(isa: str | Isa, elf, blob, settle: float = 0.2) -> QemuBoard:
     if not blob.is_file():
         raise BoardError(f"model image {blob} does not exist")
     master, slave = os.openpty()
-    tty.setraw(slave)          # binary frames: no echo, no newline translation
+    raw_link(slave)
     try:
         proc = subprocess.Popen(cmd, stdin=master, stdout=master, stderr=subprocess.PIPE,
                                 start_new_session=True, close_fds=True)

@@ -62,13 +62,27 @@ def render(isa: Isa, blob: Path, out: Path) -> Path:
     enc = section_info(blob, h)
     render_project(isa.profile, out, h.config, min_group, h,
                    enc.text_capacity(h.config.max_seq_len) if enc is not None else 0)
+    return swap_hal(isa, out)
+
+
+def swap_hal(isa: Isa, out: Path) -> Path:
+    """Replace the rendered project's ESP-IDF HAL (it needs the SDK) by the QEMU one."""
+    prof = load_board(isa.profile)
     hal = out / "src" / "hal"
-    for p in (FW_DIR / "hal" / prof["hal"]).iterdir():     # the ESP-IDF HAL needs the SDK
+    for p in (FW_DIR / "hal" / prof["hal"]).iterdir():
         (hal / p.name).unlink(missing_ok=True)
     for p in (FW_DIR / "hal" / isa.hal).iterdir():
         if p.is_file():
             shutil.copy2(p, hal / p.name)
     return out
+
+
+def compile_image(isa: Isa, out: Path, defines=(), cflags=None, fused=False) -> Path:
+    """Compile the rendered project in ``out``; returns the ELF."""
+    if isa is RV32:
+        return build_rv32(out, defines, cflags)
+    from .xtensa import build_xtensa
+    return build_xtensa(out, defines, cflags, fused)
 
 
 def sources(out: Path) -> list[Path]:
@@ -116,7 +130,4 @@ def build(isa: str | Isa, blob, out, defines=(), cflags=None, fused=False) -> Pa
     isa = ISAS[isa] if isinstance(isa, str) else isa
     out = Path(out)
     render(isa, Path(blob), out)
-    if isa is RV32:
-        return build_rv32(out, defines, cflags)
-    from .xtensa import build_xtensa
-    return build_xtensa(out, defines, cflags, fused)
+    return compile_image(isa, out, defines, cflags, fused)
