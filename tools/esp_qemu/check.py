@@ -139,17 +139,33 @@ def key(t: Token) -> tuple:
 def generations(ids: list[int]) -> dict[str, Generate]:
     return {
         "greedy, every step's whole head": Generate(ids, 24, all_logits=True, batch=1),
+        "greedy (the head index), one token a pass": Generate(ids, 32, batch=1),
         "sampled (T 0.8, top-p 0.9, seed 11)": Generate(ids, 24, temperature=0.8, top_p=0.9, seed=11, batch=1),
         "prefill in passes of 4, greedy": Generate(ids * 3, 8, batch=4),
         "speculative (prompt lookup, 3 drafts)": Generate(ids * 2, 24, speculate="lookup", draft_k=3),
     }
 
 
+def decode_steps(toks: list[Token]) -> list[Token]:
+    """The steps of one-token passes after the prompt (decoding)."""
+    first = next((t.step for t in toks if t.out_id is not None), len(toks))
+    return [t for t in toks if t.kind == "one" and t.chunk_len == 1 and t.step > first]
+
+
 def instructions_per_decode_token(toks: list[Token]) -> float | None:
-    """Mean of the whole pass's phases over the one-token decode passes of a generation."""
-    dec = [sum(t.us) for t in toks if t.kind == "one" and t.out_id is not None and t.chunk_len == 1
-           and t.step > 0]
+    """Mean of the clock's count over the decode steps of a generation (the phases' sum)."""
+    dec = [sum(t.us) for t in decode_steps(toks)]
     return float(np.mean(dec)) if dec else None
+
+
+def per_phase(toks: list[Token]) -> dict:
+    """Mean count per phase over the decode steps, and the mean head rows they computed."""
+    from host.protocol import PHASES
+    dec = decode_steps(toks)
+    out = {ph: float(np.mean([t.us[i] for t in dec])) for i, ph in enumerate(PHASES)} if dec else {}
+    out["head_rows"] = float(np.mean([t.head_rows for t in dec])) if dec else 0.0
+    out["steps"] = len(dec)
+    return out
 
 
 def check_model(name: str, work: Path, boards=BOARDS) -> dict:
@@ -172,7 +188,10 @@ def check_model(name: str, work: Path, boards=BOARDS) -> dict:
                 toks, done = run(link, gen)
                 streams.setdefault(gname, {})[kind] = [key(t) for t in toks]
                 g = {"steps": len(toks), "end": getattr(done, "reason", f"error {done}")}
-                if gname.startswith("greedy"):
+                if gname.startswith("greedy (the head index)"):
+                    g["per_phase"] = per_phase(toks)
+                    g["per_decode_token"] = instructions_per_decode_token(toks)
+                if gname.startswith("greedy, every"):
                     g["reference"] = ([(t.in_id, NO_TOKEN if t.out_id is None else t.out_id, t.logits_crc) for t in toks]
                                       == [(x["in_id"], x["out_id"], x["logits_crc"]) for x in ref])
                     g["instructions_per_decode_token" if kind != "native" else "host_us_per_decode_token"] = \
@@ -248,10 +267,14 @@ def main(argv=None) -> int:
         print(f"{name}: prompt {len(r['prompt_ids'])} tokens -- {'all equal' if r['ok'] else 'DIFFERS'}")
         for kind, br in r["boards"].items():
             g = br["generations"]["greedy, every step's whole head"]
-            per = g.get("instructions_per_decode_token") or g.get("host_us_per_decode_token")
+            d = br["generations"]["greedy (the head index), one token a pass"]
             unit = "emulated instructions" if kind != "native" else "host µs"
             print(f"  {br['board']:18s} boot: {br['boot']}; selftest: {br['selftest']}; greedy = reference: "
-                  f"{g['reference']}; decode token {per:,.0f} {unit} (wall {br['wall_s']} s)")
+                  f"{g['reference']} (wall {br['wall_s']} s)")
+            print(f"    a decode token: {d['per_decode_token']:,.0f} {unit} ("
+                  + ", ".join(f"{k} {v:,.0f}" for k, v in d["per_phase"].items() if k not in ("steps", "head_rows") and v)
+                  + f"; head rows {d['per_phase']['head_rows']:.0f}; {d['per_phase']['steps']} steps); every step's "
+                  f"whole head: {g.get('instructions_per_decode_token') or g.get('host_us_per_decode_token'):,.0f}")
         for gname, eq in r["equal_to_native"].items():
             print(f"  {gname:40s} frames equal to native: " + ", ".join(f"{k} {v}" for k, v in eq.items()))
     if a.controls:
