@@ -10,9 +10,12 @@
  *   'L' n                      instructions of a loop of n turns of two instructions (ISA assembly):
  *                              the clock is exact when L(n) - L(0) = 2n for every n
  *   'T' op count               instructions of count float operations op (0 add, 1 mul, 2 div,
- *                              3 int-to-float, 4 float-to-int, 5 compare, 6 an empty call)
+ *                              3 int-to-float, 4 float-to-int, 5 compare, 6 the same loop with an
+ *                              integer xor in place of the operation: the baseline)
  *   'H' op a_lo a_hi b_lo b_hi the run-time helpers' results for operands a, b (u64 answer as two
  *                              u32): 0 a*b, 1 a/b, 2 a%b unsigned, 3 a/b, 4 a%b signed, 5 a/b as floats
+ *   'K' rows cols              the floor kernels below (not the engine's): instructions of int8 group
+ *                              dots over rows x cols codes, and whether each equals flm_dot_q8's (two u32)
  *   'C'                        flm_kernels_self_check() */
 #include <stdint.h>
 #include <string.h>
@@ -64,8 +67,6 @@ __attribute__((noinline)) static uint32_t time_loop(uint32_t n) {
 /* 'T': operands like the engine's (normal values of moderate size) */
 #define T_MAX 256u
 static uint32_t ta[T_MAX], tb[T_MAX];
-__attribute__((noinline)) static uint32_t nop(uint32_t a, uint32_t b) { __asm volatile("" ::: "memory"); return a ^ b; }
-
 static uint32_t time_op(uint32_t op, uint32_t count) {
     for (uint32_t i = 0; i < T_MAX; i++) {
         ta[i] = (fmix(2u * i) & 0x87ffffffu) | 0x3c000000u;
@@ -83,7 +84,7 @@ static uint32_t time_op(uint32_t op, uint32_t count) {
         case 3: sink = u_of((float)(int32_t)ta[k]); break;
         case 4: sink = (uint32_t)(int32_t)f_of(ta[k] & 0x83ffffffu); break;
         case 5: sink = f_of(ta[k]) < f_of(tb[k]); break;
-        default: sink = nop(ta[k], tb[k]); break;
+        default: sink = ta[k] ^ tb[k]; break;
         }
     }
     (void)sink;
@@ -156,6 +157,59 @@ static uint32_t time_matvec(uint32_t kind, uint32_t fmt, uint32_t g, uint32_t co
     return (uint32_t)(t1 - t0);
 }
 
+/* ---- floor kernels: how few instructions an int8 dot can take on this ISA (NOT the engine's code;
+ * NOTES-phaseA.md derives the floor, these measure it; phase B's per-ISA drop-ins start here) ---- */
+#if defined(__riscv)
+/* rv32imc: LB sign-extends as it loads, MUL, ADD: four instructions a weight, the pointer steps and
+ * the branch shared by 8 weights. n a multiple of 8. */
+static int32_t dot_q8_floor(const int8_t *w, const int8_t *x, uint32_t n) {
+    int32_t s = 0;
+    for (const int8_t *end = w + n; w != end; w += 8, x += 8)
+        s += w[0] * x[0] + w[1] * x[1] + w[2] * x[2] + w[3] * x[3] + w[4] * x[4] + w[5] * x[5] + w[6] * x[6]
+             + w[7] * x[7];
+    return s;
+}
+#elif defined(__XTENSA__)
+/* Xtensa LX7 without PIE: no sign-extending byte load, so L8UI + SEXT for a code and for an
+ * activation, then MAC16's MULA.AA.LL (ACC += the low 16 bits of each, signed: a sign-extended
+ * int8 is its own low half): five instructions a weight, in a zero-overhead LOOP of 4 weights whose
+ * two pointer steps are the only overhead. n a multiple of 4, n < 2^16 (ACCLO holds the sum). */
+static int32_t dot_q8_floor(const int8_t *w, const int8_t *x, uint32_t n) {
+    int32_t s;
+    uint32_t a, b, turns = n / 4u;
+#define W8(k) "l8ui %[a], %[w], " #k "\n\tsext %[a], %[a], 7\n\tl8ui %[b], %[x], " #k "\n\tsext %[b], %[b], 7\n\t" \
+              "mula.aa.ll %[a], %[b]\n\t"
+    __asm volatile("movi %[a], 0\n\twsr %[a], acclo\n\twsr %[a], acchi\n\t"
+                   "loop %[t], 1f\n\t" W8(0) W8(1) W8(2) W8(3)
+                   "addi %[w], %[w], 4\n\taddi %[x], %[x], 4\n"
+                   "1:\n\trsr %[s], acclo"
+                   : [s] "=r"(s), [a] "=&r"(a), [b] "=&r"(b), [w] "+r"(w), [x] "+r"(x), [t] "+r"(turns)
+                   :
+                   : "memory");
+#undef W8
+    return s;
+}
+#endif
+
+static uint32_t floor_ok;
+static uint32_t time_floor(uint32_t rows, uint32_t cols) {
+    const int8_t *codes = (const int8_t *)wbuf;
+    for (uint32_t i = 0; i < rows * cols; i += 4) {
+        const uint32_t v = fmix(i);
+        memcpy(wbuf + i, &v, 4);
+    }
+    for (uint32_t i = 0; i < cols; i++) xq[i] = (flm_act)((int32_t)(fmix(~i) % 255u) - 127);
+    volatile int32_t sink = 0;
+    const uint64_t t0 = hal_time_us();
+    for (uint32_t r = 0; r < rows; r++) sink = dot_q8_floor(codes + r * cols, (const int8_t *)xq, cols);
+    const uint64_t t1 = hal_time_us();
+    floor_ok = 1;
+    for (uint32_t r = 0; r < rows; r++)
+        floor_ok &= dot_q8_floor(codes + r * cols, (const int8_t *)xq, cols) == flm_dot_q8(codes + r * cols, xq, cols);
+    (void)sink;
+    return (uint32_t)(t1 - t0);
+}
+
 int main(void) {
     if (hal_init(0, 0)) return 1;
     for (;;) {
@@ -174,6 +228,11 @@ int main(void) {
             const uint64_t r = helper(op, (uint64_t)ah << 32 | al, (uint64_t)bh << 32 | bl);
             put32((uint32_t)r);
             put32((uint32_t)(r >> 32));
+        } else if (c == 'K') {
+            const uint32_t rows = get32(), cols = get32();
+            const uint32_t n = rows * cols <= sizeof wbuf && cols <= sizeof xq ? time_floor(rows, cols) : 0xffffffffu;
+            put32(n);
+            put32(floor_ok);
         } else if (c == 'C') {
             put32((uint32_t)flm_kernels_self_check());
         }

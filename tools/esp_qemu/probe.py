@@ -10,8 +10,9 @@ compiler flags as the real image) answers:
 * instructions per weight of flm_matvec, q8 and q4, groups of 32 and 128, row-scaled (the default
   format) and with f32 scales per group, over a 64 x 512 tensor in SRAM; the integer group dots alone
   (one flm_dot_* call per group); flm_quantize_act per input element;
-* instructions per float operation (add, mul, div, int-to-float, float-to-int, compare) beyond an
-  empty call: hardware instructions on the S3's FPU, the soft-float's calls on the C3.
+* instructions per float operation (add, mul, div, int-to-float, float-to-int, compare) beyond the
+  same loop doing an integer xor: hardware instructions on the S3's FPU (its divide a call of
+  xtensa_rt.c's __divsf3), the soft-float's calls on the C3, the call included.
 
 An instruction is not a cycle: these are counts of executed instructions (no pipeline, cache or
 memory timing: QEMU models none), the ISA-level cost of the code. ``measure(isa, work)`` returns
@@ -90,6 +91,10 @@ class Probe:
         r = self.ask(b"H", [op, a & 0xFFFFFFFF, a >> 32, b & 0xFFFFFFFF, b >> 32], 2)
         return int(r[0]) | int(r[1]) << 32
 
+    def floor(self, rows: int, cols: int) -> tuple[int, bool]:
+        r = self.ask(b"K", [rows, cols], 2)
+        return int(r[0]), bool(r[1])
+
     def self_check(self) -> int:
         return int(np.int32(self.ask(b"C", [])[0]))
 
@@ -160,11 +165,16 @@ def measure(isa: str, work: Path, helpers: bool = True) -> dict:
                                            matvec=p.matvec(0, fmt, g, cols, rows, 0) / n,
                                            dot_only=p.matvec(1, fmt, g, cols, rows, 0) / n)
         out["instructions_per_weight"] = mv
+        fl = {}
+        for g in (32, 128):
+            n, same = p.floor(cols * rows // g, g)
+            fl[f"q8_g{g}"] = {"dot_only": n / (cols * rows), "equal_to_flm_dot_q8": same}
+        out["floor_kernel_per_weight"] = fl
         out["shape"] = f"{rows} rows x {cols} columns, codes in SRAM"
         out["quantize_act_per_element"] = {f"g{g}": p.matvec(2, Q8, g, cols, 8, 0) / (8 * cols) for g in (32, 128)}
         count = 4096
-        empty = p.op(NOP, count)
-        out["float_op_instructions"] = {name: (p.op(op, count) - empty) / count for op, name in enumerate(OPS)}
+        base = p.op(NOP, count)
+        out["float_op_instructions"] = {name: (p.op(op, count) - base) / count for op, name in enumerate(OPS)}
     return out
 
 
@@ -186,12 +196,15 @@ def main(argv=None) -> int:
             for k, v in r["instructions_per_weight"].items():
                 print(f"    {k:8s} row-scaled {v['matvec_row_scaled']:6.2f}   f32 scales {v['matvec']:6.2f}   "
                       f"group dots alone {v['dot_only']:6.2f}")
+            print("  floor kernel (probe.c, not the engine's), int8 group dots alone: " + ", ".join(
+                f"{k} {v['dot_only']:.2f}{'' if v['equal_to_flm_dot_q8'] else ' WRONG'}" for k, v in r["floor_kernel_per_weight"].items()))
             print("  quantize_act per element: " + ", ".join(f"{k} {v:.2f}" for k, v in r["quantize_act_per_element"].items()))
-            print("  float operation, instructions beyond an empty call: "
+            print("  float operation, instructions beyond an integer xor: "
                   + ", ".join(f"{k} {v:.1f}" for k, v in r["float_op_instructions"].items()))
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
-    ok = all(r["clock_exact"] and r["self_check"] == 0 and not r.get("helper_mismatches") for r in res.values())
+    ok = all(r["clock_exact"] and r["self_check"] == 0 and not r.get("helper_mismatches")
+             and all(v["equal_to_flm_dot_q8"] for v in r["floor_kernel_per_weight"].values()) for r in res.values())
     return 0 if ok else 1
 
 

@@ -59,9 +59,11 @@ def clang_flags(defines=(), cflags=None) -> list[str]:
     # the system features too: the HAL's inline assembly reads CCOUNT (timers) and issues SIMCALL
     feats = [x for f in FEATURES + SYSTEM_FEATURES for x in ("-Xclang", "-target-feature", "-Xclang", f"+{f}")]
     # no -g: llvm-mc 22 cannot parse the .cfi directives clang writes for Xtensa (it names the frame
-    # register `a7`), nor unwind tables for the same reason
+    # register `a7`), nor unwind tables for the same reason. No -ffreestanding: it implies -fno-builtin,
+    # and then every memcpy(&f, &u, 4) of the engine's float bit casts is a call (the fixed-size
+    # copies must become one load and one store); flm_libc.c and xtensa_rt.c alone take -fno-builtin.
     base = [f for f in (cflags or BASE_CFLAGS) if f != "-g"]
-    return ["--target=xtensa", *feats, *base, "-ffreestanding", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables",
+    return ["--target=xtensa", *feats, *base, "-fno-asynchronous-unwind-tables", "-fno-unwind-tables",
             *[f"-D{d}" for d in defines], "-include", "flm_config.h", "-Isrc/engine", "-Isrc/hal"]
 
 
