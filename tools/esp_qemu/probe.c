@@ -10,8 +10,9 @@
  *   'L' n                      instructions of a loop of n turns of two instructions (ISA assembly):
  *                              the clock is exact when L(n) - L(0) = 2n for every n
  *   'T' op count               instructions of count float operations op (0 add, 1 mul, 2 div,
- *                              3 int-to-float, 4 float-to-int, 5 compare, 6 the same loop with an
- *                              integer xor in place of the operation: the baseline)
+ *                              3 int-to-float, 4 float-to-int, 5 compare, 6 flm_expf, 7 flm_silu,
+ *                              8 flm_sqrtf, 9 the same loop with an integer xor in place of the
+ *                              operation: the baseline)
  *   'H' op a_lo a_hi b_lo b_hi the run-time helpers' results for operands a, b (u64 answer as two
  *                              u32): 0 a*b, 1 a/b, 2 a%b unsigned, 3 a/b, 4 a%b signed, 5 a/b as floats
  *   'K' rows cols              the floor kernels below (not the engine's): instructions of int8 group
@@ -20,6 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "flm_math.h"
 #include "hal.h"
 #include "kernels.h"
 
@@ -84,6 +86,9 @@ static uint32_t time_op(uint32_t op, uint32_t count) {
         case 3: sink = u_of((float)(int32_t)ta[k]); break;
         case 4: sink = (uint32_t)(int32_t)f_of(ta[k] & 0x83ffffffu); break;
         case 5: sink = f_of(ta[k]) < f_of(tb[k]); break;
+        case 6: sink = u_of(flm_expf(f_of((ta[k] & 0x80ffffffu) | 0x3f000000u))); break;   /* |x| in [0.5, 4) */
+        case 7: sink = u_of(flm_silu(f_of((ta[k] & 0x80ffffffu) | 0x3f000000u))); break;
+        case 8: sink = u_of(flm_sqrtf(f_of(ta[k] & 0x7fffffffu))); break;
         default: sink = ta[k] ^ tb[k]; break;
         }
     }
@@ -108,7 +113,7 @@ static uint64_t helper(uint32_t op, uint64_t a, uint64_t b) {
 }
 
 /* 'M': a pseudo-random tensor in SRAM in the blob's row layout (docs/formats.md section 1) */
-static uint8_t wbuf[40 * 1024] __attribute__((aligned(8)));
+static uint8_t wbuf[64 * 1024] __attribute__((aligned(8)));
 static flm_act xq[4096] __attribute__((aligned(8)));
 static float xs[4096 / 16], xf[4096], out[512];
 

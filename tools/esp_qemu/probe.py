@@ -10,7 +10,8 @@ compiler flags as the real image) answers:
 * instructions per weight of flm_matvec, q8 and q4, groups of 32 and 128, row-scaled (the default
   format) and with f32 scales per group, over a 64 x 512 tensor in SRAM; the integer group dots alone
   (one flm_dot_* call per group); flm_quantize_act per input element;
-* instructions per float operation (add, mul, div, int-to-float, float-to-int, compare) beyond the
+* instructions per float operation (add, mul, div, int-to-float, float-to-int, compare; the engine's
+  own exp, SiLU and square root) beyond the
   same loop doing an integer xor: hardware instructions on the S3's FPU (its divide a call of
   xtensa_rt.c's __divsf3), the soft-float's calls on the C3, the call included.
 
@@ -35,7 +36,7 @@ from .build import ISAS, compile_image, swap_hal
 
 PROBE_SRC = Path(__file__).resolve().parent / "probe.c"
 Q8, Q4 = 1, 2
-OPS = ("fadd", "fmul", "fdiv", "i2f", "f2i", "fcmp")
+OPS = ("fadd", "fmul", "fdiv", "i2f", "f2i", "fcmp", "flm_expf", "flm_silu", "flm_sqrtf")
 NOP = len(OPS)
 M64 = (1 << 64) - 1
 
@@ -165,6 +166,13 @@ def measure(isa: str, work: Path, helpers: bool = True) -> dict:
                                            matvec=p.matvec(0, fmt, g, cols, rows, 0) / n,
                                            dot_only=p.matvec(1, fmt, g, cols, rows, 0) / n)
         out["instructions_per_weight"] = mv
+        # the default model's matrices (dim 128, hidden 352, one KV head of 32): a row's fixed cost
+        # (its scaling, the int64 fold's rounding) weighs more on short rows
+        shapes = {"wq/wo 128x128": (128, 128), "wk/wv 32x128": (128, 32), "w1/w3 352x128": (128, 352),
+                  "w2 128x352": (352, 128)}
+        out["default_model_shapes_row_scaled_g32"] = {
+            name: {fmt: p.matvec(0, code, 32, c, r, 2) / (c * r) for fmt, code in (("q8", Q8), ("q4", Q4))}
+            for name, (c, r) in shapes.items()}
         fl = {}
         for g in (32, 128):
             n, same = p.floor(cols * rows // g, g)
@@ -196,6 +204,8 @@ def main(argv=None) -> int:
             for k, v in r["instructions_per_weight"].items():
                 print(f"    {k:8s} row-scaled {v['matvec_row_scaled']:6.2f}   f32 scales {v['matvec']:6.2f}   "
                       f"group dots alone {v['dot_only']:6.2f}")
+            print("  the default model's matrices, row-scaled g32 (q8/q4): " + ", ".join(
+                f"{k} {v['q8']:.2f}/{v['q4']:.2f}" for k, v in r["default_model_shapes_row_scaled_g32"].items()))
             print("  floor kernel (probe.c, not the engine's), int8 group dots alone: " + ", ".join(
                 f"{k} {v['dot_only']:.2f}{'' if v['equal_to_flm_dot_q8'] else ' WRONG'}" for k, v in r["floor_kernel_per_weight"].items()))
             print("  quantize_act per element: " + ", ".join(f"{k} {v:.2f}" for k, v in r["quantize_act_per_element"].items()))
