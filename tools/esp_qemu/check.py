@@ -55,6 +55,7 @@ MODELS = {
     # the f32 KV cache: float attention (the negative control's model: with the int8 cache the few
     # float multiply-adds sit before an int8 quantization, which absorbs a fused one's rounding)
     "default-q8-kvf32": (ROOT / "models" / "default" / "model.pt", ["--format", "q8", "--kv", "f32"], "ROMEO:\nWhat"),
+    "ple-q8": (ROOT / "models" / "ple" / "model.pt", ["--format", "q8"], "ROMEO:\nWhat"),
     # a context of 128 (of the model's 512): with 512 the KV cache and buffers do not fit the C3's SRAM
     # budget (the planner: 171 positions fit)
     "stories260K-q8": (STORIES / "stories260K.bin", ["--format", "q8", "--ctx", "128", "--tokenizer",
