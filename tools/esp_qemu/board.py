@@ -92,6 +92,17 @@ def raw_link(fd: int) -> None:
     termios.tcsetattr(fd, termios.TCSANOW, attrs)
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the process that started QEMU dies (Linux), as the
+    native board does for itself (prctl PR_SET_PDEATHSIG): a virtual board never outlives its host."""
+    import ctypes
+    import signal
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 def start(isa: str | Isa, elf, blob, settle: float = 0.2) -> QemuBoard:
     """Start QEMU on ``elf`` with ``blob``; problems are one-line BoardErrors. ``settle``: how long
     to watch for QEMU refusing its command line before returning."""
@@ -108,7 +119,7 @@ def start(isa: str | Isa, elf, blob, settle: float = 0.2) -> QemuBoard:
     raw_link(slave)
     try:
         proc = subprocess.Popen(cmd, stdin=master, stdout=master, stderr=subprocess.PIPE,
-                                start_new_session=True, close_fds=True)
+                                start_new_session=True, close_fds=True, preexec_fn=_die_with_parent)
     except OSError as e:
         os.close(master)
         os.close(slave)
