@@ -6,7 +6,8 @@ QEMU's serial chardev is its stdin/stdout (``-chardev stdio``), both the master 
 this process creates and keeps the slave of open (so the link never hangs up between host
 connections, and nothing the firmware writes before the host opens the port is dropped).
 
-rv32:   qemu-system-riscv32 -M virt -bios none -icount shift=0; the NS16550A UART is serial0.
+rv32:   qemu-system-riscv32 -M virt -cpu rv32,a=false,f=false,d=false -bios none -icount shift=0; the
+        NS16550A UART is serial0.
 xtensa: see XTENSA_QEMU below."""
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ RV_TRAPS = {0: "instruction address misaligned", 1: "instruction access fault", 
 def qemu_command(isa: Isa, elf: Path, blob: Path) -> list[str]:
     """The QEMU command line for ``elf`` with the weights ``blob`` where the image expects it."""
     if isa is RV32:
-        return [RV_QEMU, "-M", "virt", "-bios", "none", "-icount", "shift=0", "-display", "none",
+        # -cpu rv32 without A, F and D: the hart is an rv32imc (+ Zicsr, Zifencei) like the C3's, so an
+        # instruction the chip lacks traps here instead of running
+        return [RV_QEMU, "-M", "virt", "-cpu", "rv32,a=false,f=false,d=false", "-bios", "none", "-icount", "shift=0",
+                "-display", "none",
                 "-monitor", "none", "-chardev", "stdio,id=link,signal=off", "-serial", "chardev:link",
                 "-kernel", str(elf), "-device", f"loader,file={blob},addr={RV_BLOB:#x},force-raw=on"]
     from .xtensa import qemu_command as xt
