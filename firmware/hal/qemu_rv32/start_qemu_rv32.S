@@ -13,6 +13,10 @@ _start:
     la sp, __stack_top
     la t0, flm_rv32_trap_entry
     csrw mtvec, t0
+#ifdef __riscv_flen
+    li t0, 0x2000               /* a build with F (the ESP32-P4's rv32imafc): mstatus.FS = Initial, */
+    csrs mstatus, t0            /* else every float instruction traps */
+#endif
     la t0, __data_lma
     la t1, __data_start
     la t2, __data_end
