@@ -3,7 +3,8 @@
 ``build_platformio`` completes the project ``render_project`` wrote (engine, HAL, config header)
 into one PlatformIO can build and upload on the user's machine:
 
-- ``platformio.ini``: platform, board, framework, flash/PSRAM settings, ``-O2 -ffp-contract=off``;
+- ``platformio.ini``: platform, board, framework, flash/PSRAM settings, ``-ffp-contract=off`` (and
+  ``-O2`` on the Arduino-Pico boards; ESP-IDF's comes from ``sdkconfig.defaults``);
 - ``src/main.c``: the board's entry (``app_main`` under ESP-IDF, ``flm_main`` called from the
   Arduino-Pico core's ``setup()``), which asks the HAL for the arena in its tier;
 - ``src/hal/flm_board.h``: where the blob is, which tier the arena lives in, the tier budgets;
@@ -85,7 +86,9 @@ CROSS = {
     "ESP32-S3": CrossTarget("xtensa lx7 (ESP32-S3)", ("xtensa-esp32s3-elf-gcc", "xtensa-esp-elf-gcc"),
                             ("-mlongcalls",)),
 }
-CHECK_FLAGS = ("-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
+# gnu17: the dialect ESP-IDF and Arduino-Pico compile with, whose GNU built-ins (significand, ...)
+# a name of ours could clash with where -std=c99 hides them
+CHECK_FLAGS = ("-std=gnu17", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
                "-ffunction-sections", "-fdata-sections")
 
 
@@ -246,7 +249,6 @@ def _esp_files(prof: dict, out: Path, ctx: dict, blob_size: int) -> dict:
         raise BuildError(f"board {prof['name']}: [usb] console must be uart0 or usb_serial_jtag, not {console!r}")
     sdk = {"CONFIG_PARTITION_TABLE_CUSTOM": "y",
            "CONFIG_PARTITION_TABLE_CUSTOM_FILENAME": "partitions.csv",
-           "CONFIG_PARTITION_TABLE_FILENAME": "partitions.csv",
            f"CONFIG_ESPTOOLPY_FLASHSIZE_{flash_size(prof) >> 20}MB": "y",
            "CONFIG_COMPILER_OPTIMIZATION_PERF": "y",
            "CONFIG_ESP_MAIN_TASK_STACK_SIZE": 16384,

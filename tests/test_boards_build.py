@@ -119,7 +119,12 @@ def test_platformio_ini_parses_with_platformio(projects, board, monkeypatch):
         got = cfg.get(sec, k)
         assert (got[0] if isinstance(got, list) else got) == prof["platformio"][k]
     flags = cfg.get(sec, "build_flags")
-    assert "-O2" in flags and "-ffp-contract=off" in flags
+    assert "-ffp-contract=off" in flags
+    if P.is_esp(prof):     # -O2 from sdkconfig (the app only); unflags would strip the bootloader's -Os too
+        assert "-O2" not in flags and not cfg.get(sec, "build_unflags")
+        assert "CONFIG_COMPILER_OPTIMIZATION_PERF=y" in (proj / "sdkconfig.defaults").read_text().splitlines()
+    else:
+        assert "-O2" in flags
     inc = next(f for f in flags if f.startswith("-include"))
     assert inc == f"-include {proj.resolve() / 'flm_config.h'}"
     if P.is_esp(prof):
@@ -169,6 +174,7 @@ def test_partition_table_aligned_disjoint_and_fits(projects, board, model_dir):
     assert (proj / "model.flmb").read_bytes() == (model_dir / "model.flmb").read_bytes()
     sdk = (proj / "sdkconfig.defaults").read_text()
     assert "CONFIG_PARTITION_TABLE_CUSTOM=y" in sdk and 'CONFIG_PARTITION_TABLE_CUSTOM_FILENAME="partitions.csv"' in sdk
+    assert "CONFIG_PARTITION_TABLE_FILENAME" not in sdk      # no Kconfig prompt: ESP-IDF ignores it
     assert f"CONFIG_ESPTOOLPY_FLASHSIZE_{flash >> 20}MB=y" in sdk
     assert ("CONFIG_SPIRAM=y" in sdk) == ("psram" in prof["tiers"])
     assert "esp_partition" in (proj / "src" / "CMakeLists.txt").read_text()

@@ -88,7 +88,7 @@ void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_
     const size_t buf_half = row_buf_bytes / 2u;     /* each core its own half: a row of the widest */
     job.w = w;
     job.b = b;
-    job.row_buf = row_buf + buf_half;
+    job.row_buf = row_buf ? row_buf + buf_half : NULL;      /* no buffer (one token): NULL + 0 is undefined */
     job.row_buf_bytes = buf_half;
     job.r0 = half;
     job.caller = xTaskGetCurrentTaskHandle();
