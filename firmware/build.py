@@ -1,7 +1,7 @@
 """Render a firmware project for a board from the Jinja templates, and build it where this
 machine can: the native board with the system C compiler through the rendered Makefile, the
-bare-metal Arm boards with build_arm, the PlatformIO boards with platformio (which leaves the
-compiling to the user's machine)."""
+emulated boards' bare-metal firmware with baremetal (the Cortex-M0+, rv32 and Xtensa toolchains),
+the PlatformIO boards with platformio (which leaves the compiling to the user's machine)."""
 from __future__ import annotations
 
 import shutil
@@ -17,7 +17,7 @@ from converter.footprint import arena_bytes, build_arenas
 from converter.ir import ModelConfig
 from converter.tokenizer_enc import section_info
 
-from .build_arm import build_arm
+from .baremetal import TOOLCHAINS, build_baremetal
 from .build_meta import (APP_DIR, APP_SOURCES, ENGINE_DIR, ENGINE_SOURCES, FW_VERSION, HAL_DIR, TEMPLATES_DIR,
                          BuildError, BuildResult)
 from .exact_float import copy_sources
@@ -80,8 +80,8 @@ def build_firmware(board: str, out_dir, blob) -> BuildResult:
     enc = section_info(blob, h)
     out = render_project(board, out_dir, h.config, min_group, h,
                          enc.text_capacity(h.config.max_seq_len) if enc is not None else 0)
-    if prof.get("build") == "arm-gcc":
-        return build_arm(board, prof, out, blob, h, min_group)
+    if prof.get("build") in TOOLCHAINS:
+        return build_baremetal(board, prof, out, blob, h, min_group)
     if prof.get("build") == "platformio":
         return build_platformio(board, prof, out, blob, h)
     if prof.get("build") != "make":

@@ -173,7 +173,7 @@ def test_run_unknown_board_says_unknown(capsys, tmp_path):
 
 
 def test_missing_emulator_is_refused_before_any_build(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(virtual, "emulator_missing", lambda: "rp2040js is not installed: run 'make emu-deps'")
+    monkeypatch.setattr(virtual, "emulator_missing", lambda board: "rp2040js is not installed: run 'make emu-deps'")
     monkeypatch.setattr(run_command, "ensure_firmware", lambda *a, **k: pytest.fail("built before checking"))
     d = _model_dir(tmp_path)
     for argv in (["run", "--board", "rp2040-emu", "--model", str(d), "--prompt-ids", "1"],

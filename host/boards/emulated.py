@@ -87,7 +87,7 @@ class EmulatedBoard(VirtualBoard):
         return f"EmulatedBoard(port={self.port!r}, pid={self.proc.pid}, alive={self.alive})"
 
 
-def emulator_missing() -> str | None:
+def rp2040js_missing() -> str | None:
     """Why the emulated board cannot start here (one line), or None when it can."""
     if shutil.which("node") is None:
         return ("the emulated RP2040 needs Node.js: apt-get install nodejs npm, then 'make emu-deps' "
@@ -97,11 +97,11 @@ def emulator_missing() -> str | None:
     return None
 
 
-def _entries(image: Path, names) -> dict[str, int]:
+def _entries(image: Path, names, prof: dict) -> dict[str, int]:
     """Name -> entry address of the functions ``names`` in the ELF beside ``image``."""
-    from firmware.build_arm import symbols    # it loads jinja2 and the builders: only a profiled start needs it
+    from firmware.baremetal import symbols    # it loads jinja2 and the builders: only a profiled start needs it
     elf = image.with_suffix(".elf")
-    found = symbols(elf) if elf.is_file() else {}
+    found = symbols(elf, prof) if elf.is_file() else {}
     missing = [n for n in names if n not in found]
     if missing:
         raise BoardError(f"cannot profile {', '.join(missing)}: not in {elf}")
@@ -118,7 +118,7 @@ def start_emulated_board(image, blob_path, board: str = "rp2040-emu", timeout: f
     hold ``calls``: name -> [cycles inside its calls, calls] (the harness's call profile). Problems
     are one-line BoardErrors."""
     image, blob_path = Path(image), Path(blob_path)
-    why = emulator_missing()
+    why = rp2040js_missing()
     if why:
         raise BoardError(why)
     if not image.is_file():
@@ -131,7 +131,7 @@ def start_emulated_board(image, blob_path, board: str = "rp2040-emu", timeout: f
     if blob_path.stat().st_size > flash - off:
         raise BoardError(f"model image {blob_path} is {blob_path.stat().st_size:,} bytes; {board}'s flash "
                          f"holds {flash - off:,} after the firmware")
-    entries = _entries(image, profile) if profile else {}
+    entries = _entries(image, profile, prof) if profile else {}
     own = counts_path is None
     if own:
         fd, name = tempfile.mkstemp(prefix="flashlm-emu-", suffix=".jsonl")

@@ -49,6 +49,11 @@ class VirtualBoard:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def read_counts(self) -> list[dict]:
+        """The emulator harness's per-step counts since the last call: none on this board (the
+        emulated RP2040's harness has them, host/boards/emulated.py)."""
+        return []
+
     def stderr_tail(self, n: int = 3) -> list[str]:
         return list(self._stderr)[-n:]
 

@@ -45,7 +45,6 @@
 #define TEST_DEV 0x00100000u
 
 #define CLOCK_EMULATED_INSTRUCTIONS 3u
-#define BOARD_NAME "esp32c3-isa-qemu"
 
 extern const uint8_t __flm_blob_start[], __flm_blob_end[];
 
@@ -66,7 +65,7 @@ static void put_hex(uint32_t v) {
 }
 
 /* A trap (start_qemu_rv32.S): a line on the serial link for whoever reads it, then QEMU ends with
- * exit status 100 + mcause, which the launcher names (tools/esp_qemu/board.py). */
+ * exit status 100 + mcause, which the launcher names (host/boards/qemu.py). */
 void flm_rv32_trap(uint32_t mcause, uint32_t mepc, uint32_t mtval) __attribute__((noreturn));
 void flm_rv32_trap(uint32_t mcause, uint32_t mepc, uint32_t mtval) {
     const char *s = "\r\nflashlm rv32: trap mcause 0x";
@@ -134,4 +133,4 @@ uint64_t hal_time_us(void) {   /* emulated instructions (minstret), not µs: see
 
 uint8_t hal_clock_kind(void) { return CLOCK_EMULATED_INSTRUCTIONS; }
 
-const char *hal_board_name(void) { return BOARD_NAME; }
+const char *hal_board_name(void) { return FLM_BOARD_NAME; }   /* the profile's name (flm_config.h) */

@@ -7,7 +7,7 @@
  * Serial: the sim machine has no UART. The link is QEMU's semihosting (the simcall instruction,
  * Xtensa ISS convention: a2 = call number, a3..a5 = arguments, result in a2, errno in a3) on file
  * descriptors 0 and 1, which QEMU passes to its own stdin and stdout: the launcher makes both the
- * pty (tools/esp_qemu/board.py). SYS_select_one with a zero timeout tells whether a byte waits,
+ * pty (host/boards/qemu.py). SYS_select_one with a zero timeout tells whether a byte waits,
  * so a read never blocks; hal_idle waits up to 20 ms in it (QEMU blocks the core's thread there:
  * no host CPU is spent while the board waits for the host).
  *
@@ -24,7 +24,7 @@
  * the virtual clock; the instructions from the last reading before the wait to the new first one are
  * not counted). hal_time_us returns the count: emulated instructions (HELLO clock kind 3), not
  * microseconds of any chip. When no phase fits (a QEMU that computes CCOUNT otherwise), the HAL says
- * so on QEMU's stderr; tools/esp_qemu/probe.c checks the count against loops of known length.
+ * so on QEMU's stderr; bench/esp_probe.c checks the count against loops of known length.
  *
  * The blob: read in place at the linker script's __flm_blob_start, where QEMU's generic loader
  * put it (standing for the flash partition). PSRAM: a static arena in the .psram region. */
@@ -37,7 +37,6 @@
 #define SELECT_READ 1
 
 #define CLOCK_EMULATED_INSTRUCTIONS 3u
-#define BOARD_NAME "esp32s3-isa-qemu"
 
 extern const uint8_t __flm_blob_start[], __flm_blob_end[];
 
@@ -185,7 +184,7 @@ void hal_idle(void) {
     calibrate(0);              /* the wait may have moved QEMU's virtual clock */
 }
 
-const char *hal_board_name(void) { return BOARD_NAME; }
+const char *hal_board_name(void) { return FLM_BOARD_NAME; }   /* the profile's name (flm_config.h) */
 
 #if defined(FLM_PSRAM_ARENA_BYTES) && FLM_PSRAM_ARENA_BYTES > 0
 static uint8_t psram_arena[FLM_PSRAM_ARENA_BYTES] __attribute__((aligned(64), section(".psram")));

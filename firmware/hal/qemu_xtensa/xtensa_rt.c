@@ -11,7 +11,7 @@
  * - __udivdi3, __umoddi3, __divdi3, __moddi3: 64-bit division, shift and subtract.
  *
  * Compiled with -fno-builtin; integer operations only, and no 64-bit multiply or divide in C (they
- * would call these very functions). tools/esp_qemu/probe.c checks them against the host. */
+ * would call these very functions). bench/esp_probe.c checks them against the host. */
 #include <stdint.h>
 
 uint32_t flm_sf_div(uint32_t a, uint32_t b);
