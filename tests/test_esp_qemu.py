@@ -1,91 +1,130 @@
-"""The ESP32-C3's and ESP32-S3's instruction sets in QEMU (tools/esp_qemu, issue 20 phase A): the
-probe's clock is an exact instruction count and the run-time helpers are the host's arithmetic;
-both boards are bit-exact with the NumPy reference at boot and on a generation (int8 and int4,
-the int8 and the f32 KV cache, batched prefill, PLE); the negative controls say "no" at the step
-where their logits first leave the reference's. Skipped where QEMU or a compiler is missing."""
-import shutil
+"""The ESP32-C3's and ESP32-S3's instruction sets in QEMU (boards esp32c3-isa-qemu, esp32s3-isa-qemu):
+each board boots bit-exact with the NumPy reference (its golden check "yes") and generates as the
+reference does, token for token and every step's logits CRC: int8 and int4, row-scaled and f32
+scales, PLE, the int8 and the f32 KV cache, batched prefill (the multi-token pass) and speculative
+decoding (prompt lookup and a draft model). Its clock is an exact instruction count and its compiler
+run-time helpers are the host's arithmetic (the probe, bench/esp_qemu.py). The negative controls —
+a soft-float that flushes subnormals to zero on RISC-V, every multiply-add fused into MADD.S on
+Xtensa — say "no" at the step where their logits first leave the reference's. One image per board
+serves every model here (the bare-metal arenas are the board's whole budgets); a board whose QEMU or
+compiler is missing is skipped, naming what to install."""
+from __future__ import annotations
+
+import contextlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import serial
 
+from converter import golden
 from converter.blob import read_golden, write_blob
+from converter.boards import load_board
+from converter.formats import StateTiers
 from converter.quantize import quantize
 from converter.reference import FLAG_ALL_LOGITS, NO_TOKEN, generate
-from host.protocol import Hello, Link, Ping
+from firmware.build import build_firmware
+from host.boards.qemu import start_qemu_board
+from host.link.messages import Hello, Log, Ping, SelfTest
+from host.link.port import Link
 from modelzoo import random_model, random_ple_model
-from nativeboard import assert_steps_match, recv_until, run
+from nativeboard import assert_steps_match, rebuilt_board, recv_until, run
 
-TOOLS = {"rv32": ("qemu-system-riscv32", "riscv64-unknown-elf-gcc"),
-         "xtensa": ("qemu-system-xtensa", "clang-22", "llvm-mc-22", "xtensa-lx106-elf-ld")}
+pytestmark = [pytest.mark.native, pytest.mark.cross, pytest.mark.emulated, pytest.mark.slow]
 
-
-def need(isa: str) -> None:
-    missing = [t for t in TOOLS[isa] if shutil.which(t) is None]
-    if missing:
-        pytest.skip(f"{', '.join(missing)} not installed (tools/esp_qemu, NOTES-phaseA.md)")
+BOARDS = ("esp32c3-isa-qemu", "esp32s3-isa-qemu")
+PROMPT = [5, 9, 2, 7, 3, 11]
+REPEATS = [3, 8, 13, 21, 3, 8, 13, 21, 34, 3, 8, 13]     # prompt lookup finds its drafts here
 
 
-def booted(isa, qm, tmp: Path, kv="f32", batch=1, defines=(), fused=False):
-    """(link, boot HELLO, board, port, blob) for qm on the QEMU board of ``isa``."""
-    from tools.esp_qemu import board
-    from tools.esp_qemu.build import build
-    blob = tmp / "model.flmb"
-    write_blob(qm, blob, kv=kv, batch=batch)
-    elf = build(isa, blob, tmp / f"fw-{isa}", defines, fused=fused)
-    b = board.start(isa, elf, blob)
-    port = serial.Serial(b.port, 115200, timeout=0.05)
-    link = Link(port)
-    link.send(Ping())
-    return link, recv_until(link, lambda m: isinstance(m, Hello), timeout=120)[-1], b, port, blob
+def need(board: str) -> None:
+    from bench.esp_qemu import unavailable
+    why = unavailable(board)
+    if why:
+        pytest.skip(why)
 
 
-@pytest.mark.parametrize("isa", ["rv32", "xtensa"])
-def test_probe_clock_is_an_exact_instruction_count_and_helpers_are_exact(isa, tmp_path):
-    need(isa)
-    from tools.esp_qemu import probe
-    elf = probe.build_probe(isa, tmp_path)
-    with probe.Probe(isa, elf, tmp_path) as p:
-        base = p.loop(0)
-        assert [p.loop(n) - base for n in (1, 2, 3, 10, 1000, 65537)] == [2, 4, 6, 20, 2000, 131074]
-        assert p.self_check() == 0
-        assert probe.check_helpers(p, n=100) == []
-        n, same = p.floor(16, 32)
-        assert same and n > 0
+def with_draft(qm, kv="int8"):
+    from converter.draft import attach
+    _, ird = random_model(seed=20, dim=32, n_heads=2, n_kv_heads=1, hidden_dim=32, n_layers=1,
+                          vocab_size=qm.config.vocab_size, max_seq_len=16)
+    return attach(qm, quantize(ird, "q8", 8), kv=kv)
 
 
+# name: (QuantModel factory, KV cache, batch); every model 2 layers and a context of 48, so one image
+# per board runs them all
 CASES = {
-    "q8 tied, f32 KV": (lambda: quantize(random_model(seed=3)[1], "q8", 32), "f32", 1),
-    "q4 untied PLE, int8 KV, batch 4": (lambda: quantize(random_ple_model(seed=5, tied=False, out_vocab=50), "q4", 16),
-                                        "int8", 4),
+    "q8 row scales, int8 KV, draft model": (lambda: with_draft(quantize(
+        random_model(seed=5, dim=64, n_heads=4, n_kv_heads=2, hidden_dim=128)[1], "q8", 16, scales="row")), "int8", 4),
+    "q4 row scales, untied, f32 KV": (lambda: quantize(
+        random_model(seed=6, tied=False, dim=64, n_heads=4, hidden_dim=96)[1], "q4", 32, scales="row"), "f32", 4),
+    "q4 untied PLE, int8 KV": (lambda: quantize(random_ple_model(seed=5, tied=False, out_vocab=50), "q4", 16),
+                               "int8", 4),
 }
 
 
-@pytest.mark.parametrize("isa", ["rv32", "xtensa"])
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """board -> firmware.elf, built once for the first case's blob (the same layers and context as
+    every case's)."""
+    root = tmp_path_factory.mktemp("esp-qemu")
+    built = {}
+
+    def image(board: str) -> Path:
+        need(board)
+        if board not in built:
+            make, kv, batch = next(iter(CASES.values()))
+            blob = root / f"{board}.flmb"
+            write_blob(make(), blob, state=StateTiers(kv=kv, batch=batch))
+            built[board] = build_firmware(board, root / board, blob).binary
+        return built[board]
+    return image
+
+
+@contextlib.contextmanager
+def booted(board: str, image: Path, qm, tmp: Path, kv: str, batch: int):
+    """(link, boot HELLO) for ``qm`` on the QEMU ``board``."""
+    blob = tmp / "model.flmb"
+    write_blob(qm, blob, state=StateTiers(kv=kv, batch=batch))
+    with start_qemu_board(image, blob, board) as b:
+        port = serial.Serial(b.port, 115200, timeout=0.05)
+        try:
+            link = Link(port)
+            link.send(Ping())
+            yield link, recv_until(link, lambda m: isinstance(m, Hello), timeout=120)[-1]
+        finally:
+            port.close()
+
+
+@pytest.mark.parametrize("board", BOARDS)
 @pytest.mark.parametrize("case", CASES)
-def test_qemu_board_is_bit_exact_with_the_reference(isa, case, tmp_path):
-    need(isa)
+def test_qemu_board_is_bit_exact_with_the_reference(board, case, images, tmp_path):
     make, kv, batch = CASES[case]
     qm = make()
-    link, hello, b, port, _ = booted(isa, qm, tmp_path, kv=kv, batch=batch)
-    try:
-        assert hello.board == {"rv32": "esp32c3-isa-qemu", "xtensa": "esp32s3-isa-qemu"}[isa]
-        assert hello.clock_name == "emulated instructions"
+    with booted(board, images(board), qm, tmp_path, kv, batch) as (link, hello):
+        assert hello.board == board and hello.clock_name == load_board(board)["timer"] == "emulated instructions"
         assert hello.golden == "exact" and hello.bit_exact.startswith("yes")
-        prompt = [5, 9, 2, 7, 3, 11]
-        toks, _, done = run(link, prompt, 6, logits=False, all_logits=True, batch=1)
-        assert_steps_match(toks, generate(qm, prompt, 6, flags=FLAG_ALL_LOGITS, kv=kv))
-        toks, _, _ = run(link, prompt, 6, logits=False, batch=batch)
-        assert_steps_match(toks, generate(qm, prompt, 6, kv=kv, batch=batch))
-        assert all(sum(t.us) > 0 for t in toks)          # the clock counts
-    finally:
-        port.close()
-        b.stop()
+        toks, _, _ = run(link, PROMPT, 8, logits=False, all_logits=True, batch=1)   # every step's whole head
+        assert_steps_match(toks, generate(qm, PROMPT, 8, flags=FLAG_ALL_LOGITS, kv=kv))
+        assert all(sum(t.us) > 0 for t in toks)                                     # the clock counts
+        toks, _, _ = run(link, REPEATS, 6, logits=False, batch=batch)                # prefill in passes
+        assert_steps_match(toks, generate(qm, REPEATS, 6, kv=kv, batch=batch))
+        assert any(t.kind == "prefill" and t.chunk_len == batch for t in toks)
+        toks, _, _ = run(link, PROMPT, 6, temperature=0.8, top_p=0.9, seed=11, logits=False, batch=1)
+        assert_steps_match(toks, generate(qm, PROMPT, 6, temperature=0.8, top_p=0.9, seed=11, kv=kv))
+        toks, _, done = run(link, REPEATS, 12, logits=False, speculate="lookup", draft_k=3)
+        assert_steps_match(toks, generate(qm, REPEATS, 12, kv=kv, batch=batch, speculate="lookup", draft_k=3))
+        assert done.verify_passes > 0
+        if qm.draft is not None:
+            assert hello.can_draft
+            toks, _, done = run(link, PROMPT, 10, logits=False, speculate="draft", draft_k=3)
+            assert_steps_match(toks, generate(qm, PROMPT, 10, kv=kv, batch=batch, speculate="draft", draft_k=3))
+            assert done.verify_passes > 0
 
 
-def first_differing_step(link, qm, prompt, kv) -> int | None:
-    from converter import golden
+def first_differing_step(link, qm, prompt, kv="f32") -> int | None:
+    """The golden prompt with every step's whole head: the first step whose CRC or token is not the
+    reference's (None: none)."""
     n = golden.STEPS - len(prompt) + 1
     toks, _, _ = run(link, prompt, n, logits=False, all_logits=True, batch=1)
     for t, r in zip(toks, generate(qm, prompt, n, flags=FLAG_ALL_LOGITS, kv=kv)):
@@ -94,31 +133,49 @@ def first_differing_step(link, qm, prompt, kv) -> int | None:
     return None
 
 
+def selftest(link) -> Hello:
+    link.send(SelfTest())
+    seen: list = []
+    return recv_until(link, lambda m: (seen.append(m) or True) and isinstance(m, Hello)
+                      and any(isinstance(x, Log) and "golden" in x.text for x in seen), timeout=120)[-1]
+
+
 def test_rv32_with_a_flush_to_zero_soft_float_is_not_bit_exact(tmp_path):
-    """As the RP2040's: subnormal embedding rows make the residual stream subnormal at once."""
-    need("rv32")
+    """As on the RP2040: subnormal embedding rows make the residual stream subnormal at once, and a
+    soft-float that flushes them (as a ROM's may) differs from the first step."""
+    need("esp32c3-isa-qemu")
     _, ir = random_model(seed=7)
     ir.tensors["tok_embeddings"] = (ir.tensors["tok_embeddings"] * np.float32(2.0 ** -140)).astype(np.float32)
     qm = quantize(ir, "q8", 32)
-    link, h0, b, port, blob = booted("rv32", qm, tmp_path, defines=("FLM_FAULT_FTZ=1",))
-    try:
-        first = first_differing_step(link, qm, list(read_golden(blob.read_bytes()).prompt), "f32")
-    finally:
-        port.close()
-        b.stop()
+    with rebuilt_board(qm, tmp_path, "esp32c3-isa-qemu", define="FLM_FAULT_FTZ 1") as (link, h0, blob):
+        first = first_differing_step(link, qm, list(read_golden(blob).prompt))
     assert first is not None and h0.golden == "differs" and h0.golden_first_diff == first
+    assert h0.bit_exact.startswith("no")
 
 
 def test_xtensa_with_fused_multiply_adds_is_not_bit_exact(tmp_path):
-    """Every multiply-add the C allows fused into MADD.S (what GCC does for the S3 without
-    -ffp-contract=off), with float attention (the f32 KV cache) where the fused roundings survive."""
-    need("xtensa")
+    """Every multiply-add the C allows fused into MADD.S (the build ESP-IDF's GCC makes for the S3
+    without -ffp-contract=off), with float attention (the f32 KV cache) where the fused roundings
+    survive: SELFTEST says "no" at the golden prompt's first differing step (the boot check, 2 steps,
+    may not reach it)."""
+    need("esp32s3-isa-qemu")
     qm = quantize(random_model(seed=3)[1], "q8", 32)
-    link, h0, b, port, blob = booted("xtensa", qm, tmp_path, kv="f32", fused=True)
-    try:
-        first = first_differing_step(link, qm, list(read_golden(blob.read_bytes()).prompt), "f32")
-    finally:
-        port.close()
-        b.stop()
-    assert first is not None
-    assert h0.golden == ("differs" if first < 2 else "exact")
+    with rebuilt_board(qm, tmp_path, "esp32s3-isa-qemu", make_args=["FUSED=1"]) as (link, h0, blob):
+        h = selftest(link)
+        first = first_differing_step(link, qm, list(read_golden(blob).prompt))
+    assert first is not None and h.golden == "differs" and h.golden_first_diff == first
+    assert h0.golden == ("differs" if first < golden.BOOT_STEPS else "exact")
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_clock_is_an_exact_instruction_count_and_helpers_are_exact(board, tmp_path):
+    need(board)
+    from bench import esp_qemu
+    elf = esp_qemu.build_probe(board, tmp_path)
+    with esp_qemu.Probe(board, elf, tmp_path) as p:
+        base = p.loop(0)
+        assert [p.loop(n) - base for n in (1, 2, 3, 10, 1000, 65537)] == [2, 4, 6, 20, 2000, 131074]
+        assert p.self_check() == 0
+        assert esp_qemu.check_helpers(p, n=100) == []
+        n, same = p.floor(16, 32)
+        assert same and n > 0

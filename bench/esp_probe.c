@@ -1,7 +1,7 @@
-/* Probe firmware for the QEMU boards (tools/esp_qemu/probe.py builds it in place of the app's main.c,
- * with the same engine, HAL, soft-float and flags as the real image). The clock is the HAL's:
- * emulated instructions. It answers binary commands on the serial link (little-endian; one command
- * byte, then u32 arguments), one u32 answer each:
+/* Probe firmware for the QEMU boards of the ESP32 family's instruction sets (bench/esp_qemu.py builds
+ * it in place of the app's main.c, with the same engine, HAL, soft-float, Makefile and flags as the
+ * board's firmware). The clock is the HAL's: emulated instructions. It answers binary commands on the
+ * serial link (little-endian; one command byte, then u32 arguments), one u32 answer each:
  *
  *   'M' kind fmt group cols rows scales   instructions of flm_matvec over a pseudo-random tensor in
  *                              SRAM (kind 0), of its integer group dots alone (kind 1: one
@@ -162,8 +162,8 @@ static uint32_t time_matvec(uint32_t kind, uint32_t fmt, uint32_t g, uint32_t co
     return (uint32_t)(t1 - t0);
 }
 
-/* ---- floor kernels: how few instructions an int8 dot can take on this ISA (NOT the engine's code;
- * NOTES-phaseA.md derives the floor, these measure it; phase B's per-ISA drop-ins start here) ---- */
+/* ---- floor kernels: how few instructions an int8 dot can take on this ISA (NOT the engine's code:
+ * docs/kernels.md derives the floor per ISA, these measure it beside the engine's kernels) ---- */
 #if defined(__riscv)
 /* rv32imc: LB sign-extends as it loads, MUL, ADD: four instructions a weight, the pointer steps and
  * the branch shared by 8 weights. n a multiple of 8. */
