@@ -34,6 +34,10 @@ RUNS = Figures("the runs: board, clock and how memory is timed", ["run", "board"
      "the harness's XIP model: 16 KB two-way cache, a QSPI line transfer per miss ([emulator.md](emulator.md))"],
     ["emulated, XIP off", "rp2040-emu", "the emulated timer", "a flash read costs what an SRAM read costs (rp2040js as is)"],
     ["probe", "rp2040-emu, a probe image of the kernels", "SysTick (rp2040js's cycle counts)", "codes and activations in SRAM"],
+    ["qemu", "esp32c3-isa-qemu, esp32s3-isa-qemu: the ESP32-C3's (rv32imc) and ESP32-S3's (Xtensa LX7) instruction "
+     "sets on QEMU's generic machines, not the chips",
+     "emulated instructions: QEMU's exact count of executed instructions (not cycles)", "not timed: QEMU models no "
+     "cache, flash or PSRAM"],
     ["PREDICTED", "esp32s3-n16r8, pico, rp2040-emu profiles (boards/*.toml): nothing runs",
      "the planner's cost model at the profile's clock", "each tier's bandwidth and row latency from the profile"]])
 
@@ -172,6 +176,45 @@ def kernels_tables(r: dict) -> list[Figures]:
     ops = Figures("soft-float: cycles per call beyond an empty call", ["operation", "cycles"],
                   [[op, v] for op, v in k["float_op_cycles"].items()])
     return [cpw, ops]
+
+
+def esp_tables(r: dict) -> list[Figures]:
+    """The QEMU boards: instructions per decode token and phase; per weight beside the Cortex-M0+'s
+    cycles (the kernels section, same run) and the floor kernels; per float operation; the fit."""
+    e = r.get("esp_qemu")
+    if not e:
+        return []
+    boards = list(e)
+    runs = [(b, fmt, e[b]["decode"][fmt]) for b in boards for fmt in e[b]["decode"]]
+    dec = Figures("instructions per decode token of the default model (convert's defaults: row scales, int8 KV "
+                  "cache, head index), medians over the decode steps of one greedy generation",
+                  ["phase"] + [f"{b}\n{fmt}" for b, fmt, _ in runs],
+                  [[ph] + [x["phase_instructions"][ph] for *_, x in runs] for ph in PHASES if ph != "sampling"]
+                  + [["token"] + [x["instructions_per_token"] for *_, x in runs],
+                     ["golden check"] + [x["bit_exact"] for *_, x in runs]])
+    m0 = (r.get("kernels") or {}).get("cycles_per_weight", {})
+    kinds = (("matvec_row_scaled", "matvec, row scales (default)"), ("matvec", "matvec, f32 group scales"),
+             ("dot_only", "integer group dots alone"))
+    rows = [[f"{label}, {k}"] + [e[b]["probe"]["instructions_per_weight"][k][key] for b in boards]
+            + [m0.get(k, {}).get(key)] for key, label in kinds for k in e[boards[0]]["probe"]["instructions_per_weight"]]
+    rows += [[f"floor kernel (esp_probe.c), {k}"] + [e[b]["probe"]["floor_kernel_per_weight"][k]["dot_only"]
+                                                     for b in boards] + [None]
+             for k in e[boards[0]]["probe"]["floor_kernel_per_weight"]]
+    pw = Figures(f"per weight: instructions on the QEMU boards beside the Cortex-M0+'s cycles (rp2040-emu probe, "
+                 f"the kernels section) ({e[boards[0]]['probe']['shape']})",
+                 ["kernel, format"] + [f"{b}\ninstructions" for b in boards] + ["rp2040-emu\ncycles"], rows,
+                 "an instruction is not a cycle: the M0+'s column counts cycles (rp2040js), the others executed "
+                 "instructions; the floor kernels are the int8 dot's floor per instruction set (docs/kernels.md)")
+    ops = Figures("instructions per float operation beyond an integer xor (soft-float calls on the C3, the FPU on "
+                  "the S3; fdiv on the S3: the soft-float's __divsf3)", ["operation"] + boards,
+                  [[op] + [e[b]["probe"]["float_op_instructions"][op] for b in boards]
+                   for op in e[boards[0]]["probe"]["float_op_instructions"]]
+                  + [[f"quantize_act per element, {g}"] + [e[b]["probe"]["quantize_act_per_element"][g] for b in boards]
+                     for g in e[boards[0]]["probe"]["quantize_act_per_element"]])
+    fit = Figures("the planner's calibration from these counts (instructions per MAC: least squares over the "
+                  "phases of both formats, the float operations at the probe's add/multiply)", ["figure"] + boards,
+                  [[k] + [e[b]["fit"][k] for b in boards] for k in e[boards[0]]["fit"]])
+    return [dec, pw, ops, fit]
 
 
 def native15m_tables(r: dict) -> list[Figures]:
@@ -333,6 +376,7 @@ def render(r: dict) -> str:
         ("Device tokenizer", "Run: emulated, XIP on.", [encode_table(r)]),
         ("XIP model: head placement", "Runs: emulated, XIP on; PREDICTED (rp2040-emu profile).", [xip_table(r)]),
         ("Kernels on the Cortex-M0+", "Run: probe.", kernels_tables(r)),
+        ("The ESP32 instruction sets in QEMU", "Runs: qemu (instructions), probe (the M0+'s cycles).", esp_tables(r)),
         ("Native engine instructions", "Run: callgrind.", [callgrind_table(r)]),
         ("The 15M llama2.c shape", "Runs: callgrind (instructions), native (tok/s).", native15m_tables(r)),
         ("Speed work: head, prefill, KV cache", "Runs: native, emulated (XIP on).", [speed_table(r)]),
