@@ -122,6 +122,62 @@ def test_qemu_board_is_bit_exact_with_the_reference(board, case, images, tmp_pat
             assert done.verify_passes > 0
 
 
+@pytest.mark.parametrize("board", BOARDS)
+def test_a_bad_image_is_refused_in_one_line(board, images, tmp_path):
+    """A blob whose CRC is wrong: the firmware refuses it (HELLO image_ok false, ERROR bad_image) and
+    the session says so in one line; a firmware image that is not an ELF: refused before QEMU starts."""
+    from host.errors import BoardError
+    from host.session.session import Session
+    qm = quantize(random_model(seed=3)[1], "q8", 32)
+    blob = tmp_path / "model.flmb"
+    write_blob(qm, blob)
+    raw = bytearray(blob.read_bytes())
+    raw[-5] ^= 0x40
+    blob.write_bytes(bytes(raw))
+    with start_qemu_board(images(board), blob, board) as b:
+        port = serial.Serial(b.port, 115200, timeout=0.05)
+        try:
+            with pytest.raises(BoardError) as e:
+                Session(Link(port)).handshake(timeout=60)
+        finally:
+            port.close()
+    assert f"{board} rejected its model image" in str(e.value) and "CRC mismatch" in str(e.value)
+    assert "\n" not in str(e.value)
+    with pytest.raises(BoardError, match="is not an ELF file"):
+        start_qemu_board(blob, blob, board)
+
+
+@pytest.mark.parametrize("board", BOARDS)
+def test_cli_run_on_the_qemu_board(board, tmp_path, monkeypatch, capsys):
+    """`flashlm run --board` from another folder with a relative model path: built, started, every
+    figure in instructions (no µs, no tok/s), the tokens and logits CRCs the reference's."""
+    import csv
+    import zlib
+
+    from converter.blob import read_blob
+    from converter.llama2c import write_llama2c
+    from host.cli.main import main
+    need(board)
+    _, ir = random_model(seed=9, vocab_size=64, dim=64, n_heads=4, n_kv_heads=2, hidden_dim=128)
+    write_llama2c(ir, tmp_path / "model.bin", version=1)
+    assert main(["convert", str(tmp_path / "model.bin"), "-o", str(tmp_path / "model"), "--no-report"]) == 0
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    prompt = [1, 10, 20]
+    rc = main(["run", "--board", board, "--model", "../model", "--prompt-ids", ",".join(map(str, prompt)),
+               "--max-tokens", "6", "--all-logits", "--csv", "run.csv"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    ref = generate(read_blob(tmp_path / "model" / "model.flmb"), prompt, 6, flags=FLAG_ALL_LOGITS, kv="int8")
+    rows = list(csv.DictReader(open("run.csv")))
+    assert [(int(r["out_id"]) if r["out_id"] else NO_TOKEN, int(r["logits_crc"])) for r in rows] == \
+        [(r["out_id"], zlib.crc32(r["logits"].tobytes())) for r in ref]
+    assert all(r["clock"] == "emulated instructions" and int(r["total_instructions"]) > 0 for r in rows)
+    assert "bit-exact with the reference: yes" in out.out and "instructions a token" in out.out
+    report = [ln for ln in out.out.splitlines() if not ln.startswith("note:")]   # the note says what it is not
+    assert not any("µs" in ln or "tok/s" in ln for ln in report)
+
+
 def first_differing_step(link, qm, prompt, kv="f32") -> int | None:
     """The golden prompt with every step's whole head: the first step whose CRC or token is not the
     reference's (None: none)."""
