@@ -1,13 +1,14 @@
-"""The ESP32-C3's and ESP32-S3's instruction sets in QEMU (boards esp32c3-isa-qemu, esp32s3-isa-qemu):
+"""The ESP32-C3's, ESP32-S3's and ESP32-P4's instruction sets in QEMU (boards esp32c3-isa-qemu,
+esp32s3-isa-qemu, esp32p4-isa-qemu):
 each board boots bit-exact with the NumPy reference (its golden check "yes") and generates as the
 reference does, token for token and every step's logits CRC: int8 and int4, row-scaled and f32
 scales, PLE, the int8 and the f32 KV cache, batched prefill (the multi-token pass) and speculative
 decoding (prompt lookup and a draft model). Its clock is an exact instruction count and its compiler
 run-time helpers are the host's arithmetic (the probe, bench/esp_qemu.py). The negative controls —
 a soft-float that flushes subnormals to zero on RISC-V, every multiply-add fused into MADD.S on
-Xtensa — say "no" at the step where their logits first leave the reference's. One image per board
-serves every model here (the bare-metal arenas are the board's whole budgets); a board whose QEMU or
-compiler is missing is skipped, naming what to install."""
+Xtensa, GCC's FMADD.S on the P4's rv32imafc — say "no" at the step where their logits first leave
+the reference's. One image per board serves every model here (the bare-metal arenas are the board's
+whole budgets); a board whose QEMU or compiler is missing is skipped, naming what to install."""
 from __future__ import annotations
 
 import contextlib
@@ -32,7 +33,7 @@ from nativeboard import assert_steps_match, rebuilt_board, recv_until, run
 
 pytestmark = [pytest.mark.native, pytest.mark.cross, pytest.mark.emulated, pytest.mark.slow]
 
-BOARDS = ("esp32c3-isa-qemu", "esp32s3-isa-qemu")
+BOARDS = ("esp32c3-isa-qemu", "esp32s3-isa-qemu", "esp32p4-isa-qemu")
 PROMPT = [5, 9, 2, 7, 3, 11]
 REPEATS = [3, 8, 13, 21, 3, 8, 13, 21, 34, 3, 8, 13]     # prompt lookup finds its drafts here
 
@@ -147,10 +148,11 @@ def test_a_bad_image_is_refused_in_one_line(board, images, tmp_path):
         start_qemu_board(blob, blob, board)
 
 
-@pytest.mark.parametrize("board", BOARDS)
-def test_cli_run_on_the_qemu_board(board, tmp_path, monkeypatch, capsys):
+def test_cli_run_on_the_qemu_board(tmp_path, monkeypatch, capsys):
     """`flashlm run --board` from another folder with a relative model path: built, started, every
-    figure in instructions (no µs, no tok/s), the tokens and logits CRCs the reference's."""
+    figure in instructions (no µs, no tok/s), the tokens and logits CRCs the reference's (one board:
+    the command's path is every QEMU board's)."""
+    board = "esp32s3-isa-qemu"
     import csv
     import zlib
 
@@ -221,6 +223,18 @@ def test_xtensa_with_fused_multiply_adds_is_not_bit_exact(tmp_path):
         first = first_differing_step(link, qm, list(read_golden(blob).prompt))
     assert first is not None and h.golden == "differs" and h.golden_first_diff == first
     assert h0.golden == ("differs" if first < golden.BOOT_STEPS else "exact")
+
+
+def test_rv32_with_f_and_fused_multiply_adds_is_not_bit_exact(tmp_path):
+    """The ESP32-P4's rv32imafc with GCC's default contraction (-ffp-contract=fast: FMADD.S, one
+    rounding) on float attention: the reason the P4's build, like the S3's, keeps -ffp-contract=off."""
+    need("esp32p4-isa-qemu")
+    qm = quantize(random_model(seed=3)[1], "q8", 32)
+    fused = "CFLAGS=-std=gnu17 -O2 -Wall -Wextra -Werror -ffp-contract=fast -ffunction-sections -fdata-sections"
+    with rebuilt_board(qm, tmp_path, "esp32p4-isa-qemu", make_args=[fused]) as (link, h0, blob):
+        h = selftest(link)
+        first = first_differing_step(link, qm, list(read_golden(blob).prompt))
+    assert first is not None and h.golden == "differs" and h.golden_first_diff == first
 
 
 @pytest.mark.parametrize("board", BOARDS)

@@ -1,8 +1,10 @@
-/* The ESP32-C3's instruction set (rv32imc, no FPU) on QEMU's generic RISC-V machine: a bare-metal
- * HAL for qemu-system-riscv32 -M virt -bios none -icount shift=0. Not an ESP32-C3: no C3
- * peripheral, cache, flash or memory timing is modelled; what carries over is the instruction set,
- * the compiler's code for it and the soft-float (softfloat.c through softfloat_libgcc.c's --wrap
- * names, as the real C3's project links them).
+/* The ESP32-C3's instruction set (rv32imc, no FPU) on QEMU's generic RISC-V machine, and the
+ * ESP32-P4's without its SIMD (rv32imafc, the F extension's hardware floats): a bare-metal HAL for
+ * qemu-system-riscv32 -M virt -bios none -icount shift=0. Not an ESP32-C3 or -P4: no peripheral,
+ * cache, flash or memory timing of theirs is modelled; what carries over is the instruction set,
+ * the compiler's code for it and its floats (on the C3 the soft-float, softfloat.c through
+ * softfloat_libgcc.c's --wrap names, as the real C3's project links them; on the P4 the F
+ * instructions, which start_qemu_rv32.S enables).
  *
  * Serial: the machine's NS16550A UART at 0x10000000 (QEMU's serial0; the launcher bridges it to a
  * pty). Idle: wfi until the UART's receive interrupt is pending at the PLIC (never taken: mstatus.MIE

@@ -1,4 +1,4 @@
-/* Start-up of the ESP32-C3-ISA board on QEMU's RISC-V virt machine (-bios none: QEMU starts the
+/* Start-up of the RISC-V QEMU boards (esp32c3-isa-qemu, esp32p4-isa-qemu) on QEMU's virt machine (-bios none: QEMU starts the
  * hart at the ELF's entry in machine mode). Sets the global and stack pointers, copies .data from
  * its load image, clears .bss, installs the trap handler and calls main. A trap (an illegal
  * instruction, a misaligned or faulting access, ebreak) is reported by hal_qemu_rv32.c's
