@@ -53,7 +53,7 @@ BLOB_PARTITION = "model"
 RP_DEFAULT_BLOB_OFFSET = 0x40000
 RP_EEPROM = 4096
 
-ESPTOOL_CHIP = {"ESP32-S3": "esp32s3", "ESP32-C3": "esp32c3", "ESP32": "esp32", "ESP32-S2": "esp32s2"}
+ESPTOOL_CHIP = {"ESP32-S3": "esp32s3", "ESP32-C3": "esp32c3", "ESP32-P4": "esp32p4", "ESP32": "esp32", "ESP32-S2": "esp32s2"}
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,8 @@ CROSS = {
                           ("-mcpu=cortex-m33", "-mthumb", "-march=armv8-m.main+fp+dsp", "-mfloat-abi=softfp")),
     "ESP32-C3": CrossTarget("rv32imc (ESP32-C3)", ("riscv32-esp-elf-gcc", "riscv64-unknown-elf-gcc"),
                             ("-march=rv32imc", "-mabi=ilp32")),
+    "ESP32-P4": CrossTarget("rv32imafc (ESP32-P4)", ("riscv32-esp-elf-gcc", "riscv64-unknown-elf-gcc"),
+                            ("-march=rv32imafc", "-mabi=ilp32f")),
     "ESP32-S3": CrossTarget("xtensa lx7 (ESP32-S3)", ("xtensa-esp32s3-elf-gcc", "xtensa-esp-elf-gcc"),
                             ("-mlongcalls",)),
 }
@@ -193,7 +195,7 @@ def profile_board_build(prof: dict) -> dict:
     return out
 
 
-PSRAM_MODES = {"quad": "CONFIG_SPIRAM_MODE_QUAD", "oct": "CONFIG_SPIRAM_MODE_OCT"}
+PSRAM_MODES = {"quad": "CONFIG_SPIRAM_MODE_QUAD", "oct": "CONFIG_SPIRAM_MODE_OCT", "hex": "CONFIG_SPIRAM_MODE_HEX"}
 
 
 def esp_memory_sdkconfig(prof: dict) -> dict:
