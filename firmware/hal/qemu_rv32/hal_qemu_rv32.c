@@ -46,7 +46,6 @@
 
 #define TEST_DEV 0x00100000u
 
-#define CLOCK_EMULATED_INSTRUCTIONS 3u
 
 extern const uint8_t __flm_blob_start[], __flm_blob_end[];
 
@@ -133,6 +132,6 @@ uint64_t hal_time_us(void) {   /* emulated instructions (minstret), not µs: see
     return (uint64_t)hi << 32 | lo;
 }
 
-uint8_t hal_clock_kind(void) { return CLOCK_EMULATED_INSTRUCTIONS; }
+uint8_t hal_clock_kind(void) { return FLM_CLOCK_INSTRUCTIONS; }
 
 const char *hal_board_name(void) { return FLM_BOARD_NAME; }   /* the profile's name (flm_config.h) */

@@ -36,7 +36,6 @@
 #define SYS_SELECT_ONE 29
 #define SELECT_READ 1
 
-#define CLOCK_EMULATED_INSTRUCTIONS 3u
 
 extern const uint8_t __flm_blob_start[], __flm_blob_end[];
 
@@ -138,7 +137,7 @@ uint64_t hal_time_us(void) {   /* emulated instructions, not µs: see above */
     return counted + since_first(c);
 }
 
-uint8_t hal_clock_kind(void) { return CLOCK_EMULATED_INSTRUCTIONS; }
+uint8_t hal_clock_kind(void) { return FLM_CLOCK_INSTRUCTIONS; }
 
 /* ---- board -------------------------------------------------------------------------------- */
 
