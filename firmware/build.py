@@ -46,6 +46,7 @@ def render_project(board: str, out_dir, config: ModelConfig, min_group: int, hea
     for p in hal_dir.iterdir():
         shutil.copy2(p, src / "hal" / p.name)
     copy_sources(prof, src / "hal")      # boards without an FPU: flashlm's float arithmetic
+    copy_isa_kernels(prof, src / "hal")
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     c = config
@@ -69,6 +70,21 @@ def render_project(board: str, out_dir, config: ModelConfig, min_group: int, hea
     if prof.get("build") == "make":
         (out / "Makefile").write_text(env.get_template("Makefile.j2").render(ctx))
     return out
+
+
+def copy_isa_kernels(prof: dict, hal: Path) -> None:
+    """The instruction set's kernels a profile names (``kernels = "rv32"``: firmware/hal/kernels_rv32.h),
+    as the project's kernels_arch.h (kernel_hooks.h includes it): one source per instruction set for
+    every HAL that runs on it (the real chips' ESP-IDF HAL and their instruction sets in QEMU)."""
+    name = prof.get("kernels")
+    if not name:
+        return
+    src = HAL_DIR / f"kernels_{name}.h"
+    if not src.is_file():
+        raise BuildError(f"board {prof['name']}: no kernels {name!r} (firmware/hal/kernels_{name}.h)")
+    if (hal / "kernels_arch.h").exists():
+        raise BuildError(f"board {prof['name']}: HAL {prof['hal']} has kernels of its own; drop kernels = {name!r}")
+    shutil.copy2(src, hal / "kernels_arch.h")
 
 
 def build_firmware(board: str, out_dir, blob) -> BuildResult:
