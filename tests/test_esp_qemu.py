@@ -59,6 +59,8 @@ CASES = {
         random_model(seed=5, dim=64, n_heads=4, n_kv_heads=2, hidden_dim=128)[1], "q8", 16, scales="row")), "int8", 4),
     "q4 row scales, untied, f32 KV": (lambda: quantize(
         random_model(seed=6, tied=False, dim=64, n_heads=4, hidden_dim=96)[1], "q4", 32, scales="row"), "f32", 4),
+    "q4 fp16 group scales (ple-28m's recipe), int8 KV": (lambda: quantize(
+        random_model(seed=7, dim=64, n_heads=4, n_kv_heads=2, hidden_dim=96)[1], "q4", 32, scales="f16"), "int8", 4),
     "q4 untied PLE, int8 KV": (lambda: quantize(random_ple_model(seed=5, tied=False, out_vocab=50), "q4", 16),
                                "int8", 4),
 }

@@ -21,9 +21,11 @@
  * these kernels were written against (an int16 contract reads them with L16SI, one instruction). */
 typedef char flm_xt_act_is_int8[sizeof(flm_act) == 1u ? 1 : -1];
 
-/* One weight at offset o: code and activation loaded and sign-extended, their product into ACC. */
+/* One weight at offset o: code and activation loaded and sign-extended, their product into ACC. Each
+ * load is an instruction away from its use: on the LX7's pipeline a loaded value used by the next
+ * instruction stalls a cycle (the instruction count is the same either way). */
 #define XT_Q8(o)                                                                                          \
-    "l8ui %[a], %[w], " #o "\n\tsext %[a], %[a], 7\n\tl8ui %[b], %[x], " #o "\n\tsext %[b], %[b], 7\n\t"   \
+    "l8ui %[a], %[w], " #o "\n\tl8ui %[b], %[x], " #o "\n\tsext %[a], %[a], 7\n\tsext %[b], %[b], 7\n\t"   \
     "mula.aa.ll %[a], %[b]\n\t"
 #define XT_Q8_4(o0, o1, o2, o3) XT_Q8(o0) XT_Q8(o1) XT_Q8(o2) XT_Q8(o3)
 
@@ -63,8 +65,8 @@ static inline __attribute__((always_inline)) int32_t dot_q8_xt(const int8_t *w, 
 /* A code byte at offset o (its activations at xo and xo + 1): both nibbles unsigned, times their
  * activations, into ACC. */
 #define XT_U4(o, xo)                                                                                      \
-    "l8ui %[a], %[w], " #o "\n\tl8ui %[b], %[x], " #xo "\n\tsext %[b], %[b], 7\n\textui %[c], %[a], 0, 4\n\t" \
-    "mula.aa.ll %[c], %[b]\n\tl8ui %[b], %[x], " #xo "+1\n\tsext %[b], %[b], 7\n\textui %[c], %[a], 4, 4\n\t"  \
+    "l8ui %[a], %[w], " #o "\n\tl8ui %[b], %[x], " #xo "\n\textui %[c], %[a], 0, 4\n\tsext %[b], %[b], 7\n\t" \
+    "mula.aa.ll %[c], %[b]\n\tl8ui %[b], %[x], " #xo "+1\n\textui %[c], %[a], 4, 4\n\tsext %[b], %[b], 7\n\t"  \
     "mula.aa.ll %[c], %[b]\n\t"
 
 /* sum u x over n codes (nibbles unsigned, low first), n a nonzero multiple of 8: the row-scaled dot
@@ -92,6 +94,37 @@ static inline __attribute__((always_inline)) int32_t dot_u4_xt(const uint8_t *w,
     }
     return s;
 }
+
+/* A code byte at offset o of two's-complement nibbles (q4 with group scales): each nibble shifted to
+ * the top and arithmetically back (SEXT takes bit 7 at the lowest), times its activation, into ACC. */
+#define XT_S4(o, xo)                                                                                      \
+    "l8ui %[a], %[w], " #o "\n\tl8ui %[b], %[x], " #xo "\n\tslli %[c], %[a], 28\n\tsext %[b], %[b], 7\n\t"   \
+    "srai %[c], %[c], 28\n\tmula.aa.ll %[c], %[b]\n\tl8ui %[b], %[x], " #xo "+1\n\tslli %[c], %[a], 24\n\t"  \
+    "sext %[b], %[b], 7\n\tsrai %[c], %[c], 28\n\tmula.aa.ll %[c], %[b]\n\t"
+
+/* dot_q4_scalar's value (q4 with group scales, two's-complement codes): 8 codes a LOOP turn (16
+ * would put the loop's end past LOOP's 256-byte reach), then one code at a time. 5.5 instructions a
+ * weight and 2 a turn: no sum of x to fold, which a group-scaled row would redo per row. */
+static inline __attribute__((always_inline)) int32_t dot_q4_xt(const uint8_t *restrict w, const flm_act *restrict x,
+                                                               uint32_t n) {
+    const uint32_t n8 = n & ~7u;
+    int32_t s = 0, a, b, c;
+    uint32_t turns = n8 / 8u;
+    const uint8_t *wp = w;
+    const flm_act *xp = x;
+    if (n8) {
+        __asm volatile("movi %[a], 0\n\twsr %[a], acclo\n\twsr %[a], acchi\n\tloop %[t], 1f\n\t"
+                       XT_S4(0, 0) XT_S4(1, 2) XT_S4(2, 4) XT_S4(3, 6) "addi %[w], %[w], 4\n\taddi %[x], %[x], 8\n"
+                       "1:\n\trsr %[s], acclo"
+                       : [s] "=r"(s), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [w] "+r"(wp), [x] "+r"(xp),
+                         [t] "+r"(turns)
+                       :
+                       : "memory");
+    }
+    for (uint32_t i = n8; i < n; i++) s += ((int32_t)(((uint32_t)w[i >> 1] >> (4u * (i & 1u)) & 15u) ^ 8u) - 8) * x[i];
+    return s;
+}
+#define FLM_DOT_Q4 dot_q4_xt
 
 /* dot_q4o_scalar's value (row-scaled q4, codes offset by 8): the unsigned dot where n allows, -8 sum x. */
 static inline __attribute__((always_inline)) int32_t dot_q4o_xt(const uint8_t *restrict w, const flm_act *restrict x,
