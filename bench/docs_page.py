@@ -197,6 +197,8 @@ def esp_tables(r: dict) -> list[Figures]:
              ("dot_only", "integer group dots alone"))
     rows = [[f"{label}, {k}"] + [e[b]["probe"]["instructions_per_weight"][k][key] for b in boards]
             + [m0.get(k, {}).get(key)] for key, label in kinds for k in e[boards[0]]["probe"]["instructions_per_weight"]]
+    rows += [[f"derived floor, row-scaled {fmt} (docs/kernels.md)"] + [e[b]["probe"]["floor_per_weight"][fmt] for b in boards]
+             + [None] for fmt in ("q8", "q4")]
     rows += [[f"floor kernel (esp_probe.c), {k}"] + [e[b]["probe"]["floor_kernel_per_weight"][k]["dot_only"]
                                                      for b in boards] + [None]
              for k in e[boards[0]]["probe"]["floor_kernel_per_weight"]]
@@ -204,7 +206,8 @@ def esp_tables(r: dict) -> list[Figures]:
                  f"the kernels section) ({e[boards[0]]['probe']['shape']})",
                  ["kernel, format"] + [f"{b}\ninstructions" for b in boards] + ["rp2040-emu\ncycles"], rows,
                  "an instruction is not a cycle: the M0+'s column counts cycles (rp2040js), the others executed "
-                 "instructions; the floor kernels are the int8 dot's floor per instruction set (docs/kernels.md)")
+                 "instructions; the derived floors are a row-scaled group dot's fewest instructions a weight per "
+                 "instruction set, the floor kernels esp_probe.c's C loops written toward the int8 one (docs/kernels.md)")
     ops = Figures("instructions per float operation beyond an integer xor (soft-float calls on the C3, the FPU on "
                   "the S3; fdiv on the S3: the soft-float's __divsf3)", ["operation"] + boards,
                   [[op] + [e[b]["probe"]["float_op_instructions"][op] for b in boards]
@@ -278,6 +281,8 @@ def ple_seed_table(r: dict) -> Figures | None:
         return None
     rows = [[x["phase"], x["predicted_ms"], x["published_ms"], rat(x["ratio"])] for x in t["rows"]]
     rows.append(["token", t["predicted_total_ms"], t["published_total_ms"], rat(t["ratio_total"])])
+    rows.append(["token, the best published build (no phase breakdown)", t["predicted_total_ms"],
+                 t["published_best_ms"], rat(t["ratio_best"])])
     return Figures(f"{t['shape']} on {t['board']}: PREDICTED ms per token at position {t['position']} beside the "
                    f"published measurement on that chip", ["phase", "PREDICTED ms", "published ms", "predicted / published"],
                    rows, f"placement: tok_embeddings in {t['tiers']['tok_embeddings']}, ple.table in "
