@@ -72,10 +72,14 @@ def render_project(board: str, out_dir, config: ModelConfig, min_group: int, hea
     return out
 
 
+RS_SCALAR = "kernels_rs_scalar.h"    # the row-scaled rows the instruction sets' kernels share
+
+
 def copy_isa_kernels(prof: dict, hal: Path) -> None:
     """The instruction set's kernels a profile names (``kernels = "rv32"``: firmware/hal/kernels_rv32.h),
-    as the project's kernels_arch.h (kernel_hooks.h includes it): one source per instruction set for
-    every HAL that runs on it (the real chips' ESP-IDF HAL and their instruction sets in QEMU)."""
+    as the project's kernels_arch.h (kernel_hooks.h includes it), with the row-scaled rows they share
+    (kernels_rs_scalar.h): one source per instruction set for every HAL that runs on it (the real
+    chips' ESP-IDF HAL and their instruction sets in QEMU)."""
     name = prof.get("kernels")
     if not name:
         return
@@ -85,6 +89,7 @@ def copy_isa_kernels(prof: dict, hal: Path) -> None:
     if (hal / "kernels_arch.h").exists():
         raise BuildError(f"board {prof['name']}: HAL {prof['hal']} has kernels of its own; drop kernels = {name!r}")
     shutil.copy2(src, hal / "kernels_arch.h")
+    shutil.copy2(HAL_DIR / RS_SCALAR, hal / RS_SCALAR)
 
 
 def build_firmware(board: str, out_dir, blob) -> BuildResult:

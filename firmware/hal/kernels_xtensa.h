@@ -11,9 +11,8 @@
  * activation group for all rows). The dots are that code in inline assembly: clang emits a plain
  * rolled loop of ten instructions a weight, no LOOP and no MAC16.
  *
- * The rows take one group at a time (FLM_SCALAR_ROWS). The row-scaled rows (the default format)
- * keep a row's fixed cost small: the multiplier-weighted sum in int32 where it cannot overflow,
- * float(acc) built on the bits (NSAU finds the top bit), then the reference's two FPU products. */
+ * The rows take one group at a time (FLM_SCALAR_ROWS). The row-scaled rows (the default format) are
+ * kernels_rs_scalar.h's over these dots, NSAU finding float(acc)'s top bit, the FPU's two products. */
 #ifndef FLM_KERNELS_ARCH_H
 #define FLM_KERNELS_ARCH_H
 
@@ -126,83 +125,17 @@ static inline __attribute__((always_inline)) int32_t dot_q4_xt(const uint8_t *re
 }
 #define FLM_DOT_Q4 dot_q4_xt
 
-/* dot_q4o_scalar's value (row-scaled q4, codes offset by 8): the unsigned dot where n allows, -8 sum x. */
-static inline __attribute__((always_inline)) int32_t dot_q4o_xt(const uint8_t *restrict w, const flm_act *restrict x,
-                                                                uint32_t n) {
-    const uint32_t n8 = n & ~7u;
-    int32_t s = n8 ? dot_u4_xt(w, x, n8) : 0, sx = 0;
-    for (uint32_t i = 0; i < n8; i++) sx += x[i];
-    s -= 8 * sx;
-    for (uint32_t i = n8; i < n; i++) s += ((int32_t)((uint32_t)w[i >> 1] >> (4u * (i & 1u)) & 15u) - 8) * x[i];
-    return s;
-}
-#define FLM_DOT_Q4O dot_q4o_xt
 #define FLM_SCALAR_ROWS 1
 
-/* kernels_ref.h i64_to_f32's value (|v| < 2^40, rounded once to nearest even) made on the bits: the
- * exponent from the top bit (NSAU), the 24 bits below it and their rounding. */
-static inline float i64_to_f32_xt(int64_t v) {
-    const uint64_t m = v < 0 ? 0u - (uint64_t)v : (uint64_t)v;
-    const uint32_t hi = (uint32_t)(m >> 32), lo = (uint32_t)m;
-    if (!m) return 0.0f;
-    const uint32_t n = hi ? 64u - (uint32_t)__builtin_clz(hi) : 32u - (uint32_t)__builtin_clz(lo);   /* 1 .. 41 */
-    uint32_t q, e = n - 1u;
-    if (n <= 24u) {
-        q = lo << (24u - n);                                                /* exact */
-    } else {
-        const uint32_t sh = n - 24u;                                        /* 1 .. 17 */
-        q = (uint32_t)(m >> sh);
-        const uint64_t rest = m & (((uint64_t)1 << sh) - 1u), half = (uint64_t)1 << (sh - 1u);
-        if (rest > half || (rest == half && (q & 1u))) q++;
-        if (q >> 24) { q >>= 1; e++; }                                      /* rounded up to 2^24 */
-    }
-    return flm_f32_from_bits((v < 0 ? 0x80000000u : 0u) | (127u + e) << 23 | (q & 0x7fffffu));
-}
+/* The bits of a nonzero x up to its highest set bit (NSAU counts the zeros above it). */
+static inline uint32_t bit_length_xt(uint32_t x) { return 32u - (uint32_t)__builtin_clz(x); }
 
-/* Rows [r0, r1) of a row-scaled w of ng whole groups of g codes (q8, or q4 offset by 8): each row's
- * multiplier-weighted sum of its group dots, sum k[gi] * isum_gi, in int32 where it cannot overflow
- * (|isum| <= 127 * 127 a code, a multiplier <= 255: up to XT_I32_COLS columns) else int64, then
- * row_rs's scaling. q4: the unsigned dots less 8 times the activation groups' sums sx. One function
- * per format and width, so each loop keeps its values in registers. */
-#define XT_I32_COLS 523u
-#define XT_RS_ROWS(name, T, isum)                                                                             \
-    static __attribute__((noinline)) void name(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_act *xq, \
-                                               float xscale, float *out, const int32_t *sx) {                    \
-        const uint32_t g = w->group, ng = w->cols / g, head = 4u + ((ng + 3u) & ~3u);                           \
-        (void)sx;                                                                                              \
-        for (uint32_t r = r0; r < r1; r++) {                                                                   \
-            const uint8_t *p = w->data + (size_t)r * w->stride, *k = p + 4, *c = p + head;                   \
-            const flm_act *x = xq;                                                                             \
-            T acc = 0;                                                                                         \
-            for (uint32_t gi = 0; gi < ng; gi++, x += g) acc += (int32_t)k[gi] * (isum);                       \
-            *out++ = i64_to_f32_xt(acc) * (rdf(p) * xscale);                                                  \
-        }                                                                                                      \
-    }
-XT_RS_ROWS(rs_rows32_q8_xt, int32_t, (c += g, dot8n_q8_xt((const int8_t *)c - g, x, g)))
-XT_RS_ROWS(rs_rows64_q8_xt, int64_t, (c += g, dot8n_q8_xt((const int8_t *)c - g, x, g)))
-XT_RS_ROWS(rs_rows32_q4_xt, int32_t, (c += g / 2u, dot_u4_xt(c - g / 2u, x, g) - 8 * sx[gi]))
-XT_RS_ROWS(rs_rows64_q4_xt, int64_t, (c += g / 2u, dot_u4_xt(c - g / 2u, x, g) - 8 * sx[gi]))
+/* f * (s * x): the FPU's two products, as the reference rounds them. */
+static inline float scale_row_xt(float f, float s, float x) { return f * (s * x); }
 
-/* Rows [r0, r1) of a row-scaled w of whole groups of a multiple of 8 codes (q8 or q4): each row_rs's
- * value, the q4 rows' activation sums made once for all of them (at most XT_SX_GROUPS groups); other
- * shapes return 0 (row_rs per row). */
-#define XT_SX_GROUPS 128u
-static inline __attribute__((always_inline)) int rs_rows_xt(const flm_tensor *w, uint32_t r0, uint32_t r1,
-                                                            const flm_act *xq, const float *xs, float *out) {
-    const uint32_t g = w->group, ng = w->cols / g, wide = w->cols > XT_I32_COLS;
-    if (w->cols % g || g % 8u || ng > XT_SX_GROUPS) return 0;
-    if (w->fmt == FLM_Q8) {
-        (wide ? rs_rows64_q8_xt : rs_rows32_q8_xt)(w, r0, r1, xq, xs[0], out, 0);
-        return 1;
-    }
-    int32_t sx[XT_SX_GROUPS];
-    for (uint32_t gi = 0; gi < ng; gi++) {
-        int32_t s = 0;
-        for (uint32_t i = 0; i < g; i++) s += xq[gi * g + i];
-        sx[gi] = s;
-    }
-    (wide ? rs_rows64_q4_xt : rs_rows32_q4_xt)(w, r0, r1, xq, xs[0], out, sx);
-    return 1;
-}
-#define FLM_RS_ROWS rs_rows_xt
+#define RS_DOT_Q8 dot8n_q8_xt
+#define RS_DOT_U4 dot_u4_xt
+#define RS_BIT_LENGTH bit_length_xt
+#define RS_SCALE scale_row_xt
+#include "kernels_rs_scalar.h"
 #endif
