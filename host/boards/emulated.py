@@ -16,7 +16,7 @@ from pathlib import Path
 from converter.boards import load_board
 
 from ..errors import BoardError
-from .native import VirtualBoard, drain
+from .native import VirtualBoard, drain, exit_how
 
 
 EMU_DIR = Path(__file__).resolve().parent.parent / "emu"
@@ -62,20 +62,13 @@ class EmulatedBoard(VirtualBoard):
         rc = self.proc.poll()
         if rc is None:
             return None
-        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
         tail = [ln for ln in self.stderr_tail(50) if not ln.startswith("rp2040-emu: ready")]
         ours = [ln for ln in tail if ln.startswith("rp2040-emu:") or "Error" in ln]
         why = (ours or tail)[-1] if tail else ""
-        return f"emulated board {self.name} (rp2040js) {how}" + (f": {why}" if why else "")
+        return f"emulated board {self.name} (rp2040js) {exit_how(rc)}" + (f": {why}" if why else "")
 
     def stop(self, timeout: float = 3.0) -> int | None:
         rc = super().stop(timeout)
-        if self._slave is not None:
-            try:
-                os.close(self._slave)
-            except OSError:
-                pass
-            self._slave = None
         if self._own_counts:
             try:
                 os.unlink(self.counts_path)

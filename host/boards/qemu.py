@@ -25,7 +25,7 @@ from pathlib import Path
 from converter.boards import load_board
 
 from ..errors import BoardError
-from .native import VirtualBoard, drain
+from .native import VirtualBoard, drain, exit_how
 
 QEMU_APT = "apt-get install qemu-system-misc"
 # exit status 100 + the cause the HAL's trap handler reports, per instruction set
@@ -78,19 +78,8 @@ class QemuBoard(VirtualBoard):
         rc = self.proc.poll()
         if rc is None:
             return None
-        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
         why = exit_reason(self.prof, rc) or (self.stderr_tail(1)[-1] if self.stderr_tail(1) else "")
-        return f"{self.name} (QEMU) {how}" + (f": {why}" if why else "")
-
-    def stop(self, timeout: float = 3.0) -> int | None:
-        rc = super().stop(timeout)
-        if self._slave is not None:
-            try:
-                os.close(self._slave)
-            except OSError:
-                pass
-            self._slave = None
-        return rc
+        return f"{self.name} (QEMU) {exit_how(rc)}" + (f": {why}" if why else "")
 
     def __repr__(self) -> str:
         return f"QemuBoard({self.name}, port={self.port!r}, pid={self.proc.pid}, alive={self.alive})"
