@@ -1,5 +1,6 @@
 """Layout planner, board profiles, LAYOUT switching and staging on the native board."""
 import dataclasses
+import io
 import json
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rich.console import Console
 
 from converter import costmodel as C
 from converter import timing
@@ -20,6 +22,10 @@ from converter.ir import ModelConfig, ModelError
 from converter.planner import NoFit, PlanError, plan, plan_layout
 from converter.quantize import quantize
 from converter.reference import FLAG_LOGITS, generate
+from host.commands.compare import Measure, compare
+from host.commands.plan import plan_model
+from host.commands.plan_options import PlanQuery
+from host.errors import UserError
 from host.link.messages import Error, Hello, Layout
 from modelzoo import random_model, with_head_index
 from nativeboard import drain, expected_bytes_read, native_link, run
@@ -343,6 +349,23 @@ def test_cli_plans_the_seed_shape(tmp_path):
                          capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "shape 'nope'" in bad.stderr and "ple-28m" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_plan_and_compare_are_typed_functions_that_agree_with_the_cli(tmp_path):
+    """The scripting API: plan_model and compare take typed options and return what the command
+    line writes as --json."""
+    quiet = Console(file=io.StringIO())
+    query = PlanQuery(ctx=64, kv="f32", batch=2, pos=10)
+    planned = plan_model(quiet, "shape:ple-28m", "esp32s3-n16r8", query=query, place=("norm=sram",))
+    r = _flashlm("plan", "shape:ple-28m", "--board", "esp32s3-n16r8", "--ctx", "64", "--kv", "f32", "--batch", "2",
+                 "--pos", "10", "--place", "norm=sram", "--json", tmp_path / "p.json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(json.dumps(planned)) == json.loads((tmp_path / "p.json").read_text())
+    assert planned["tiers"]["norm"] == "sram" and (planned["context"], planned["kv"], planned["position"]) == (64, "f32", 10)
+    both = compare(quiet, "shape:ple-28m", ("esp32s3-n16r8",), ("flash", "auto"), query=query)
+    assert set(both["predicted"]) == {"esp32s3-n16r8/flash", "esp32s3-n16r8/auto"} and both["runs"] == {}
+    with pytest.raises(UserError, match="single --board"):
+        compare(quiet, "shape:ple-28m", ("esp32s3-n16r8", "pico"), measure=Measure())
 
 
 def test_bench_ple_seed_labels_prediction_and_measurement(tmp_path):

@@ -3,7 +3,7 @@ board."""
 from __future__ import annotations
 
 from .options import add_generation_args, recipe_of
-from .plan import add_model_options
+from .plan import add_model_options, query_of
 
 
 def add_parser(sub) -> None:
@@ -19,5 +19,12 @@ def add_parser(sub) -> None:
 
 
 def cmd_compare(args, console) -> int:
-    from ..commands.compare import run_compare    # the planner and the session (numpy, pyserial): not for --help
-    return run_compare(console, args, recipe_of(args))
+    # the planner and the session (numpy, pyserial): not for --help
+    from ..commands.compare import Measure, compare
+    from ..commands.run import Target
+    measure = (Measure(Target(port=args.port, baud=args.baud, xip_model=args.xip_model == "on"), args.prompt,
+                       args.prompt_ids, args.max_tokens, args.temperature, args.top_p, args.seed, args.timeout)
+               if args.run else None)
+    compare(console, args.model, tuple(args.board or ["native"]), tuple(args.layout or ["flash", "auto"]),
+            recipe_of(args), args.tokenizer, query_of(args), measure, args.png, args.json)
+    return 0

@@ -3,6 +3,9 @@ tensors go on a board, what a token is predicted to cost there, and with ``--roo
 of several tokens are predicted to cost."""
 from __future__ import annotations
 
+from pathlib import Path
+
+from ..commands.plan_options import Passes, PlanQuery
 from ..defaults import MAX_DRAFTS
 from ..errors import UserError
 from .options import add_recipe, nonneg_int, output_file, positive_int, recipe_of
@@ -70,7 +73,16 @@ def check_args(args) -> None:
             raise UserError(f"{flag} belongs to --roofline (flashlm plan MODEL --board B --roofline {flag} ...)")
 
 
+def query_of(args) -> PlanQuery:
+    """What the plan is for, from --ctx, --kv, --batch, --pos and --line."""
+    return PlanQuery(args.ctx, args.kv, args.batch, args.pos, args.line)
+
+
 def cmd_plan(args, console) -> int:
     check_args(args)
-    from ..commands.plan import run_plan    # the converter and planner (numpy): not for --help
-    return run_plan(console, args, recipe_of(args))
+    from ..commands.plan import plan_model    # the converter and planner (numpy): not for --help
+    passes = (Passes(args.measured and Path(args.measured), tuple(args.speculate or ()), args.acceptance,
+                     args.calibration and Path(args.calibration), args.draft_k) if args.roofline else None)
+    plan_model(console, args.model, args.board, recipe_of(args), args.tokenizer, query_of(args), tuple(args.place),
+               args.flash_only, args.all, passes, args.png, args.json, args.apply)
+    return 0

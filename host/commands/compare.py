@@ -1,10 +1,11 @@
 """``flashlm compare``: layouts side by side, predicted from the board profiles and (``--run``)
-measured on one board switched with LAYOUT frames instead of reflashing. Takes the compare
-command's parsed options (host/cli/compare.py) and the recipe they name."""
+measured on one board switched with LAYOUT frames instead of reflashing. ``compare`` takes typed
+options: the command line builds them (host/cli/compare.py) and scripts call it directly."""
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from statistics import mean
 
 from converter.boards import load_board
@@ -22,18 +23,36 @@ from ..output.labels import unit
 from ..output.plan_tables import column, side_by_side
 from ..session.errors import DeviceError
 from ..session.session import Session
-from .model_source import Source, load_spec
-from .plan import kv_of, plan_batch
+from .model_source import Source
+from .plan import load_for_plan
+from .plan_options import PlanQuery
 from .prompt import encode_prompt
 from .recipe import Recipe
+from .run import Target
 
 
-def run_compare(console, args, recipe: Recipe) -> int:
-    spec, info = load_spec(args.model, recipe, args.tokenizer, args.ctx)
-    if args.ctx:
-        spec = spec.with_context(args.ctx)
-    boards = args.board or ["native"]
-    layouts = args.layout or ["flash", "auto"]
+@dataclass(frozen=True)
+class Measure:
+    """``compare --run``: the generation each layout runs on the one board (a virtual board flashlm
+    starts, or ``target.port``'s flashed board), waiting ``timeout`` seconds for the board and each
+    frame. No prompt: the default text (ids "1" for a model without a tokenizer)."""
+    target: Target = Target()
+    prompt: str | None = None
+    prompt_ids: str | None = None
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 0.0
+    seed: int = 0
+    timeout: float = 10.0
+
+
+def compare(console, model, boards: tuple[str, ...] = ("native",), layouts: tuple[str, ...] = ("flash", "auto"),
+            recipe: Recipe = Recipe(), tokenizer=None, query: PlanQuery = PlanQuery(), measure: Measure | None = None,
+            png: Path | None = None, json: Path | None = None) -> dict:
+    """Plan MODEL with each of ``layouts`` on each of ``boards`` and print them side by side;
+    ``measure``: also run each layout on the one board (LAYOUT frames, no reflash). Returns what
+    ``json`` is written with."""
+    spec, info = load_for_plan(model, recipe, tokenizer, query)
     names = {lay: f"L{i + 1}" for i, lay in enumerate(layouts)}
     for lay in layouts:
         console.print(f"  {names[lay]} = {lay}", soft_wrap=True)
@@ -42,8 +61,8 @@ def run_compare(console, args, recipe: Recipe) -> int:
         cols, un = [], unit(load_board(b).get("timer"))
         for lay in layouts:
             try:
-                pl = plan_layout(spec, b, lay, kv=kv_of(args, info), pos=args.pos, line=args.line, suggest=False,
-                                 batch=plan_batch(args, info))
+                pl = plan_layout(spec, b, lay, kv=query.kv_for(info), pos=query.pos, line=query.line, suggest=False,
+                                 batch=query.batch_for(info))
             except PlanError as e:   # does not fit, or an override this board cannot honour
                 console.print(f"  {b} {names[lay]}: refused: {e}", soft_wrap=True)
                 continue
@@ -55,10 +74,10 @@ def run_compare(console, args, recipe: Recipe) -> int:
             side_by_side(console, f"{b}: predicted per token at position {pos} (from the board profile; "
                                    f"a prediction, not a measurement)", cols, un)
     results = {}
-    if args.run:
+    if measure is not None:
         if len(boards) != 1:
             raise UserError("--run measures on one board: give a single --board (and --port for a real one)")
-        results = run_layouts(console, args, spec, info, boards[0], layouts, plans, names)
+        results = run_layouts(console, measure, spec, info, boards[0], layouts, plans, names)
         entries = []
         for lay in layouts:
             pl = plans.get((boards[0], lay))
@@ -69,15 +88,15 @@ def run_compare(console, args, recipe: Recipe) -> int:
             entries.append(dict(label=f"{boards[0]}\n{names[lay]}",
                                 predicted=r["predicted"] if ok else dict(pl.prediction.phase_us),
                                 measured=r["measured"] if ok else None))
-    if entries and args.png:
-        compare_png(entries, args.png, key={short: lay for lay, short in names.items()})
-        console.print(f"[green]wrote[/] {args.png}")
-    if args.json:
-        out = {"layouts": names, "predicted": {f"{b}/{lay}": pl.to_dict() for (b, lay), pl in plans.items()},
-               "runs": results}
-        write_json(args.json, out, default=str)
-        console.print(f"[green]wrote[/] JSON {args.json}")
-    return 0
+    if entries and png:
+        compare_png(entries, png, key={short: lay for lay, short in names.items()})
+        console.print(f"[green]wrote[/] {png}")
+    out = {"layouts": names, "predicted": {f"{b}/{lay}": pl.to_dict() for (b, lay), pl in plans.items()},
+           "runs": results}
+    if json:
+        write_json(json, out, default=str)
+        console.print(f"[green]wrote[/] JSON {json}")
+    return out
 
 
 def measure_layouts(sess, plans: dict, request: Generate, on_layout=None) -> dict:
@@ -121,39 +140,40 @@ def step_head(t, sampling: str) -> str | int:
     return "full" if sampling != "greedy" else int(t.head_rows)
 
 
-def run_layouts(console, args, spec, info: Source, board, layouts, plans, names) -> dict:
+def run_layouts(console, measure: Measure, spec, info: Source, board, layouts, plans, names) -> dict:
     if info.kind != "dir":
         raise UserError("--run needs a model directory from 'flashlm convert' (the board must hold its blob)")
     model = info.model
     if spec.config.max_seq_len != info.header.config.max_seq_len:
         raise UserError("--run with --ctx: apply the shorter context first ('flashlm plan --ctx N --apply')")
-    prompt, prompt_ids = args.prompt, args.prompt_ids
+    prompt, prompt_ids = measure.prompt, measure.prompt_ids
     if prompt is None and prompt_ids is None:
         if model.has_tokenizer:
             prompt = DEFAULT_PROMPT
         else:
             prompt_ids = "1"
     ids, _ = encode_prompt(model, prompt, prompt_ids)
-    request = Generate(ids, args.max_tokens, args.temperature, args.top_p, args.seed)
+    request = Generate(ids, measure.max_tokens, measure.temperature, measure.top_p, measure.seed)
     todo = {lay: plans[(board, lay)] for lay in layouts if (board, lay) in plans}
     emulated = None
     with ExitStack() as stack:
-        if args.port is None:
+        target = measure.target
+        if target.port is None:
             emulated = check_virtual_board(board)   # a real board: flash it and pass --port
             image = ensure_firmware(console, model, board)
-            vb = stack.enter_context(start_virtual_board(board, image, model.blob, args.timeout,
-                                                         args.xip_model == "on"))
+            vb = stack.enter_context(start_virtual_board(board, image, model.blob, measure.timeout,
+                                                         target.xip_model))
             port = vb.port
         else:
-            port = args.port
-        ser = open_port(port, args.baud)
+            port = target.port
+        ser = open_port(port, target.baud)
         stack.callback(ser.close)
-        sess = Session(Link(ser), name=port, frame_timeout=args.timeout)
-        hello = sess.handshake(timeout=args.timeout)
+        sess = Session(Link(ser), name=port, frame_timeout=measure.timeout)
+        hello = sess.handshake(timeout=measure.timeout)
         sess.check_model(hello, model.model_hash)
-        memory = f", XIP model {args.xip_model}" if emulated == "rp2040js" else ""
+        memory = f", XIP model {'on' if target.xip_model else 'off'}" if emulated == "rp2040js" else ""
         console.print(f"measuring {len(todo)} layout(s) on {hello.board} ({hello.clock_name}{memory}), "
-                      f"{len(ids)}-token prompt, {args.max_tokens} tokens, seed {args.seed}")
+                      f"{len(ids)}-token prompt, {measure.max_tokens} tokens, seed {measure.seed}")
         res = measure_layouts(sess, todo, request)
     cols, first, un = [], None, unit(hello.clock_name)
     for lay, r in res.items():

@@ -1,7 +1,7 @@
 """``flashlm plan``: where a model's tensors go on a board and what a token is predicted to cost
 there; ``--apply`` records the placement in the model folder's blob and manifest, ``--roofline``
-predicts passes of several tokens (roofline.py). Takes the plan command's parsed options
-(host/cli/plan.py) and the recipe they name."""
+predicts passes of several tokens (roofline.py). ``plan_model`` takes typed options (plan_options.py):
+the command line builds them (host/cli/plan.py) and scripts call it directly."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -15,18 +15,9 @@ from ..files import atomic_write_bytes, write_json
 from ..output.plan_figures import memory_map_png
 from ..output.plan_tables import print_no_fit, print_plan
 from .model_source import Source, load_spec
+from .plan_options import Passes, PlanQuery
 from .recipe import Recipe
 from .roofline import roofline
-
-
-def kv_of(args, source: Source) -> str:
-    """--kv, else the blob's own KV cache format, else convert's default (int8)."""
-    return args.kv or source.kv()
-
-
-def plan_batch(args, source: Source) -> int:
-    """--batch, else the batch the model's blob header names, else 1."""
-    return args.batch or source.batch()
 
 
 def apply_plan(console, source: Source, pl) -> None:
@@ -52,27 +43,40 @@ def apply_plan(console, source: Source, pl) -> None:
     console.print(f"[green]applied[/] layout {nh.layout_id} to {blob_path} (model {source.model.model_hash[:16]})")
 
 
-def run_plan(console, args, recipe: Recipe) -> int:
-    spec, source = load_spec(args.model, recipe, args.tokenizer, args.ctx)
-    if args.ctx:
-        spec = spec.with_context(args.ctx)
-    base, places = parse_layout(",".join(["auto" if not args.flash_only else "flash"] + list(args.place)))
-    plan_kw = dict(overrides=places, base=base, kv=kv_of(args, source), pos=args.pos, line=args.line)
+def load_for_plan(model, recipe: Recipe, tokenizer, query: PlanQuery):
+    """(ModelSpec, Source) of MODEL, at the query's shorter context if it names one."""
+    spec, source = load_spec(model, recipe, tokenizer, query.ctx)
+    return (spec.with_context(query.ctx) if query.ctx else spec), source
+
+
+def plan_model(console, model, board: str, recipe: Recipe = Recipe(), tokenizer=None, query: PlanQuery = PlanQuery(),
+               place: tuple[str, ...] = (), flash_only: bool = False, show_all: bool = False,
+               passes: Passes | None = None, png: Path | None = None, json: Path | None = None,
+               apply: bool = False) -> dict:
+    """Plan MODEL (see load_spec) on ``board``: ``place``, PATTERN=TIER pins on top of the planner's
+    choice (``flash_only``: everything else in flash); print the table (``show_all``: a row per
+    tensor); ``passes``: also predict passes of several tokens (the roofline, whose PNG ``png`` then
+    is); else ``png`` is the memory map. ``apply`` records the placement in the model folder.
+    Returns what ``json`` is written with."""
+    spec, source = load_for_plan(model, recipe, tokenizer, query)
+    base, places = parse_layout(",".join(["flash" if flash_only else "auto"] + list(place)))
+    plan_kw = dict(overrides=places, base=base, kv=query.kv_for(source), pos=query.pos, line=query.line)
     try:
-        pl = plan(spec, args.board, batch=plan_batch(args, source), **plan_kw)
+        pl = plan(spec, board, batch=query.batch_for(source), **plan_kw)
     except NoFit as e:
         print_no_fit(console, e)
         raise UserError(str(e)) from None
-    print_plan(console, pl, collapse=not args.all)
+    print_plan(console, pl, collapse=not show_all)
     out = pl.to_dict()
-    if args.roofline:       # --png is the roofline's
-        out["roofline"] = roofline(console, args, spec, source, plan_kw, args.png or Path(f"roofline-{pl.board}.png"))
-    elif args.png:
-        memory_map_png(pl, args.png)
-        console.print(f"[green]wrote[/] memory map {args.png}")
-    if args.json:
-        write_json(args.json, out)
-        console.print(f"[green]wrote[/] JSON {args.json}")
-    if args.apply:
+    if passes is not None:
+        out["roofline"] = roofline(console, board, spec, source, query, plan_kw,
+                                   png or Path(f"roofline-{pl.board}.png"), passes)
+    elif png:
+        memory_map_png(pl, png)
+        console.print(f"[green]wrote[/] memory map {png}")
+    if json:
+        write_json(json, out)
+        console.print(f"[green]wrote[/] JSON {json}")
+    if apply:
         apply_plan(console, source, pl)
-    return 0
+    return out

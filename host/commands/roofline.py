@@ -30,6 +30,7 @@ from ..output.roofline_figure import roofline_png
 from ..output.roofline_tables import (PHASE_LABEL, print_batches, print_measured, print_roofline,
                                       print_speculation)
 from .model_source import Source
+from .plan_options import Passes, PlanQuery
 
 CAL_PROMPTS = 6            # calibration: prompts cut from the text,
 CAL_PROMPT_TOKENS = 32     # of at most this many tokens (a quarter of the context at most),
@@ -48,9 +49,9 @@ def quant_model(info: Source):
     return info.qm
 
 
-def calibration_text(args, info: Source) -> Path | None:
-    if args.calibration:
-        p = Path(args.calibration)
+def calibration_text(asked: Passes, info: Source) -> Path | None:
+    if asked.calibration:
+        p = Path(asked.calibration)
         if not p.is_file():
             raise UserError(f"--calibration {p}: no such file")
         return p
@@ -72,12 +73,12 @@ def _tokenizer(info: Source, qm):
     return qm.tokenizer if qm is not None and qm.tokenizer is not None and qm.tokenizer.kind != "blob" else None
 
 
-def acceptances(console, args, info: Source, k_max: int) -> tuple[list, list[str]]:
+def acceptances(console, passes: Passes, info: Source, k_max: int) -> tuple[list, list[str]]:
     """[(proposer, Acceptance)] and notes on what was not predicted and why."""
-    asked = list(dict.fromkeys(args.speculate or []))
-    if args.acceptance:
+    asked = list(dict.fromkeys(passes.speculate))
+    if passes.acceptance:
         try:
-            a = S.parse_acceptance(args.acceptance)
+            a = S.parse_acceptance(passes.acceptance)
         except ModelError as e:
             raise UserError(str(e)) from None
         return [(m, a) for m in asked or ["lookup"]], []
@@ -90,7 +91,7 @@ def acceptances(console, args, info: Source, k_max: int) -> tuple[list, list[str
     modes = asked or (["lookup"] + (["draft"] if qm.draft is not None else []))
     if "draft" in modes and qm.draft is None:
         raise UserError("--speculate draft: the model carries no draft model (flashlm convert --draft DIR)")
-    text, tok = calibration_text(args, info), _tokenizer(info, qm)
+    text, tok = calibration_text(passes, info), _tokenizer(info, qm)
     if text is None or tok is None:
         msg = ("no calibration text (eval.txt beside the checkpoint, or --calibration FILE)" if text is None else
                "no tokenizer to encode the calibration text with") + ": speculation not predicted (or give --acceptance)"
@@ -190,19 +191,19 @@ def category(p: dict) -> str:
 # ---------------------------------------------------------------------------------------------
 # the report
 
-def roofline(console, args, spec, info: Source, plan_kw: dict, png_path) -> dict:
+def roofline(console, board: str, spec, info: Source, query: PlanQuery, plan_kw: dict, png_path,
+             passes: Passes = Passes()) -> dict:
     """Predict, print, draw; returns the figures for --json."""
-
-    prof = load_board(args.board)
+    prof = load_board(board)
     board = prof["name"]
-    run = load_run(args.measured, board, info) if args.measured else None     # refused before any work
+    run = load_run(passes.measured, board, info) if passes.measured else None     # refused before any work
     quotes = P.batch_quotes(spec, prof, plan_kw=plan_kw)
     best = P.best_batch(quotes)
     if best is None:
         raise UserError(f"the model does not fit on {board} even one token a pass")
     fit = max(q.batch for q in quotes if q.fits)
-    t_spec = args.batch or min(fit, (args.draft_k or MAX_DRAFTS) + 1)     # speculation: the drafts RAM allows
-    T = args.batch or (best.batch if best.batch > 1 else t_spec)           # the roofline's pass of several tokens
+    t_spec = query.batch or min(fit, (passes.draft_k or MAX_DRAFTS) + 1)     # speculation: the drafts RAM allows
+    T = query.batch or (best.batch if best.batch > 1 else t_spec)           # the roofline's pass of several tokens
     placements: dict = {}
 
     def placement(t: int):
@@ -214,12 +215,12 @@ def roofline(console, args, spec, info: Source, plan_kw: dict, png_path) -> dict
         return placements[t]
     print_batches(console, board, quotes, best, T, t_spec, P.prompt_tokens(spec))
     ctx = spec.config.max_seq_len
-    at = min(args.pos if args.pos is not None else default_pos(ctx), ctx - 1)
+    at = min(query.pos if query.pos is not None else default_pos(ctx), ctx - 1)
 
-    k_max = min(args.draft_k or MAX_DRAFTS, t_spec - 1, ctx - 1 - at)
+    k_max = min(passes.draft_k or MAX_DRAFTS, t_spec - 1, ctx - 1 - at)
     spec_out, notes = [], []
     if k_max >= 1:
-        accs, notes = acceptances(console, args, info, k_max)
+        accs, notes = acceptances(console, passes, info, k_max)
         place = placement(t_spec)
         h = info.header
         dpl = draft_of(h, place) if h is not None else None
@@ -245,7 +246,7 @@ def roofline(console, args, spec, info: Source, plan_kw: dict, png_path) -> dict
     if run is not None:
         measured = measured_groups(console, run, info, prof)
         groups = measured["groups"]
-    roofs = R.roofs(prof, args.line)
+    roofs = R.roofs(prof, query.line)
     print_roofline(console, board, roofs, groups)
     title = (f"{board} roofline, {Path(spec.source).name or 'model'}: "
              + ("predicted from the board profile (filled) and measured on the device (hollow)" if measured
