@@ -281,8 +281,9 @@ def ple_seed_table(r: dict) -> Figures | None:
         return None
     rows = [[x["phase"], x["predicted_ms"], x["published_ms"], rat(x["ratio"])] for x in t["rows"]]
     rows.append(["token", t["predicted_total_ms"], t["published_total_ms"], rat(t["ratio_total"])])
-    rows.append(["token, the best published build (no phase breakdown)", t["predicted_total_ms"],
-                 t["published_best_ms"], rat(t["ratio_best"])])
+    if "published_best_ms" in t:          # a run from before the best build's figure was recorded has none
+        rows.append(["token, the best published build (no phase breakdown)", t["predicted_total_ms"],
+                     t["published_best_ms"], rat(t["ratio_best"])])
     return Figures(f"{t['shape']} on {t['board']}: PREDICTED ms per token at position {t['position']} beside the "
                    f"published measurement on that chip", ["phase", "PREDICTED ms", "published ms", "predicted / published"],
                    rows, f"placement: tok_embeddings in {t['tiers']['tok_embeddings']}, ple.table in "
@@ -405,12 +406,14 @@ def render(r: dict) -> str:
            "clock and how memory is timed: [Runs](#runs)); PREDICTED figures come from the planner and the board "
            "profiles, nothing ran on those boards. "
            "What each section measures and how to run it: [testing.md](testing.md#benchmarks).", ""]
-    out += [f"- [{title}](#{anchor(title)})" for title, _, tables in sections if any(tables)]
+    out += [f"- [{title}](#{anchor(title)})" for title, _, _ in sections]
     for title, intro, tables in sections:
         tables = [t for t in tables if t is not None]
+        out += ["", f"## {title}", ""]
         if tables:
-            out += ["", f"## {title}", ""] + ([intro, ""] if intro else [])
-            out += ["\n\n".join(markdown(t) for t in tables)]
+            out += ([intro, ""] if intro else []) + ["\n\n".join(markdown(t) for t in tables)]
+        else:       # the section came after this run: the page says so rather than dropping its heading
+            out += ["Not in this run (its results predate the section): the next full `make bench` measures it."]
     return "\n".join(out) + "\n"
 
 
