@@ -14,9 +14,10 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run an emula
   planner's prediction, and the model beside published XIP figures (bench/xip.py);
 * kernels — cycles per weight of the q8/q4 matvec (g32, g128) and per soft-float call on the
   emulated Cortex-M0+ (bench/kernels.py: SysTick in a probe image);
-* esp_qemu — the ESP32-C3's and ESP32-S3's instruction sets in QEMU (esp32c3-isa-qemu,
-  esp32s3-isa-qemu): emulated instructions per decode token and per phase of the default model q8
-  and q4, per weight of the matvec (q8/q4, g32/g128) beside the floor kernels, per float operation,
+* esp_qemu — the ESP32-C3's, ESP32-S3's and ESP32-P4's instruction sets in QEMU (esp32c3-isa-qemu,
+  esp32s3-isa-qemu, esp32p4-isa-qemu): emulated instructions per decode token and per phase of the
+  default model q8 and q4, per weight of the matvec (q8/q4, g32/g128) beside each instruction set's
+  derived floor (their ratios) and the floor kernels, per float operation,
   and the planner's calibration fitted to them (bench/esp_qemu.py: a probe image and the boards'
   firmware; the tables set them beside the kernels section's Cortex-M0+ cycles);
 * callgrind — instructions per decode token and per prefill step of the native engine under
