@@ -4,7 +4,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast bench fuzz system-deps test-deps emu-deps bench-deps clean
+.PHONY: demo test test-fast bench fuzz system-deps test-deps emu-deps qemu-deps bench-deps clean
 
 # Debian packages, installed when missing. system-deps: a C compiler for the native virtual board.
 system-deps:
@@ -22,10 +22,22 @@ test-deps:
 
 # The emulated RP2040 (boards/rp2040-emu.toml): Debian's arm-none-eabi-gcc + newlib for the
 # firmware, Node.js for rp2040js, pinned by host/emu/package-lock.json (npm ci, once per lock).
+# The ESP32 family's instruction sets in QEMU (boards/esp32c3-isa-qemu.toml, esp32s3-isa-qemu.toml):
+# QEMU's RISC-V and Xtensa system emulators; the RISC-V cross compiler + picolibc; clang-22 and
+# llvm-22 (Debian 12: bookworm-security) for Xtensa with the lx106 binutils' linker.
 EMU := host/emu
 EMU_STAMP := $(EMU)/node_modules/.installed
+QEMU_PACKAGES := qemu-system-misc gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf clang-22 llvm-22 \
+	binutils-xtensa-lx106
 
-emu-deps: $(EMU_STAMP)
+emu-deps: $(EMU_STAMP) qemu-deps
+
+qemu-deps:
+	@command -v qemu-system-riscv32 >/dev/null 2>&1 && command -v qemu-system-xtensa >/dev/null 2>&1 \
+		&& command -v clang-22 >/dev/null 2>&1 && command -v llvm-mc-22 >/dev/null 2>&1 \
+		&& command -v xtensa-lx106-elf-ld >/dev/null 2>&1 && command -v riscv64-unknown-elf-gcc >/dev/null 2>&1 \
+		&& dpkg -s picolibc-riscv64-unknown-elf >/dev/null 2>&1 \
+		|| { apt-get update && apt-get install -y $(QEMU_PACKAGES); }
 
 $(EMU_STAMP): $(EMU)/package.json $(EMU)/package-lock.json
 	@command -v arm-none-eabi-gcc >/dev/null 2>&1 && test -d /usr/lib/arm-none-eabi/newlib \
@@ -44,7 +56,7 @@ $(STAMP): pyproject.toml
 demo: system-deps $(STAMP)
 	$(BIN)/flashlm demo
 
-test: system-deps test-deps $(STAMP) $(EMU_STAMP)
+test: system-deps test-deps qemu-deps $(STAMP) $(EMU_STAMP)
 	$(BIN)/python -m pytest -q
 
 # test-fast: the tests that need neither an emulator nor a cross compiler and take seconds each
@@ -56,7 +68,7 @@ test-fast: system-deps test-deps $(STAMP)
 bench-deps:
 	@command -v valgrind >/dev/null 2>&1 || { apt-get update && apt-get install -y valgrind; }
 
-bench: system-deps bench-deps $(STAMP) $(EMU_STAMP)
+bench: system-deps bench-deps qemu-deps $(STAMP) $(EMU_STAMP)
 	$(BIN)/python -m bench
 
 # The long fuzz runs (make test has short ones): libFuzzer on the firmware's command handling (the

@@ -1,6 +1,6 @@
 """``make bench`` / ``python -m bench``: figures measured in one run, printed, never asserted.
 
-Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run the emulated RP2040):
+Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run an emulated board):
 
 * native — the native board, default model at q8 and q4: µs per phase, tok/s, bytes per token
   per tier (bench/native.py; the firmware's clock, which is the host's monotonic clock there);
@@ -14,6 +14,12 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run the emul
   planner's prediction, and the model beside published XIP figures (bench/xip.py);
 * kernels — cycles per weight of the q8/q4 matvec (g32, g128) and per soft-float call on the
   emulated Cortex-M0+ (bench/kernels.py: SysTick in a probe image);
+* esp_qemu — the ESP32-C3's, ESP32-S3's and ESP32-P4's instruction sets in QEMU (esp32c3-isa-qemu,
+  esp32s3-isa-qemu, esp32p4-isa-qemu): emulated instructions per decode token and per phase of the
+  default model q8 and q4, per weight of the matvec (q8/q4, g32/g128) beside each instruction set's
+  derived floor (their ratios) and the floor kernels, per float operation,
+  and the planner's calibration fitted to them (bench/esp_qemu.py: a probe image and the boards'
+  firmware; the tables set them beside the kernels section's Cortex-M0+ cycles);
 * callgrind — instructions per decode token and per prefill step of the native engine under
   valgrind's callgrind, per function (bench/callgrind.py; deterministic);
 * native15m — the native engine beside llama2.c's runq.c: callgrind instructions per decode
@@ -63,8 +69,8 @@ from typing import Callable
 
 from rich.console import Console
 
-from . import (callgrind, convert, docs_page, emulated, headindex, kernels, moe, native, native15m, passes, ple_seed,
-               ple_vs_dense, predict, speed, xip)
+from . import (callgrind, convert, docs_page, emulated, esp_qemu, headindex, kernels, moe, native, native15m, passes,
+               ple_seed, ple_vs_dense, predict, speed, xip)
 from .model import ROOT, default_ir
 from .report import RESULTS, print_report
 
@@ -73,7 +79,7 @@ from .report import RESULTS, print_report
 class Section:
     name: str
     run: Callable[[Path], dict]
-    emulated: bool = False       # runs the emulated RP2040 (minutes): left out by --quick
+    emulated: bool = False       # runs an emulated board (minutes): left out by --quick
 
 
 SECTIONS = [
@@ -82,6 +88,7 @@ SECTIONS = [
     Section("encode", emulated.encode_section, emulated=True),
     Section("xip", xip.section, emulated=True),
     Section("kernels", kernels.section, emulated=True),
+    Section("esp_qemu", esp_qemu.section, emulated=True),
     Section("callgrind", callgrind.section),
     Section("native15m", native15m.section),
     Section("predicted", predict.section),
@@ -116,7 +123,7 @@ def run(sections: list[Section], console: Console) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--only", metavar="NAME[,NAME]", help="run these sections: " + ", ".join(s.name for s in SECTIONS))
-    ap.add_argument("--quick", action="store_true", help="leave out the sections that run the emulated RP2040")
+    ap.add_argument("--quick", action="store_true", help="leave out the sections that run an emulated board")
     ap.add_argument("--json", metavar="FILE", help="also write the results here")
     a = ap.parse_args(argv)
     chosen = SECTIONS

@@ -34,6 +34,10 @@ RUNS = Figures("the runs: board, clock and how memory is timed", ["run", "board"
      "the harness's XIP model: 16 KB two-way cache, a QSPI line transfer per miss ([emulator.md](emulator.md))"],
     ["emulated, XIP off", "rp2040-emu", "the emulated timer", "a flash read costs what an SRAM read costs (rp2040js as is)"],
     ["probe", "rp2040-emu, a probe image of the kernels", "SysTick (rp2040js's cycle counts)", "codes and activations in SRAM"],
+    ["qemu", "esp32c3-isa-qemu, esp32s3-isa-qemu: the ESP32-C3's (rv32imc) and ESP32-S3's (Xtensa LX7) instruction "
+     "sets on QEMU's generic machines, not the chips",
+     "emulated instructions: QEMU's exact count of executed instructions (not cycles)", "not timed: QEMU models no "
+     "cache, flash or PSRAM"],
     ["PREDICTED", "esp32s3-n16r8, pico, rp2040-emu profiles (boards/*.toml): nothing runs",
      "the planner's cost model at the profile's clock", "each tier's bandwidth and row latency from the profile"]])
 
@@ -174,6 +178,48 @@ def kernels_tables(r: dict) -> list[Figures]:
     return [cpw, ops]
 
 
+def esp_tables(r: dict) -> list[Figures]:
+    """The QEMU boards: instructions per decode token and phase; per weight beside the Cortex-M0+'s
+    cycles (the kernels section, same run) and the floor kernels; per float operation; the fit."""
+    e = r.get("esp_qemu")
+    if not e:
+        return []
+    boards = list(e)
+    runs = [(b, fmt, e[b]["decode"][fmt]) for b in boards for fmt in e[b]["decode"]]
+    dec = Figures("instructions per decode token of the default model (convert's defaults: row scales, int8 KV "
+                  "cache, head index), medians over the decode steps of one greedy generation",
+                  ["phase"] + [f"{b}\n{fmt}" for b, fmt, _ in runs],
+                  [[ph] + [x["phase_instructions"][ph] for *_, x in runs] for ph in PHASES if ph != "sampling"]
+                  + [["token"] + [x["instructions_per_token"] for *_, x in runs],
+                     ["golden check"] + [x["bit_exact"] for *_, x in runs]])
+    m0 = (r.get("kernels") or {}).get("cycles_per_weight", {})
+    kinds = (("matvec_row_scaled", "matvec, row scales (default)"), ("matvec", "matvec, f32 group scales"),
+             ("dot_only", "integer group dots alone"))
+    rows = [[f"{label}, {k}"] + [e[b]["probe"]["instructions_per_weight"][k][key] for b in boards]
+            + [m0.get(k, {}).get(key)] for key, label in kinds for k in e[boards[0]]["probe"]["instructions_per_weight"]]
+    rows += [[f"derived floor, row-scaled {fmt} (docs/kernels.md)"] + [e[b]["probe"]["floor_per_weight"][fmt] for b in boards]
+             + [None] for fmt in ("q8", "q4")]
+    rows += [[f"floor kernel (esp_probe.c), {k}"] + [e[b]["probe"]["floor_kernel_per_weight"][k]["dot_only"]
+                                                     for b in boards] + [None]
+             for k in e[boards[0]]["probe"]["floor_kernel_per_weight"]]
+    pw = Figures(f"per weight: instructions on the QEMU boards beside the Cortex-M0+'s cycles (rp2040-emu probe, "
+                 f"the kernels section) ({e[boards[0]]['probe']['shape']})",
+                 ["kernel, format"] + [f"{b}\ninstructions" for b in boards] + ["rp2040-emu\ncycles"], rows,
+                 "an instruction is not a cycle: the M0+'s column counts cycles (rp2040js), the others executed "
+                 "instructions; the derived floors are a row-scaled group dot's fewest instructions a weight per "
+                 "instruction set, the floor kernels esp_probe.c's C loops written toward the int8 one (docs/kernels.md)")
+    ops = Figures("instructions per float operation beyond an integer xor (soft-float calls on the C3, the FPU on "
+                  "the S3; fdiv on the S3: the soft-float's __divsf3)", ["operation"] + boards,
+                  [[op] + [e[b]["probe"]["float_op_instructions"][op] for b in boards]
+                   for op in e[boards[0]]["probe"]["float_op_instructions"]]
+                  + [[f"quantize_act per element, {g}"] + [e[b]["probe"]["quantize_act_per_element"][g] for b in boards]
+                     for g in e[boards[0]]["probe"]["quantize_act_per_element"]])
+    fit = Figures("the planner's calibration from these counts (instructions per MAC: least squares over the "
+                  "phases of both formats, the float operations at the probe's add/multiply)", ["figure"] + boards,
+                  [[k] + [e[b]["fit"][k] for b in boards] for k in e[boards[0]]["fit"]])
+    return [dec, pw, ops, fit]
+
+
 def native15m_tables(r: dict) -> list[Figures]:
     m = r.get("native15m")
     if not m:
@@ -235,6 +281,9 @@ def ple_seed_table(r: dict) -> Figures | None:
         return None
     rows = [[x["phase"], x["predicted_ms"], x["published_ms"], rat(x["ratio"])] for x in t["rows"]]
     rows.append(["token", t["predicted_total_ms"], t["published_total_ms"], rat(t["ratio_total"])])
+    if "published_best_ms" in t:          # a run from before the best build's figure was recorded has none
+        rows.append(["token, the best published build (no phase breakdown)", t["predicted_total_ms"],
+                     t["published_best_ms"], rat(t["ratio_best"])])
     return Figures(f"{t['shape']} on {t['board']}: PREDICTED ms per token at position {t['position']} beside the "
                    f"published measurement on that chip", ["phase", "PREDICTED ms", "published ms", "predicted / published"],
                    rows, f"placement: tok_embeddings in {t['tiers']['tok_embeddings']}, ple.table in "
@@ -353,6 +402,7 @@ def render(r: dict) -> str:
         ("Device tokenizer", "Run: emulated, XIP on.", [encode_table(r)]),
         ("XIP model: head placement", "Runs: emulated, XIP on; PREDICTED (rp2040-emu profile).", [xip_table(r)]),
         ("Kernels on the Cortex-M0+", "Run: probe.", kernels_tables(r)),
+        ("The ESP32 instruction sets in QEMU", "Runs: qemu (instructions), probe (the M0+'s cycles).", esp_tables(r)),
         ("Native engine instructions", "Run: callgrind.", [callgrind_table(r)]),
         ("The 15M llama2.c shape", "Runs: callgrind (instructions), native (tok/s).", native15m_tables(r)),
         ("Speed work: head, prefill, KV cache", "Runs: native, emulated (XIP on).", [speed_table(r)]),
@@ -378,12 +428,14 @@ def render(r: dict) -> str:
            "clock and how memory is timed: [Runs](#runs)); PREDICTED figures come from the planner and the board "
            "profiles, nothing ran on those boards. "
            "What each section measures and how to run it: [testing.md](testing.md#benchmarks).", ""]
-    out += [f"- [{title}](#{anchor(title)})" for title, _, tables in sections if any(tables)]
+    out += [f"- [{title}](#{anchor(title)})" for title, _, _ in sections]
     for title, intro, tables in sections:
         tables = [t for t in tables if t is not None]
+        out += ["", f"## {title}", ""]
         if tables:
-            out += ["", f"## {title}", ""] + ([intro, ""] if intro else [])
-            out += ["\n\n".join(markdown(t) for t in tables)]
+            out += ([intro, ""] if intro else []) + ["\n\n".join(markdown(t) for t in tables)]
+        else:       # the section came after this run: the page says so rather than dropping its heading
+            out += ["Not in this run (its results predate the section): the next full `make bench` measures it."]
     return "\n".join(out) + "\n"
 
 

@@ -55,7 +55,7 @@ def build_probe(work: Path, float_lib: str = "flashlm") -> Path:
     from converter.ir import ModelConfig
     from firmware.build import render_project
     from firmware.build_meta import BuildError
-    from firmware.build_arm import render_makefile
+    from firmware.baremetal import render_makefile
     cfg = ModelConfig(dim=64, n_layers=1, n_heads=2, n_kv_heads=2, vocab_size=64, hidden_dim=64,
                       max_seq_len=16, tied=True)
     out = render_project("rp2040-emu", work / f"probe-{float_lib}", cfg, 32)

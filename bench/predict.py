@@ -45,4 +45,5 @@ def section(work: Path) -> dict:
             ratios[f"predicted q4/q8 ms per token, {b}"] = q4["total_ms"] / q8["total_ms"]
     seed = ple_seed.seed_table()
     ratios["ple-28m predicted/published ms per token, esp32s3-n16r8"] = seed["ratio_total"]
+    ratios["ple-28m predicted/best published ms per token, esp32s3-n16r8"] = seed["ratio_best"]
     return {"predicted": out, "ple_seed": seed, "ratios": ratios}

@@ -121,12 +121,17 @@ def layout_needs(header, default: str = "sram") -> dict[str, int]:
     return need
 
 
+# the bare-metal builds (firmware/baremetal.py): their arenas are arrays the link places in the
+# board's SRAM and PSRAM, sized at build time
+STATIC_ARENA_BUILDS = ("arm-gcc", "rv32-gcc", "xtensa-clang")
+
+
 def build_arenas(header, prof: dict) -> tuple[int, int]:
     """(FLM_ARENA_BYTES, FLM_PSRAM_ARENA_BYTES) for a build of ``prof`` running the blob ``header``.
 
     The native board reserves room for any placement in both its SRAM arena and its stand-in PSRAM,
-    so LAYOUT can switch freely; a bare-metal build (``build = "arm-gcc"``, the emulated RP2040)
-    reserves its whole SRAM budget; other boards reserve what the blob's own layout needs (the
+    so LAYOUT can switch freely; a bare-metal build (``STATIC_ARENA_BUILDS``: the emulated boards)
+    reserves its whole SRAM and PSRAM budgets; other boards reserve what the blob's own layout needs (the
     PlatformIO boards choose the arena's tier with firmware.platformio.board_arena; a LAYOUT that
     needs more than there is is refused by the device with the numbers). A draft model's state is
     reserved too."""
@@ -137,7 +142,7 @@ def build_arenas(header, prof: dict) -> tuple[int, int]:
                 + staging_bound(cfg, min_group) + draft_state_bytes(header.draft))
         return room, room
     need = layout_needs(header)
-    if prof.get("build") == "arm-gcc":   # a statically linked arena: reserve the whole SRAM budget,
-        sram = prof.get("tiers", {}).get("sram", {})      # so LAYOUT can switch within it
-        return max(need["sram"], int(sram.get("budget", 0))), need["psram"]
+    if prof.get("build") in STATIC_ARENA_BUILDS:   # statically linked arenas: reserve each RAM tier's
+        tiers = prof.get("tiers", {})             # whole budget, so LAYOUT can switch within it
+        return tuple(max(need[t], int(tiers.get(t, {}).get("budget", 0))) for t in ("sram", "psram"))
     return need["sram"], need["psram"]

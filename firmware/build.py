@@ -1,7 +1,7 @@
 """Render a firmware project for a board from the Jinja templates, and build it where this
 machine can: the native board with the system C compiler through the rendered Makefile, the
-bare-metal Arm boards with build_arm, the PlatformIO boards with platformio (which leaves the
-compiling to the user's machine)."""
+emulated boards' bare-metal firmware with baremetal (the Cortex-M0+, rv32 and Xtensa toolchains),
+the PlatformIO boards with platformio (which leaves the compiling to the user's machine)."""
 from __future__ import annotations
 
 import shutil
@@ -17,7 +17,7 @@ from converter.footprint import arena_bytes, build_arenas
 from converter.ir import ModelConfig
 from converter.tokenizer_enc import section_info
 
-from .build_arm import build_arm
+from .baremetal import TOOLCHAINS, build_baremetal
 from .build_meta import (APP_DIR, APP_SOURCES, ENGINE_DIR, ENGINE_SOURCES, FW_VERSION, HAL_DIR, TEMPLATES_DIR,
                          BuildError, BuildResult)
 from .exact_float import copy_sources
@@ -46,6 +46,7 @@ def render_project(board: str, out_dir, config: ModelConfig, min_group: int, hea
     for p in hal_dir.iterdir():
         shutil.copy2(p, src / "hal" / p.name)
     copy_sources(prof, src / "hal")      # boards without an FPU: flashlm's float arithmetic
+    copy_isa_kernels(prof, src / "hal")
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     c = config
@@ -74,6 +75,26 @@ def render_project(board: str, out_dir, config: ModelConfig, min_group: int, hea
     return out
 
 
+RS_SCALAR = "kernels_rs_scalar.h"    # the row-scaled rows the instruction sets' kernels share
+
+
+def copy_isa_kernels(prof: dict, hal: Path) -> None:
+    """The instruction set's kernels a profile names (``kernels = "rv32"``: firmware/hal/kernels_rv32.h),
+    as the project's kernels_arch.h (kernel_hooks.h includes it), with the row-scaled rows they share
+    (kernels_rs_scalar.h): one source per instruction set for every HAL that runs on it (the real
+    chips' ESP-IDF HAL and their instruction sets in QEMU)."""
+    name = prof.get("kernels")
+    if not name:
+        return
+    src = HAL_DIR / f"kernels_{name}.h"
+    if not src.is_file():
+        raise BuildError(f"board {prof['name']}: no kernels {name!r} (firmware/hal/kernels_{name}.h)")
+    if (hal / "kernels_arch.h").exists():
+        raise BuildError(f"board {prof['name']}: HAL {prof['hal']} has kernels of its own; drop kernels = {name!r}")
+    shutil.copy2(src, hal / "kernels_arch.h")
+    shutil.copy2(HAL_DIR / RS_SCALAR, hal / RS_SCALAR)
+
+
 def build_firmware(board: str, out_dir, blob) -> BuildResult:
     """Render and build the project for ``board`` sized for the model in the blob file ``blob``."""
     prof = load_board(board)
@@ -83,8 +104,8 @@ def build_firmware(board: str, out_dir, blob) -> BuildResult:
     enc = section_info(blob, h)
     out = render_project(board, out_dir, h.config, min_group, h,
                          enc.text_capacity(h.config.max_seq_len) if enc is not None else 0)
-    if prof.get("build") == "arm-gcc":
-        return build_arm(board, prof, out, blob, h, min_group)
+    if prof.get("build") in TOOLCHAINS:
+        return build_baremetal(board, prof, out, blob, h, min_group)
     if prof.get("build") == "platformio":
         return build_platformio(board, prof, out, blob, h)
     if prof.get("build") != "make":

@@ -1,4 +1,4 @@
-"""What every firmware builder shares (build.py, build_arm.py, platformio.py, exact_float.py) and
+"""What every firmware builder shares (build.py, baremetal.py, platformio.py, exact_float.py) and
 every tool that compiles the firmware's C itself (tests, the fuzz targets, bench): where the
 sources are, the version the firmware reports, which C files make the engine and which the device
 app, the error a build raises and what a build returns.

@@ -61,12 +61,18 @@ RV32 = SoftFloat((CORE, HAL_DIR / "softfloat_libgcc.c"), None,
                  ("__addsf3", "__subsf3", "__mulsf3", "__divsf3", "__floatsisf", "__floatunsisf", "__fixsfsi",
                   "__fixunssfsi", "__eqsf2", "__nesf2", "__ltsf2", "__lesf2", "__gtsf2", "__gesf2", "__unordsf2"),
                  wrap=True)
+# The ESP32-S3's instruction set in QEMU (hal qemu_xtensa) has the FPU, but no compiler run-time for
+# the windowed ABI exists here: its xtensa_rt.c divides floats (__divsf3, where LLVM calls one) with
+# the soft-float's flm_sf_div
+XTENSA_RT = SoftFloat((CORE,), None, ("__divsf3",), wrap=False)
 BY_CHIP = {"RP2040": M0, "ESP32-C3": RV32}
+BY_HAL = {"qemu_xtensa": XTENSA_RT}
 
 
 def soft_float(prof: dict) -> SoftFloat | None:
-    """The soft-float a board's chip runs, None for a chip with an FPU (or the host)."""
-    return BY_CHIP.get(prof.get("chip"))
+    """The soft-float a board runs: by its HAL where that decides, else by its chip; None for a chip
+    with an FPU (or the host)."""
+    return BY_HAL.get(prof.get("hal")) or BY_CHIP.get(prof.get("chip"))
 
 
 def copy_sources(prof: dict, hal: Path) -> None:

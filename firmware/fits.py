@@ -1,5 +1,5 @@
 """Whether a blob's own layout fits a board's RAM, decided before anything is written: the
-bare-metal build links its arena statically in SRAM; a PlatformIO board allocates one arena, in the
+bare-metal build links its arenas statically in SRAM (and PSRAM); a PlatformIO board allocates one arena, in the
 tier ``board_arena`` chooses; the native board has room for any. A layout that does not fit is a
 BuildError naming the shortfall per tier (``no_fit_error``)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from converter.costmodel import ModelSpec
-from converter.footprint import layout_needs
+from converter.footprint import STATIC_ARENA_BUILDS, layout_needs
 from converter.planner import NoFit, plan
 
 from .build_meta import BuildError
@@ -93,7 +93,8 @@ def check_fits(prof: dict, header) -> None:
     """Refuse a blob whose own layout does not fit the board's RAM budgets."""
     if prof.get("build") == "platformio":
         board_arena(prof, header)
-    elif prof.get("build") == "arm-gcc":
-        need, sram = layout_needs(header)["sram"], int(prof["tiers"]["sram"]["budget"])
-        if need > sram:      # the planner's shortfall, not the linker's overflow
-            raise no_fit_error(prof, header, {"sram": (need, sram)})
+    elif prof.get("build") in STATIC_ARENA_BUILDS:
+        need = layout_needs(header)
+        short = {t: (need[t], budget(prof, t)) for t in ("sram", "psram") if need[t] > budget(prof, t)}
+        if short:            # the planner's shortfall, not the linker's overflow
+            raise no_fit_error(prof, header, short)

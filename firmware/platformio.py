@@ -3,7 +3,8 @@
 ``build_platformio`` completes the project ``render_project`` wrote (engine, HAL, config header)
 into one PlatformIO can build and upload on the user's machine:
 
-- ``platformio.ini``: platform, board, framework, flash/PSRAM settings, ``-O2 -ffp-contract=off``;
+- ``platformio.ini``: platform, board, framework, flash/PSRAM settings, ``-ffp-contract=off`` (and
+  ``-O2`` on the Arduino-Pico boards; ESP-IDF's comes from ``sdkconfig.defaults``);
 - ``src/main.c``: the board's entry (``app_main`` under ESP-IDF, ``flm_main`` called from the
   Arduino-Pico core's ``setup()``), which asks the HAL for the arena in its tier;
 - ``src/hal/flm_board.h``: where the blob is, which tier the arena lives in, the tier budgets;
@@ -52,7 +53,7 @@ BLOB_PARTITION = "model"
 RP_DEFAULT_BLOB_OFFSET = 0x40000
 RP_EEPROM = 4096
 
-ESPTOOL_CHIP = {"ESP32-S3": "esp32s3", "ESP32-C3": "esp32c3", "ESP32": "esp32", "ESP32-S2": "esp32s2"}
+ESPTOOL_CHIP = {"ESP32-S3": "esp32s3", "ESP32-C3": "esp32c3", "ESP32-P4": "esp32p4", "ESP32": "esp32", "ESP32-S2": "esp32s2"}
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,14 @@ CROSS = {
                           ("-mcpu=cortex-m33", "-mthumb", "-march=armv8-m.main+fp+dsp", "-mfloat-abi=softfp")),
     "ESP32-C3": CrossTarget("rv32imc (ESP32-C3)", ("riscv32-esp-elf-gcc", "riscv64-unknown-elf-gcc"),
                             ("-march=rv32imc", "-mabi=ilp32")),
+    "ESP32-P4": CrossTarget("rv32imafc (ESP32-P4)", ("riscv32-esp-elf-gcc", "riscv64-unknown-elf-gcc"),
+                            ("-march=rv32imafc", "-mabi=ilp32f")),
     "ESP32-S3": CrossTarget("xtensa lx7 (ESP32-S3)", ("xtensa-esp32s3-elf-gcc", "xtensa-esp-elf-gcc"),
                             ("-mlongcalls",)),
 }
-CHECK_FLAGS = ("-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
+# gnu17: the dialect ESP-IDF and Arduino-Pico compile with, whose GNU built-ins (significand, ...)
+# a name of ours could clash with where -std=c99 hides them
+CHECK_FLAGS = ("-std=gnu17", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
                "-ffunction-sections", "-fdata-sections")
 
 
@@ -190,7 +195,7 @@ def profile_board_build(prof: dict) -> dict:
     return out
 
 
-PSRAM_MODES = {"quad": "CONFIG_SPIRAM_MODE_QUAD", "oct": "CONFIG_SPIRAM_MODE_OCT"}
+PSRAM_MODES = {"quad": "CONFIG_SPIRAM_MODE_QUAD", "oct": "CONFIG_SPIRAM_MODE_OCT", "hex": "CONFIG_SPIRAM_MODE_HEX"}
 
 
 def esp_memory_sdkconfig(prof: dict) -> dict:
@@ -246,7 +251,6 @@ def _esp_files(prof: dict, out: Path, ctx: dict, blob_size: int) -> dict:
         raise BuildError(f"board {prof['name']}: [usb] console must be uart0 or usb_serial_jtag, not {console!r}")
     sdk = {"CONFIG_PARTITION_TABLE_CUSTOM": "y",
            "CONFIG_PARTITION_TABLE_CUSTOM_FILENAME": "partitions.csv",
-           "CONFIG_PARTITION_TABLE_FILENAME": "partitions.csv",
            f"CONFIG_ESPTOOLPY_FLASHSIZE_{flash_size(prof) >> 20}MB": "y",
            "CONFIG_COMPILER_OPTIMIZATION_PERF": "y",
            "CONFIG_ESP_MAIN_TASK_STACK_SIZE": 16384,

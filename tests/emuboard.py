@@ -15,7 +15,7 @@ from converter.tokenizer_enc import section_info
 from firmware.build import build_firmware
 from host.link.messages import Hello, Ping
 from host.link.port import Link
-from host.boards.emulated import emulator_missing, start_emulated_board
+from host.boards.emulated import rp2040js_missing, start_emulated_board
 from nativeboard import recv_until
 
 BOARD = "rp2040-emu"
@@ -26,7 +26,7 @@ def require_emulator() -> None:
     """Skip when this machine lacks the cross compiler or rp2040js (`make emu-deps` installs both)."""
     if shutil.which("arm-none-eabi-gcc") is None:
         pytest.skip("arm-none-eabi-gcc is not installed (make emu-deps)")
-    why = emulator_missing()
+    why = rp2040js_missing()
     if why:
         pytest.skip(why)
 

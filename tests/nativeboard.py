@@ -17,8 +17,8 @@ from converter.reference import NO_TOKEN
 from firmware.build import build_firmware
 from host.link.messages import Done, Error, Generate, Hello, Logits, Ping, Token
 from host.link.port import Link
-from host.boards.emulated import start_emulated_board
 from host.boards.native import start_native_board
+from host.boards.virtual import start_virtual_board
 
 _builds: dict = {}
 
@@ -66,8 +66,7 @@ def rebuilt_board(qm, tmp_path, board="native", define=None, make_args=()):
         cfg = fw.project_dir / "flm_config.h"
         cfg.write_text(cfg.read_text() + f"#define {define}\n")
     subprocess.run(["make", "-s", "-B", "-C", str(fw.project_dir), *make_args], check=True, capture_output=True)
-    start = start_native_board if board == "native" else start_emulated_board
-    with start(fw.binary, blob) as b:
+    with start_virtual_board(board, fw.binary, blob, timeout=10) as b:
         port = serial.Serial(b.port, 115200, timeout=0.05)
         try:
             link = Link(port)

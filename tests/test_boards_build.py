@@ -30,12 +30,13 @@ from modelzoo import random_model  # noqa: E402
 # every test here uses the module's projects, cross-compiled for the boards
 pytestmark = pytest.mark.cross
 
-ESP_BOARDS = ["esp32s3-n16r8", "esp32s3-n8r2", "esp32c3-devkitm-1"]
+ESP_BOARDS = ["esp32s3-n16r8", "esp32s3-n8r2", "esp32c3-devkitm-1", "esp32p4-function-ev"]
 RP_BOARDS = ["pico", "pico2", "pico-plus-2"]
 BOARDS = ESP_BOARDS + RP_BOARDS
 # the CPU each chip's engine objects are compiled for, and the compiler that does it here
 CROSS = {"pico": ("cortex-m0plus", "arm-none-eabi-gcc"), "pico2": ("cortex-m33", "arm-none-eabi-gcc"),
-         "esp32c3-devkitm-1": ("rv32imc", "riscv64-unknown-elf-gcc")}
+         "esp32c3-devkitm-1": ("rv32imc", "riscv64-unknown-elf-gcc"),
+         "esp32p4-function-ev": ("rv32imafc", "riscv64-unknown-elf-gcc")}
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,12 @@ def test_platformio_ini_parses_with_platformio(projects, board, monkeypatch):
         got = cfg.get(sec, k)
         assert (got[0] if isinstance(got, list) else got) == prof["platformio"][k]
     flags = cfg.get(sec, "build_flags")
-    assert "-O2" in flags and "-ffp-contract=off" in flags
+    assert "-ffp-contract=off" in flags
+    if P.is_esp(prof):     # -O2 from sdkconfig (the app only); unflags would strip the bootloader's -Os too
+        assert "-O2" not in flags and not cfg.get(sec, "build_unflags")
+        assert "CONFIG_COMPILER_OPTIMIZATION_PERF=y" in (proj / "sdkconfig.defaults").read_text().splitlines()
+    else:
+        assert "-O2" in flags
     inc = next(f for f in flags if f.startswith("-include"))
     assert inc == f"-include {proj.resolve() / 'flm_config.h'}"
     if P.is_esp(prof):
@@ -169,6 +175,7 @@ def test_partition_table_aligned_disjoint_and_fits(projects, board, model_dir):
     assert (proj / "model.flmb").read_bytes() == (model_dir / "model.flmb").read_bytes()
     sdk = (proj / "sdkconfig.defaults").read_text()
     assert "CONFIG_PARTITION_TABLE_CUSTOM=y" in sdk and 'CONFIG_PARTITION_TABLE_CUSTOM_FILENAME="partitions.csv"' in sdk
+    assert "CONFIG_PARTITION_TABLE_FILENAME" not in sdk      # no Kconfig prompt: ESP-IDF ignores it
     assert f"CONFIG_ESPTOOLPY_FLASHSIZE_{flash >> 20}MB=y" in sdk
     assert ("CONFIG_SPIRAM=y" in sdk) == ("psram" in prof["tiers"])
     assert "esp_partition" in (proj / "src" / "CMakeLists.txt").read_text()
@@ -194,7 +201,7 @@ def _ini(path: Path) -> dict[str, str]:
             for ln in path.read_text().splitlines() if "=" in ln and not ln.startswith((";", "#", " "))}
 
 
-LINES = {"qio": 4, "qout": 4, "dio": 2, "dout": 2, "quad": 4, "oct": 8}
+LINES = {"qio": 4, "qout": 4, "dio": 2, "dout": 2, "quad": 4, "oct": 8, "hex": 16}
 
 
 @pytest.mark.parametrize("board", BOARDS)
@@ -206,7 +213,8 @@ def test_generated_files_agree_with_the_profile(projects, board):
     ini = _ini(proj / "platformio.ini")
     assert ini["board_build.f_cpu"] == f"{prof['clock_mhz'] * 1_000_000}L"
     plat = prof["platformio"]["platform"]
-    assert "@" in plat or "#" in plat, f"{board}: platform {plat!r} is not pinned"
+    pinned = "@" in plat or "#" in plat or re.search(r"/releases/download/[0-9][^/]*/", plat)   # a release's zip
+    assert pinned, f"{board}: platform {plat!r} is not pinned"
     assert ini["platform"] == plat
     if not P.is_esp(prof):
         return
@@ -222,9 +230,9 @@ def test_generated_files_agree_with_the_profile(projects, board):
     assert flash["seq_read_MBps"] <= LINES[flash["mode"]] * flash["freq_mhz"] / 8
     if psram:
         assert sdk["CONFIG_SPIRAM"] == "y"
-        assert sdk[{"oct": "CONFIG_SPIRAM_MODE_OCT", "quad": "CONFIG_SPIRAM_MODE_QUAD"}[psram["mode"]]] == "y"
+        assert sdk[f"CONFIG_SPIRAM_MODE_{psram['mode'].upper()}"] == "y"
         assert sdk[f"CONFIG_SPIRAM_SPEED_{psram['freq_mhz']}M"] == "y"
-        ddr = 2 if psram["mode"] == "oct" else 1
+        ddr = 2 if psram["mode"] in ("oct", "hex") else 1
         assert psram["seq_read_MBps"] <= LINES[psram["mode"]] * psram["freq_mhz"] * ddr / 8
     else:
         assert "CONFIG_SPIRAM" not in sdk
@@ -384,7 +392,7 @@ def test_flash_dry_run_prints_every_command(projects, board, capsys):
     lines = out.strip().splitlines()
     assert lines[0] == f"pio run -d {proj} -e {board} -t upload --upload-port /dev/ttyFAKE0"
     if board in ESP_BOARDS:
-        chip = {"ESP32-S3": "esp32s3", "ESP32-C3": "esp32c3"}[load_board(board)["chip"]]
+        chip = {"ESP32-S3": "esp32s3", "ESP32-C3": "esp32c3", "ESP32-P4": "esp32p4"}[load_board(board)["chip"]]
         assert lines[1:] == [f"pio pkg exec -p tool-esptoolpy -- esptool.py --chip {chip} --port /dev/ttyFAKE0 "
                              f"--baud 460800 write_flash {info['blob_offset']:#x} {proj / 'model.flmb'}"]
     else:

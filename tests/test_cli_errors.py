@@ -199,7 +199,7 @@ def test_run_unknown_board_says_unknown(capsys, tmp_path):
 
 
 def test_missing_emulator_is_refused_before_any_build(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(virtual, "emulator_missing", lambda: "rp2040js is not installed: run 'make emu-deps'")
+    monkeypatch.setattr(virtual, "emulator_missing", lambda board: "rp2040js is not installed: run 'make emu-deps'")
     monkeypatch.setattr(run_command, "ensure_firmware", lambda *a, **k: pytest.fail("built before checking"))
     d = _model_dir(tmp_path)
     for argv in (["run", "--board", "rp2040-emu", "--model", str(d), "--prompt-ids", "1"],
@@ -207,6 +207,43 @@ def test_missing_emulator_is_refused_before_any_build(capsys, tmp_path, monkeypa
                  ["demo", "--board", "rp2040-emu", "-o", str(tmp_path / "demo")]):
         _fails(capsys, argv, "make emu-deps")
     assert not (tmp_path / "demo").exists()
+
+
+@pytest.mark.parametrize("board,program", [("esp32c3-isa-qemu", "qemu-system-riscv32"),
+                                           ("esp32s3-isa-qemu", "qemu-system-xtensa")])
+def test_missing_qemu_names_what_to_install(capsys, tmp_path, monkeypatch, board, program):
+    import shutil
+
+    from host.boards import qemu
+    which = shutil.which
+    monkeypatch.setattr(qemu.shutil, "which", lambda p: None if p == program else which(p))
+    monkeypatch.setattr(run_command, "ensure_firmware", lambda *a, **k: pytest.fail("built before checking"))
+    d = _model_dir(tmp_path)
+    _fails(capsys, ["run", "--board", board, "--model", str(d), "--prompt-ids", "1"], program,
+           "apt-get install qemu-system-misc", "make emu-deps")
+
+
+@pytest.mark.parametrize("board,tool,package", [("esp32c3-isa-qemu", "riscv64-unknown-elf-gcc", "gcc-riscv64-unknown-elf"),
+                                                ("esp32s3-isa-qemu", "clang-22", "clang-22"),
+                                                ("esp32s3-isa-qemu", "xtensa-lx106-elf-ld", "binutils-xtensa-lx106")])
+def test_missing_cross_compiler_names_what_to_install(capsys, tmp_path, monkeypatch, board, tool, package):
+    """`flashlm build --board` of a QEMU board on a machine without its compiler: one line."""
+    import shutil
+
+    from converter.blob import write_blob
+    from converter.quantize import quantize
+    from firmware import baremetal
+    from modelzoo import random_model
+    which = shutil.which
+    monkeypatch.setattr(baremetal.shutil, "which", lambda p: None if p == tool else which(p))
+    d = tmp_path / "model"
+    d.mkdir()
+    info = write_blob(quantize(random_model(3)[1], "q8", 32), d / "model.flmb")
+    (d / "manifest.json").write_text(json.dumps({"blob": "model.flmb", "tokenizer": None,
+                                                 "model_hash": bytes(info.model_hash).hex(),
+                                                 "layout_id": info.layout_id,
+                                                 "config": {"max_seq_len": 48, "vocab_size": 97}}))
+    _fails(capsys, ["build", "--board", board, "--model", str(d), "-o", str(tmp_path / "fw")], tool, package)
 
 
 def test_serve_defaults_to_the_native_board():

@@ -375,6 +375,7 @@ def test_bench_ple_seed_labels_prediction_and_measurement(tmp_path):
     assert "PREDICTION" in out.stdout and "PUBLISHED MEASUREMENT" in out.stdout and "pred/pub" in out.stdout
     t = json.loads((tmp_path / "t.json").read_text())
     assert [r["phase"] for r in t["rows"]] == list(C.PHASES) and t["published_total_ms"] == 102.9
+    assert t["published_best_ms"] == 13.3 and "token, best" in out.stdout
     assert t["tiers"]["ple.table"] == "flash" and t["bytes_per_token"]["flash"] == 396
 
 

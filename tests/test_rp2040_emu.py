@@ -240,7 +240,7 @@ def test_engine_and_hal_compile_warning_free_for_cortex_m0plus(tmp_path, build_r
     srcs = sorted((proj / "src").rglob("*.c"))
     assert any(p.parent.name == "hal" for p in srcs) and any(p.parent.name == "engine" for p in srcs)
     for src in srcs:
-        r = subprocess.run(["arm-none-eabi-gcc", "-mcpu=cortex-m0plus", "-mthumb", "-std=c99", "-O2",
+        r = subprocess.run(["arm-none-eabi-gcc", "-mcpu=cortex-m0plus", "-mthumb", "-std=gnu17", "-O2",
                             "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-include", "flm_config.h",
                             "-include", "src/hal/hal_rp2040.h", "-Isrc/engine", "-Isrc/app", "-Isrc/hal", "-c", str(src),
                             "-o", str(tmp_path / (src.stem + ".o"))], cwd=proj, capture_output=True, text=True)

@@ -25,11 +25,12 @@ static void console_put(const uint8_t *s, size_t n) {
 static void console_str(const char *s) { console_put((const uint8_t *)s, app_slen(s)); }
 
 /* Answer the console line flm_rxbuf[0..line_len): greedy continuation to the end of text or of the
- * context, then "[prompt + generated tokens in ms, tok/s (clock); encode time; why it ended]". While
+ * context, then "[prompt + generated tokens in ms, tok/s (clock); encode time; why it ended]" (on
+ * the instruction clock: instructions, no rate). While
  * the story is told, a CR or LF outside a line (the rest of the terminal's CR LF) is taken in; any
  * other byte stops it and waits for the console or the framed protocol. */
 void app_console_line(void) {
-    static const char *const CLOCK[3] = {"host clock", "chip timer", "emulated timer"};
+    static const char *const CLOCK[4] = {"host clock", "chip timer", "emulated timer", "emulated instructions"};
     const flm_model *m = &flm_dev.model;
     char t[160];
     uint32_t n = 0, us = 0, generated = 0;
@@ -79,16 +80,19 @@ void app_console_line(void) {
     app_put_str(t, &i, sizeof t, " prompt + ");
     app_put_dec(t, &i, sizeof t, generated);
     app_put_str(t, &i, sizeof t, " generated tokens in ");
-    app_put_dec(t, &i, sizeof t, (uint32_t)(total / 1000u));
-    app_put_str(t, &i, sizeof t, " ms, ");
-    app_put_dec(t, &i, sizeof t, (uint32_t)(rate / 10u));
-    app_put_str(t, &i, sizeof t, ".");
-    app_put_dec(t, &i, sizeof t, (uint32_t)(rate % 10u));
-    app_put_str(t, &i, sizeof t, " tok/s (");
-    app_put_str(t, &i, sizeof t, CLOCK[hal_clock_kind() < 3u ? hal_clock_kind() : 0u]);
+    app_put_elapsed(t, &i, sizeof t, total, 1);
+    if (hal_clock_kind() != FLM_CLOCK_INSTRUCTIONS) {   /* a rate needs a time */
+        app_put_str(t, &i, sizeof t, ", ");
+        app_put_dec(t, &i, sizeof t, (uint32_t)(rate / 10u));
+        app_put_str(t, &i, sizeof t, ".");
+        app_put_dec(t, &i, sizeof t, (uint32_t)(rate % 10u));
+        app_put_str(t, &i, sizeof t, " tok/s");
+    }
+    app_put_str(t, &i, sizeof t, " (");
+    app_put_str(t, &i, sizeof t, CLOCK[hal_clock_kind() <= FLM_CLOCK_INSTRUCTIONS ? hal_clock_kind() : 0u]);
     app_put_str(t, &i, sizeof t, "); text encoded in ");
-    app_put_dec(t, &i, sizeof t, us);
-    app_put_str(t, &i, sizeof t, " us; ");
+    app_put_elapsed(t, &i, sizeof t, us, 0);
+    app_put_str(t, &i, sizeof t, "; ");
     app_put_str(t, &i, sizeof t, end);
     app_put_str(t, &i, sizeof t, "]\n");
     console_str(t);

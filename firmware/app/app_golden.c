@@ -125,8 +125,7 @@ static void run_steps(const golden_block *b, uint32_t n) {
         app_put_str(t, &i, sizeof t, ")");
     }
     app_put_str(t, &i, sizeof t, "; ");
-    app_put_dec(t, &i, sizeof t, (uint32_t)((hal_time_us() - t0) / 1000u));
-    app_put_str(t, &i, sizeof t, " ms");
+    app_put_elapsed(t, &i, sizeof t, hal_time_us() - t0, 1);
     app_send_log(t);
 }
 

@@ -126,8 +126,7 @@ void app_generate_text(const uint8_t *p, size_t len) {
     app_put_str(t, &i, sizeof t, " bytes, ");
     app_put_dec(t, &i, sizeof t, r.n);
     app_put_str(t, &i, sizeof t, " tokens, encoded in ");
-    app_put_dec(t, &i, sizeof t, us);
-    app_put_str(t, &i, sizeof t, " us");
+    app_put_elapsed(t, &i, sizeof t, us, 0);
     app_send_log(t);
     if (accepted(&r, p[27], 0)) run(&r);
 }

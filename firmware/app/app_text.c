@@ -1,5 +1,6 @@
 /* Message text for ERROR, LOG and the console without a C library's printf (small boards). */
 #include "app_text.h"
+#include "hal.h"
 
 size_t app_slen(const char *s) { size_t n = 0; while (s[n]) n++; return n; }
 
@@ -19,6 +20,17 @@ void app_put_dec(char *buf, size_t *i, size_t cap, uint32_t v) {
 void app_put_str(char *buf, size_t *i, size_t cap, const char *s) {
     while (*s && *i + 1 < cap) buf[(*i)++] = *s++;
     buf[*i] = 0;
+}
+
+void app_put_elapsed(char *buf, size_t *i, size_t cap, uint64_t n, int ms) {
+    if (hal_clock_kind() == FLM_CLOCK_INSTRUCTIONS) {   /* not a time: never called one */
+        const int big = n > 0xffffffffu;
+        app_put_dec(buf, i, cap, (uint32_t)(big ? n / 1000000u : n));
+        app_put_str(buf, i, cap, big ? "M instructions" : " instructions");
+        return;
+    }
+    app_put_dec(buf, i, cap, (uint32_t)(ms ? n / 1000u : n));
+    app_put_str(buf, i, cap, ms ? " ms" : " us");
 }
 
 /* text = a + decimal(x) + b + decimal(y) + c */

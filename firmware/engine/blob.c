@@ -221,6 +221,12 @@ uint32_t flm_head_map(const flm_model *m, int inverse, uint32_t i) {
     return mb == 2u ? (uint32_t)p[0] | (uint32_t)p[1] << 8 : flm_rd32(p);
 }
 
+size_t flm_blob_span(const uint8_t *b, size_t window) {
+    if (window < HEADER_SIZE || memcmp(b, "FLMB", 4) != 0) return window;
+    const uint32_t total = flm_rd32(b + 8);
+    return total <= window ? total : window;
+}
+
 int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t en) {
     memset(m, 0, sizeof *m);
     if (len < HEADER_SIZE) return fail(err, en, "image too short for a header:", 0, (uint32_t)len, 1);

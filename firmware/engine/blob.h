@@ -79,6 +79,10 @@ typedef struct {
 /* Validate magic, version, size, CRC-32, config and every table entry's bounds and layout,
  * then fill m. Returns 0, or -1 with a one-line reason in err. */
 int flm_blob_open(flm_model *m, const uint8_t *blob, size_t len, char *err, size_t errlen);
+/* The length to open of an image at the start of a flash window of `window` bytes: the header's
+ * total size when the window starts with the magic and holds that much, else the whole window (an
+ * erased, foreign or truncated image is handed over as it is: flm_blob_open names what is wrong). */
+size_t flm_blob_span(const uint8_t *b, size_t window);
 /* 1 when a state_tiers field (header or LAYOUT) is valid: regions 0-2 a tier (0 default, psram,
  * sram), bits 12-15 a KV format (FLM_KV_*), bits 16-23 the batch, bits 24-31 zero. */
 int flm_state_tiers_ok(uint32_t st);

@@ -17,9 +17,12 @@ size_t hal_serial_read(uint8_t *buf, size_t max);
 void hal_serial_write(const uint8_t *buf, size_t len);
 /* Called when there is nothing to do; may sleep briefly. */
 void hal_idle(void);
-/* Microseconds from the board's own clock; monotonic. */
+/* Microseconds from the board's own clock; monotonic. On a board whose clock kind is
+ * FLM_CLOCK_INSTRUCTIONS, the instructions run since start instead: no time at all. */
 uint64_t hal_time_us(void);
-/* Which clock hal_time_us reads: 0 host clock, 1 chip timer, 2 emulated timer (HELLO field). */
+/* Which clock hal_time_us reads: 0 host clock, 1 chip timer, 2 emulated timer, 3 emulated
+ * instructions (HELLO field). */
+#define FLM_CLOCK_INSTRUCTIONS 3u
 uint8_t hal_clock_kind(void);
 /* Board name reported in HELLO. */
 const char *hal_board_name(void);

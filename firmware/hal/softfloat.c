@@ -106,8 +106,9 @@ uint32_t flm_sf_add(uint32_t a, uint32_t b) {
 }
 
 /* A nonzero finite operand's significand with its leading one at bit 23, and its exponent in *e
- * (a subnormal's brought to that leading one, its exponent adjusted). */
-static uint32_t significand(uint32_t a, int32_t *e) {
+ * (a subnormal's brought to that leading one, its exponent adjusted). Not named significand: GCC's
+ * GNU dialects (the SDKs' gnu17) have a built-in double significand(double) of that name. */
+static uint32_t unpack(uint32_t a, int32_t *e) {
     const uint32_t ea = (a >> 23) & 255u, m = a & MANT;
     if (ea) {
         *e = (int32_t)ea;
@@ -130,7 +131,7 @@ uint32_t flm_sf_mul(uint32_t a, uint32_t b) {
     }
     if ((a << 1) == 0u || (b << 1) == 0u) return sign;
     int32_t xa, xb;
-    uint32_t ma = significand(a, &xa), mb = significand(b, &xb);
+    uint32_t ma = unpack(a, &xa), mb = unpack(b, &xb);
     /* 24 x 24 -> 48-bit product from 12-bit halves (the M0+ multiplies 32 x 32 -> 32 only) */
     uint32_t ah = ma >> 12, al = ma & 0xfffu, bh = mb >> 12, bl = mb & 0xfffu;
     uint32_t mid = ah * bl + al * bh;
@@ -161,7 +162,7 @@ uint32_t flm_sf_div(uint32_t a, uint32_t b) {
     if ((b << 1) == 0u) return (a << 1) ? sign | 0x7f800000u : QNAN;   /* x / 0, 0 / 0 */
     if ((a << 1) == 0u) return sign;
     int32_t xa, xb;
-    uint32_t ma = significand(a, &xa), mb = significand(b, &xb);
+    uint32_t ma = unpack(a, &xa), mb = unpack(b, &xb);
     int32_t e = xa - xb + 127;
     if (ma < mb) { ma <<= 1; e--; }                                /* quotient in [1, 2) */
     /* restoring division, 30 quotient bits (leading one at bit 29), remainder as sticky */

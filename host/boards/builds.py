@@ -21,7 +21,7 @@ def _firmware_digest() -> str:
     fw = Path(firmware.__file__).resolve().parent
     h = hashlib.sha256()
     for p in sorted(fw.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".c", ".h", ".j2", ".py", ".ld", ".txt"):
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".c", ".h", ".s", ".S", ".j2", ".py", ".ld", ".txt"):
             st = p.stat()
             h.update(f"{p.relative_to(fw)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
     return h.hexdigest()

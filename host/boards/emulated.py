@@ -18,7 +18,7 @@ from converter.formats import padding_per_step
 
 from ..errors import BoardError
 from ..link.messages import TIERS
-from .native import VirtualBoard, drain
+from .native import VirtualBoard, drain, exit_how
 
 
 EMU_DIR = Path(__file__).resolve().parent.parent / "emu"
@@ -64,20 +64,13 @@ class EmulatedBoard(VirtualBoard):
         rc = self.proc.poll()
         if rc is None:
             return None
-        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
         tail = [ln for ln in self.stderr_tail(50) if not ln.startswith("rp2040-emu: ready")]
         ours = [ln for ln in tail if ln.startswith("rp2040-emu:") or "Error" in ln]
         why = (ours or tail)[-1] if tail else ""
-        return f"emulated board {self.name} (rp2040js) {how}" + (f": {why}" if why else "")
+        return f"emulated board {self.name} (rp2040js) {exit_how(rc)}" + (f": {why}" if why else "")
 
     def stop(self, timeout: float = 3.0) -> int | None:
         rc = super().stop(timeout)
-        if self._slave is not None:
-            try:
-                os.close(self._slave)
-            except OSError:
-                pass
-            self._slave = None
         if self._own_counts:
             try:
                 os.unlink(self.counts_path)
@@ -118,7 +111,7 @@ def unloaded_padding(header, tokens, greedy: bool, drafted: bool) -> dict[int, l
     return out
 
 
-def emulator_missing() -> str | None:
+def rp2040js_missing() -> str | None:
     """Why the emulated board cannot start here (one line), or None when it can."""
     if shutil.which("node") is None:
         return ("the emulated RP2040 needs Node.js: apt-get install nodejs npm, then 'make emu-deps' "
@@ -128,11 +121,11 @@ def emulator_missing() -> str | None:
     return None
 
 
-def _entries(image: Path, names) -> dict[str, int]:
+def _entries(image: Path, names, prof: dict) -> dict[str, int]:
     """Name -> entry address of the functions ``names`` in the ELF beside ``image``."""
-    from firmware.build_arm import symbols    # it loads jinja2 and the builders: only a profiled start needs it
+    from firmware.baremetal import symbols    # it loads jinja2 and the builders: only a profiled start needs it
     elf = image.with_suffix(".elf")
-    found = symbols(elf) if elf.is_file() else {}
+    found = symbols(elf, prof) if elf.is_file() else {}
     missing = [n for n in names if n not in found]
     if missing:
         raise BoardError(f"cannot profile {', '.join(missing)}: not in {elf}")
@@ -151,7 +144,7 @@ def start_emulated_board(image, blob_path, board: str = "rp2040-emu", timeout: f
     byte ranges [lo, hi) of the blob (some of its tensors); each step's counts then hold ``watched``,
     the bytes of the core's flash reads that fell in them. Problems are one-line BoardErrors."""
     image, blob_path = Path(image).resolve(), Path(blob_path).resolve()   # the harness runs in EMU_DIR
-    why = emulator_missing()
+    why = rp2040js_missing()
     if why:
         raise BoardError(why)
     if not image.is_file():
@@ -164,7 +157,7 @@ def start_emulated_board(image, blob_path, board: str = "rp2040-emu", timeout: f
     if blob_path.stat().st_size > flash - off:
         raise BoardError(f"model image {blob_path} is {blob_path.stat().st_size:,} bytes; {board}'s flash "
                          f"holds {flash - off:,} after the firmware")
-    entries = _entries(image, profile) if profile else {}
+    entries = _entries(image, profile, prof) if profile else {}
     own = counts_path is None
     if own:
         fd, name = tempfile.mkstemp(prefix="flashlm-emu-", suffix=".jsonl")

@@ -43,11 +43,17 @@ class VirtualBoard:
         self.blob_path = blob_path
         self._stderr = stderr_tail
         self._stdout = stdout_tail
+        self._slave: int | None = None     # an emulator's pty: the slave end kept open while it runs
         self.name = "native"
 
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def read_counts(self) -> list[dict]:
+        """The emulator harness's per-step counts since the last call: none on this board (the
+        emulated RP2040's harness has them, host/boards/emulated.py)."""
+        return []
 
     def stderr_tail(self, n: int = 3) -> list[str]:
         return list(self._stderr)[-n:]
@@ -79,6 +85,12 @@ class VirtualBoard:
                     s.close()
             except OSError:
                 pass
+        if self._slave is not None:
+            try:
+                os.close(self._slave)
+            except OSError:
+                pass
+            self._slave = None
         return self.proc.returncode
 
     def __enter__(self) -> "VirtualBoard":
@@ -91,9 +103,13 @@ class VirtualBoard:
         return f"VirtualBoard(port={self.port!r}, pid={self.proc.pid}, alive={self.alive})"
 
 
+def exit_how(rc: int) -> str:
+    """How a board's process ended, from its exit code."""
+    return f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+
+
 def _exit_text(binary: Path, rc: int, tail: list[str]) -> str:
-    how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
-    msg = f"native board {binary.name} {how}"
+    msg = f"native board {binary.name} {exit_how(rc)}"
     if tail:
         msg += f": {tail[-1]}"
     return msg

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import mean
 
+from converter.boards import load_board
 from converter.planner import PlanError, plan_layout
 
 from ..boards.builds import ensure_firmware
@@ -18,6 +19,7 @@ from ..files import write_json
 from ..interrupts import interrupts
 from ..link.messages import PHASES, Generate
 from ..link.port import Link, open_port
+from ..output.labels import unit
 from ..output.plan_figures import compare_png
 from ..output.plan_tables import column, side_by_side
 from ..session.errors import DeviceError
@@ -57,7 +59,7 @@ def compare(console, model, boards: tuple[str, ...] = ("native",), layouts: tupl
         console.print(f"  {names[lay]} = {lay}", soft_wrap=True)
     plans, entries = {}, []
     for b in boards:
-        cols = []
+        cols, un = [], unit(load_board(b).get("timer"))
         for lay in layouts:
             try:
                 pl = plan_layout(spec, b, lay, kv=query.kv_for(info), pos=query.pos, line=query.line, suggest=False,
@@ -66,12 +68,12 @@ def compare(console, model, boards: tuple[str, ...] = ("native",), layouts: tupl
                 console.print(f"  {b} {names[lay]}: refused: {e}", soft_wrap=True)
                 continue
             plans[(b, lay)] = pl
-            cols.append((names[lay], column(pl.prediction.phase_us, pl.prediction.bytes_read)))
+            cols.append((names[lay], column(pl.prediction.phase_us, pl.prediction.bytes_read, un)))
             entries.append(dict(label=f"{b}\n{names[lay]}", predicted=dict(pl.prediction.phase_us), measured=None))
         if cols:
             pos = next(pl.pos for (bb, _), pl in plans.items() if bb == b)
             side_by_side(console, f"{b}: predicted per token at position {pos} (from the board profile; "
-                                   f"a prediction, not a measurement)", cols)
+                                   f"a prediction, not a measurement)", cols, un)
     results = {}
     if measure is not None:
         if len(boards) != 1:
@@ -175,19 +177,19 @@ def run_layouts(console, measure: Measure, spec, info: Source, board, layouts, p
             sess = Session(Link(ser), name=port, frame_timeout=measure.timeout)
             hello = sess.handshake(timeout=measure.timeout)
             sess.check_model(hello, model.model_hash)
-            memory = f", XIP model {'on' if target.xip_model else 'off'}" if emulated else ""
+            memory = f", XIP model {'on' if target.xip_model else 'off'}" if emulated == "rp2040js" else ""
             console.print(f"measuring {len(todo)} layout(s) on {hello.board} ({hello.clock_name}{memory}), "
                           f"{len(ids)}-token prompt, {measure.max_tokens} tokens, seed {measure.seed}")
             res = measure_layouts(sess, todo, request)
         finally:    # from here on Ctrl-C is ignored: the board is stopped before anything else
             ctrl_c.hold()
-    cols, first = [], None
+    cols, first, un = [], None, unit(hello.clock_name)
     for lay, r in res.items():
         if "error" in r:
             console.print(f"  {names[lay]}: refused by the board: {r['error']}", soft_wrap=True)
             continue
-        cols.append((f"{names[lay]} meas.", column(r["measured"], r["measured_bytes"])))
-        cols.append((f"{names[lay]} pred.", column(r["predicted"], r["predicted_bytes"])))
+        cols.append((f"{names[lay]} meas.", column(r["measured"], r["measured_bytes"], un)))
+        cols.append((f"{names[lay]} pred.", column(r["predicted"], r["predicted_bytes"], un)))
         console.print(f"  {names[lay]}: bytes per tier equal the plan's on {r['bytes_match']}/{r['steps']} steps",
                       soft_wrap=True)
         if first is None:
@@ -196,7 +198,7 @@ def run_layouts(console, measure: Measure, spec, info: Source, board, layouts, p
             console.print(f"[red]layout {names[lay]} produced different tokens/logits from the first layout[/]")
     if cols:
         side_by_side(console, f"measured ({hello.clock_name}) vs predicted ({board} profile): mean per "
-                               f"generated token", cols)
+                               f"generated token", cols, un)
     if first is not None and all("error" not in r and r["crcs"] == first["crcs"] for r in res.values()):
         console.print("every layout produced bit-identical logits (crc32 per step) and the same tokens")
     return {lay: {k: v for k, v in r.items() if k != "result"} for lay, r in res.items()}

@@ -17,7 +17,7 @@ from converter.tokenizer import decode
 from ..boards.builds import ensure_firmware
 from ..boards.emulated import unloaded_padding
 from ..boards.native import start_native_board
-from ..boards.virtual import check_virtual_board, start_virtual_board
+from ..boards.virtual import check_virtual_board, describe_start, start_virtual_board
 from ..errors import BoardError, UserError
 from ..interrupts import interrupts
 from ..link.messages import Generate, clock_name
@@ -133,11 +133,10 @@ def _generate(console, stack: ExitStack, model: ModelDir, request: Generate, tar
     port = target.port
     if board is not None:
         image = ensure_firmware(console, model, board)
-        step(console, f"starting the emulated board {board} ({emulated}, XIP model "
-                      f"{'on' if target.xip_model else 'off'})" if emulated else "starting the native virtual board")
+        step(console, describe_start(board, target.xip_model))
         vb = stack.enter_context(start_virtual_board(board, image, model.blob, timeout, target.xip_model))
         port = vb.port
-        console.print(f"  pid {vb.proc.pid}, UART0 on {port}" if emulated else f"  pid {vb.proc.pid} on {port}")
+        console.print(f"  pid {vb.proc.pid}, serial link on {port}" if emulated else f"  pid {vb.proc.pid} on {port}")
     ser = open_port(port, target.baud)
     stack.callback(ser.close)
     sess = Session(Link(ser), name=port, frame_timeout=policy.frame_timeout or timeout)

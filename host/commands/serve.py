@@ -22,7 +22,7 @@ def serve(console, model_path, board: str = "native", timeout: float = 10.0, cou
         console.print(f"[bold]{board}[/] serving on [bold]{vb.port}[/] (pid {vb.proc.pid}); "
                       f"'flashlm run --port {vb.port} --model {model.path} ...' talks to it; Ctrl-C stops it",
                       soft_wrap=True)
-        if emulated:
+        if emulated == "rp2040js":
             console.print(f"  per-step read counts from the emulator harness: {vb.counts_path}", soft_wrap=True)
         try:
             while vb.alive:

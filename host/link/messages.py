@@ -44,7 +44,8 @@ ERROR_CODES = {
     9: "cannot_encode",
     10: "self_check",
 }
-CLOCKS = ("host clock", "chip timer", "emulated timer")
+# HELLO clock kinds: 3 counts emulated instructions (the QEMU boards), no time unit at all
+CLOCKS = ("host clock", "chip timer", "emulated timer", "emulated instructions")
 
 
 def clock_name(clock: int | None) -> str:

@@ -11,7 +11,7 @@ from ..link.messages import PHASES, TIERS, clock_name
 from ..session.result import RunResult, step_share
 from .experts import step_dict, step_label
 from .figure import plot_png
-from .labels import piece_repr
+from .labels import piece_repr, unit
 from .stats import harness_rows, step_total, summarize
 
 def _hello_dict(h) -> dict | None:
@@ -84,17 +84,27 @@ def _json_default(o):
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
-CSV_FIELDS = (["step", "pos", "kind", "in_id", "out_id", "piece"] + [f"{p}_us" for p in PHASES]
-              + ["total_us"] + [f"{t}_bytes" for t in TIERS] + ["head_rows", "logits_crc", "board", "clock"]
-              + ["pass_first", "pass_tokens", "pass_steps", "pass_kind", "experts"])
+def csv_fields(clock: str | None) -> list[str]:
+    """The CSV's columns; the per-phase ones named by the clock's unit (embed_us, or
+    embed_instructions on an instruction-counting board)."""
+    sfx = time_suffix(clock)
+    return (["step", "pos", "kind", "in_id", "out_id", "piece"] + [f"{p}_{sfx}" for p in PHASES]
+            + [f"total_{sfx}"] + [f"{t}_bytes" for t in TIERS] + ["head_rows", "logits_crc", "board", "clock"]
+            + ["pass_first", "pass_tokens", "pass_steps", "pass_kind", "experts"])
+
+
+def time_suffix(clock: str | None) -> str:
+    return "us" if unit(clock) == "µs" else unit(clock)
 
 
 def write_csv(result: RunResult, path) -> Path:
-    """One row per step, lost steps included (kind "missing", empty numbers). The µs and bytes are
-    the forward pass's the step came from, as its TOKEN carried them (pass_first, pass_tokens: the
-    pass; a step's share is them divided by pass_steps); experts: its token's per layer (experts.py)."""
+    """One row per step, lost steps included (kind "missing", empty numbers). The µs (or
+    instructions) and bytes are the forward pass's the step came from, as its TOKEN carried them
+    (pass_first, pass_tokens: the pass; a step's share is them divided by pass_steps); experts: its
+    token's per layer (experts.py)."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    sfx = time_suffix(result.clock)
+    w = csv.DictWriter(buf, fieldnames=csv_fields(result.clock), lineterminator="\n")
     w.writeheader()
     rows = {int(t.step): t for t in result.tokens}
     board, clock = result.board, result.clock
@@ -106,10 +116,10 @@ def write_csv(result: RunResult, path) -> Path:
         row = {"step": t.step, "pos": t.pos, "kind": "prefill" if t.out_id is None else "decode",
                "in_id": t.in_id, "out_id": "" if t.out_id is None else t.out_id,
                "piece": piece_repr(t.piece)[1:-1] if t.out_id is not None else "",
-               "total_us": int(sum(t.us)), "head_rows": t.head_rows, "logits_crc": t.logits_crc, "board": board,
+               f"total_{sfx}": int(sum(t.us)), "head_rows": t.head_rows, "logits_crc": t.logits_crc, "board": board,
                "clock": clock, "pass_first": t.chunk, "pass_tokens": t.chunk_len, "pass_steps": t.chunk_used,
                "pass_kind": t.kind, "experts": step_label(t)}
-        row.update({f"{p}_us": int(u) for p, u in zip(PHASES, t.us)})
+        row.update({f"{p}_{sfx}": int(u) for p, u in zip(PHASES, t.us)})
         row.update({f"{tier}_bytes": int(b) for tier, b in zip(TIERS, t.bytes_read)})
         w.writerow(row)
     return files.atomic_write_bytes(path, buf.getvalue().encode("utf-8"))

@@ -8,7 +8,7 @@ from pathlib import Path
 from ..files import atomic_write_bytes
 from ..link.messages import PHASES
 from ..session.result import RunResult, step_share
-from .labels import PHASE_COLORS, PHASE_HEADERS, shown_phases
+from .labels import PHASE_COLORS, PHASE_NAMES, shown_phases, unit
 from .stats import percentile, summarize
 
 def plot_png(result: RunResult, path) -> Path:
@@ -61,7 +61,7 @@ def run_figure(result: RunResult):
         ax.axvspan(min(prompt_steps) - 0.5, max(prompt_steps) + 0.5, color="0.92", zorder=0)
     for s in result.missing_steps:
         ax.axvline(s, color="0.4", linestyle=":", linewidth=1)
-    handles = [Patch(color=PHASE_COLORS[p], label=PHASE_HEADERS[p].replace(" µs", "")) for p in shown_phases(toks)]
+    handles = [Patch(color=PHASE_COLORS[p], label=PHASE_NAMES[p]) for p in shown_phases(toks)]
     handles.append(Patch(facecolor="white", edgecolor="0.3", hatch="//", label="prefill step"))
     out_vocab = result.hello.out_vocab if result.hello is not None else 0
     if toks and out_vocab:
@@ -79,12 +79,13 @@ def run_figure(result: RunResult):
     s = summarize(result)
     speeds = [f"{kind} {s[key]:,.1f} tok/s" for kind, key in (("decode", "tokens_per_s"),
                                                                ("prefill", "prefill_tok_per_s")) if s[key]]
-    head = f"{result.board} — {result.clock}: device µs per step (its share of its pass)"
-    note = (f"{len(clipped)} step{'s' * (len(clipped) != 1)} past {cap:,.0f} µs cut at the top, each labelled "
-            f"with its µs" if clipped else "")
+    un = unit(result.clock)
+    head = f"{result.board} — {result.clock}: device {un} per step (its share of its pass)"
+    note = (f"{len(clipped)} step{'s' * (len(clipped) != 1)} past {cap:,.0f} {un} cut at the top, each labelled "
+            f"with its {un}" if clipped else "")
     ax.set_title(fitted_title(fig, 10, head, ", ".join(speeds), note), fontsize=10)
     ax.set_xlabel("step")
-    ax.set_ylabel(f"µs ({result.clock})")
+    ax.set_ylabel(f"{unit(result.clock)} ({result.clock})")
     ax.set_xlim(-0.75, n - 0.25)
     # the tallest bar whole, unless it is a spike (the twin axis must not rescale it)
     ax.set_ylim(0, cap if clipped else (top or 1.0) * 1.08)

@@ -1,6 +1,6 @@
 """How a run's numbers are named and shown everywhere (live view, summary, CSV, figures): phase
-headers and colours, which phases a table shows, a token piece, and the board and clock a figure
-was measured on."""
+headers and colours, the unit a clock counts in, which phases a table shows, a token piece, and the
+board and clock a figure was measured on."""
 from __future__ import annotations
 
 import re
@@ -8,12 +8,25 @@ import re
 from ..link.messages import PHASES, Hello, clock_name
 from ..session.result import RunResult
 
-PHASE_HEADERS = {"embed": "embed µs", "attention": "attention µs", "ffn": "FFN µs", "ple": "PLE µs",
-                 "output": "output µs", "sampling": "sampling µs", "draft": "draft µs"}
+PHASE_NAMES = {"embed": "embed", "attention": "attention", "ffn": "FFN", "ple": "PLE", "output": "output",
+               "sampling": "sampling", "draft": "draft"}
+# the HELLO clock whose counts are instructions the emulator ran (the QEMU boards), not time: its
+# figures are never called µs, and no tok/s is made from them
+INSTRUCTION_CLOCK = "emulated instructions"
 PHASE_COLORS = {"embed": "#4c72b0", "attention": "#dd8452", "ffn": "#55a868", "ple": "#937860",
                 "output": "#c44e52", "sampling": "#8172b3", "draft": "#8c8c8c"}
 PLE_INDEX = PHASES.index("ple")
 DRAFT_INDEX = PHASES.index("draft")
+
+
+def unit(clock: str | None) -> str:
+    """What a board's per-phase figures count under the HELLO clock named ``clock``."""
+    return "instructions" if clock == INSTRUCTION_CLOCK else "µs"
+
+
+def phase_header(phase: str, clock: str | None) -> str:
+    """A phase's column header: its name and the unit its figures count in ("attention µs")."""
+    return f"{PHASE_NAMES.get(phase, phase)} {unit(clock)}"
 
 
 def shown_phases(tokens, ple: bool = False, draft: bool = False) -> list[str]:

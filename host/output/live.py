@@ -11,10 +11,10 @@ from rich.text import Text
 
 from converter.tokenizer import visible_text
 
-from ..link.messages import PHASES, TIERS
+from ..link.messages import PHASES, TIERS, clock_name
 from ..session.result import step_share
 from .experts import step_label
-from .labels import PHASE_HEADERS, piece_repr, shown_phases, where
+from .labels import phase_header, piece_repr, shown_phases, unit, where
 
 def pass_label(t) -> str:
     """The forward pass a step came from, in a few characters: "1" (a pass of its own), "p4" (a
@@ -63,9 +63,13 @@ class LiveView:
                 + [f"{sum(sh['us']):,.0f}"] + [f"{b:,.0f}" for b in sh["bytes"]] + [f"{t.head_rows:,}"]
                 + ([step_label(t)] if t.n_experts else []))
 
+    def _clock(self) -> str | None:
+        return clock_name(self.hello.clock) if self.hello is not None else None
+
     def render(self):
-        table = Table(title=f"per-step device time ({where(self.hello)})", title_justify="left",
-                      expand=False)
+        u = unit(self._clock())
+        table = Table(title=f"per-step device {'time' if u == 'µs' else u} ({where(self.hello)})",
+                      title_justify="left", expand=False)
         table.add_column("step", justify="right")
         table.add_column("pos", justify="right")
         table.add_column("pass", justify="right")
@@ -73,8 +77,8 @@ class LiveView:
         table.add_column("out", overflow="ellipsis", max_width=14, no_wrap=True)
         phases = shown_phases(self.tokens, self.ple, self.draft)
         for p in phases:
-            table.add_column(PHASE_HEADERS[p], justify="right")
-        table.add_column("total µs", justify="right", style="bold")
+            table.add_column(phase_header(p, self._clock()), justify="right")
+        table.add_column(phase_header("total", self._clock()), justify="right", style="bold")
         for tier in TIERS:
             table.add_column(f"{tier} B", justify="right")
         table.add_column("head rows", justify="right")
@@ -103,18 +107,21 @@ class LiveView:
         if not self._printed_header:   # the columns are fixed by the first step
             self._printed_header = True
             self._line_phases = shown_phases(self.tokens, self.ple, self.draft)
+            clock = self._clock()
+            heads = [phase_header(p, clock) for p in self._line_phases + ["total"]]
+            self._widths = [max(14, len(h)) for h in heads[:-1]] + [max(10, len(heads[-1]))]
             head = (f"{'step':>5} {'pos':>5} {'pass':>6} {'in':<12} {'out':<12} "
-                    + " ".join(f"{PHASE_HEADERS[p]:>14}" for p in self._line_phases)
-                    + f" {'total µs':>10} " + " ".join(f"{tier + ' B':>10}" for tier in TIERS)
+                    + " ".join(f"{h:>{w}}" for h, w in zip(heads, self._widths)) + " "
+                    + " ".join(f"{tier + ' B':>10}" for tier in TIERS)
                     + f" {'head rows':>9}" + ("  experts per layer" if t.n_experts else "")
-                    + f"   [{where(self.hello)}; µs and bytes: the step's share of its pass]")
+                    + f"   [{where(self.hello)}; {unit(clock)} and bytes: the step's share of its pass]")
             self.console.print(head, markup=False, highlight=False, soft_wrap=True)
         n = len(self._line_phases)
         r = self._row(t, self._line_phases)
         given, made = (c.plain for c in self._token_cells(t))
         line = (f"{r[0]:>5} {r[1]:>5} {r[2]:>6} {given[:12]:<12} {made[:12]:<12} "
-                + " ".join(f"{v:>14}" for v in r[3:3 + n])
-                + f" {r[3 + n]:>10} " + " ".join(f"{v:>10}" for v in r[4 + n:7 + n]) + f" {r[7 + n]:>9}"
+                + " ".join(f"{v:>{w}}" for v, w in zip(r[3:4 + n], self._widths)) + " "
+                + " ".join(f"{v:>10}" for v in r[4 + n:7 + n]) + f" {r[7 + n]:>9}"
                 + (f"  {r[8 + n]}" if t.n_experts else ""))
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 

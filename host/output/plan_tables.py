@@ -8,6 +8,8 @@ from rich.table import Table
 
 from converter.planner import fmt_bytes, output_label
 
+from .labels import unit
+
 PHASE_LABEL = {"embed": "embed", "attention": "attention", "ffn": "FFN", "ple": "PLE", "output": "output",
                "sampling": "sampling"}
 
@@ -80,9 +82,10 @@ def print_plan(console, plan, collapse: bool = True) -> None:
         u.add_row(tier + (" (whole blob)" if tier == "flash" else ""), mb(placed), mb(bud), mb(bud - placed),
                   f"{p.bytes_read[tier]:,.0f}")
     console.print(u)
+    un = unit(plan.prof.get("timer"))
     ph = Table(title=f"predicted cost per token at position {plan.pos} ({plan.board} profile; a prediction, "
                      f"not a measurement)", title_justify="left")
-    for col in ("phase", "memory µs", "compute µs", "total µs"):
+    for col in ("phase", f"memory {un}", f"compute {un}", f"total {un}"):
         ph.add_column(col, justify="left" if col == "phase" else "right")
     for k in p.phase_us:
         ph.add_row(PHASE_LABEL[k], f"{p.memory_us[k]:,.0f}", f"{p.compute_us[k]:,.0f}", f"{p.phase_us[k]:,.0f}")
@@ -90,7 +93,11 @@ def print_plan(console, plan, collapse: bool = True) -> None:
                f"[bold]{p.total_us:,.0f}[/]")
     console.print(ph)
     console.print(f"output layer: {output_label(plan.head, plan.spec)}", soft_wrap=True, style="dim")
-    console.print(f"predicted [bold]{p.tok_s:,.2f} tok/s[/] on {plan.board}", soft_wrap=True)
+    if un == "µs":
+        console.print(f"predicted [bold]{p.tok_s:,.2f} tok/s[/] on {plan.board}", soft_wrap=True)
+    else:       # the board's clock counts instructions: no time, no rate
+        console.print(f"predicted [bold]{p.total_us:,.0f} {un}[/] per token on {plan.board} ({plan.prof['timer']})",
+                      soft_wrap=True)
 
 
 def print_no_fit(console, e) -> None:
@@ -104,7 +111,7 @@ def print_no_fit(console, e) -> None:
 
 
 def _n(us: float) -> str:
-    """µs in at most 6 characters."""
+    """µs (or instructions) in at most 6 characters."""
     if us < 10000:
         return f"{us:,.0f}"
     if us < 1e6:
@@ -116,22 +123,26 @@ def _kb(n: float) -> str:
     return f"{n / 1024:,.1f}" if n < 10240 else f"{n / 1024:,.0f}"
 
 
-ROW_LABELS = [PHASE_LABEL[k] + " µs" for k in PHASE_LABEL] + ["token µs", "tok/s", "flash KB/tok",
-                                                                 "psram KB/tok", "sram KB/tok"]
+def row_labels(un: str = "µs") -> list[str]:
+    """The side-by-side table's rows, the per-phase ones in the board clock's unit ``un``."""
+    short = "instr" if un != "µs" else un
+    return ([f"{PHASE_LABEL[k]} {short}" for k in PHASE_LABEL]
+            + [f"token {short}", "tok/s", "flash KB/tok", "psram KB/tok", "sram KB/tok"])
 
 
-def column(phase_us: dict, bytes_read: dict | None) -> list[str]:
+def column(phase_us: dict, bytes_read: dict | None, un: str = "µs") -> list[str]:
+    """A layout's column; no tok/s from an instruction count (``un`` not µs)."""
     tot = sum(phase_us.values())
-    col = [_n(phase_us[k]) for k in PHASE_LABEL] + [_n(tot), f"{1e6 / tot:,.2f}" if tot else "-"]
+    col = [_n(phase_us[k]) for k in PHASE_LABEL] + [_n(tot), f"{1e6 / tot:,.2f}" if tot and un == "µs" else "-"]
     col += [_kb(bytes_read[t]) for t in ("flash", "psram", "sram")] if bytes_read else ["", "", ""]
     return col
 
 
-def side_by_side(console, title: str, columns: list[tuple[str, list[str]]]) -> None:
-    t = Table(title=title, title_justify="left")
+def side_by_side(console, title: str, columns: list[tuple[str, list[str]]], un: str = "µs") -> None:
+    t = Table(title=title + ("" if un == "µs" else f"; instr = {un}"), title_justify="left")
     t.add_column("")
     for name, _ in columns:
         t.add_column(name, justify="right")
-    for i, label in enumerate(ROW_LABELS):
+    for i, label in enumerate(row_labels(un)):
         t.add_row(label, *[col[i] for _, col in columns])
     console.print(t)

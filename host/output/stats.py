@@ -3,7 +3,9 @@ emulator harness's counts beside the engine's.
 
 Every number comes from the device's own per-phase µs (TOKEN frames), never from the host's
 wall clock, and is printed together with the board name and the clock source the HELLO named
-("host clock", "chip timer", "emulated timer").  Host wall time is reported once, labelled.
+("host clock", "chip timer", "emulated timer", "emulated instructions").  Host wall time is
+reported once, labelled. Under "emulated instructions" (the QEMU boards) the TOKEN's "µs" fields
+count instructions, not time: the rates (tok/s) are None there, and the unit says so.
 
 Step kinds: a *prefill* step is a prompt step whose output is unused (out_id None: by default
 the device skips its output layer); a *decode* step produced a token (the last prompt step and
@@ -24,6 +26,7 @@ from __future__ import annotations
 from ..link.messages import PHASES, TIERS
 from ..session.result import RunResult, step_share
 from .experts import expert_summary
+from .labels import INSTRUCTION_CLOCK, unit
 
 def percentile(values, q: float) -> float | None:
     """Linear-interpolated percentile (numpy's default), ``q`` in [0, 100]; None when empty."""
@@ -62,8 +65,9 @@ def group_stats(tokens, out_vocab: int | None = None) -> dict:
     return out
 
 
-def _rate(n: int, us: int) -> float | None:
-    return n / (us / 1e6) if n and us > 0 else None
+def _rate(n: int, us: int, clock: str | None = None) -> float | None:
+    """Tokens a second of device time; None without time (no steps, or an instruction count)."""
+    return n / (us / 1e6) if n and us > 0 and clock != INSTRUCTION_CLOCK else None
 
 
 EMULATED_NOTE = ("the emulated timer advances with rp2040js's instruction cycle counts plus the stalls of "
@@ -191,7 +195,7 @@ def pass_summary(result: RunResult) -> dict:
                    "tokens_per_verify_pass": sum(p["steps"] for p in ver) / len(ver) if ver else None,
                    "tokens_per_pass": emitted / len(dec) if dec else None,
                    "us_per_token": dec_us / emitted if emitted else None,
-                   "tok_per_s": emitted / (dec_us / 1e6) if emitted and dec_us > 0 else None,
+                   "tok_per_s": _rate(emitted, dec_us, result.clock),
                    "draft_us_per_token": sum(p["us"]["draft"] for p in dec) / emitted if emitted else None,
                    "bytes_per_token": per(dec, emitted, "bytes"),
                    "draft_bytes_per_token": ({tier: b / emitted for tier, b in zip(TIERS, done.draft_bytes)}
@@ -229,8 +233,9 @@ def summarize(result: RunResult) -> dict:
         "prefill": ps,
         "decode": gs,
         # device time only: generated tokens over the µs of the steps that produced them (drafting included)
-        "tokens_per_s": _rate(len(gen), gen_us),
-        "prefill_tok_per_s": _rate(len(prompt), prompt_us),
+        "tokens_per_s": _rate(len(gen), gen_us, result.clock),
+        "prefill_tok_per_s": _rate(len(prompt), prompt_us, result.clock),
+        "unit": unit(result.clock),
         "bytes_per_token": gs["bytes"],
         "device_total_us": int(done.total_us) if done is not None else None,
         "device_steps_us": int(sum(step_total(t) for t in result.tokens)),
@@ -242,8 +247,16 @@ def summarize(result: RunResult) -> dict:
     }
 
 
+INSTRUCTIONS_NOTE = ("the emulated instructions are QEMU's exact count of the instructions the firmware ran "
+                     "(-icount): the instruction set's cost with this compiler, with no cache, flash or PSRAM "
+                     "timing and no pipeline; not cycles, and not the chip's µs")
+
+
 def timing_note(clock: str, harness: dict | None) -> str | None:
-    """What the emulated timer counts (with or without the XIP model); None for other clocks."""
+    """What an emulated clock counts (the RP2040's timer with or without the XIP model, QEMU's
+    instructions); None for other clocks."""
+    if clock == INSTRUCTION_CLOCK:
+        return INSTRUCTIONS_NOTE
     if clock != "emulated timer":
         return None
     return EMULATED_NOTE if harness is None or harness["xip_per_token"] else EMULATED_NOTE_NO_XIP

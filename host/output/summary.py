@@ -9,7 +9,7 @@ from rich.text import Text
 from ..link.messages import TIERS
 from ..session.result import RunResult
 from .experts import summary_lines as expert_lines
-from .labels import PHASE_HEADERS, fmt, shown_phases, where
+from .labels import fmt, phase_header, shown_phases, where
 from .stats import summarize
 
 def summary_renderables(result: RunResult) -> list:
@@ -17,13 +17,14 @@ def summary_renderables(result: RunResult) -> list:
 
     s = summarize(result)
     at = where(result)
+    u = s["unit"]
     out = []
-    table = Table(title=f"device µs per step — {at}", title_justify="left")
+    table = Table(title=f"device {u} per step — {at}", title_justify="left")
     table.add_column("phase", no_wrap=True)
     for grp in ("prefill", "decode"):
         table.add_column(f"{grp} steps (n={s[grp]['steps']})\np50 / p95 / mean", justify="right", no_wrap=True)
     for name in shown_phases(result.tokens) + ["total"]:
-        label = PHASE_HEADERS.get(name, "total µs")
+        label = phase_header(name, result.clock)
         cells = []
         for grp in ("prefill", "decode"):
             ph = s[grp]["phases"][name]
@@ -36,19 +37,21 @@ def summary_renderables(result: RunResult) -> list:
     tps = s["tokens_per_s"]
     gen_us = s["decode"]["phases"]["total"]["sum"]
     draft_us = s["decode"]["phases"]["draft"]["sum"]
-    lines.append(f"decode: {s['generated_tokens']} tokens in {gen_us:,} µs of device time"
-                 + (f" (drafting {draft_us:,} µs)" if draft_us else "")
-                 + (f" = {tps:,.2f} tok/s" if tps else "") + f"  [{at}]")
+    lines.append(f"decode: {s['generated_tokens']} tokens in {gen_us:,} {u} "
+                 + ("of device time" if u == "µs" else "run on the device")
+                 + (f" (drafting {draft_us:,} {u})" if draft_us else "")
+                 + _rate_text(tps, gen_us, s["generated_tokens"], u) + f"  [{at}]")
     pps = s["prefill_tok_per_s"]
     if s["prefill"]["steps"]:
-        lines.append(f"prefill: {s['prefill']['steps']} prompt tokens in {s['prefill']['phases']['total']['sum']:,} µs"
-                     + (f" = {pps:,.2f} tok/s" if pps else "") + f"  [{at}]")
+        pre_us = s["prefill"]["phases"]["total"]["sum"]
+        lines.append(f"prefill: {s['prefill']['steps']} prompt tokens in {pre_us:,} {u}"
+                     + _rate_text(pps, pre_us, s["prefill"]["steps"], u) + f"  [{at}]")
     for grp in ("prefill", "decode"):
         b = s[grp]["bytes"]
         if b["flash"] is not None:
             lines.append(f"bytes read per {grp} token: "
                          + ", ".join(f"{tier} {b[tier]:,.0f}" for tier in TIERS) + f"  [{at}]")
-    lines += pass_lines(s["passes"], at)
+    lines += pass_lines(s["passes"], at, u)
     lines += expert_lines(s["experts"])
     h = s.get("harness")
     if h is not None:
@@ -73,7 +76,7 @@ def summary_renderables(result: RunResult) -> list:
                      f"{'on' if x is not None else 'off'}); emulator wall time per token: "
                      f"p50 {fmt(h['wall_ms_per_token']['p50'], 1)} ms (host clock)")
     if s["device_total_us"] is not None:
-        lines.append(f"device total (DONE): {s['device_total_us']:,} µs, stop reason {s['reason']}  [{at}]")
+        lines.append(f"device total (DONE): {s['device_total_us']:,} {u}, stop reason {s['reason']}  [{at}]")
     lines.append(f"host wall time: {s['host_wall_s']:.3f} s (host clock, includes the serial link)")
     out.extend(Text(line) for line in lines)
     if result.hello is not None:
@@ -94,8 +97,16 @@ def summary_renderables(result: RunResult) -> list:
     return out
 
 
-def pass_lines(pa: dict, at: str) -> list[str]:
-    """The summary's lines on forward passes: prefill chunks, and speculative decoding."""
+def _rate_text(per_s, total, n: int, u: str) -> str:
+    """" = 12.3 tok/s" from device time; from an instruction count (no time) the count a token."""
+    if per_s:
+        return f" = {per_s:,.2f} tok/s"
+    return f" = {total / n:,.0f} {u} a token" if u != "µs" and n else ""
+
+
+def pass_lines(pa: dict, at: str, u: str = "µs") -> list[str]:
+    """The summary's lines on forward passes: prefill chunks, and speculative decoding (figures in
+    the board clock's unit ``u``)."""
     out = []
     pre, dec = pa["prefill"], pa["decode"]
 
@@ -103,13 +114,13 @@ def pass_lines(pa: dict, at: str) -> list[str]:
         return ", ".join(f"{tier} {b[tier]:,.0f}" for tier in TIERS if b[tier])
     if pre["passes"] and pre["tokens"] > pre["passes"]:
         out.append(f"prefill in {pre['passes']} pass{'es' * (pre['passes'] != 1)} of {pre['tokens_per_pass']:.1f} tokens "
-                   f"(up to {pa['batch']}): {pre['us_per_pass']:,.0f} µs and {tiers(pre['bytes_per_pass'])} "
-                   f"bytes per pass; per prompt token {pre['us_per_token']:,.0f} µs, {tiers(pre['bytes_per_token'])} "
+                   f"(up to {pa['batch']}): {pre['us_per_pass']:,.0f} {u} and {tiers(pre['bytes_per_pass'])} "
+                   f"bytes per pass; per prompt token {pre['us_per_token']:,.0f} {u}, {tiers(pre['bytes_per_token'])} "
                    f"bytes  [{at}]")
     if dec["verify_passes"]:
         out.append(f"speculative decoding ({pa['speculate']}): {dec['accepted']}/{dec['drafted']} drafts accepted "
                    f"({100 * dec['acceptance']:.0f} %), {dec['tokens_per_verify_pass']:.2f} tokens per verifying "
-                   f"pass, {dec['tokens_per_pass']:.2f} per decode pass; per emitted token {dec['us_per_token']:,.0f} µs "
+                   f"pass, {dec['tokens_per_pass']:.2f} per decode pass; per emitted token {dec['us_per_token']:,.0f} {u} "
                    f"(drafting {dec['draft_us_per_token']:,.0f}) and {tiers(dec['bytes_per_token'])} bytes"
                    + (f" (drafting {tiers(dec['draft_bytes_per_token']) or '0'})" if dec["draft_bytes_per_token"] else "")
                    + f"  [{at}]")

@@ -1,4 +1,4 @@
-/* ESP32-S3 / ESP32-C3 under ESP-IDF v5. NOT COMPILED HERE: it needs ESP-IDF, which PlatformIO
+/* ESP32-S3 / ESP32-C3 / ESP32-P4 under ESP-IDF v5. NOT COMPILED HERE: it needs ESP-IDF, which PlatformIO
  * brings on the user's machine ('flashlm flash'); the engine beside it is cross-compiled here.
  *
  * Flash: the blob is the data partition "model" (partitions.csv), memory-mapped with
@@ -8,7 +8,7 @@
  * no block that large it goes to PSRAM instead (hal_board_arena), and the app falls back from there.
  * Serial: the console port, UART0 (through the board's USB-UART bridge) or USB-Serial-JTAG.
  * Time: esp_timer_get_time(), µs since boot from the chip's system timer.
- * Matmul: on a dual-core chip (ESP32-S3) hal_matmul hands the second half of the rows to a task
+ * Matmul: on a dual-core chip (ESP32-S3, ESP32-P4) hal_matmul hands the second half of the rows to a task
  * on core 1 (the engine runs on core 0); the C3 has one core and uses the engine's own path. */
 #include "hal.h"
 #include "hal_board.h"
@@ -88,7 +88,7 @@ void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_
     const size_t buf_half = row_buf_bytes / 2u;     /* each core its own half: a row of the widest */
     job.w = w;
     job.b = b;
-    job.row_buf = row_buf + buf_half;
+    job.row_buf = row_buf ? row_buf + buf_half : NULL;      /* no buffer (one token): NULL + 0 is undefined */
     job.row_buf_bytes = buf_half;
     job.r0 = half;
     job.caller = xTaskGetCurrentTaskHandle();

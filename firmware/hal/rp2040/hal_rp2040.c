@@ -163,12 +163,8 @@ int hal_init(int argc, char **argv) {
 }
 
 const uint8_t *hal_blob(size_t *len) {
-    const uint8_t *b = __flm_blob_start;
-    size_t window = (size_t)(__flm_blob_end - __flm_blob_start);
-    uint32_t total = flm_rd32(b + 8);
-    /* an erased or foreign window is handed over whole: flm_blob_open names what is wrong */
-    *len = (b[0] == 'F' && b[1] == 'L' && b[2] == 'M' && b[3] == 'B' && total <= window) ? total : window;
-    return b;
+    *len = flm_blob_span(__flm_blob_start, (size_t)(__flm_blob_end - __flm_blob_start));
+    return __flm_blob_start;
 }
 
 size_t hal_serial_read(uint8_t *buf, size_t max) {

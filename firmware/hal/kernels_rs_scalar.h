@@ -1,0 +1,93 @@
+/* The row-scaled rows of the cores without SIMD whose kernels take one group at a time
+ * (kernels_rv32.h, kernels_xtensa.h): copied into a project beside its kernels_arch.h, which
+ * defines before including it
+ *   RS_DOT_Q8(w, x, n) -> int32_t  the int8 dot of n codes, n a nonzero multiple of 8
+ *   RS_DOT_U4(w, x, n) -> int32_t  sum u x of n codes, nibbles unsigned, low first, n as above
+ *   RS_BIT_LENGTH(x) -> uint32_t   the bits of a nonzero x up to its highest set bit
+ *   RS_SCALE(f, s, x) -> float     f * (s * x) as the reference rounds it
+ * and gets FLM_DOT_Q4O and FLM_RS_ROWS. A row keeps its fixed cost small: the multiplier-weighted
+ * sum of its group dots in int32 where it cannot overflow, float(acc) built on the bits (no
+ * int-to-float call, no shift loop), then the reference's scaling. */
+#ifndef FLM_KERNELS_RS_SCALAR_H
+#define FLM_KERNELS_RS_SCALAR_H
+
+/* dot_q4o_scalar's value (row-scaled q4, codes offset by 8): the unsigned dot where n allows,
+ * less 8 sum x (sum (u - 8) x = sum u x - 8 sum x), then one code at a time. */
+static inline __attribute__((always_inline)) int32_t dot_q4o_rs(const uint8_t *restrict w, const flm_act *restrict x,
+                                                                uint32_t n) {
+    const uint32_t n8 = n & ~7u;
+    int32_t s = n8 ? RS_DOT_U4(w, x, n8) : 0, sx = 0;
+    for (uint32_t i = 0; i < n8; i++) sx += x[i];
+    s -= 8 * sx;
+    for (uint32_t i = n8; i < n; i++) s += ((int32_t)((uint32_t)w[i >> 1] >> (4u * (i & 1u)) & 15u) - 8) * x[i];
+    return s;
+}
+#define FLM_DOT_Q4O dot_q4o_rs
+
+/* kernels_ref.h i64_to_f32's value (|v| < 2^40, rounded once to nearest even) made on the bits: the
+ * exponent from the bit length, the 24 bits below the top bit and their rounding. */
+static inline float i64_to_f32_rs(int64_t v) {
+    const uint64_t m = v < 0 ? 0u - (uint64_t)v : (uint64_t)v;
+    const uint32_t hi = (uint32_t)(m >> 32), lo = (uint32_t)m;
+    if (!m) return 0.0f;
+    const uint32_t n = hi ? 32u + RS_BIT_LENGTH(hi) : RS_BIT_LENGTH(lo);   /* 1 .. 41 */
+    uint32_t q, e = n - 1u;
+    if (n <= 24u) {
+        q = lo << (24u - n);                                                /* exact */
+    } else {
+        const uint32_t sh = n - 24u;                                        /* 1 .. 17 */
+        q = (uint32_t)(m >> sh);
+        const uint64_t rest = m & (((uint64_t)1 << sh) - 1u), half = (uint64_t)1 << (sh - 1u);
+        if (rest > half || (rest == half && (q & 1u))) q++;
+        if (q >> 24) { q >>= 1; e++; }                                      /* rounded up to 2^24 */
+    }
+    return flm_f32_from_bits((v < 0 ? 0x80000000u : 0u) | (127u + e) << 23 | (q & 0x7fffffu));
+}
+
+/* Rows [r0, r1) of a row-scaled w of ng whole groups of g codes (q8, or q4 offset by 8): each row's
+ * multiplier-weighted sum of its group dots, sum k[gi] * isum_gi, in int32 where it cannot overflow
+ * (|isum| <= 127 * 127 a code, a multiplier <= 255: up to RS_I32_COLS columns) else int64, then
+ * row_rs's scaling. q4: the unsigned dots less 8 times the activation groups' sums sx. One function
+ * per format and width, so each loop keeps its values in registers and saves them once a call. */
+#define RS_I32_COLS 523u
+#define RS_ROWS(name, T, isum)                                                                                \
+    static __attribute__((noinline)) void name(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_act *xq, \
+                                               float xscale, float *out, const int32_t *sx) {                    \
+        const uint32_t g = w->group, ng = w->cols / g, head = 4u + ((ng + 3u) & ~3u);                           \
+        (void)sx;                                                                                              \
+        for (uint32_t r = r0; r < r1; r++) {                                                                   \
+            const uint8_t *p = w->data + (size_t)r * w->stride, *k = p + 4, *c = p + head;                   \
+            const flm_act *x = xq;                                                                             \
+            T acc = 0;                                                                                         \
+            for (uint32_t gi = 0; gi < ng; gi++, x += g) acc += (int32_t)k[gi] * (isum);                       \
+            *out++ = RS_SCALE(i64_to_f32_rs(acc), rdf(p), xscale);                                            \
+        }                                                                                                      \
+    }
+RS_ROWS(rs_rows32_q8, int32_t, (c += g, RS_DOT_Q8((const int8_t *)c - g, x, g)))
+RS_ROWS(rs_rows64_q8, int64_t, (c += g, RS_DOT_Q8((const int8_t *)c - g, x, g)))
+RS_ROWS(rs_rows32_q4, int32_t, (c += g / 2u, RS_DOT_U4(c - g / 2u, x, g) - 8 * sx[gi]))
+RS_ROWS(rs_rows64_q4, int64_t, (c += g / 2u, RS_DOT_U4(c - g / 2u, x, g) - 8 * sx[gi]))
+
+/* Rows [r0, r1) of a row-scaled w of whole groups of a multiple of 8 codes (q8 or q4): each row_rs's
+ * value, the q4 rows' activation sums made once for all of them (at most RS_SX_GROUPS groups); other
+ * shapes return 0 (row_rs per row). */
+#define RS_SX_GROUPS 128u
+static inline __attribute__((always_inline)) int rs_rows(const flm_tensor *w, uint32_t r0, uint32_t r1,
+                                                         const flm_act *xq, const float *xs, float *out) {
+    const uint32_t g = w->group, ng = w->cols / g, wide = w->cols > RS_I32_COLS;
+    if (w->cols % g || g % 8u || ng > RS_SX_GROUPS) return 0;
+    if (w->fmt == FLM_Q8) {
+        (wide ? rs_rows64_q8 : rs_rows32_q8)(w, r0, r1, xq, xs[0], out, 0);
+        return 1;
+    }
+    int32_t sx[RS_SX_GROUPS];
+    for (uint32_t gi = 0; gi < ng; gi++) {
+        int32_t s = 0;
+        for (uint32_t i = 0; i < g; i++) s += xq[gi * g + i];
+        sx[gi] = s;
+    }
+    (wide ? rs_rows64_q4 : rs_rows32_q4)(w, r0, r1, xq, xs[0], out, sx);
+    return 1;
+}
+#define FLM_RS_ROWS rs_rows
+#endif

@@ -1,0 +1,156 @@
+/* The RV32 kernels (the ESP32-C3's rv32imc, the ESP32-P4's rv32imafc without its SIMD): this ISA's
+ * kernel_hooks.h hooks, copied into a project as its src/hal/kernels_arch.h for the boards whose
+ * profile says kernels = "rv32" (the real C3 and P4 and their instruction sets in QEMU).
+ *
+ * The floor of an int8 group dot on rv32imc (docs/kernels.md): LB sign-extends as it loads, so a
+ * weight costs two loads, a MUL and an ADD, four instructions; the pointers' steps and the loop's
+ * branch are shared by a whole unrolled group. An int4 code byte (two weights, row-scaled: nibbles
+ * offset by 8) is LBU, ANDI, SRLI, two LB, two MUL and two ADD: 4.5 a weight when the -8 of each
+ * code is folded out of the dot (sum (u - 8) x = sum u x - 8 sum x, sum x once per activation group
+ * for all rows). The dots below are that code, in inline assembly: GCC keeps a plain C loop rolled
+ * (seven instructions a weight), and an unrolled one it schedules all loads of a turn first.
+ *
+ * The rows take one group at a time (FLM_SCALAR_ROWS): a group's bookkeeping is a few instructions
+ * against its dot's 128. The row-scaled rows (the default format) are kernels_rs_scalar.h's over
+ * these dots, with a bit-length search for float(acc) and, on the soft-float C3, one product a row. */
+#ifndef FLM_KERNELS_ARCH_H
+#define FLM_KERNELS_ARCH_H
+
+/* The loops below read activation codes with LB: they are int8 under the numerics contract these
+ * kernels were written against (an int16 contract needs LH and a step of 2 a code). */
+typedef char flm_rv_act_is_int8[sizeof(flm_act) == 1u ? 1 : -1];
+
+/* Two weights at byte offset o: both loads of each, their products, added into s (the operand
+ * registers a, b, c, d given by the caller). In assembly, so that the compiler cannot hoist a whole
+ * turn's loads ahead of the products (it does, needing 16 registers and spilling the rows' state). */
+#define RV_Q8_PAIR(o)                                                                                     \
+    "lb %[a], " #o "(%[w])\n\tlb %[b], " #o "(%[x])\n\tlb %[c], " #o "+1(%[w])\n\tlb %[d], " #o "+1(%[x])\n\t"     \
+    "mul %[a], %[a], %[b]\n\tmul %[c], %[c], %[d]\n\tadd %[s], %[s], %[a]\n\tadd %[s], %[s], %[c]\n\t"
+
+/* dot_q8_rv for n a nonzero multiple of 8: 16 weights a turn when n allows (4 instructions a
+ * weight and 3 a turn), else 8. */
+static inline __attribute__((always_inline)) int32_t dot8n_q8_rv(const int8_t *w, const flm_act *x, uint32_t n) {
+    int32_t s = 0, a, b, c, d;
+    const int8_t *end = w + n;
+    if (!(n & 15u)) {
+        __asm volatile("1:\n\t" RV_Q8_PAIR(0) RV_Q8_PAIR(2) RV_Q8_PAIR(4) RV_Q8_PAIR(6) RV_Q8_PAIR(8) RV_Q8_PAIR(10)
+                       RV_Q8_PAIR(12) RV_Q8_PAIR(14) "addi %[w], %[w], 16\n\taddi %[x], %[x], 16\n\tbne %[w], %[e], 1b"
+                       : [s] "+r"(s), [w] "+r"(w), [x] "+r"(x), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [d] "=&r"(d)
+                       : [e] "r"(end)
+                       : "memory");
+    } else {
+        __asm volatile("1:\n\t" RV_Q8_PAIR(0) RV_Q8_PAIR(2) RV_Q8_PAIR(4) RV_Q8_PAIR(6)
+                       "addi %[w], %[w], 8\n\taddi %[x], %[x], 8\n\tbne %[w], %[e], 1b"
+                       : [s] "+r"(s), [w] "+r"(w), [x] "+r"(x), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [d] "=&r"(d)
+                       : [e] "r"(end)
+                       : "memory");
+    }
+    return s;
+}
+
+/* dot_q8_scalar's value, any n: the multiple of 8 above, then one weight at a time. */
+static inline __attribute__((always_inline)) int32_t dot_q8_rv(const int8_t *w, const flm_act *x, uint32_t n) {
+    const uint32_t n8 = n & ~7u;
+    int32_t s = n8 ? dot8n_q8_rv(w, x, n8) : 0;
+    for (uint32_t i = n8; i < n; i++) s += (int32_t)w[i] * x[i];
+    return s;
+}
+#define FLM_DOT_Q8 dot_q8_rv
+
+/* A code byte at offset o: its two nibbles unsigned, times their activations, added into s. */
+#define RV_U4_BYTE(o)                                                                                     \
+    "lbu %[a], " #o "(%[w])\n\tlb %[b], 2*" #o "(%[x])\n\tlb %[d], 2*" #o "+1(%[x])\n\tandi %[c], %[a], 15\n\t"       \
+    "srli %[a], %[a], 4\n\tmul %[c], %[c], %[b]\n\tmul %[a], %[a], %[d]\n\tadd %[s], %[s], %[c]\n\tadd %[s], %[s], %[a]\n\t"
+
+/* sum u x over n codes (nibbles unsigned, low first), n a multiple of 8: the row-scaled dot less
+ * its -8 sum x, which the rows fold in per group. 16 codes a turn when n allows (4.5 instructions a
+ * weight and 3 a turn), else 8. */
+static inline __attribute__((always_inline)) int32_t dot_u4_rv(const uint8_t *w, const flm_act *x, uint32_t n) {
+    int32_t s = 0, a, b, c, d;
+    const uint8_t *end = w + n / 2u;
+    if (!n) return 0;
+    if (!(n & 15u)) {
+        __asm volatile("1:\n\t" RV_U4_BYTE(0) RV_U4_BYTE(1) RV_U4_BYTE(2) RV_U4_BYTE(3) RV_U4_BYTE(4) RV_U4_BYTE(5)
+                       RV_U4_BYTE(6) RV_U4_BYTE(7) "addi %[w], %[w], 8\n\taddi %[x], %[x], 16\n\tbne %[w], %[e], 1b"
+                       : [s] "+r"(s), [w] "+r"(w), [x] "+r"(x), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [d] "=&r"(d)
+                       : [e] "r"(end)
+                       : "memory");
+    } else {
+        __asm volatile("1:\n\t" RV_U4_BYTE(0) RV_U4_BYTE(1) RV_U4_BYTE(2) RV_U4_BYTE(3)
+                       "addi %[w], %[w], 4\n\taddi %[x], %[x], 8\n\tbne %[w], %[e], 1b"
+                       : [s] "+r"(s), [w] "+r"(w), [x] "+r"(x), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [d] "=&r"(d)
+                       : [e] "r"(end)
+                       : "memory");
+    }
+    return s;
+}
+
+/* A code byte at offset o of two's-complement nibbles (q4 with group scales): LB sign-extends the
+ * byte, so its high nibble is one SRAI; the low one is shifted to the top and back. 5 instructions a
+ * weight, no sum of x to fold. */
+#define RV_S4_BYTE(o)                                                                                     \
+    "lb %[a], " #o "(%[w])\n\tlb %[b], 2*" #o "(%[x])\n\tlb %[d], 2*" #o "+1(%[x])\n\tslli %[c], %[a], 28\n\t"        \
+    "srai %[a], %[a], 4\n\tsrai %[c], %[c], 28\n\tmul %[c], %[c], %[b]\n\tmul %[a], %[a], %[d]\n\t"                  \
+    "add %[s], %[s], %[c]\n\tadd %[s], %[s], %[a]\n\t"
+
+/* dot_q4_scalar's value (q4 with group scales): 16 codes a turn where n allows, else 8, then one
+ * code at a time. */
+static inline __attribute__((always_inline)) int32_t dot_q4_rv(const uint8_t *restrict w, const flm_act *restrict x,
+                                                               uint32_t n) {
+    const uint32_t n8 = n & ~7u;
+    const uint8_t *wp = w, *end = w + n8 / 2u;
+    const flm_act *xp = x;
+    int32_t s = 0, a, b, c, d;
+    if (n8 && !(n8 & 15u)) {
+        __asm volatile("1:\n\t" RV_S4_BYTE(0) RV_S4_BYTE(1) RV_S4_BYTE(2) RV_S4_BYTE(3) RV_S4_BYTE(4) RV_S4_BYTE(5)
+                       RV_S4_BYTE(6) RV_S4_BYTE(7) "addi %[w], %[w], 8\n\taddi %[x], %[x], 16\n\tbne %[w], %[e], 1b"
+                       : [s] "+r"(s), [w] "+r"(wp), [x] "+r"(xp), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [d] "=&r"(d)
+                       : [e] "r"(end)
+                       : "memory");
+    } else if (n8) {
+        __asm volatile("1:\n\t" RV_S4_BYTE(0) RV_S4_BYTE(1) RV_S4_BYTE(2) RV_S4_BYTE(3)
+                       "addi %[w], %[w], 4\n\taddi %[x], %[x], 8\n\tbne %[w], %[e], 1b"
+                       : [s] "+r"(s), [w] "+r"(wp), [x] "+r"(xp), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [d] "=&r"(d)
+                       : [e] "r"(end)
+                       : "memory");
+    }
+    for (uint32_t i = n8; i < n; i++) s += ((int32_t)(((uint32_t)w[i >> 1] >> (4u * (i & 1u)) & 15u) ^ 8u) - 8) * x[i];
+    return s;
+}
+#define FLM_DOT_Q4 dot_q4_rv
+#define FLM_SCALAR_ROWS 1
+
+/* The bits of a nonzero x's highest set bit, plus one (rv32imc has no count-leading-zeros). */
+static inline uint32_t bit_length_rv(uint32_t x) {
+    uint32_t n = 1;
+    if (x >> 16) { n += 16; x >>= 16; }
+    if (x >> 8) { n += 8; x >>= 8; }
+    if (x >> 4) { n += 4; x >>= 4; }
+    if (x >> 2) { n += 2; x >>= 2; }
+    return n + (x >> 1);
+}
+
+/* f * (s * x) as the reference rounds it. Without an FPU each product is a soft-float call: when s
+ * is a normal power of two (the quantizer's row scales are) and s * x and f * x are normal with a
+ * binade to spare, f * (s * x) = f * x with s's exponent added, one product instead of two (a power
+ * of two times a normal number is exact, and rounding to nearest commutes with it away from the
+ * subnormals and the overflow); any other operands take the two products. */
+static inline float scale_row_rv(float f, float s, float x) {
+#ifndef __riscv_flen
+    const uint32_t sb = flm_f32_bits(s), es = sb >> 23 & 255u, ex = flm_f32_bits(x) >> 23 & 255u;
+    const int32_t k = (int32_t)es - 127;
+    if (!(sb & 0x7fffffu) && es - 1u < 254u && ex - 1u < 254u && (uint32_t)((int32_t)ex + k - 1) < 254u) {
+        const uint32_t y = flm_f32_bits(f * x), ey = y >> 23 & 255u;
+        if (ey - 1u < 254u && (uint32_t)((int32_t)ey + k - 2) < 252u)
+            return flm_f32_from_bits((y + ((uint32_t)k << 23)) ^ (sb & 0x80000000u));
+    }
+#endif
+    return f * (s * x);
+}
+
+#define RS_DOT_Q8 dot8n_q8_rv
+#define RS_DOT_U4 dot_u4_rv
+#define RS_BIT_LENGTH bit_length_rv
+#define RS_SCALE scale_row_rv
+#include "kernels_rs_scalar.h"
+#endif
