@@ -56,8 +56,10 @@ $(STAMP): pyproject.toml
 demo: system-deps $(STAMP)
 	$(BIN)/flashlm demo
 
+# test: one pytest worker per core (pytest-xdist); a file's tests stay on one worker, so the images a
+# module's fixtures build are built once
 test: system-deps test-deps qemu-deps $(STAMP) $(EMU_STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 # test-fast: the tests that need neither an emulator nor a cross compiler and take seconds each
 # (markers in tests/conftest.py), for development; make test runs them all
