@@ -5,7 +5,6 @@ QSPI bus serves one line at a time); and the engine with its matrix rows split o
 for bit the reference's and the one-core build's."""
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from converter.boards import load_board
 from converter.quantize import quantize
-from emuboard import BOARD, emu_link, image_for, require_emulator
+from emuboard import BOARD, emu_link, require_emulator
 from modelzoo import random_model
 from nativeboard import assert_matches_reference, run
 
@@ -254,16 +253,6 @@ def build_root(tmp_path_factory):
     return tmp_path_factory.mktemp("cores-builds")
 
 
-def one_core_project(blob: Path, build_root: Path, tmp: Path) -> Path:
-    """The board's firmware for blob rebuilt with FLM_RP2040_CORES=1: core 1 stays in the boot ROM."""
-    proj = Path(shutil.copytree(image_for(blob, build_root).parent, tmp / "one-core"))
-    mk = proj / "Makefile"
-    mk.write_text(mk.read_text().replace("-DFLM_XIP_SCKDV=", "-DFLM_RP2040_CORES=1 -DFLM_XIP_SCKDV="))
-    (proj / "firmware.elf").unlink()
-    subprocess.run(["make", "-s", "-C", str(proj)], check=True, capture_output=True)
-    return proj / "firmware.bin"
-
-
 @pytest.mark.native
 @pytest.mark.cross
 @pytest.mark.emulated
@@ -273,33 +262,17 @@ def test_engine_bit_exact_on_one_core_and_two(fmt, tmp_path, build_root):
     """The same generation on the default build (rows split over both cores) and on a one-core
     build: both the reference's logits bit for bit, the same bytes read each step (core 1's reads
     counted with core 0's), and fewer cycles a step with core 1 at work."""
-    import serial
-
     from converter.reference import FLAG_LOGITS, generate
-    from host.boards.emulated import start_emulated_board
-    from host.link.messages import Hello, Ping
-    from host.link.port import Link
-    from nativeboard import recv_until
     _, ir = random_model(seed=9)
     qm = quantize(ir, fmt, 32)
     ref = generate(qm, [1, 7, 3], 6, flags=FLAG_LOGITS)
-    with emu_link(qm, tmp_path, build_root) as (link, _, board):
-        board.read_counts()
-        toks, logits, _ = run(link, [1, 7, 3], 6)
-        assert_matches_reference(toks, logits, ref)
-        two = board.read_counts()
-    blob = tmp_path / "model.flmb"
-    with start_emulated_board(one_core_project(blob, build_root, tmp_path), blob) as b:
-        port = serial.Serial(b.port, 115200, timeout=0.05)
-        try:
-            link = Link(port)
-            link.send(Ping())
-            recv_until(link, lambda m: isinstance(m, Hello))
-            b.read_counts()
+    counts = {}
+    for cores in (2, 1):
+        with emu_link(qm, tmp_path, build_root, cores=cores) as (link, _, board):
+            board.read_counts()
             toks, logits, _ = run(link, [1, 7, 3], 6)
             assert_matches_reference(toks, logits, ref)
-            one = b.read_counts()
-        finally:
-            port.close()
+            counts[cores] = board.read_counts()
+    two, one = counts[2], counts[1]
     assert [c["bytes"] for c in two] == [c["bytes"] for c in one]
     assert all(t["cycles"] < o["cycles"] for t, o in zip(two, one))

@@ -31,9 +31,12 @@
 // (flash), the regions the firmware names (the KV cache, tensors staged into RAM) their tier.
 // One JSON line per step goes to --counts:
 //   {"gen": g, "step": s, "bytes": [flash, psram, sram], "cycles": c, "us": emulated µs,
-//    "wall_ms": host ms, "xip": {"hits", "misses", "fetch_misses", "stall_cycles", "miss_cycles"}}
+//    "wall_ms": host ms, "xip": {"hits", "misses", "fetch_misses", "stall_cycles", "bus_wait_cycles",
+//    "miss_cycles"}}
 // ("xip" only with the model on: the step's cache hits, line transfers, those of them that were
-// instruction fetches, the cycles they stalled the core, and the cycles one transfer costs).
+// instruction fetches, the cycles the transfers took (each stalls the core that asked), the cycles
+// a core waited for the QSPI bus while it moved the other core's line, and the cycles one transfer
+// costs). "cycles" are core 0's, which waits for core 1 at the end of each shared product.
 // With --watch (flash offsets [LO, HI) of some of the blob's tensors: a mixture of experts' FFN) the
 // line also holds "watched": the bytes of those flash reads that fell in the ranges (part of bytes[0]).
 //

@@ -34,10 +34,12 @@
 // request into the XIP block and one for the data's return. A write to the XIP window (the
 // firmware makes none) is not modelled, nor the streaming FIFO or cache-as-SRAM at 0x15000000.
 //
-// Two cores (cores.mjs): [DS] §2.1.1 "Bus fabric": the XIP block is one downstream port of the
-// crossbar, which serves one master at a time, and the SSI makes one transfer at a time. So both
-// cores share this one cache and one QSPI bus: an access that finds the bus busy with the other
-// core's line transfer waits for it to end (a miss then waits for its own transfer after it).
+// Two cores (cores.mjs): [DS] §2.6.3 (figure "Flash execute-in-place (XIP) subsystem"): system
+// accesses reach the XIP block through its one main AHB-Lite slave, and a miss holds that
+// transfer (its wait states) until the SSI returns the line; §2.1 "Bus fabric": the crossbar gives
+// a slave to one master at a time. So both cores share this one cache and one QSPI bus: an access,
+// hit or miss, that finds the bus holding the other core's line transfer waits for it to end (a
+// miss then waits for its own transfer after it); these waits are bus_wait_cycles.
 // Each read names the time it is made (the core's cycle count): busFree is when the bus is free.
 export const LINE_BYTES = 8;
 export const WAYS = 2;
@@ -83,7 +85,8 @@ export class XipCache {
     this.hits = 0;                           // CTR_HIT; CTR_ACC (every access) = hits + misses
     this.misses = 0;                         // transfers from the flash
     this.fetchMisses = 0;                    // of them, instruction fetches
-    this.stall = 0;                          // clk_sys cycles the core waited for them
+    this.stall = 0;                          // clk_sys cycles the transfers took (misses x missCycles)
+    this.busWait = 0;                        // cycles a core waited for the other core's transfer
     this.onBadTransfer = () => {};           // a transfer while the SSI cannot make one
     this.busFree = 0;                        // the cycle the QSPI bus ends its last transfer
     // Per core: the line its last instruction fetch hit or filled (addr >>> 3, alias bits
@@ -120,7 +123,7 @@ export class XipCache {
   wait(now) {
     if (now >= this.busFree) return 0;
     const s = this.busFree - now;
-    this.stall += s;
+    this.busWait += s;
     return s;
   }
 
@@ -156,10 +159,11 @@ export class XipCache {
     this.misses++;
     if (fetch) this.fetchMisses++;
     if (this.missCycles <= 0) this.onBadTransfer(addr);
-    const end = (now > this.busFree ? now : this.busFree) + this.missCycles;
-    this.busFree = end;
-    this.stall += end - now;
-    return end - now;
+    const queued = now < this.busFree ? this.busFree - now : 0;
+    this.busWait += queued;
+    this.stall += this.missCycles;
+    this.busFree = now + queued + this.missCycles;
+    return queued + this.missCycles;
   }
 
   fill(set, tag) {
@@ -173,7 +177,8 @@ export class XipCache {
   }
 
   counters() {
-    return { hits: this.hits, misses: this.misses, fetch_misses: this.fetchMisses, stall_cycles: this.stall };
+    return { hits: this.hits, misses: this.misses, fetch_misses: this.fetchMisses, stall_cycles: this.stall,
+             bus_wait_cycles: this.busWait };
   }
 }
 
