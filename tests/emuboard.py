@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import serial
 from converter.blob import read_header, write_blob
 from converter.formats import StateTiers
 from converter.tokenizer_enc import section_info
+from firmware.baremetal import rebuilt_with
 from firmware.build import build_firmware
 from host.link.messages import Hello, Ping
 from host.link.port import Link
@@ -43,12 +43,8 @@ def image_for(blob: Path, build_root: Path, cores: int = 2) -> Path:
     if cores == 2:
         return _builds[key]
     if (key, cores) not in _builds:
-        proj = Path(shutil.copytree(_builds[key].parent, build_root / f"emu{len(_builds)}-one-core"))
-        mk = proj / "Makefile"
-        mk.write_text(mk.read_text().replace("-DFLM_XIP_SCKDV=", "-DFLM_RP2040_CORES=1 -DFLM_XIP_SCKDV="))
-        (proj / "firmware.elf").unlink()
-        subprocess.run(["make", "-s", "-C", str(proj)], check=True, capture_output=True)
-        _builds[key, cores] = proj / "firmware.bin"
+        _builds[key, cores] = rebuilt_with(_builds[key], build_root / f"emu{len(_builds)}-one-core",
+                                           {"FLM_RP2040_CORES": "1"})
     return _builds[key, cores]
 
 
