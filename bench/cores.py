@@ -82,7 +82,7 @@ def format_figures(fmt: str, work: Path) -> dict:
     floor = max(arithmetic / 2, two["flash_bytes"] / 8 * line)
     predict = predictor(blob, BOARD)
     pred = [predict(pos, "skip" if rows == 0 else int(rows)) for pos, rows in zip(two["positions"], two["heads"])]
-    pred_us = {p: _median(x.phase_us[p] for x in pred) for p in PHASES}
+    pred_us = {p: _median(x.phase_us.get(p, 0.0) for x in pred) for p in PHASES}   # (draft: not predicted)
     mhz = float(load_board(BOARD)["clock_mhz"])
     pre = prefill_t(qm, work / f"{fmt}-t{PREFILL_T}")
     return dict(
@@ -93,7 +93,7 @@ def format_figures(fmt: str, work: Path) -> dict:
         flash_bytes_per_token=two["flash_bytes"], xip_two_cores=two["xip"], xip_one_core=one["xip"],
         two_cores_phase_cycles={p: us * mhz for p, us in two["phase_us"].items()},
         one_core_phase_cycles={p: us * mhz for p, us in one["phase_us"].items()},
-        predicted_over_emulated={p: pred_us[p] / two["phase_us"][p] for p in PHASES if two["phase_us"][p]},
+        predicted_over_emulated={p: pred_us[p] / us for p, us in two["phase_us"].items() if us and pred_us[p]},
         predicted_over_emulated_token=_median(x.total_us for x in pred) * mhz / two["cycles"],
         prefill_t8=pre)
 

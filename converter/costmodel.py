@@ -379,17 +379,21 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
     return u
 
 
-def product_tensors(spec: ModelSpec) -> set[str]:
+def product_tensors(spec: ModelSpec) -> dict[str, str]:
     """The tensors the engine reads in matrix products (engine.c product() and the head's tiles,
-    through hal_matmul): those whose rows a board may split across its cores."""
+    through hal_matmul), each with the phase it does so in: the rows a board may split across its
+    cores (a tied head's table is a product in the output phase only, its embedding row is not)."""
     cfg = spec.config
-    names = {head_rows(spec).name, "head.centroids", "ple.proj"}
+    out = {"head.centroids": "output", "ple.proj": "embed"}
     for li in range(cfg.n_layers):
         p = f"layers.{li}."
-        names |= {p + w for w in ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "ple.gate", "ple.proj")}
+        out.update({p + w: "attention" for w in ("attn.wq", "attn.wk", "attn.wv", "attn.wo")})
+        out.update({p + w: "ple" for w in ("ple.gate", "ple.proj")})
         for f in cfg.ffn_prefixes(li):
-            names |= {f + w for w in ("w1", "w2", "w3")}
-    return names & {t.name for t in spec.tensors}
+            out.update({f + w: "ffn" for w in ("w1", "w2", "w3")})
+    out[head_rows(spec).name] = "output"
+    names = {t.name for t in spec.tensors}
+    return {k: v for k, v in out.items() if k in names}
 
 
 def _act(u: dict, phase: str, w: TensorSpec, share: float = 1.0) -> None:

@@ -210,14 +210,16 @@ def predict_pass(pl: Placement, pos: int, n: int, head=HEAD_SKIP, sampling: str 
         p = predict(pl.spec, pl.prof, pl.tiers, pl.regions, pos, pl.kv, sampling, pl.line, tm=tm, uses=sub,
                     head=HEAD_SKIP)
         bytes_read[tier] = p.bytes_read[tier]
-        prod = predict(pl.spec, pl.prof, pl.tiers, pl.regions, pos, pl.kv, sampling, pl.line, tm=tm,
-                       uses={k: u for k, u in sub.items() if k in products}, head=HEAD_SKIP)
         for ph in C.PHASES:
             b = sum(u.read.get(ph, 0) + u.extra.get(ph, 0) for u in sub.values())
             if b:
                 traffic[ph][tier] = b
                 memory[ph][tier] = p.memory_us[ph]
-            (bus if tm[tier].line_us else ram)[ph] += prod.memory_us[ph]
+            prod = {k: u for k, u in sub.items() if products.get(k) == ph}
+            if prod:
+                (bus if tm[tier].line_us else ram)[ph] += predict(
+                    pl.spec, pl.prof, pl.tiers, pl.regions, pos, pl.kv, sampling, pl.line, tm=tm, uses=prod,
+                    head=HEAD_SKIP).memory_us[ph]
     clock = float(pl.prof.get("clock_mhz", 100))
     count_mac = {**pl.prof, "compute": {"cycles_per_mac": 1.0, "cycles_per_flop": 0.0}}
     count_flop = {**pl.prof, "compute": {"cycles_per_mac": 0.0, "cycles_per_flop": 1.0}}

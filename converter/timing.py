@@ -117,7 +117,7 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
             if b or use.rows.get(ph):
                 us = model.us(b, use.rows.get(ph, 0), use.stride)
                 mem[ph] += us
-                if name in products:
+                if products.get(name) == ph:
                     (bus if model.line_us else ram)[ph] += us
     clock = float(prof.get("clock_mhz", 100))
     cycles, rows = compute_parts(spec, pos, prof, kv, sampling, head, experts)
