@@ -276,3 +276,22 @@ def test_engine_bit_exact_on_one_core_and_two(fmt, tmp_path, build_root):
     two, one = counts[2], counts[1]
     assert [c["bytes"] for c in two] == [c["bytes"] for c in one]
     assert all(t["cycles"] < o["cycles"] for t, o in zip(two, one))
+
+
+@pytest.mark.native
+@pytest.mark.cross
+@pytest.mark.emulated
+@pytest.mark.slow
+def test_two_cores_with_the_xip_model_off(tmp_path, build_root):
+    """`--xip-model off` (flash reads cost what SRAM reads cost) with both cores: the reference's
+    logits bit for bit, no XIP counters."""
+    from converter.reference import FLAG_LOGITS, generate
+    _, ir = random_model(seed=5)
+    qm = quantize(ir, "q4", 32)
+    ref = generate(qm, [1, 7, 3], 6, flags=FLAG_LOGITS)
+    with emu_link(qm, tmp_path, build_root, xip_model=False) as (link, _, board):
+        board.read_counts()
+        toks, logits, _ = run(link, [1, 7, 3], 6)
+        assert_matches_reference(toks, logits, ref)
+        counts = board.read_counts()
+    assert counts and all("xip" not in c and c["cycles"] > 0 for c in counts)
