@@ -12,6 +12,10 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run an emula
 * encode — the device tokenizer's time to encode text prompts on the emulated RP2040;
 * xip — the emulated RP2040's XIP model: the head in flash vs in SRAM measured against the
   planner's prediction, and the model beside published XIP figures (bench/xip.py);
+* cores — the emulated RP2040 with hal_matmul's rows on both cores against core 0 alone: cycles per
+  decode token of the default model q8 and q4, their floor (max(the arithmetic halved, the flash
+  bytes at the XIP model's line rate)), the XIP bus's waits, the planner's two-core prediction per
+  phase, and prefill in passes of 8 against a decode token (bench/cores.py);
 * kernels — cycles per weight of the q8/q4 matvec (g32, g128) and per soft-float call on the
   emulated Cortex-M0+ (bench/kernels.py: SysTick in a probe image);
 * esp_qemu — the ESP32-C3's, ESP32-S3's and ESP32-P4's instruction sets in QEMU (esp32c3-isa-qemu,
@@ -69,8 +73,8 @@ from typing import Callable
 
 from rich.console import Console
 
-from . import (callgrind, convert, docs_page, emulated, esp_qemu, headindex, kernels, moe, native, native15m, passes,
-               ple_seed, ple_vs_dense, predict, speed, xip)
+from . import (callgrind, convert, cores, docs_page, emulated, esp_qemu, headindex, kernels, moe, native, native15m,
+               passes, ple_seed, ple_vs_dense, predict, speed, xip)
 from .model import ROOT, default_ir
 from .report import RESULTS, print_report
 
@@ -87,6 +91,7 @@ SECTIONS = [
     Section("emulated", emulated.section, emulated=True),
     Section("encode", emulated.encode_section, emulated=True),
     Section("xip", xip.section, emulated=True),
+    Section("cores", cores.section, emulated=True),
     Section("kernels", kernels.section, emulated=True),
     Section("esp_qemu", esp_qemu.section, emulated=True),
     Section("callgrind", callgrind.section),

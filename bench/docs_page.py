@@ -163,6 +163,27 @@ def xip_table(r: dict) -> Figures | None:
                    f"{'yes' if x['same_tokens'] else 'no'}")
 
 
+def cores_table(r: dict) -> Figures | None:
+    c = r.get("rp2040_emu_cores")
+    if not c:
+        return None
+    rows = []
+    for fmt, v in c.items():
+        pre = v.get("prefill_t8") or {}
+        rows.append([fmt, v["one_core_cycles_per_token"], v["two_cores_cycles_per_token"],
+                     rat(v["two_cores_cycles_per_token"] / v["one_core_cycles_per_token"]),
+                     v["floor_cycles_per_token"], v["floor_bound"],
+                     rat(v["two_cores_cycles_per_token"] / v["floor_cycles_per_token"]),
+                     v["xip_two_cores"]["bus_wait_cycles"], rat(v["predicted_over_emulated_token"]),
+                     rat(pre["cycles_per_token"] / v["two_cores_cycles_per_token"]) if pre else "-"])
+    return Figures("default model, decode: core 0 alone (FLM_RP2040_CORES=1) and hal_matmul's rows on both cores",
+                   ["format", "one core cycles/token", "two cores", "two / one", "floor", "floor bound by",
+                    "two cores / floor", "bus wait cycles", "PREDICTED / emulated", "prefill T=8 / decode"], rows,
+                   "floor: max(the one-core token's cycles with the XIP model off, halved; the flash bytes at one "
+                   "8-byte line per line_cycles); same tokens one core and two: "
+                   + ", ".join(f"{fmt} {'yes' if v['same_tokens'] else 'no'}" for fmt, v in c.items()))
+
+
 def kernels_tables(r: dict) -> list[Figures]:
     k = r.get("kernels")
     if not k:
@@ -401,6 +422,8 @@ def render(r: dict) -> str:
         ("Emulated RP2040, XIP model off", "Run: emulated, XIP off.", [xip_off_table(r), call_profile_table(r)]),
         ("Device tokenizer", "Run: emulated, XIP on.", [encode_table(r)]),
         ("XIP model: head placement", "Runs: emulated, XIP on; PREDICTED (rp2040-emu profile).", [xip_table(r)]),
+        ("Both RP2040 cores", "Runs: emulated, XIP on (and off for the floor); PREDICTED (rp2040-emu profile).",
+         [cores_table(r)]),
         ("Kernels on the Cortex-M0+", "Run: probe.", kernels_tables(r)),
         ("The ESP32 instruction sets in QEMU", "Runs: qemu (instructions), probe (the M0+'s cycles).", esp_tables(r)),
         ("Native engine instructions", "Run: callgrind.", [callgrind_table(r)]),

@@ -379,6 +379,23 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
     return u
 
 
+def product_tensors(spec: ModelSpec) -> dict[str, str]:
+    """The tensors the engine reads in matrix products (engine.c product() and the head's tiles,
+    through hal_matmul), each with the phase it does so in: the rows a board may split across its
+    cores (a tied head's table is a product in the output phase only, its embedding row is not)."""
+    cfg = spec.config
+    out = {"head.centroids": "output", "ple.proj": "embed"}
+    for li in range(cfg.n_layers):
+        p = f"layers.{li}."
+        out.update({p + w: "attention" for w in ("attn.wq", "attn.wk", "attn.wv", "attn.wo")})
+        out.update({p + w: "ple" for w in ("ple.gate", "ple.proj")})
+        for f in cfg.ffn_prefixes(li):
+            out.update({f + w: "ffn" for w in ("w1", "w2", "w3")})
+    out[head_rows(spec).name] = "output"
+    names = {t.name for t in spec.tensors}
+    return {k: v for k, v in out.items() if k in names}
+
+
 def _act(u: dict, phase: str, w: TensorSpec, share: float = 1.0) -> None:
     """Activation traffic of one matvec (not counted by the engine): the fp32 input once, its int8
     codes and scales once per row (cache-resident after the first), the outputs; times ``share``, the
@@ -394,6 +411,14 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
                    sampling: str = "greedy", head: str | int | None = None, experts=None) -> dict[str, float]:
     """Cycles per phase on ``prof``'s CPU: MACs x cycles_per_mac + flops x cycles_per_flop (a mixture
     of experts' chosen experts as usage counts them)."""
+    return compute_parts(spec, pos, prof, kv, sampling, head, experts)[0]
+
+
+def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampling: str = "greedy",
+                  head: str | int | None = None, experts=None) -> tuple[dict[str, float], dict[str, float]]:
+    """compute_cycles' cycles per phase, and of them per phase the matrix products' rows (their
+    multiply-accumulates and per-row scaling: what runs inside hal_matmul, which a board may split
+    across its cores; the activations' quantization before it stays on the calling core)."""
     cfg = spec.config
     comp = prof.get("compute", {})
     fpu = bool(prof.get("fpu", True))
@@ -403,8 +428,9 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
     q4f = float(comp.get("q4_mac_factor", d_q4))
     by = spec.by_name()
     d, hd, hid = cfg.dim, cfg.head_dim, cfg.hidden_dim
+    rows_part = dict.fromkeys(PHASES, 0.0)
 
-    def matvec(w: TensorSpec) -> float:
+    def matvec(w: TensorSpec, phase: str, share: float = 1.0) -> float:
         """The activation quantization (per element a product and a code rounded on the bits; per
         group two divisions), the rows' multiply-accumulates, per row the scaling: per group a term
         (conversion, two products) and an add, or row-scaled one integer multiply-add per group and
@@ -417,6 +443,7 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
             flops = w.rows * 3
         else:
             flops = w.rows * groups * 4
+        rows_part[phase] += share * (macs * cpm + flops * cpf)
         return macs * cpm + (flops + w.cols * 2 + act_groups * 2 * FLOPS_DIV) * cpf
 
     def rms(n: int) -> float:
@@ -430,14 +457,14 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
     out["embed"] = dequant_row(emb)
     P, L = cfg.ple_dim, cfg.n_layers
     if P:   # table row, ple.proj, the scale by 1/sqrt(d), L norms of P, the combine (3 per element)
-        out["embed"] += (dequant_row(by["ple.table"]) + matvec(by["ple.proj"]) + L * rms(P)
+        out["embed"] += (dequant_row(by["ple.table"]) + matvec(by["ple.proj"], "embed") + L * rms(P)
                          + L * P * 4 * cpf)
     t = pos + 1
     reads = expert_reads(spec, experts)
     E, k = cfg.n_experts, cfg.moe_top_k
     for li in range(cfg.n_layers):
         p = f"layers.{li}."
-        c = rms(d) + sum(matvec(by[p + w]) for w in ("attn.wq", "attn.wk", "attn.wv", "attn.wo"))
+        c = rms(d) + sum(matvec(by[p + w], "attention") for w in ("attn.wq", "attn.wk", "attn.wv", "attn.wo"))
         c += (d // 2 + cfg.kv_dim // 2) * 6 * cpf                                     # RoPE
         if kv == "f32":     # scores, softmax, weighted sum
             c += cfg.n_heads * (t * hd * 2 + t * (FLOPS_EXP + 4) + FLOPS_DIV + t * hd * 2) * cpf
@@ -455,30 +482,30 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
             f += E * d * 2 * cpf + k * E * cpm + k * (FLOPS_EXP + 2) * cpf + FLOPS_DIV * cpf
         for e, pre in enumerate(cfg.ffn_prefixes(li)):
             share = reads[li][e] if E else 1.0
-            one = sum(matvec(by[pre + w]) for w in ("w1", "w3", "w2")) + hid * (FLOPS_EXP + FLOPS_DIV + 3) * cpf
+            one = sum(matvec(by[pre + w], "ffn", share) for w in ("w1", "w3", "w2")) + hid * (FLOPS_EXP + FLOPS_DIV + 3) * cpf
             if E:   # the gathered input (a copy) and the weighted sum
                 one += d * cpm + 2 * d * cpf
             f += share * one
         out["ffn"] += f
         if P:   # gate, gelu * u, proj, post-norm, residual
-            out["ple"] += (matvec(by[p + "ple.gate"]) + matvec(by[p + "ple.proj"]) + P * (FLOPS_GELU + 1) * cpf
+            out["ple"] += (matvec(by[p + "ple.gate"], "ple") + matvec(by[p + "ple.proj"], "ple") + P * (FLOPS_GELU + 1) * cpf
                            + rms(d) + d * cpf)
     mode = head_mode(spec, sampling, head)
     v = cfg.n_out
     if mode == "skip":
-        return out
+        return out, rows_part
     hr = head_rows(spec)
     scan = spec.head_scan
     if mode == "full":
-        out["output"] = rms(d) + matvec(hr)
+        out["output"] = rms(d) + matvec(hr, "output")
         out["sampling"] = v * cpf if sampling == "greedy" else v * (FLOPS_EXP + 8) * cpf
     elif scan is None:   # a greedy step without an index: the whole head and its argmax (integer compares)
-        out["output"] = rms(d) + matvec(hr) + v * cpm
+        out["output"] = rms(d) + matvec(hr, "output") + v * cpm
     else:   # ||x||^2, centre rows, U per tile (2 flops), k rows; the compares are integer (flm_f32_order)
-        out["output"] = (rms(d) + d * cpm + FLOPS_SQRT * cpf + matvec(by["head.centroids"])
-                         + scan.n_tiles * (2 * cpf + 2 * cpm) + matvec(replace(hr, rows=mode))
+        out["output"] = (rms(d) + d * cpm + FLOPS_SQRT * cpf + matvec(by["head.centroids"], "output")
+                         + scan.n_tiles * (2 * cpf + 2 * cpm) + matvec(replace(hr, rows=mode), "output")
                          + (2 * mode + tiles_visited(spec, mode)) * cpm)
-    return out
+    return out, rows_part
 
 
 def match_pattern(pattern: str, name: str) -> bool:

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import costmodel as C
+from . import overlap
 from .ir import ModelError
 from .planner import NoFit, default_pos, plan
 from .timing import TierModel, predict, tier_models
@@ -103,10 +104,12 @@ class PassPrediction:
     flops: dict               # phase -> float operations
     steps: int = 1            # tokens it produces (a verification: the accepted drafts + 1)
     parts: list = field(default_factory=list, repr=False)
+    overlap_us: dict = field(default_factory=dict)   # phase -> what the cores save sharing the products
 
     @property
     def phase_us(self) -> dict:
-        return {ph: sum(self.memory_us[ph].values()) + self.compute_us[ph] for ph in C.PHASES}
+        return {ph: sum(self.memory_us[ph].values()) + self.compute_us[ph] - self.overlap_us.get(ph, 0.0)
+                for ph in C.PHASES}
 
     @property
     def total_us(self) -> float:
@@ -127,7 +130,7 @@ class PassPrediction:
                               {t: self.bytes_read[t] + o.bytes_read[t] for t in C.TIERS},
                               add2(self.traffic, o.traffic), add2(self.memory_us, o.memory_us),
                               _add(self.compute_us, o.compute_us), _add(self.macs, o.macs), _add(self.flops, o.flops),
-                              self.steps + o.steps)
+                              self.steps + o.steps, overlap_us=_add(self.overlap_us, o.overlap_us))
 
     def scaled(self, f: float) -> "PassPrediction":
         """This pass's figures times f (an expectation over passes that run with probability f)."""
@@ -135,7 +138,8 @@ class PassPrediction:
                               {ph: {t: v * f for t, v in d.items()} for ph, d in self.traffic.items()},
                               {ph: {t: v * f for t, v in d.items()} for ph, d in self.memory_us.items()},
                               {ph: v * f for ph, v in self.compute_us.items()}, {ph: v * f for ph, v in self.macs.items()},
-                              {ph: v * f for ph, v in self.flops.items()}, self.steps)
+                              {ph: v * f for ph, v in self.flops.items()}, self.steps,
+                              overlap_us={ph: v * f for ph, v in self.overlap_us.items()})
 
 
 def _add(a: dict, b: dict) -> dict:
@@ -199,6 +203,8 @@ def predict_pass(pl: Placement, pos: int, n: int, head=HEAD_SKIP, sampling: str 
     bytes_read = dict.fromkeys(C.TIERS, 0)
     traffic = {ph: {} for ph in C.PHASES}
     memory = {ph: {} for ph in C.PHASES}
+    products = C.product_tensors(pl.spec)
+    bus, ram = dict.fromkeys(C.PHASES, 0.0), dict.fromkeys(C.PHASES, 0.0)   # the products' reads, by path
     for tier in tm:     # timing.predict's memory time, tier by tier
         sub = {k: u for k, u in uses.items() if where[k] == tier}
         p = predict(pl.spec, pl.prof, pl.tiers, pl.regions, pos, pl.kv, sampling, pl.line, tm=tm, uses=sub,
@@ -209,17 +215,24 @@ def predict_pass(pl: Placement, pos: int, n: int, head=HEAD_SKIP, sampling: str 
             if b:
                 traffic[ph][tier] = b
                 memory[ph][tier] = p.memory_us[ph]
+            prod = {k: u for k, u in sub.items() if products.get(k) == ph}
+            if prod:
+                (bus if tm[tier].line_us else ram)[ph] += predict(
+                    pl.spec, pl.prof, pl.tiers, pl.regions, pos, pl.kv, sampling, pl.line, tm=tm, uses=prod,
+                    head=HEAD_SKIP).memory_us[ph]
     clock = float(pl.prof.get("clock_mhz", 100))
     count_mac = {**pl.prof, "compute": {"cycles_per_mac": 1.0, "cycles_per_flop": 0.0}}
     count_flop = {**pl.prof, "compute": {"cycles_per_mac": 0.0, "cycles_per_flop": 1.0}}
-    comp, macs, flops = {}, {}, {}
+    comp, rows, macs, flops = {}, {}, {}, {}
     for t, h in enumerate(token_heads(n, head, sampling)):
-        comp = _add(comp, C.compute_cycles(pl.spec, pos + t, pl.prof, pl.kv, sampling, h))
+        c, r = C.compute_parts(pl.spec, pos + t, pl.prof, pl.kv, sampling, h)
+        comp, rows = _add(comp, c), _add(rows, r)
         macs = _add(macs, C.compute_cycles(pl.spec, pos + t, count_mac, pl.kv, sampling, h))
         flops = _add(flops, C.compute_cycles(pl.spec, pos + t, count_flop, pl.kv, sampling, h))
+    saved = {ph: overlap.saving(pl.prof, rows.get(ph, 0.0) / clock, bus[ph], ram[ph]) for ph in C.PHASES}
     return PassPrediction(pos, n, head, bytes_read, traffic, memory,
                           {ph: comp.get(ph, 0.0) / clock for ph in C.PHASES}, _split(macs, C.PHASES),
-                          _split(flops, C.PHASES))
+                          _split(flops, C.PHASES), overlap_us=saved)
 
 
 def prefill(pl: Placement, start: int, count: int, batch: int, tm: dict | None = None) -> list[PassPrediction]:

@@ -126,6 +126,7 @@ def pass_points(p: PassPrediction, label: str, tokens: int | None = None) -> lis
             continue
         tier = max(traffic, key=lambda t: (mem.get(t, 0.0), traffic[t]))
         m = sum(mem.values())
+        us = p.total_us if ph == "pass" else p.phase_us[ph]   # the cores' overlap taken off (overlap.py)
         out.append(Point(label, ph, tokens or p.tokens, macs + flops, macs, flops, tier, traffic[tier], dict(traffic),
-                         m, comp, m + comp))
+                         m, comp, us))
     return out

@@ -2,15 +2,17 @@
 predicted µs per phase (``predict``) from the bytes and rows converter/costmodel.py says it reads
 and the cycles it says it computes. Per tier ``bytes / seq_read_MBps + rows * row_latency_us`` (on
 a tier given by ``line_cycles``, the RP2040's XIP flash: one line fill per ``line_bytes`` read, and
-a gathered row pays the extra lines its alignment makes it touch), plus cycles / clock. It is a
-prediction, and is labelled as one wherever it is shown.
+a gathered row pays the extra lines its alignment makes it touch), plus cycles / clock, less what a
+board's cores save by sharing the products' rows (converter/overlap.py). It is a prediction, and is
+labelled as one wherever it is shown.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from .costmodel import PHASES, TIERS, ModelSpec, Use, compute_cycles, usage
+from . import overlap
+from .costmodel import PHASES, TIERS, ModelSpec, Use, compute_parts, product_tensors, usage
 from .ir import ModelError
 
 
@@ -79,8 +81,9 @@ class Prediction:
     pos: int
     bytes_read: dict          # tier -> bytes the engine counts (what TOKEN frames report)
     phase_us: dict            # phase -> predicted µs
-    memory_us: dict           # phase -> the memory part of phase_us
-    compute_us: dict          # phase -> the compute part
+    memory_us: dict           # phase -> the memory part of phase_us (on one core)
+    compute_us: dict          # phase -> the compute part (on one core)
+    overlap_us: dict          # phase -> what the cores save sharing the products (overlap.py; 0 on one core)
 
     @property
     def total_us(self) -> float:
@@ -103,6 +106,8 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
     where = {**{t.name: tiers.get(t.name, "flash") for t in spec.tensors}, **regions}
     bytes_read = dict.fromkeys(TIERS, 0)
     mem = dict.fromkeys(PHASES, 0.0)
+    products = product_tensors(spec)
+    bus, ram = dict.fromkeys(PHASES, 0.0), dict.fromkeys(PHASES, 0.0)   # the products' reads, by path
     for name, use in uses.items():
         tier = where[name]
         model = tm[tier]
@@ -110,7 +115,12 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
         for ph in PHASES:
             b = use.read.get(ph, 0) + use.extra.get(ph, 0)
             if b or use.rows.get(ph):
-                mem[ph] += model.us(b, use.rows.get(ph, 0), use.stride)
+                us = model.us(b, use.rows.get(ph, 0), use.stride)
+                mem[ph] += us
+                if products.get(name) == ph:
+                    (bus if model.line_us else ram)[ph] += us
     clock = float(prof.get("clock_mhz", 100))
-    comp = {ph: c / clock for ph, c in compute_cycles(spec, pos, prof, kv, sampling, head, experts).items()}
-    return Prediction(pos, bytes_read, {ph: mem[ph] + comp[ph] for ph in PHASES}, mem, comp)
+    cycles, rows = compute_parts(spec, pos, prof, kv, sampling, head, experts)
+    comp = {ph: c / clock for ph, c in cycles.items()}
+    saved = {ph: overlap.saving(prof, rows[ph] / clock, bus[ph], ram[ph]) for ph in PHASES}
+    return Prediction(pos, bytes_read, {ph: mem[ph] + comp[ph] - saved[ph] for ph in PHASES}, mem, comp, saved)

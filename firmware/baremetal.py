@@ -188,3 +188,24 @@ def symbols(elf: Path, prof: dict) -> dict[str, int]:
         if len(parts) == 3:
             out[parts[2]] = int(parts[0], 16)
     return out
+
+
+def rebuilt_with(image: Path, out: Path, defines: dict[str, str]) -> Path:
+    """A copy of the project that built ``image`` (a firmware.bin / .elf in its project directory)
+    in ``out``, rebuilt with ``defines`` added to the compiler's flags (e.g. FLM_RP2040_CORES=1: the
+    RP2040 firmware on core 0 alone); returns the new image."""
+    image = Path(image)
+    shutil.copytree(image.parent, out)
+    mk = out / "Makefile"
+    flags = " ".join(f"-D{k}={v}" for k, v in defines.items())
+    text = mk.read_text()
+    if "\nCPPFLAGS = " not in text:
+        raise BuildError(f"{mk}: no CPPFLAGS line to add {flags} to")
+    mk.write_text(text.replace("\nCPPFLAGS = ", f"\nCPPFLAGS = {flags} ", 1))
+    for f in out.glob("firmware.*"):
+        if f.suffix in (".elf", ".bin"):
+            f.unlink()
+    r = _make(out)
+    if r.returncode != 0:
+        raise BuildError(f"rebuilding {out} with {flags} failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+    return out / image.name

@@ -12,6 +12,7 @@ import serial
 from converter.blob import read_header, write_blob
 from converter.formats import StateTiers
 from converter.tokenizer_enc import section_info
+from firmware.baremetal import rebuilt_with
 from firmware.build import build_firmware
 from host.link.messages import Hello, Ping
 from host.link.port import Link
@@ -31,27 +32,34 @@ def require_emulator() -> None:
         pytest.skip(why)
 
 
-def image_for(blob: Path, build_root: Path) -> Path:
+def image_for(blob: Path, build_root: Path, cores: int = 2) -> Path:
+    """The board's firmware for blob's shape; cores=1: the same project rebuilt with
+    FLM_RP2040_CORES=1 (core 1 stays in the boot ROM, core 0 computes every row)."""
     h = read_header(blob)
     enc = section_info(blob, h)     # its text capacity sizes the receive buffer
     key = (h.config, min(e.group_size for e in h.entries if e.group_size), enc.span if enc else 0)
     if key not in _builds:
         _builds[key] = build_firmware(BOARD, build_root / f"emu{len(_builds)}", blob).binary
-    return _builds[key]
+    if cores == 2:
+        return _builds[key]
+    if (key, cores) not in _builds:
+        _builds[key, cores] = rebuilt_with(_builds[key], build_root / f"emu{len(_builds)}-one-core",
+                                           {"FLM_RP2040_CORES": "1"})
+    return _builds[key, cores]
 
 
 @contextlib.contextmanager
 def emu_link(qm, tmp: Path, build_root: Path, blob_bytes: bytes | None = None, kv: str = "f32", batch: int = 1,
-             xip_model: bool = True, profile: tuple[str, ...] = (), watch: tuple[str, ...] = ()):
+             xip_model: bool = True, profile: tuple[str, ...] = (), watch: tuple[str, ...] = (), cores: int = 2):
     """Yields (link, boot_frames, board) for an emulated RP2040 running qm (or raw blob_bytes), with
     the harness's XIP model on or off, its call profile of the functions ``profile`` and its count of
-    the flash reads in the tensors ``watch`` (each step's ``watched``); the image reserves the chip's
-    whole SRAM budget, whatever the blob's batch."""
+    the flash reads in the tensors ``watch`` (each step's ``watched``), on both cores or (cores=1)
+    core 0 alone; the image reserves the chip's whole SRAM budget, whatever the blob's batch."""
     require_emulator()
     blob = tmp / "model.flmb"
     write_blob(qm, blob, state=StateTiers(kv=kv, batch=batch))
     ranges = tuple((e.offset, e.offset + e.length) for e in read_header(blob).entries if e.name in watch)
-    image = image_for(blob, build_root)
+    image = image_for(blob, build_root, cores)
     if blob_bytes is not None:
         blob.write_bytes(blob_bytes)
     with start_emulated_board(image, blob, BOARD, xip_model=xip_model, profile=profile, watch=ranges) as board:

@@ -31,9 +31,9 @@ const cache = new XipCache();
 const ctrl = new XipCtrl(cache, () => {});
 const out = [];
 cache.onBadTransfer = (addr) => out.push(`no transfer at ${addr.toString(16)}`);
-for (const [op, a, b, c] of JSON.parse(fs.readFileSync(0, 'utf8'))) {
+for (const [op, a, b, c, now, k] of JSON.parse(fs.readFileSync(0, 'utf8'))) {
   if (op === 'miss') cache.missCycles = a;
-  else if (op === 'read') out.push(cache.read(a, b, c));
+  else if (op === 'read') out.push(now === undefined ? cache.read(a, b, c) : cache.read(a, b, c, now, k));
   else if (op === 'wr') ctrl.writeUint32Atomic(a, b, c || 0);
   else if (op === 'rd') out.push(ctrl.readUint32(a));
   else if (op === 'ssi') out.push(lineTransfer(a));
@@ -45,7 +45,8 @@ console.log(JSON.stringify({ out, counters: cache.counters() }));
 
 def xip(ops: list) -> tuple[list, dict]:
     """Run ops through a fresh XipCache in node: ["miss", cycles] sets the line transfer,
-    ["read", addr, size, fetch] gives its stall cycles, ["wr", offset, value] / ["rd", offset]
+    ["read", addr, size, fetch] gives its stall cycles (["read", addr, size, fetch, now, core]: core's
+    read at cycle now, which may wait for the bus), ["wr", offset, value] / ["rd", offset]
     reach XIP_CTRL, ["ssi", registers] / ["boot2"] give lineTransfer's answer."""
     if shutil.which("node") is None:
         pytest.skip("node is not installed (make emu-deps)")
@@ -69,7 +70,7 @@ def test_two_way_set_hits_misses_and_lru_evictions():
     # A fills way 0 | same line | next line, set 1 | B fills way 1 | A hit: B is LRU | C evicts B
     # | A hit: C is LRU | B evicts C | C evicts A (LRU) | A evicts B
     assert out == [10, 0, 10, 10, 0, 10, 0, 10, 10, 10]
-    assert n == dict(hits=3, misses=7, fetch_misses=0, stall_cycles=70)
+    assert n == dict(hits=3, misses=7, fetch_misses=0, stall_cycles=70, bus_wait_cycles=0)
 
 
 @pytest.mark.emulated
@@ -101,7 +102,21 @@ def test_instruction_fetches_are_counted_apart_and_share_the_cache():
     # four halfwords of line A: one miss | next line | a literal load in the fetched line: hit
     # | two data lines of set 0 evict A | fetching A again misses
     assert out == [10, 0, 0, 0, 10, 0, 10, 10, 10]
-    assert n == dict(hits=4, misses=5, fetch_misses=3, stall_cycles=50)
+    assert n == dict(hits=4, misses=5, fetch_misses=3, stall_cycles=50, bus_wait_cycles=0)
+
+
+@pytest.mark.emulated
+def test_two_cores_misses_queue_on_the_one_qspi_bus():
+    """Core 0 misses at cycle 100 (bus busy to 110); core 1 misses at 103: it waits 7 for the bus,
+    then 10 for its line; core 0 hits at 105 while core 1's transfer holds the bus (to 120): waits
+    15; at 130 the bus is free: a hit costs nothing, a miss its transfer. Each core keeps its own
+    last-fetched line, both in the one cache."""
+    B = A + 0x100
+    out, n = xip([["miss", 10], ["read", A, 4, True, 100, 0], ["read", B, 4, True, 103, 1],
+                  ["read", A + 2, 2, True, 105, 0], ["read", B + 2, 2, True, 130, 1],
+                  ["read", A + 0x2000, 4, False, 130, 0], ["read", B, 4, False, 141, 1]])
+    assert out == [10, 17, 15, 0, 10, 0]
+    assert n == dict(hits=3, misses=3, fetch_misses=2, stall_cycles=30, bus_wait_cycles=7 + 15)
 
 
 @pytest.mark.emulated
@@ -149,7 +164,7 @@ class RefCache:
 
     def __init__(self, miss: int):
         self.sets, self.enabled, self.miss = {}, True, miss
-        self.n = dict(hits=0, misses=0, fetch_misses=0, stall_cycles=0)
+        self.n = dict(hits=0, misses=0, fetch_misses=0, stall_cycles=0, bus_wait_cycles=0)
 
     def access(self, addr: int, fetch: bool) -> int:
         line, seg = (addr & 0xffffff) >> 3, (addr >> 24) & 3
@@ -231,7 +246,8 @@ def build_root(tmp_path_factory):
 @pytest.mark.emulated
 @pytest.mark.slow
 def test_firmware_clock_counts_the_stalls_and_logits_stay_exact(tmp_path, build_root):
-    """The same generation with the XIP model on and off: bit for bit the reference's logits both
+    """On core 0 alone (the one-core build: with two, core 1's stalls overlap core 0's work), the
+    same generation with the XIP model on and off: bit for bit the reference's logits both
     times; on every step the harness's cycles differ by exactly the stall cycles, and the
     firmware's own per-phase µs (its TIMER) by those cycles at 125 MHz (within a µs a phase, less
     the stalls outside the timed phases)."""
@@ -241,7 +257,7 @@ def test_firmware_clock_counts_the_stalls_and_logits_stay_exact(tmp_path, build_
     ref = generate(qm, [1, 7, 3], 6, flags=FLAG_LOGITS)
     got = {}
     for on in (True, False):
-        with emu_link(qm, tmp_path, build_root, xip_model=on) as (link, _, board):
+        with emu_link(qm, tmp_path, build_root, xip_model=on, cores=1) as (link, _, board):
             board.read_counts()
             toks, logits, _ = run(link, [1, 7, 3], 6)
             assert_matches_reference(toks, logits, ref)

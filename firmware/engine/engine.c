@@ -588,6 +588,18 @@ static uint32_t first_max(const float *v, uint32_t n) {
     return best;
 }
 
+/* Rows [a, z) of w for the pass's last token into out[a, z): hal_matmul on a view of just those
+ * rows, so a board that splits a product's rows across its cores splits a tile too (rows are
+ * independent: bit for bit flm_matvec_rows). */
+static void tile_rows(flm_state *s, const flm_tensor *w, uint32_t a, uint32_t z, float *out) {
+    flm_tensor v = *w;
+    v.data = w->data + (size_t)a * w->stride;
+    v.rows = z - a;
+    v.length = (z - a) * w->stride;
+    const flm_batch b = {1u, s->xq, s->xs, out + a, s->xq_stride, s->xs_stride, 0u};
+    hal_matmul(&v, &b, s->row_buf, s->row_buf_bytes);
+}
+
 /* The tile scan (docs/formats.md section 3): U_t = C_t + R_t * Xm for every tile (C_t its centre
  * row's logit), then the tile of the largest U, then every other tile in stored order unless
  * U_t < best (U_t finite). A visited tile is a contiguous run of stored rows, computed as one block;
@@ -615,7 +627,7 @@ static uint32_t tile_scan(flm_state *s, float xm, flm_step_stats *st) {
         /* skipped only on a finite bound (an overflowed one proves nothing) */
         if (k && (t == first || (flm_f32_finite(s->probs[t]) && flm_f32_gt(best, s->probs[t])))) continue;
         const uint32_t a = s->idx[t], z = t + 1u < nt ? s->idx[t + 1u] : n;
-        flm_matvec_rows(&m->head, a, z, s->xq, s->xs, s->logits);   /* logits indexed by stored row here */
+        tile_rows(s, &m->head, a, z, s->logits);   /* logits indexed by stored row here */
         for (uint32_t i = a; i < z; i++) {
             const uint8_t *p = perm + mb * i;
             const uint32_t tk = mb == 2u ? (uint32_t)p[0] | (uint32_t)p[1] << 8 : flm_rd32(p);

@@ -10,8 +10,15 @@
 // then starts as the boot ROM would after the Pico's boot2: VTOR = 0x10000100, SP and PC from
 // that table, the SSI in quad continuous-read mode at SCKDV 2 (xip.mjs picoBoot2).
 //
+// Two cores (cores.mjs): core 1 waits in the "boot ROM" until core 0 launches it with the FIFO
+// handshake; then the harness runs whichever core is behind in cycles, one instruction at a time,
+// so the two stay within an instruction of each other, and a core asleep in WFE is skipped until
+// the other's SEV wakes it. Both cores' reads go through the one XIP cache and QSPI bus (their
+// misses queue) and are counted in the step's bytes; the call profile follows core 0 only.
+//
 // Time: every instruction advances the emulated clock by its rp2040js cycle count at the
-// current clk_sys, so the TIMER the firmware reads is cycle-based. With --xip-model on (the
+// current clk_sys (with two cores running, the clock follows the one ahead), so the TIMER the
+// firmware reads is cycle-based. With --xip-model on (the
 // default) every core read of the XIP window, instruction fetches included, goes through a model
 // of the XIP cache (xip.mjs: 16 KB, 2-way, 8-byte lines, the four address aliases, XIP_CTRL's
 // enable, flush and counters); a miss stalls the core for the QSPI transfer of one line at the SSI
@@ -24,9 +31,12 @@
 // (flash), the regions the firmware names (the KV cache, tensors staged into RAM) their tier.
 // One JSON line per step goes to --counts:
 //   {"gen": g, "step": s, "bytes": [flash, psram, sram], "cycles": c, "us": emulated µs,
-//    "wall_ms": host ms, "xip": {"hits", "misses", "fetch_misses", "stall_cycles", "miss_cycles"}}
+//    "wall_ms": host ms, "xip": {"hits", "misses", "fetch_misses", "stall_cycles", "bus_wait_cycles",
+//    "miss_cycles"}}
 // ("xip" only with the model on: the step's cache hits, line transfers, those of them that were
-// instruction fetches, the cycles they stalled the core, and the cycles one transfer costs).
+// instruction fetches, the cycles the transfers took (each stalls the core that asked), the cycles
+// a core waited for the QSPI bus while it moved the other core's line, and the cycles one transfer
+// costs). "cycles" are core 0's, which waits for core 1 at the end of each shared product.
 // With --watch (flash offsets [LO, HI) of some of the blob's tensors: a mixture of experts' FFN) the
 // line also holds "watched": the bytes of those flash reads that fell in the ranges (part of bytes[0]).
 //
@@ -39,6 +49,7 @@
 import fs from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { RP2040 } from 'rp2040js';
+import { DualCore } from './cores.mjs';
 import { XIP_CTRL_BASE, XipCache, XipCtrl, describe, followSsi, picoBoot2 } from './xip.mjs';
 
 console.log = console.error;   // stdout is the UART: nothing else may ever write there
@@ -108,15 +119,18 @@ if (args.blobOffset + blob.length > args.flashSize) {
 }
 
 const mcu = new RP2040();
+let dual = null;
 mcu.logger = {
   debug() {},
-  info() {},
+  info(component, msg) { if (msg === 'SEV') dual.sev(); },   // rp2040js's SEV only logs (cores.mjs)
   warn(component, msg) { process.stderr.write(`rp2040js ${component}: ${msg}\n`); },
   error(component, msg) { process.stderr.write(`rp2040js ${component} error: ${msg}\n`); },
 };
 mcu.flash.set(firmware, 0);
 mcu.flash.set(blob, args.blobOffset);
+dual = new DualCore(mcu);
 const core = mcu.core;
+const core1 = dual.cores[1];
 const clock = mcu.clock;
 core.VTOR = VECTORS;
 core.SP = mcu.readUint32(VECTORS);
@@ -130,10 +144,13 @@ picoBoot2(ssi);
 const xipSetting = followSsi(ssi, cache, (s) => {   // the firmware changed what a miss costs
   if (args.xipModel) process.stderr.write(`rp2040-emu: XIP line transfer now ${describe(s)}\n`);
 });
-let stall = 0;        // cycles the current instruction waits for the flash
+let stall = 0;        // cycles core 0's current instruction waits for the flash
+let stall1 = 0;       // and core 1's
 let fault = null;
 cache.onBadTransfer = (addr) => {
-  fault = fault || `XIP read of 0x${(addr >>> 0).toString(16)} at pc 0x${core.PC.toString(16)} while ${xipSetting().why}`;
+  const pc = dual.cores[dual.current].PC;
+  fault = fault || `XIP read of 0x${(addr >>> 0).toString(16)} at pc 0x${pc.toString(16)} on core ${dual.current} `
+    + `while ${xipSetting().why}`;
 };
 
 // ---- UART0 <-> stdin/stdout -------------------------------------------------------------
@@ -201,39 +218,57 @@ function countRead(addr, size) {
   }
 }
 
-// Swapped in and out by assignment (never `delete`: that would turn `core` into a slow
+// Swapped in and out by assignment (never `delete`: that would turn a core into a slow
 // dictionary-mode object for the rest of the run). With the XIP model, a read of the XIP window
-// (addr >>> 26 === 4: 0x10000000-0x13ffffff, the four aliases) goes through the cache first;
-// rp2040js fetches each 16-bit opcode with readUint16 at the PC (and PC + 2 for a 32-bit one)
-// before it moves the PC on: those are the instruction fetches.
+// (addr >>> 26 === 4: 0x10000000-0x13ffffff, the four aliases) goes through the cache first, at the
+// reading core's cycle count (its instruction's start plus the stalls so far); rp2040js fetches each
+// 16-bit opcode with readUint16 at the PC (and PC + 2 for a 32-bit one) before it moves the PC on:
+// those are the instruction fetches.
 const xipRead16 = (a) => {
   const d = a - core.registers[15];
-  stall += cache.read(a, 2, d === 0 || d === 2);
+  stall += cache.read(a, 2, d === 0 || d === 2, core.cycles + stall, 0);
+};
+const xipRead16c1 = (a) => {
+  const d = a - core1.registers[15];
+  stall1 += cache.read(a, 2, d === 0 || d === 2, core1.cycles + stall1, 1);
 };
 const plain = args.xipModel ? {
-  readUint32: (a) => { if ((a >>> 26) === 4) stall += cache.read(a, 4, false); return mcu.readUint32(a); },
+  readUint32: (a) => { if ((a >>> 26) === 4) stall += cache.read(a, 4, false, core.cycles + stall, 0); return mcu.readUint32(a); },
   readUint16: (a) => { if ((a >>> 26) === 4) xipRead16(a); return mcu.readUint16(a); },
-  readUint8: (a) => { if ((a >>> 26) === 4) stall += cache.read(a, 1, false); return mcu.readUint8(a); },
+  readUint8: (a) => { if ((a >>> 26) === 4) stall += cache.read(a, 1, false, core.cycles + stall, 0); return mcu.readUint8(a); },
 } : {
   readUint32: (a) => mcu.readUint32(a),
   readUint16: (a) => mcu.readUint16(a),
   readUint8: (a) => mcu.readUint8(a),
 };
 const counting = args.xipModel ? {
-  readUint32: (a) => { countRead(a >>> 0, 4); if ((a >>> 26) === 4) stall += cache.read(a, 4, false); return mcu.readUint32(a); },
+  readUint32: (a) => { countRead(a >>> 0, 4); if ((a >>> 26) === 4) stall += cache.read(a, 4, false, core.cycles + stall, 0); return mcu.readUint32(a); },
   readUint16: (a) => { countRead(a >>> 0, 2); if ((a >>> 26) === 4) xipRead16(a); return mcu.readUint16(a); },
-  readUint8: (a) => { countRead(a >>> 0, 1); if ((a >>> 26) === 4) stall += cache.read(a, 1, false); return mcu.readUint8(a); },
+  readUint8: (a) => { countRead(a >>> 0, 1); if ((a >>> 26) === 4) stall += cache.read(a, 1, false, core.cycles + stall, 0); return mcu.readUint8(a); },
 } : {
   readUint32: (a) => { countRead(a >>> 0, 4); return mcu.readUint32(a); },
   readUint16: (a) => { countRead(a >>> 0, 2); return mcu.readUint16(a); },
   readUint8: (a) => { countRead(a >>> 0, 1); return mcu.readUint8(a); },
 };
-function use(fns) {
+const plain1 = args.xipModel ? {
+  readUint32: (a) => { if ((a >>> 26) === 4) stall1 += cache.read(a, 4, false, core1.cycles + stall1, 1); return mcu.readUint32(a); },
+  readUint16: (a) => { if ((a >>> 26) === 4) xipRead16c1(a); return mcu.readUint16(a); },
+  readUint8: (a) => { if ((a >>> 26) === 4) stall1 += cache.read(a, 1, false, core1.cycles + stall1, 1); return mcu.readUint8(a); },
+} : plain;
+const counting1 = args.xipModel ? {
+  readUint32: (a) => { countRead(a >>> 0, 4); if ((a >>> 26) === 4) stall1 += cache.read(a, 4, false, core1.cycles + stall1, 1); return mcu.readUint32(a); },
+  readUint16: (a) => { countRead(a >>> 0, 2); if ((a >>> 26) === 4) xipRead16c1(a); return mcu.readUint16(a); },
+  readUint8: (a) => { countRead(a >>> 0, 1); if ((a >>> 26) === 4) stall1 += cache.read(a, 1, false, core1.cycles + stall1, 1); return mcu.readUint8(a); },
+} : counting;
+function use(fns, fns1) {
   core.readUint32 = fns.readUint32;
   core.readUint16 = fns.readUint16;
   core.readUint8 = fns.readUint8;
+  core1.readUint32 = fns1.readUint32;
+  core1.readUint16 = fns1.readUint16;
+  core1.readUint8 = fns1.readUint8;
 }
-use(plain);
+use(plain, plain1);
 
 const watchdog = mcu.peripherals[0x40058];
 const wdWrite = watchdog.writeUint32.bind(watchdog);
@@ -254,9 +289,9 @@ watchdog.writeUint32 = (offset, value) => {
              xip: cache.counters(), calls: profileSnapshot() };
     bytes[0] = bytes[1] = bytes[2] = 0;
     watched = 0;
-    use(counting);
+    use(counting, counting1);
   } else if (value === MARK_END) {
-    use(plain);
+    use(plain, plain1);
     if (step && countsFd !== null) {
       const rec = { gen: step.gen, step: step.step, bytes: bytes.slice(),
                     cycles: core.cycles + stall - step.cycles, us: (clock.nanos - step.nanos) / 1000,
@@ -338,12 +373,35 @@ function schedule() {
   if (!scheduled) { scheduled = true; setImmediate(run); }
 }
 
+// One instruction of core k; returns its cycles, its flash wait included.
+function stepCore(k) {
+  dual.current = k;
+  if (k === 0) {
+    let c = core.executeInstruction();
+    if (stall) {          // the instruction waited for the flash: the core's cycles and the clock
+      c += stall;
+      core.cycles += stall;
+      stall = 0;
+    }
+    return c;
+  }
+  let c = core1.executeInstruction();
+  if (stall1) {
+    c += stall1;
+    core1.cycles += stall1;
+    stall1 = 0;
+  }
+  return c;
+}
+
+let now = 0;   // the cycle the clock stands at: the cycle count of the core ahead
+
 function run() {
   scheduled = false;
   const sliceEnd = performance.now() + 25;
   for (;;) {
     feedRx();
-    if (core.waiting) {   // WFI with nothing pending: sleep until the host sends something
+    if (core.waiting && (core1.waiting || !dual.launched)) {   // WFI / WFE with nothing pending
       if (rxHead < rx.length) continue;
       idle = true;
       break;
@@ -351,15 +409,17 @@ function run() {
     const ns = 1e9 / mcu.clkSys;
     let i = 0;
     const profiling = args.profile.size > 0;
-    for (; i < 20000 && !core.waiting; i++) {
-      if (profiling) profileAt();
-      let c = core.executeInstruction();
-      if (stall) {          // the instruction waited for the flash: the core's cycles and the clock
-        c += stall;
-        core.cycles += stall;
-        stall = 0;
+    for (; i < 20000; i++) {
+      // the core behind runs (core 0 on a tie); a core asleep waits for an event or an interrupt
+      const k = core1.waiting || (!core.waiting && core.cycles <= core1.cycles) ? 0 : 1;
+      if (k === 0 && core.waiting) break;
+      if (profiling && k === 0) profileAt();
+      stepCore(k);
+      const t = k === 0 ? core.cycles : core1.cycles;
+      if (t > now) {
+        clock.tick((t - now) * ns);
+        now = t;
       }
-      clock.tick(c * ns);
     }
     if (fault) break;
     if (performance.now() > sliceEnd) break;

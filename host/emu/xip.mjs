@@ -33,6 +33,14 @@
 // line too; the replacement is LRU within a set; BUS_CYCLES = 2 [EST] is one clk_sys for the bus
 // request into the XIP block and one for the data's return. A write to the XIP window (the
 // firmware makes none) is not modelled, nor the streaming FIFO or cache-as-SRAM at 0x15000000.
+//
+// Two cores (cores.mjs): [DS] §2.6.3 (figure "Flash execute-in-place (XIP) subsystem"): system
+// accesses reach the XIP block through its one main AHB-Lite slave, and a miss holds that
+// transfer (its wait states) until the SSI returns the line; §2.1 "Bus fabric": the crossbar gives
+// a slave to one master at a time. So both cores share this one cache and one QSPI bus: an access,
+// hit or miss, that finds the bus holding the other core's line transfer waits for it to end (a
+// miss then waits for its own transfer after it); these waits are bus_wait_cycles.
+// Each read names the time it is made (the core's cycle count): busFree is when the bus is free.
 export const LINE_BYTES = 8;
 export const WAYS = 2;
 export const SETS = 16384 / (LINE_BYTES * WAYS);   // 1024
@@ -77,43 +85,50 @@ export class XipCache {
     this.hits = 0;                           // CTR_HIT; CTR_ACC (every access) = hits + misses
     this.misses = 0;                         // transfers from the flash
     this.fetchMisses = 0;                    // of them, instruction fetches
-    this.stall = 0;                          // clk_sys cycles the core waited for them
+    this.stall = 0;                          // clk_sys cycles the transfers took (misses x missCycles)
+    this.busWait = 0;                        // cycles a core waited for the other core's transfer
     this.onBadTransfer = () => {};           // a transfer while the SSI cannot make one
-    // The line the last instruction fetch hit or filled (addr >>> 3, alias bits included) and its
-    // tag slot: straight-line code reads it again and again (read skips the lookup).
-    this.fetchKey = -1;
-    this.fetchSlot = 0;
+    this.busFree = 0;                        // the cycle the QSPI bus ends its last transfer
+    // Per core: the line its last instruction fetch hit or filled (addr >>> 3, alias bits
+    // included) and its tag slot: straight-line code reads it again and again (read skips the lookup).
+    this.fetchKey = new Int32Array([-1, -1]);
+    this.fetchSlot = new Int32Array(2);
   }
 
   flush() {
     this.tags.fill(-1);
-    this.fetchKey = -1;
+    this.fetchKey.fill(-1);
   }
 
   setEnabled(on) {
     this.enabled = on;
-    this.fetchKey = -1;
+    this.fetchKey.fill(-1);
   }
 
-  /** A core read of size bytes at addr (in the XIP window): each 8-byte line it touches is one
-   *  access; returns the cycles the core stalls. A read of the line the last instruction fetch
-   *  found skips the lookup (the common case: straight-line code, literal pools beside it). */
-  read(addr, size, fetch) {
-    if ((addr >>> 3) === this.fetchKey && (addr & 7) + size <= 8) {
+  /** Core k's read of size bytes at addr (in the XIP window) at cycle now: each 8-byte line it
+   *  touches is one access; returns the cycles the core stalls. A read of the line the core's last
+   *  instruction fetch found skips the lookup (the common case: straight-line code, literal pools
+   *  beside it). Without now (one core) the bus is free whenever the core asks. */
+  read(addr, size, fetch, now = this.busFree, k = 0) {
+    if ((addr >>> 3) === this.fetchKey[k] && (addr & 7) + size <= 8) {
       this.hits++;
-      this.victim[this.fetchSlot >>> 1] = (this.fetchSlot & 1) ^ 1;
-      return 0;
+      this.victim[this.fetchSlot[k] >>> 1] = (this.fetchSlot[k] & 1) ^ 1;
+      return this.wait(now);
     }
-    return this.lookup(addr, size, fetch);
+    const s = this.access(addr, fetch, now, k);
+    return (addr & 7) + size > 8 ? s + this.access(addr + size - 1, fetch, now + s, k) : s;
   }
 
-  lookup(addr, size, fetch) {
-    const s = this.access(addr, fetch);
-    return (addr & 7) + size > 8 ? s + this.access(addr + size - 1, fetch) : s;
+  /** A hit at cycle now: it waits only while the other core's transfer holds the bus. */
+  wait(now) {
+    if (now >= this.busFree) return 0;
+    const s = this.busFree - now;
+    this.busWait += s;
+    return s;
   }
 
   /** One access of the line holding addr (an XIP-window address); returns the stall cycles. */
-  access(addr, fetch) {
+  access(addr, fetch, now, k) {
     const line = (addr & 0xffffff) >>> 3;
     const seg = (addr >>> 24) & 3;           // 0x10.. 0x11.. 0x12.. 0x13..
     if (this.enabled) {
@@ -128,12 +143,12 @@ export class XipCache {
         if (hit >= 0) {
           this.victim[set] = (hit & 1) ^ 1;
           this.hits++;
-          if (fetch) { this.fetchKey = addr >>> 3; this.fetchSlot = hit; }
-          return 0;
+          if (fetch) { this.fetchKey[k] = addr >>> 3; this.fetchSlot[k] = hit; }
+          return this.wait(now);
         }
         if (seg === 0) {
           const slot = this.fill(set, tag);
-          if (fetch) { this.fetchKey = addr >>> 3; this.fetchSlot = slot; }
+          if (fetch) { this.fetchKey[k] = addr >>> 3; this.fetchSlot[k] = slot; }
         }
       } else if (seg === 2) {                // non-cacheable, allocating: refresh or fill
         if (tags[i] === tag) this.victim[set] = 1;
@@ -144,8 +159,11 @@ export class XipCache {
     this.misses++;
     if (fetch) this.fetchMisses++;
     if (this.missCycles <= 0) this.onBadTransfer(addr);
+    const queued = now < this.busFree ? this.busFree - now : 0;
+    this.busWait += queued;
     this.stall += this.missCycles;
-    return this.missCycles;
+    this.busFree = now + queued + this.missCycles;
+    return queued + this.missCycles;
   }
 
   fill(set, tag) {
@@ -153,12 +171,14 @@ export class XipCache {
     const slot = (set << 1) + w;
     this.tags[slot] = tag;
     this.victim[set] = w ^ 1;
-    if (slot === this.fetchSlot) this.fetchKey = -1;
+    if (slot === this.fetchSlot[0]) this.fetchKey[0] = -1;
+    if (slot === this.fetchSlot[1]) this.fetchKey[1] = -1;
     return slot;
   }
 
   counters() {
-    return { hits: this.hits, misses: this.misses, fetch_misses: this.fetchMisses, stall_cycles: this.stall };
+    return { hits: this.hits, misses: this.misses, fetch_misses: this.fetchMisses, stall_cycles: this.stall,
+             bus_wait_cycles: this.busWait };
   }
 }
 

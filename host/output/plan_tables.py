@@ -85,11 +85,15 @@ def print_plan(console, plan, collapse: bool = True) -> None:
     un = unit(plan.prof.get("timer"))
     ph = Table(title=f"predicted cost per token at position {plan.pos} ({plan.board} profile; a prediction, "
                      f"not a measurement)", title_justify="left")
-    for col in ("phase", f"memory {un}", f"compute {un}", f"total {un}"):
+    cores = any(p.overlap_us.values())   # the board's cores share the products (converter/overlap.py)
+    cols = ("phase", f"memory {un}", f"compute {un}") + ((f"cores save {un}",) if cores else ()) + (f"total {un}",)
+    for col in cols:
         ph.add_column(col, justify="left" if col == "phase" else "right")
     for k in p.phase_us:
-        ph.add_row(PHASE_LABEL[k], f"{p.memory_us[k]:,.0f}", f"{p.compute_us[k]:,.0f}", f"{p.phase_us[k]:,.0f}")
-    ph.add_row("[bold]token[/]", f"{sum(p.memory_us.values()):,.0f}", f"{sum(p.compute_us.values()):,.0f}",
+        saved = (f"{p.overlap_us[k]:,.0f}",) if cores else ()
+        ph.add_row(PHASE_LABEL[k], f"{p.memory_us[k]:,.0f}", f"{p.compute_us[k]:,.0f}", *saved, f"{p.phase_us[k]:,.0f}")
+    saved = (f"{sum(p.overlap_us.values()):,.0f}",) if cores else ()
+    ph.add_row("[bold]token[/]", f"{sum(p.memory_us.values()):,.0f}", f"{sum(p.compute_us.values()):,.0f}", *saved,
                f"[bold]{p.total_us:,.0f}[/]")
     console.print(ph)
     console.print(f"output layer: {output_label(plan.head, plan.spec)}", soft_wrap=True, style="dim")

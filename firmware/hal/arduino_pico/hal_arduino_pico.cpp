@@ -5,8 +5,12 @@
  * Flash: the blob sits in XIP flash at the fixed offset FLM_BLOB_OFFSET, inside the region the
  * core reserves as its filesystem (board_build.filesystem_size), written there by model.uf2.
  * Serial: USB CDC (the core's Serial). Time: time_us_64(), the chip's 64-bit µs timer.
- * RAM tiers: SRAM = the heap; PSRAM (RP2350 boards with PSRAM) = the core's pmalloc heap. */
+ * RAM tiers: SRAM = the heap; PSRAM (RP2350 boards with PSRAM) = the core's pmalloc heap.
+ * Matmul: hal_matmul hands the second half of each product's rows to core 1 (the core's setup1 /
+ * loop1) through the inter-core FIFO (rp2040.fifo), as firmware/hal/rp2040/cores_rp2040.c does on
+ * the bare-metal build: rows are independent, so the split is bit for bit the one-core result. */
 #include <Arduino.h>
+#include <hardware/sync.h>
 #include <pico/time.h>
 #include <stdlib.h>
 
@@ -17,9 +21,30 @@ extern "C" {
 }
 
 #define SRAM_RESERVE (16u * 1024u)   /* heap left to the core's USB stack and newlib */
+#define SPLIT_MIN_ROWS 8u             /* fewer rows: the hand-over costs more than half the rows */
 
 void setup() { flm_main(); }
 void loop() {}
+
+/* the job core 1 runs next: written by core 0 before its FIFO word, read by core 1 after it */
+static struct {
+    const flm_tensor *w;
+    const flm_batch *b;
+    uint8_t *row_buf;
+    size_t row_buf_bytes;
+    uint32_t r0;
+} job;
+static volatile bool core1_up;
+
+void setup1() { core1_up = true; }
+
+void loop1() {
+    (void)rp2040.fifo.pop();
+    __dmb();
+    flm_matmul_rows(job.w, job.r0, job.w->rows, job.b, job.row_buf, job.row_buf_bytes);
+    __dmb();
+    rp2040.fifo.push(1u);
+}
 
 static void *alloc_in(uint32_t tier, size_t n) {
     if (tier == FLM_TIER_SRAM) return malloc(n);
@@ -74,6 +99,25 @@ uint64_t hal_time_us(void) { return time_us_64(); }
 uint8_t hal_clock_kind(void) { return 1; }
 
 const char *hal_board_name(void) { return FLM_BOARD_NAME; }
+
+void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes) {
+    if (!core1_up || w->rows < SPLIT_MIN_ROWS) {
+        flm_matmul_rows(w, 0, w->rows, b, row_buf, row_buf_bytes);
+        return;
+    }
+    const uint32_t mid = (w->rows / 2u) & ~1u;             /* even: the row-scaled kernels take pairs */
+    const size_t half = (row_buf_bytes / 2u) & ~(size_t)7u;  /* each core a row of the widest */
+    job.w = w;
+    job.b = b;
+    job.row_buf = row_buf ? row_buf + half : NULL;   /* one token: no buffer (NULL + n is undefined) */
+    job.row_buf_bytes = half;
+    job.r0 = mid;
+    __dmb();
+    rp2040.fifo.push(1u);
+    flm_matmul_rows(w, 0, mid, b, row_buf, half);
+    (void)rp2040.fifo.pop();
+    __dmb();
+}
 
 uint8_t *hal_board_arena(size_t n, uint32_t *tier) {
     *tier = FLM_ARENA_TIER;

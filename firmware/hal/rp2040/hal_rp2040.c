@@ -1,7 +1,7 @@
 /* RP2040 bare-metal HAL (no SDK): the QSPI flash's XIP read mode and clock, clocks from the
  * 12 MHz crystal through PLL_SYS to 125 MHz, UART0 (PL011) on GPIO0/1 at FLM_UART_BAUD 8N1, the
- * 1 MHz TIMER for hal_time_us, and the weights blob read in place from the XIP flash window at the
- * linker script's __flm_blob_start.
+ * 1 MHz TIMER for hal_time_us, the weights blob read in place from the XIP flash window at the
+ * linker script's __flm_blob_start, and core 1 launched to share the matrix products (cores_rp2040.c).
  *
  * Register addresses and bit positions are from the RP2040 datasheet (sections 2.6.3 XIP,
  * 2.14 subsystem resets, 2.15 clocks, 2.16 XOSC, 2.18 PLL, 4.2 UART, 4.6 timer, 4.7 watchdog,
@@ -80,6 +80,9 @@
 #define SSI_BAUDR (SSI_BASE + 0x14u)
 #define SSI_RX_SAMPLE_DLY (SSI_BASE + 0xf0u)
 #define SSI_SPI_CTRLR0 (SSI_BASE + 0xf4u)
+#ifndef FLM_RP2040_CORES
+#define FLM_RP2040_CORES 2   /* 1: core 1 stays in the boot ROM and core 0 computes every row */
+#endif
 #ifndef FLM_XIP_SCKDV
 #define FLM_XIP_SCKDV 2u   /* the board profile's [flash].spi_clkdiv: SCK = clk_sys / 2 */
 #endif
@@ -159,6 +162,9 @@ int hal_init(int argc, char **argv) {
     xip_setup();
     clocks_init();
     uart_init();
+#if FLM_RP2040_CORES > 1
+    hal_rp2040_cores_launch();
+#endif
     return 0;
 }
 

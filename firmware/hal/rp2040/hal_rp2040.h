@@ -28,6 +28,9 @@ void hal_rp2040_mark_state(const void *state);
 #define FLM_STEP_END(step) hal_rp2040_step_end(step)
 #define FLM_STEP_STATE(state) hal_rp2040_mark_state(state)
 
+/* Launches core 1 (cores_rp2040.c), which from then on computes half the rows of every hal_matmul. */
+void hal_rp2040_cores_launch(void);
+
 /* the soft-float's assembly entry points (kernels_arch.h maps the kernels' hooks to them) */
 #include "softfloat_m0.h"
 #endif
