@@ -379,23 +379,6 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
     return u
 
 
-def product_tensors(spec: ModelSpec) -> dict[str, str]:
-    """The tensors the engine reads in matrix products (engine.c product() and the head's tiles,
-    through hal_matmul), each with the phase it does so in: the rows a board may split across its
-    cores (a tied head's table is a product in the output phase only, its embedding row is not)."""
-    cfg = spec.config
-    out = {"head.centroids": "output", "ple.proj": "embed"}
-    for li in range(cfg.n_layers):
-        p = f"layers.{li}."
-        out.update({p + w: "attention" for w in ("attn.wq", "attn.wk", "attn.wv", "attn.wo")})
-        out.update({p + w: "ple" for w in ("ple.gate", "ple.proj")})
-        for f in cfg.ffn_prefixes(li):
-            out.update({f + w: "ffn" for w in ("w1", "w2", "w3")})
-    out[head_rows(spec).name] = "output"
-    names = {t.name for t in spec.tensors}
-    return {k: v for k, v in out.items() if k in names}
-
-
 def _act(u: dict, phase: str, w: TensorSpec, share: float = 1.0) -> None:
     """Activation traffic of one matvec (not counted by the engine): the fp32 input once, its int8
     codes and scales once per row (cache-resident after the first), the outputs; times ``share``, the

@@ -16,6 +16,8 @@ block serves one access at a time, so a core's hit waits while the other core's 
 the embedding row) stays on the calling core."""
 from __future__ import annotations
 
+from .costmodel import ModelSpec, head_rows
+
 
 def split_cores(prof: dict) -> int:
     """How many cores share each product's rows on this board (1: the products run on one core)."""
@@ -31,3 +33,20 @@ def saving(prof: dict, rows_us: float, bus_us: float, ram_us: float) -> float:
     serial = rows_us + bus_us + ram_us
     shared = max(bus_us, (rows_us + ram_us + bus_us * (1.0 + w)) / k)
     return max(0.0, serial - shared)
+
+
+def product_tensors(spec: ModelSpec) -> dict[str, str]:
+    """The tensors the engine reads in matrix products (engine.c product() and the head's tiles,
+    through hal_matmul), each with the phase it does so in: the rows a board may split across its
+    cores (a tied head's table is a product in the output phase only, its embedding row is not)."""
+    cfg = spec.config
+    out = {"head.centroids": "output", "ple.proj": "embed"}
+    for li in range(cfg.n_layers):
+        p = f"layers.{li}."
+        out.update({p + w: "attention" for w in ("attn.wq", "attn.wk", "attn.wv", "attn.wo")})
+        out.update({p + w: "ple" for w in ("ple.gate", "ple.proj")})
+        for f in cfg.ffn_prefixes(li):
+            out.update({f + w: "ffn" for w in ("w1", "w2", "w3")})
+    out[head_rows(spec).name] = "output"
+    names = {t.name for t in spec.tensors}
+    return {k: v for k, v in out.items() if k in names}

@@ -203,7 +203,7 @@ def predict_pass(pl: Placement, pos: int, n: int, head=HEAD_SKIP, sampling: str 
     bytes_read = dict.fromkeys(C.TIERS, 0)
     traffic = {ph: {} for ph in C.PHASES}
     memory = {ph: {} for ph in C.PHASES}
-    products = C.product_tensors(pl.spec)
+    products = overlap.product_tensors(pl.spec)
     bus, ram = dict.fromkeys(C.PHASES, 0.0), dict.fromkeys(C.PHASES, 0.0)   # the products' reads, by path
     for tier in tm:     # timing.predict's memory time, tier by tier
         sub = {k: u for k, u in uses.items() if where[k] == tier}

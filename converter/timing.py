@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from . import overlap
-from .costmodel import PHASES, TIERS, ModelSpec, Use, compute_parts, product_tensors, usage
+from .costmodel import PHASES, TIERS, ModelSpec, Use, compute_parts, usage
 from .ir import ModelError
 
 
@@ -106,7 +106,7 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
     where = {**{t.name: tiers.get(t.name, "flash") for t in spec.tensors}, **regions}
     bytes_read = dict.fromkeys(TIERS, 0)
     mem = dict.fromkeys(PHASES, 0.0)
-    products = product_tensors(spec)
+    products = overlap.product_tensors(spec)
     bus, ram = dict.fromkeys(PHASES, 0.0), dict.fromkeys(PHASES, 0.0)   # the products' reads, by path
     for name, use in uses.items():
         tier = where[name]

@@ -26,7 +26,7 @@ def test_saving_hand_checked():
 def test_products_are_the_matrices_hal_matmul_runs():
     spec = C.ModelSpec.from_config(ModelConfig(dim=32, n_layers=2, n_heads=2, n_kv_heads=2, vocab_size=64,
                                                hidden_dim=48, max_seq_len=8))
-    names = C.product_tensors(spec)
+    names = overlap.product_tensors(spec)
     for li in range(2):
         assert names[f"layers.{li}.attn.wq"] == names[f"layers.{li}.attn.wo"] == "attention"
         assert names[f"layers.{li}.ffn.w1"] == names[f"layers.{li}.ffn.w2"] == "ffn"
