@@ -84,9 +84,9 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
         qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=overrides, scales=scales)
     rep = None
     if report:
-        step(console, "measuring quality (quantized vs fp32 logits)")
+        step(console, f"measuring quality (quantized with the {kv} KV cache vs fp32 logits)")
         with console.status("running both models"):
-            rep = quality_report(ir, qm)
+            rep = quality_report(ir, qm, kv)
         print_quality(console, rep)
     index_report = _head_index(console, qm, head_index)
     experts_report = _expert_use(console, qm, ckpt) if c.n_experts else None
