@@ -29,15 +29,24 @@ class Fp32Model:
         self.kc = np.zeros((c.n_layers, c.max_seq_len, c.n_kv_heads, c.head_dim), F)
         self.vc = np.zeros_like(self.kc)
         self.routes: list[list[int]] = []       # the last forward's chosen experts per layer
+        # when a dict: per matrix the sum of x x^T (float64) over the inputs it multiplies (calibrate.py)
+        self.taps: dict[str, np.ndarray] | None = None
+
+    def mv(self, name: str, x: np.ndarray, rows: int | None = None) -> np.ndarray:
+        """Matrix ``name`` (its first ``rows`` rows) times x, the input counted in ``taps`` when on."""
+        if self.taps is not None:
+            x64 = x.astype(np.float64)
+            self.taps[name] = self.taps.get(name, 0) + np.outer(x64, x64)
+        return self.w[name][:rows] @ x
 
     def ffn(self, prefix: str, xb: np.ndarray) -> np.ndarray:
         w = self.w
-        h1 = w[prefix + "w1"] @ xb
-        return w[prefix + "w2"] @ ((h1 / (F(1) + np.exp(-h1))) * (w[prefix + "w3"] @ xb))
+        h1 = self.mv(prefix + "w1", xb)
+        return self.mv(prefix + "w2", (h1 / (F(1) + np.exp(-h1))) * self.mv(prefix + "w3", xb))
 
     def experts(self, layer: int, xb: np.ndarray) -> np.ndarray:
         """The mixture: the top k router logits, their softmax, the chosen experts' weighted sum."""
-        r = self.w[f"layers.{layer}.ffn.router"] @ xb
+        r = self.mv(f"layers.{layer}.ffn.router", xb)
         chosen = top_k(r, self.cfg.moe_top_k)
         e = np.exp(r[chosen] - r[chosen[0]])
         self.routes.append(chosen)
@@ -55,27 +64,26 @@ class Fp32Model:
         x = w["tok_embeddings"][token].copy()
         P = c.ple_dim
         if P:
-            z = (w["ple.proj"] @ x) / np.sqrt(F(c.dim))
+            z = self.mv("ple.proj", x) / np.sqrt(F(c.dim))
             t = w["ple.table"][token]
             u = [(norm(z[i * P:(i + 1) * P], w["ple.norm"]) + t[i * P:(i + 1) * P] * np.sqrt(F(P))) / np.sqrt(F(2))
                  for i in range(c.n_layers)]
         for i in range(c.n_layers):
             p = f"layers.{i}."
             xb = norm(x, w[p + "attn_norm"])
-            q = rope(w[p + "attn.wq"] @ xb, c.n_heads, hd, cos, sin)
-            self.kc[i, pos] = rope(w[p + "attn.wk"] @ xb, c.n_kv_heads, hd, cos, sin).reshape(-1, hd)
-            self.vc[i, pos] = (w[p + "attn.wv"] @ xb).reshape(-1, hd)
+            q = rope(self.mv(p + "attn.wq", xb), c.n_heads, hd, cos, sin)
+            self.kc[i, pos] = rope(self.mv(p + "attn.wk", xb), c.n_kv_heads, hd, cos, sin).reshape(-1, hd)
+            self.vc[i, pos] = self.mv(p + "attn.wv", xb).reshape(-1, hd)
             att = attend(q, self.kc[i, :pos + 1], self.vc[i, :pos + 1], c.n_heads, c.n_kv_heads,
                          hd, F(1.0 / np.sqrt(hd)), exp=np.exp)
-            x = x + w[p + "attn.wo"] @ att
+            x = x + self.mv(p + "attn.wo", att)
             xb = norm(x, w[p + "ffn_norm"])
             x = x + (self.experts(i, xb) if c.n_experts else self.ffn(p + "ffn.", xb))
             if P:
-                g = w[p + "ple.gate"] @ x
+                g = self.mv(p + "ple.gate", x)
                 g = F(0.5) * g * (F(1) + np.tanh(np.sqrt(F(2 / np.pi)) * (g + F(0.044715) * g ** 3)))
-                x = x + norm(w[p + "ple.proj"] @ (g * u[i]), w[p + "ple.norm"])
-        head = w["tok_embeddings" if c.tied else "output"][:c.n_out]
-        return (head @ norm(x, w["norm"])).astype(F)
+                x = x + norm(self.mv(p + "ple.proj", g * u[i]), w[p + "ple.norm"])
+        return self.mv("tok_embeddings" if c.tied else "output", norm(x, w["norm"]), c.n_out).astype(F)
 
 
 
