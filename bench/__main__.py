@@ -48,7 +48,7 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run an emula
   predictions of the same passes (predicted/emulated ratios on the RP2040) and, predicted only,
   for the ESP32-S3 and the Pico (bench/passes.py);
 * fidelity — every quantization recipe against fp32 with the device's numerics on stories260K (when
-  ../shared holds it) and the default model: teacher-forced top-1 agreement, mean KL and ΔCE over 2,000
+  ../shared holds it) and convert's defaults and GPTQ on the default model: teacher-forced top-1 agreement, mean KL and ΔCE over 2,000
   positions of fp32's sampled text, greedy agreement over 16 prompts x 200 tokens (bench/fidelity.py);
 * convert — load + quantize + blob time of a ~15M-parameter random llama2.c checkpoint.
 

@@ -1,18 +1,20 @@
 """make bench's fidelity section: every recipe of converter/fidelity_recipes.py against fp32 with the
 device's numerics (the NumPy reference, bit-exact with every board) on stories260K (the real llama2.c model
 shared beside the project, ../shared/models/stories260K, or one folder further up from a git worktree;
-left out where absent) and on the shipped default model: teacher-forced top-1 agreement, mean KL and ΔCE
-over 2,000 positions of fp32's own sampled text, greedy agreement over 16 prompts x 200 tokens."""
+left out where absent) and, convert's defaults and GPTQ only (its reference takes several times longer a token), on the
+shipped default model: teacher-forced top-1 agreement, mean KL and ΔCE over 2,000 positions of fp32's own
+sampled text, greedy agreement over 16 prompts x 200 tokens (or to the context's end)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from converter.fidelity_recipes import measure
+from converter.fidelity_recipes import RECIPES, measure
 from converter.load import load_model
 
 from .model import MODEL, ROOT
 
 STORIES = "stories260K"
+DEFAULT_RECIPES = tuple(r for r in RECIPES if r.label in ("q8 default", "q8, GPTQ", "q4 default", "q4, GPTQ"))
 
 
 def shared_stories() -> Path | None:
@@ -21,15 +23,16 @@ def shared_stories() -> Path | None:
 
 
 def models() -> dict:
-    out = {"default": lambda: load_model(MODEL / "model.pt")}
+    """name -> (loader, recipes)."""
+    out = {"default": (lambda: load_model(MODEL / "model.pt"), DEFAULT_RECIPES)}
     d = shared_stories()
     if d is not None:
-        out[STORIES] = lambda: load_model(d / "stories260K.bin", tokenizer_path=d / "tok512.bin")
+        out[STORIES] = (lambda: load_model(d / "stories260K.bin", tokenizer_path=d / "tok512.bin"), RECIPES)
     return out
 
 
 def section(work: Path) -> dict:
-    out = {name: measure(load()) for name, load in models().items()}
+    out = {name: measure(load(), recipes) for name, (load, recipes) in models().items()}
     ratios = {}
     for name, r in out.items():
         rows = {row["label"]: row for row in r["rows"]}
@@ -40,6 +43,9 @@ def section(work: Path) -> dict:
             g = row["greedy"]
             ratios[f"fidelity {name} {label}: greedy tokens equal to fp32's / {g['tokens']}, median of "
                    f"{g['prompts']} prompts"] = g["median"] / g["tokens"]
+        for fmt in ("q8", "q4"):
+            ratios[f"fidelity {name} {fmt}: mean KL(fp32 || q), GPTQ / nearest rounding"] = \
+                rows[f"{fmt}, GPTQ"]["kl_mean"] / rows[f"{fmt} default"]["kl_mean"]
     return {"fidelity": out, "ratios": ratios}
 
 

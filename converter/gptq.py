@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-DAMP = 0.01        # H + DAMP * mean(diag H) * I: keeps the inverse stable where inputs are (nearly) collinear
+DAMP = 0.1        # H + DAMP * mean(diag H) * I: keeps the inverse stable where inputs are (nearly) collinear
 
 
 def inverse_factor(h: np.ndarray) -> np.ndarray:

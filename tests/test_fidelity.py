@@ -6,15 +6,18 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
-from converter import fidelity
-from converter.fidelity_recipes import RECIPES, bits_per_weight
+from bench import docs_page, fidelity as bench_fidelity
+from converter import calibrate, fidelity
+from converter.fidelity_recipes import RECIPES, bits_per_weight, measure
 from converter.llama2c import write_llama2c
+from converter.load import load_model
 from converter.quantize import quantize
 from converter.reference import Reference
 from host.cli.main import main
-from modelzoo import random_model
+from modelzoo import random_model, shared_model
 
 
 def test_sampled_text_fills_the_positions_in_context_sized_sequences_with_fp32s_logits():
@@ -92,3 +95,30 @@ def test_eval_fidelity_writes_every_recipe(tmp_path, capsys):
     for r in rep["rows"]:
         assert r["positions"] == 30 and r["greedy"]["prompts"] == 2 and r["greedy"]["tokens"] == 6
         assert 0 <= r["top1_agreement"] <= 1 and r["kl_mean"] >= 0
+
+
+def test_bench_section_prints_and_pages_every_row(capsys):
+    _, ir = random_model(seed=4)
+    r = {"tiny": measure(ir, RECIPES[:2], positions=20, prompts=1, tokens=3)}
+    bench_fidelity.print_table(r)
+    out = capsys.readouterr().out
+    assert all(row.label in out for row in RECIPES[:2]) and "20 positions" in out
+    (table,) = docs_page.fidelity_tables({"fidelity": r})
+    assert [row[0].split(" (")[0] for row in table.rows] == [row.label for row in RECIPES[:2]]
+    assert table.rows[0][2] == r["tiny"]["rows"][0]["top1_agreement"]
+
+
+STORIES = shared_model("stories260K")
+
+
+@pytest.mark.skipif(not (STORIES / "stories260K.bin").is_file(),
+                    reason=f"{STORIES} is absent (the shared stories260K, not in a user's clone)")
+def test_stories260k_gptq_brings_q4_closer_to_fp32():
+    """On the real model, where rounding matters: GPTQ's q4 is nearer fp32 than nearest rounding's, and q8
+    nearer than either (int8 KV, device numerics)."""
+    ir = load_model(STORIES / "stories260K.bin", tokenizer_path=STORIES / "tok512.bin")
+    probe = fidelity.sample_text(ir, 400, seed=5)
+    moments = calibrate.input_moments(ir)
+    kl = {name: fidelity.teacher_forced(quantize(ir, fmt, 32, moments=m), "int8", probe)["kl_mean"]
+          for name, fmt, m in (("q8", "q8", None), ("q4", "q4", None), ("q4 gptq", "q4", moments))}
+    assert kl["q8"] < kl["q4 gptq"] < 0.9 * kl["q4"], kl
