@@ -124,11 +124,11 @@ def fp32_model(ir: ModelIR) -> Fp32Model:
 def sample_text(ir: ModelIR, positions: int, seed: int = 0, tokens=None) -> Probe:
     """Sequences of at most the context's length holding ``positions`` predictions in all, sampled
     from fp32 at temperature 1 from BOS (numpy's generator seeded with ``seed``), or the one sequence
-    ``tokens`` when given."""
+    ``tokens`` when given (its first ``positions`` predictions, as many as it and the context hold)."""
     fp, c = fp32_model(ir), ir.config
     rng = np.random.default_rng(seed)
     probe = Probe([], [], [])
-    left = positions
+    left = positions if tokens is None else min(positions, len(tokens) - 1)
     while left > 0:
         n = min(left, c.max_seq_len)
         seq = [bos_of(ir)] if tokens is None else list(tokens[:n + 1])
@@ -220,10 +220,9 @@ def tensor_errors(ir: ModelIR, qm: QuantModel) -> list[dict]:
     return rows
 
 
-def quality_report(ir: ModelIR, qm: QuantModel, kv: str = "int8", positions: int = 512, tokens=None,
+def quality_report(ir: ModelIR, qm: QuantModel, kv: str = "int8", positions: int = 256, tokens=None,
                    seed: int = 0) -> dict:
     """``flashlm convert``'s report: per-tensor weight error, and teacher_forced over ``positions``
     predictions of fp32's own sampled text (or of the sequence ``tokens``) with the ``kv`` cache."""
-    probe = sample_text(ir, min(positions, ir.config.max_seq_len) if tokens is not None else positions, seed,
-                        tokens)
+    probe = sample_text(ir, positions, seed, tokens)
     return dict(tensors=tensor_errors(ir, qm), **teacher_forced(qm, kv, probe))
