@@ -148,12 +148,17 @@ def sample_text(ir: ModelIR, positions: int, seed: int = 0, tokens=None) -> Prob
 
 
 def fp32_greedy(ir: ModelIR, probe: Probe, prompts: int, tokens: int, prompt_len: int = 16) -> None:
-    """Adds ``prompts`` prompts (BOS and the first prompt_len - 1 tokens of sampled text, one
-    sampling seed each) and fp32's greedy continuation of each, ``tokens`` long (or to the context's end)."""
+    """Adds ``prompts`` distinct prompts (BOS and prompt_len - 1 tokens fp32 samples, one sampling seed
+    each from 1000 on, a seed whose prompt repeats an earlier one skipped: a small model's stories often
+    begin alike) and fp32's greedy continuation of each, ``tokens`` long (or to the context's end)."""
     fp, c = fp32_model(ir), ir.config
     n = min(tokens, c.max_seq_len - prompt_len)
-    for i in range(prompts):
-        p = sample_text(ir, prompt_len - 1, seed=1000 + i).seqs[0]
+    seed = 1000
+    while len(probe.prompts) < prompts and seed < 1000 + 20 * prompts:
+        p = sample_text(ir, prompt_len - 1, seed=seed).seqs[0]
+        seed += 1
+        if p in probe.prompts:
+            continue
         probe.prompts.append(p)
         probe.fp_greedy.append(continue_greedy(lambda t, pos: int(np.argmax(fp.forward(t, pos))), p, n))
 

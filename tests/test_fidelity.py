@@ -122,3 +122,10 @@ def test_stories260k_gptq_brings_q4_closer_to_fp32():
     kl = {name: fidelity.teacher_forced(quantize(ir, fmt, 32, moments=m), "int8", probe)["kl_mean"]
           for name, fmt, m in (("q8", "q8", None), ("q4", "q4", None), ("q4 gptq", "q4", moments))}
     assert kl["q8"] < kl["q4 gptq"] < 0.9 * kl["q4"], kl
+
+
+def test_greedy_prompts_are_distinct():
+    _, ir = random_model(seed=4, vocab_size=3)       # three tokens: prompts of 3 repeat often
+    probe = fidelity.sample_text(ir, 2)
+    fidelity.fp32_greedy(ir, probe, prompts=6, tokens=2, prompt_len=3)
+    assert len(probe.prompts) == 6 and len({tuple(p) for p in probe.prompts}) == 6
