@@ -51,6 +51,9 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run an emula
   tok/s and bytes per emitted token against plain greedy decoding; beside them the planner's
   predictions of the same passes (predicted/emulated ratios on the RP2040) and, predicted only,
   for the ESP32-S3 and the Pico (bench/passes.py);
+* fidelity — every quantization recipe against fp32 with the device's numerics on stories260K (when
+  ../shared holds it) and convert's defaults and GPTQ on the default model: teacher-forced top-1 agreement, mean KL and ΔCE over 2,000
+  positions of fp32's sampled text, greedy agreement over 16 prompts x 200 tokens (bench/fidelity.py);
 * convert — load + quantize + blob time of a ~15M-parameter random llama2.c checkpoint.
 
 A section is ``Section(name, run, emulated)``: ``run(work_dir)`` (an empty directory of its own)
@@ -73,8 +76,8 @@ from typing import Callable
 
 from rich.console import Console
 
-from . import (callgrind, convert, cores, docs_page, emulated, esp_qemu, headindex, kernels, moe, native, native15m,
-               passes, ple_seed, ple_vs_dense, predict, speed, xip)
+from . import (callgrind, convert, cores, docs_page, emulated, esp_qemu, fidelity, headindex, kernels, moe, native,
+               native15m, passes, ple_seed, ple_vs_dense, predict, speed, xip)
 from .model import ROOT, default_ir
 from .report import RESULTS, print_report
 
@@ -102,6 +105,7 @@ SECTIONS = [
     Section("ple_vs_dense", ple_vs_dense.section),
     Section("moe", moe.section, emulated=True),
     Section("passes", passes.section, emulated=True),
+    Section("fidelity", fidelity.section),
     Section("convert", convert.section),
 ]
 
@@ -154,6 +158,8 @@ def main(argv=None) -> int:
         speed.print_board(board, f)
     if "moe" in results:
         moe.print_table(results["moe"])
+    if "fidelity" in results:
+        fidelity.print_table(results["fidelity"])
     if "passes" in results:
         passes.print_passes(results["passes"], results.get("passes_predicted"))
     print_report(console, results, previous)

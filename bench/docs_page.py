@@ -347,6 +347,15 @@ def moe_tables(r: dict) -> list[Figures]:
     return [evals, emu, *pred]
 
 
+def fidelity_tables(r: dict) -> list[Figures]:
+    return [Figures(f"{name}: teacher-forced over {f['positions']:,} positions of fp32's sampled text, greedy over "
+                    f"{f['prompts']} prompts x {f['tokens']} tokens",
+                    ["recipe", "bits/weight", "top-1", "KL (nats)", "ΔCE (nats/token)", "greedy = fp32, median tokens"],
+                    [[f"{row['label']} ({row['recipe']})", row["bits_per_weight"], row["top1_agreement"],
+                      row["kl_mean"], row["delta_ce"], row["greedy"]["median"]] for row in f["rows"]])
+            for name, f in r.get("fidelity", {}).items()]
+
+
 def passes_tables(r: dict) -> list[Figures]:
     out = []
     for board, f in r.get("passes", {}).items():
@@ -438,6 +447,8 @@ def render(r: dict) -> str:
          "parameters). Runs: fp32 eval on the host, emulated (XIP on), PREDICTED (esp32s3-n16r8, pico).", moe_tables(r)),
         ("Forward passes of several tokens", "Runs: native, emulated (XIP on), PREDICTED (esp32s3-n16r8, pico, and "
          "rp2040-emu beside the emulated figures).", passes_tables(r)),
+        ("Fidelity", "Each recipe against fp32: the NumPy reference with the device's numerics (bit-exact with every "
+         "board; its KV format and integer attention included) on the host.", fidelity_tables(r)),
         ("Convert", "Host clock.", [convert_table(r)]),
         ("Ratios", "Each ratio names its runs; its figures are in the sections above.", [ratios_list(r)]),
         ("Bench run", None, [wall_table(r)]),

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import gptq
 from .formats import FORMATS, MAX_GROUP, MAX_GROUP_ROW, MULT_MAX
 from .ir import ModelConfig, ModelError, ModelIR, QTensor, QuantModel
 
@@ -88,11 +89,12 @@ def pow2_at_least(v: np.ndarray) -> np.ndarray:
 
 
 def quantize_matrix(w: np.ndarray, fmt: str, group_size: int, scale16: bool = False,
-                    rowscale: bool = False) -> QTensor:
+                    rowscale: bool = False, moments: np.ndarray | None = None) -> QTensor:
     """Per row, per group of ``group_size`` columns: scale = max|w| / qmax, code = round(w / scale).
     ``scale16``: the scale is first rounded to fp16 (nearest even), and the codes use that scale.
     ``rowscale``: one power-of-two scale per row, S = the smallest >= (largest group scale) / 255,
-    and per group the multiplier k = ceil(scale / S) (0 for an all-zero group), codes round(w / (k S))."""
+    and per group the multiplier k = ceil(scale / S) (0 for an all-zero group), codes round(w / (k S)).
+    ``moments``: the inputs' sum x x^T [cols, cols]: the same scales, the codes by GPTQ's rounding."""
     rows, cols = w.shape
     ng = -(-cols // group_size)
     wp = np.zeros((rows, ng * group_size), np.float32)
@@ -111,8 +113,10 @@ def quantize_matrix(w: np.ndarray, fmt: str, group_size: int, scale16: bool = Fa
         safe = np.where(eff > 0, eff, 1.0)
         codes = np.clip(np.rint(wg / safe[:, :, None]), -qmax, qmax).astype(np.int8)
         codes[eff == 0] = 0
-        return QTensor(fmt, codes.reshape(rows, ng * group_size)[:, :cols].copy(), row[:, None].copy(),
-                       group_size, False, mult)
+        codes = codes.reshape(rows, ng * group_size)[:, :cols]
+        if moments is not None:
+            codes = gptq.round_codes(w, moments, eff, group_size, qmax)
+        return QTensor(fmt, codes.copy(), row[:, None].copy(), group_size, False, mult)
     if scale16:
         with np.errstate(over="ignore"):
             scales = scales.astype(np.float16).astype(np.float32)
@@ -123,7 +127,10 @@ def quantize_matrix(w: np.ndarray, fmt: str, group_size: int, scale16: bool = Fa
     codes = np.rint(wg / safe[:, :, None])
     codes = np.clip(codes, -qmax, qmax).astype(np.int8)
     codes[scales == 0] = 0
-    return QTensor(fmt, codes.reshape(rows, ng * group_size)[:, :cols].copy(), scales, group_size, scale16)
+    codes = codes.reshape(rows, ng * group_size)[:, :cols]
+    if moments is not None:
+        codes = gptq.round_codes(w, moments, scales.astype(np.float64), group_size, qmax)
+    return QTensor(fmt, codes.copy(), scales, group_size, scale16)
 
 
 def is_router(name: str) -> bool:
@@ -149,9 +156,10 @@ def recipe_entry(fmt: str, g: int, scales: str) -> str:
 
 
 def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, overrides=(),
-             scales: str | None = None) -> QuantModel:
+             scales: str | None = None, moments: dict | None = None) -> QuantModel:
     """``scales`` None: row scales, and a tensor that arrived quantized stays as it is (unless an
-    override names it)."""
+    override names it). ``moments`` (converter/calibrate.py): per matrix its inputs' sum x x^T, whose
+    matrices get GPTQ's codes (not the token embedding: rows it looks up are used alone too)."""
     if default_format not in ("q8", "q4"):
         raise ModelError(f"format must be q8 or q4, got {default_format!r}")
     scheme = scales or "row"
@@ -191,7 +199,8 @@ def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, over
         else:
             w = t.dequantize() if isinstance(t, QTensor) else np.asarray(t, np.float32)
             try:
-                tensors[name] = quantize_matrix(w, fmt, g, scheme == "f16", scheme == "row")
+                h = (moments or {}).get(name) if name != "tok_embeddings" else None
+                tensors[name] = quantize_matrix(w, fmt, g, scheme == "f16", scheme == "row", h)
             except ModelError as e:
                 raise ModelError(f"tensor {name}: {e}") from None
         recipe[name] = recipe_entry(fmt, g, scheme)

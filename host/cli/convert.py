@@ -26,6 +26,10 @@ def add_parser(sub) -> None:
                         "image for speculative decoding (flashlm run --speculate draft)")
     c.add_argument("--head-index", choices=("auto", "on", "off"), default="auto",
                    help="the greedy head's tile index: auto keeps it when calibration shows it pays, on always, off never")
+    c.add_argument("--calibrate", choices=("none", "gptq"), default="none",
+                   help="gptq: each matrix's codes rounded GPTQ-style against its inputs' second moments on 1024 "
+                        "positions of text the fp32 model samples itself (the same scales and blob format; "
+                        "flashlm eval --fidelity shows what it gains); none (default): each weight to its nearest code")
     c.add_argument("--no-report", action="store_true", help="skip the quality report")
     c.set_defaults(func=cmd_convert)
 
@@ -34,5 +38,5 @@ def cmd_convert(args, console) -> int:
     from ..commands.convert import convert    # the converter (numpy, tokenizers): not for --help
     convert(console, args.checkpoint, args.output, recipe_of(args), tokenizer=args.tokenizer,
             report=not args.no_report, kv=args.kv, context=args.ctx, batch=args.batch, draft=args.draft,
-            head_index=args.head_index)
+            head_index=args.head_index, calibrate=args.calibrate)
     return 0

@@ -10,6 +10,7 @@ from pathlib import Path
 from converter import expertuse, headcalib
 from converter import quantize as Q
 from converter.blob import read_golden, write_blob
+from converter.calibrate import POSITIONS as CAL_POSITIONS, input_moments
 from converter.draft import attach
 from converter.fidelity import quality_report
 from converter.formats import StateTiers
@@ -47,13 +48,13 @@ def _write_tokenizer(ir, tokenizer_arg, outdir: Path) -> str | None:
 
 
 def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=None, report=True, kv="int8",
-            context=None, batch=DEFAULT_BATCH, draft=None, head_index="auto") -> ModelDir:
+            context=None, batch=DEFAULT_BATCH, draft=None, head_index="auto", calibrate="none") -> ModelDir:
     """Checkpoint (or a model name, host/commands/pull.py) -> OUTDIR/{model.flmb, tokenizer.*,
     manifest.json, quality.json}, quantized as
     ``recipe`` says. ``context``: the positions the converted model holds (default: the
     checkpoint's); ``batch``: the most tokens one forward pass runs (recorded in the blob);
     ``draft``: a small model carried for speculative decoding; ``head_index``: auto, on or off (the
-    greedy head's tile index, see _head_index)."""
+    greedy head's tile index, see _head_index); ``calibrate``: none or gptq (converter/calibrate.py)."""
     name = str(checkpoint) if is_model_name(checkpoint) else None
     tokenizer_given = tokenizer is not None
     checkpoint, tokenizer = resolve_model(console, checkpoint, tokenizer)
@@ -78,15 +79,21 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
                   + (f", {c.n_experts} experts a layer, {c.moe_top_k} read per token" if c.n_experts else "")
                   + f", context {c.max_seq_len}, "
                   f"{c.n_params():,} parameters" + (f" ({split['table']:,} in the PLE table)" if split["table"] else ""))
-    step(console, f"quantizing to {fmt} (group {group_size}, {scales or 'row'} scales)"
+    step(console, f"quantizing to {fmt} (group {group_size}, {scales or 'row'} scales"
+          + (", GPTQ rounding)" if calibrate == "gptq" else ")")
           + (f" with {len(overrides)} override(s)" if overrides else ""))
+    moments = None
+    if calibrate == "gptq":
+        with console.status(f"calibrating: fp32 on {CAL_POSITIONS} positions of its own sampled text"):
+            moments = input_moments(ir)
     with console.status("quantizing"):
-        qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=overrides, scales=scales)
+        qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=overrides, scales=scales,
+                        moments=moments)
     rep = None
     if report:
-        step(console, "measuring quality (quantized vs fp32 logits)")
+        step(console, f"measuring quality (quantized with the {kv} KV cache vs fp32 logits)")
         with console.status("running both models"):
-            rep = quality_report(ir, qm)
+            rep = quality_report(ir, qm, kv)
         print_quality(console, rep)
     index_report = _head_index(console, qm, head_index)
     experts_report = _expert_use(console, qm, ckpt) if c.n_experts else None
@@ -122,7 +129,8 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
         expert_use=experts_report,
         convert={"checkpoint": name or str(ckpt.resolve()), "named": name is not None,
                  "tokenizer_given": tokenizer_given, "format": fmt,
-                 "group_size": group_size, "quant": list(recipe.quant), "scales": scales, "kv": kv, "ctx": context,
+                 "group_size": group_size, "quant": list(recipe.quant), "scales": scales, "calibrate": calibrate,
+                 "kv": kv, "ctx": context,
                  "batch": batch, "draft": str(checkpoint_of(draft).resolve()) if draft is not None else None,
                  "head_index": head_index})
     console.print(f"  {info.size:,} bytes, model {model.model_hash[:16]}, layout {info.layout_id}")

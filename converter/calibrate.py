@@ -1,0 +1,23 @@
+"""Calibration from the model's own samples (``flashlm convert --calibrate gptq``): the second moments
+H = sum x x^T of every matrix's inputs as the fp32 model computes them on text it sampled itself, which
+converter/gptq.py's rounding weighs each column's error with."""
+from __future__ import annotations
+
+import numpy as np
+
+from .fidelity import fp32_model, sample_text
+from .ir import ModelIR
+
+CALIBRATIONS = ("none", "gptq")
+POSITIONS = 1024         # fp32 predictions the moments are summed over (256 were too few on stories260K)
+
+
+def input_moments(ir: ModelIR, positions: int = POSITIONS, seed: int = 1) -> dict[str, np.ndarray]:
+    """Per matrix name, sum x x^T (float64 [cols, cols]) over its inputs on ``positions`` positions of
+    fp32's sampled text (a seed of its own: not the text the fidelity measure scores on)."""
+    fp = fp32_model(ir)
+    fp.taps = {}
+    for seq in sample_text(ir, positions, seed).seqs:
+        for pos, tok in enumerate(seq[:-1]):
+            fp.forward(tok, pos)
+    return fp.taps

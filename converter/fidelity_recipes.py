@@ -1,0 +1,69 @@
+"""The recipes ``flashlm eval --fidelity`` and ``make bench`` measure against fp32 (converter/fidelity.py),
+and the run that measures each of them on one probe: text and prompts fp32 wrote once."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import headcalib
+from .calibrate import input_moments
+from .fidelity import fp32_greedy, greedy_agreement, sample_text, teacher_forced
+from .formats import row_stride
+from .ir import ModelIR, QTensor, QuantModel
+from .quantize import quantize
+
+
+@dataclass(frozen=True)
+class Recipe:
+    label: str
+    fmt: str
+    group_size: int = 32
+    scales: str | None = None       # None: convert's default (row scales)
+    kv: str = "int8"
+    calibrate: str = "none"         # convert's --calibrate
+
+    def describe(self) -> str:
+        return (f"{self.fmt} g{self.group_size}, {self.scales or 'row'} scales, {self.kv} KV"
+                + (f", {self.calibrate}" if self.calibrate != "none" else ""))
+
+
+# convert's defaults first, then the variants that show where each one's error comes from
+RECIPES = (
+    Recipe("q8 default", "q8"),
+    Recipe("q8, f32 KV", "q8", kv="f32"),
+    Recipe("q8, f32 scales, f32 KV", "q8", scales="f32", kv="f32"),
+    Recipe("q8, GPTQ", "q8", calibrate="gptq"),
+    Recipe("q4 default", "q4"),
+    Recipe("q4, GPTQ", "q4", calibrate="gptq"),
+    Recipe("q4 g16, GPTQ", "q4", group_size=16, calibrate="gptq"),
+    Recipe("q4, f32 scales g8, f32 KV", "q4", group_size=8, scales="f32", kv="f32"),
+)
+
+
+def bits_per_weight(qm: QuantModel) -> float:
+    """The quantized matrices' blob bytes (codes, scales, multipliers) * 8 over their weights."""
+    mats = [t for t in qm.tensors.values() if isinstance(t, QTensor)]
+    size = sum(t.shape[0] * row_stride(t.fmt, t.shape[1], t.group_size, t.scale16, t.rowscale) for t in mats)
+    return 8.0 * size / max(sum(t.codes.size for t in mats), 1)
+
+
+def measure(ir: ModelIR, recipes=RECIPES, positions: int = 2000, prompts: int = 16, tokens: int = 200,
+            seed: int = 0, say=None) -> dict:
+    """Every recipe's teacher-forced measure over ``positions`` predictions of fp32's sampled text and
+    its greedy agreement over ``prompts`` prompts of ``tokens`` tokens; ``say(text)`` before each step."""
+    say = say or (lambda text: None)
+    say(f"fp32: sampling {positions} positions of text")
+    probe = sample_text(ir, positions, seed)
+    say(f"fp32: greedy continuations of {prompts} prompts")
+    fp32_greedy(ir, probe, prompts, tokens)
+    moments = None
+    rows = []
+    for r in recipes:
+        say(f"{r.label} ({r.describe()})")
+        if r.calibrate == "gptq" and moments is None:
+            moments = input_moments(ir)
+        qm = quantize(ir, r.fmt, r.group_size, scales=r.scales, moments=moments if r.calibrate == "gptq" else None)
+        qm.head_index = headcalib.calibrate(qm)[0]
+        rows.append(dict(label=r.label, recipe=r.describe(), bits_per_weight=bits_per_weight(qm),
+                         **teacher_forced(qm, r.kv, probe), greedy=greedy_agreement(qm, r.kv, probe)))
+    return dict(positions=probe.positions, sequences=len(probe.seqs), prompts=prompts,
+                tokens=len(probe.fp_greedy[0]) if probe.fp_greedy else 0, seed=seed, rows=rows)
