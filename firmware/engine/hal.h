@@ -41,4 +41,34 @@ uint8_t *hal_tier_arena(uint32_t tier, size_t *cap);
  * use its SIMD unit for the group dots. A HAL need not define it (kernels.c has a weak default
  * running every row on the calling core with the whole of row_buf). */
 void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes);
+
+/* For a HAL that splits hal_matmul's rows across two cores: the share of a product the other core
+ * computes, and how the rows and row_buf are split. */
+typedef struct {
+    const flm_tensor *w;
+    const flm_batch *b;
+    uint8_t *row_buf;
+    size_t row_buf_bytes;
+    uint32_t r0;          /* the share is rows [r0, w->rows) */
+} flm_rows_share;
+
+/* Fills *other with rows [mid, rows) and row_buf's second half; returns mid, the calling core's rows
+ * being [0, mid) with the first half (*own_bytes). mid is even (the row-scaled kernels take rows in
+ * pairs); a half is whole 8-byte words; no buffer (one token) stays NULL (NULL + n is undefined). */
+static inline uint32_t flm_split_rows(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf,
+                                      size_t row_buf_bytes, flm_rows_share *other, size_t *own_bytes) {
+    const uint32_t mid = (w->rows / 2u) & ~1u;
+    const size_t half = (row_buf_bytes / 2u) & ~(size_t)7u;
+    other->w = w;
+    other->b = b;
+    other->row_buf = row_buf ? row_buf + half : 0;
+    other->row_buf_bytes = half;
+    other->r0 = mid;
+    *own_bytes = half;
+    return mid;
+}
+
+static inline void flm_rows_share_run(const flm_rows_share *s) {
+    flm_matmul_rows(s->w, s->r0, s->w->rows, s->b, s->row_buf, s->row_buf_bytes);
+}
 #endif

@@ -26,14 +26,8 @@ extern "C" {
 void setup() { flm_main(); }
 void loop() {}
 
-/* the job core 1 runs next: written by core 0 before its FIFO word, read by core 1 after it */
-static struct {
-    const flm_tensor *w;
-    const flm_batch *b;
-    uint8_t *row_buf;
-    size_t row_buf_bytes;
-    uint32_t r0;
-} job;
+/* the share core 1 runs next: written by core 0 before its FIFO word, read by core 1 after it */
+static flm_rows_share job;
 static volatile bool core1_up;
 
 void setup1() { core1_up = true; }
@@ -41,7 +35,7 @@ void setup1() { core1_up = true; }
 void loop1() {
     (void)rp2040.fifo.pop();
     __dmb();
-    flm_matmul_rows(job.w, job.r0, job.w->rows, job.b, job.row_buf, job.row_buf_bytes);
+    flm_rows_share_run(&job);
     __dmb();
     rp2040.fifo.push(1u);
 }
@@ -105,13 +99,8 @@ void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_
         flm_matmul_rows(w, 0, w->rows, b, row_buf, row_buf_bytes);
         return;
     }
-    const uint32_t mid = (w->rows / 2u) & ~1u;             /* even: the row-scaled kernels take pairs */
-    const size_t half = (row_buf_bytes / 2u) & ~(size_t)7u;  /* each core a row of the widest */
-    job.w = w;
-    job.b = b;
-    job.row_buf = row_buf ? row_buf + half : NULL;   /* one token: no buffer (NULL + n is undefined) */
-    job.row_buf_bytes = half;
-    job.r0 = mid;
+    size_t half;
+    const uint32_t mid = flm_split_rows(w, b, row_buf, row_buf_bytes, &job, &half);
     __dmb();
     rp2040.fifo.push(1u);
     flm_matmul_rows(w, 0, mid, b, row_buf, half);

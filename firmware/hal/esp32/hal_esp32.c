@@ -60,22 +60,16 @@ static void map_blob(void) {
 /* The rows are independent: any split is bit for bit the one-core result. */
 #define SPLIT_MIN_ROWS 32u   /* fewer rows: handing half over costs more than it saves */
 
-static struct {
-    const flm_tensor *w;
-    const flm_batch *b;
-    uint8_t *row_buf;
-    size_t row_buf_bytes;
-    uint32_t r0;
-    TaskHandle_t caller;
-} job;
+static flm_rows_share job;         /* core 1's share of the product */
+static TaskHandle_t caller;        /* the engine's task, notified when the share is done */
 static TaskHandle_t worker;
 
 static void matmul_worker(void *arg) {
     (void)arg;
     for (;;) {
         ulTaskNotifyTake(pdTRUE, portMAX_DELAY);
-        flm_matmul_rows(job.w, job.r0, job.w->rows, job.b, job.row_buf, job.row_buf_bytes);
-        xTaskNotifyGive(job.caller);
+        flm_rows_share_run(&job);
+        xTaskNotifyGive(caller);
     }
 }
 
@@ -84,14 +78,9 @@ void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_
         flm_matmul_rows(w, 0, w->rows, b, row_buf, row_buf_bytes);
         return;
     }
-    const uint32_t half = w->rows / 2u;
-    const size_t buf_half = row_buf_bytes / 2u;     /* each core its own half: a row of the widest */
-    job.w = w;
-    job.b = b;
-    job.row_buf = row_buf ? row_buf + buf_half : NULL;      /* no buffer (one token): NULL + 0 is undefined */
-    job.row_buf_bytes = buf_half;
-    job.r0 = half;
-    job.caller = xTaskGetCurrentTaskHandle();
+    size_t buf_half;
+    const uint32_t half = flm_split_rows(w, b, row_buf, row_buf_bytes, &job, &buf_half);
+    caller = xTaskGetCurrentTaskHandle();
     xTaskNotifyGive(worker);                        /* the notification orders the job's writes */
     flm_matmul_rows(w, 0, half, b, row_buf, buf_half);
     ulTaskNotifyTake(pdTRUE, portMAX_DELAY);        /* core 1's rows are done */

@@ -26,14 +26,8 @@ extern const uint32_t __vectors_start[];
 static uint32_t core1_stack[CORE1_STACK_WORDS] __attribute__((aligned(8)));
 static int core1_up;
 
-/* the job core 1 runs next: written by core 0 before its FIFO word, read by core 1 after it */
-static struct {
-    const flm_tensor *w;
-    const flm_batch *b;
-    uint8_t *row_buf;
-    size_t row_buf_bytes;
-    uint32_t r0;
-} job;
+/* the share core 1 runs next: written by core 0 before its FIFO word, read by core 1 after it */
+static flm_rows_share job;
 
 static void fifo_push(uint32_t v) {
     while (!(REG(SIO_FIFO_ST) & FIFO_RDY)) {}
@@ -53,7 +47,7 @@ static void core1_main(void) __attribute__((noreturn));
 static void core1_main(void) {
     for (;;) {
         (void)fifo_pop();
-        flm_matmul_rows(job.w, job.r0, job.w->rows, job.b, job.row_buf, job.row_buf_bytes);
+        flm_rows_share_run(&job);
         fifo_push(1u);
     }
 }
@@ -78,14 +72,8 @@ void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_
         flm_matmul_rows(w, 0, w->rows, b, row_buf, row_buf_bytes);
         return;
     }
-    /* an even split: the M0+'s row-scaled kernel takes rows two at a time */
-    const uint32_t mid = (w->rows / 2u) & ~1u;
-    const size_t half = (row_buf_bytes / 2u) & ~(size_t)7u;   /* each core a row of the widest */
-    job.w = w;
-    job.b = b;
-    job.row_buf = row_buf ? row_buf + half : 0;   /* one token: no buffer (NULL + n is undefined) */
-    job.row_buf_bytes = half;
-    job.r0 = mid;
+    size_t half;
+    const uint32_t mid = flm_split_rows(w, b, row_buf, row_buf_bytes, &job, &half);
     fifo_push(1u);
     flm_matmul_rows(w, 0, mid, b, row_buf, half);
     (void)fifo_pop();
