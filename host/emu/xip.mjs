@@ -33,6 +33,8 @@
 // line too; the replacement is LRU within a set; BUS_CYCLES = 2 [EST] is one clk_sys for the bus
 // request into the XIP block and one for the data's return. A write to the XIP window (the
 // firmware makes none) is not modelled, nor the streaming FIFO or cache-as-SRAM at 0x15000000.
+// The SSI's direct-mode reads the DMA carries to SRAM are ssidirect.mjs's: they hold this bus, and
+// a miss while one runs is reported (onBadTransfer's second argument) as the SSI is not in XIP mode.
 //
 // Two cores (cores.mjs): [DS] §2.6.3 (figure "Flash execute-in-place (XIP) subsystem"): system
 // accesses reach the XIP block through its one main AHB-Lite slave, and a miss holds that
@@ -88,6 +90,7 @@ export class XipCache {
     this.stall = 0;                          // clk_sys cycles the transfers took (misses x missCycles)
     this.busWait = 0;                        // cycles a core waited for the other core's transfer
     this.onBadTransfer = () => {};           // a transfer while the SSI cannot make one
+    this.directUntil = 0;                    // the cycle a direct read (ssidirect.mjs) frees the bus
     this.busFree = 0;                        // the cycle the QSPI bus ends its last transfer
     // Per core: the line its last instruction fetch hit or filled (addr >>> 3, alias bits
     // included) and its tag slot: straight-line code reads it again and again (read skips the lookup).
@@ -158,7 +161,7 @@ export class XipCache {
     }
     this.misses++;
     if (fetch) this.fetchMisses++;
-    if (this.missCycles <= 0) this.onBadTransfer(addr);
+    if (this.missCycles <= 0 || now < this.directUntil) this.onBadTransfer(addr, now < this.directUntil);
     const queued = now < this.busFree ? this.busFree - now : 0;
     this.busWait += queued;
     this.stall += this.missCycles;
