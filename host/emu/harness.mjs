@@ -37,6 +37,9 @@
 //   {"gen": g, "step": s, "bytes": [flash, psram, sram], "cycles": c, "us": emulated µs,
 //    "wall_ms": host ms, "xip": {"hits", "misses", "fetch_misses", "stall_cycles", "bus_wait_cycles",
 //    "miss_cycles"}}
+// With a streamed product in the step (ssidirect.mjs) the line also holds "ssi": {"words", "cycles",
+// "overruns", "underruns"}: the words direct reads moved (4 flash bytes each, in bytes[0]), the bus
+// cycles those reads held, and the RX FIFO's lost words and empty reads (0 in a correct firmware).
 // ("xip" only with the model on: the step's cache hits, line transfers, those of them that were
 // instruction fetches, the cycles the transfers took (each stalls the core that asked), the cycles
 // a core waited for the QSPI bus while it moved the other core's line, and the cycles one transfer
@@ -304,7 +307,7 @@ watchdog.writeUint32 = (offset, value) => {
     // the marking instruction's own flash wait (``stall``, added to the cycles after it) is counted
     // in the XIP counters already: it belongs before the step, the END's to the step
     step = { gen, step: s[2] >>> 0, cycles: core.cycles + stall, nanos: clock.nanos, wall: performance.now(),
-             xip: cache.counters(), calls: profileSnapshot() };
+             xip: cache.counters(), ssi: direct.counters(), calls: profileSnapshot() };
     bytes[0] = bytes[1] = bytes[2] = 0;
     watched = 0;
     use(counting, counting1);
@@ -315,6 +318,11 @@ watchdog.writeUint32 = (offset, value) => {
                     cycles: core.cycles + stall - step.cycles, us: (clock.nanos - step.nanos) / 1000,
                     wall_ms: performance.now() - step.wall };
       if (watch.length) rec.watched = watched;
+      const ssiNow = direct.counters();
+      if (ssiNow.ssi_words !== step.ssi.ssi_words) {
+        rec.ssi = {};
+        for (const k in ssiNow) rec.ssi[k.slice(4)] = ssiNow[k] - step.ssi[k];
+      }
       if (args.xipModel) {
         const now = cache.counters();
         rec.xip = {};

@@ -34,7 +34,9 @@
 // request into the XIP block and one for the data's return. A write to the XIP window (the
 // firmware makes none) is not modelled, nor the streaming FIFO or cache-as-SRAM at 0x15000000.
 // The SSI's direct-mode reads the DMA carries to SRAM are ssidirect.mjs's: they hold this bus, and
-// a miss while one runs is reported (onBadTransfer's second argument) as the SSI is not in XIP mode.
+// any read of the window while one runs, hit or miss, is reported (onBadTransfer's second
+// argument): the SSI is not in XIP mode, and the firmware's rule is that nothing then runs from
+// flash (a hit would be served on a chip; a miss would not).
 //
 // Two cores (cores.mjs): [DS] §2.6.3 (figure "Flash execute-in-place (XIP) subsystem"): system
 // accesses reach the XIP block through its one main AHB-Lite slave, and a miss holds that
@@ -113,6 +115,7 @@ export class XipCache {
    *  instruction fetch found skips the lookup (the common case: straight-line code, literal pools
    *  beside it). Without now (one core) the bus is free whenever the core asks. */
   read(addr, size, fetch, now = this.busFree, k = 0) {
+    if (now < this.directUntil) this.onBadTransfer(addr, true);
     if ((addr >>> 3) === this.fetchKey[k] && (addr & 7) + size <= 8) {
       this.hits++;
       this.victim[this.fetchSlot[k] >>> 1] = (this.fetchSlot[k] & 1) ^ 1;
@@ -161,7 +164,7 @@ export class XipCache {
     }
     this.misses++;
     if (fetch) this.fetchMisses++;
-    if (this.missCycles <= 0 || now < this.directUntil) this.onBadTransfer(addr, now < this.directUntil);
+    if (this.missCycles <= 0) this.onBadTransfer(addr, false);
     const queued = now < this.busFree ? this.busFree - now : 0;
     this.busWait += queued;
     this.stall += this.missCycles;
