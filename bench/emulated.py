@@ -48,6 +48,7 @@ BOARD = "rp2040-emu"
 # itself, the RoPE, the KV stores, the RMSNorms, the activations' quantization, the matrix products
 PROFILE = ("attention", "rope", "kv_put", "rmsnorm", "quantize_all", "product")
 MHZ = float(load_board(BOARD)["clock_mhz"])
+STREAM = load_board(BOARD)["flash"].get("stream_chunk_bytes", 0)   # the products it streams whole
 
 
 def predictor(blob: Path, board: str):
@@ -153,7 +154,8 @@ def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: st
         instruction_mcycles_per_wall_s=_median((c["cycles"] - c["xip"]["stall_cycles"]) / c["wall_ms"] / 1e3
                                                for c in h),
         # the harness's loads = the engine's bytes less the rows' padding, which no kernel loads
-        harness_agrees=int(all(counts[t.step]["bytes"] == unpadded(t, padding_per_step(header, qm.config.tied, t.head_rows))
+        harness_agrees=int(all(counts[t.step]["bytes"] == unpadded(t, padding_per_step(header, qm.config.tied, t.head_rows,
+                                                                                               stream_stride=STREAM))
                                for t in res.tokens)),
         # per phase: firmware µs x clk_sys (median over decode steps); and how much of the harness's
         # cycles the timed phases cover

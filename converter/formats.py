@@ -127,23 +127,31 @@ def row_padding(e) -> int:
 
 
 def padding_per_step(h, tied: bool, head_rows: int, tokens: int = 1, scan: bool = True,
-                     experts: tuple[int, ...] = ()) -> dict[str, int]:
+                     experts: tuple[int, ...] = (), stream_stride: int = 0) -> dict[str, int]:
     """Per tier, the padding (row_padding) inside the rows a forward pass of ``tokens`` tokens reads
     that no kernel loads: every row of the layers' matrices when one token runs through them (for
     more, the engine copies whole rows, padding and all, to reuse them: kernels.c flm_matmul_rows),
     a row per token of the gathered tables (the embedding, the PLE table), the ``head_rows`` rows of
     the output layer (the embedding's rows when ``tied``) one token's head computed, and, when that
     head ran the tile ``scan``, every row of the head index's centre rows. Of a mixture of experts only
-    the experts the pass read count (``experts``: per layer a bitmask, as TOKEN frames carry them)."""
+    the experts the pass read count (``experts``: per layer a bitmask, as TOKEN frames carry them).
+    On a board that streams a one-token product's rows from flash into SRAM whole (the RP2040's
+    stream_rp2040.c: rows of a stride up to ``stream_stride``), those rows' padding is transferred:
+    only the gathered tables' rows keep theirs unloaded."""
     by = {e.name: e for e in h.entries}
     head = by["tok_embeddings" if tied else "output"]
     c = h.config
     unread = {f"{pre}{w}" for layer, mask in enumerate(experts) for e, pre in enumerate(c.ffn_prefixes(layer))
               if not mask >> e & 1 for w in ("w1", "w2", "w3")}
-    rows = {e.name: e.rows if tokens == 1 else 0 for e in h.entries if e.fmt in ("q8", "q4") and e.name not in unread}
+    def streamed(e) -> bool:
+        return e.tier == "flash" and 0 < e.row_stride <= stream_stride
+
+    rows = {e.name: e.rows if tokens == 1 and not streamed(e) else 0
+            for e in h.entries if e.fmt in ("q8", "q4") and e.name not in unread}
+    cent = by.get("head.centroids")
     rows.update({"tok_embeddings": tokens, "ple.table": tokens, "output": 0,
-                 "head.centroids": by["head.centroids"].rows if scan and "head.centroids" in by else 0})
-    rows[head.name] = rows.get(head.name, 0) + head_rows
+                 "head.centroids": cent.rows if scan and cent is not None and not streamed(cent) else 0})
+    rows[head.name] = rows.get(head.name, 0) + (0 if streamed(head) else head_rows)
     out = {}
     for name, n in rows.items():
         if name in by:

@@ -9,6 +9,7 @@ import zlib
 import pytest
 
 from converter.blob import build_blob, parse_header
+from converter.boards import load_board
 from converter.formats import padding_per_step as blob_padding
 from converter.quantize import quantize
 from converter.reference import FLAG_ALL_LOGITS, FLAG_LOGITS, NO_TOKEN, generate
@@ -18,6 +19,8 @@ from firmware.build_meta import BuildError
 from host.link.messages import PHASES, Error, Hello, Log
 from modelzoo import random_ple_model, random_model, spread_head, with_head_index
 from nativeboard import assert_matches_reference, assert_steps_match, drain, run, token_bytes_read
+
+STREAM = load_board(BOARD)["flash"].get("stream_chunk_bytes", 0)   # the products' rows streamed whole
 
 CASES = {
     # name: (model config, default format, group size, overrides) — no code padding: the core
@@ -36,8 +39,9 @@ def build_root(tmp_path_factory):
 
 def padding_per_step(qm) -> int:
     """The padding inside the rows one step reads with every logit computed (formats.padding_per_step),
-    all in flash here."""
-    return blob_padding(parse_header(build_blob(qm)), qm.config.tied, qm.config.n_out).get("flash", 0)
+    all in flash here, the products' rows streamed whole where the board does."""
+    return blob_padding(parse_header(build_blob(qm)), qm.config.tied, qm.config.n_out,
+                        stream_stride=STREAM).get("flash", 0)
 
 
 def check_run(link, board, qm, prompt, n, temperature, top_p, seed, padding=0):

@@ -269,12 +269,17 @@ def test_firmware_clock_counts_the_stalls_and_logits_stay_exact(tmp_path, build_
         assert "xip" not in off and x["bytes"] == off["bytes"]
         s = x["xip"]
         assert s["miss_cycles"] == LINE_CYCLES and s["stall_cycles"] == s["misses"] * LINE_CYCLES
-        assert s["fetch_misses"] > 0 and s["misses"] - s["fetch_misses"] >= x["bytes"][0] // 8   # a line per 8 B
+        # the products' rows came by direct reads (stream_rp2040.c), all but a few hundred bytes of
+        # the step's flash reads (the embedding's row, the head's tile records) through the cache
+        ssi = x["ssi"]
+        assert ssi["overruns"] == 0 and ssi["underruns"] == 0 and 4 * ssi["words"] >= 0.9 * x["bytes"][0]
+        assert s["fetch_misses"] > 0 and s["misses"] > s["fetch_misses"]
         assert x["cycles"] - off["cycles"] == s["stall_cycles"]
         # the phases' µs (each within a µs) cover all of a step but the few instructions around its
-        # first and last timer reads
+        # first and last timer reads, whose fetch misses are a larger share of the stalls now that
+        # the products' rows stream without any (stream_rp2040.c): measured 8 % of them
         stall_us, more_us = s["stall_cycles"] / mhz, sum(a.us) - sum(b.us)
-        assert 0.99 * stall_us - len(PHASES) <= more_us <= stall_us + len(PHASES)
+        assert 0.85 * stall_us - len(PHASES) <= more_us <= stall_us + len(PHASES)
 
 
 @pytest.mark.native

@@ -82,7 +82,8 @@ class EmulatedBoard(VirtualBoard):
         return f"EmulatedBoard(port={self.port!r}, pid={self.proc.pid}, alive={self.alive})"
 
 
-def unloaded_padding(header, tokens, greedy: bool, drafted: bool) -> dict[int, list[list[int]]] | None:
+def unloaded_padding(header, tokens, greedy: bool, drafted: bool,
+                     stream_stride: int = 0) -> dict[int, list[list[int]]] | None:
     """Per forward pass of ``tokens`` (the TOKEN frames, by the pass's first step), the row padding
     the engine counts (whole row strides) and no kernel loads, per tier: what the harness's counts
     of the bytes the core loaded lack (formats.padding_per_step). A pass's head ran for one token
@@ -90,9 +91,11 @@ def unloaded_padding(header, tokens, greedy: bool, drafted: bool) -> dict[int, l
     no sampling, no whole-head flags) reads the head index's centre rows when it runs the tile scan,
     and a step computing every head row may have scanned every tile or not: it gets both candidates.
     None when the run ``drafted`` with a draft model whose rows are padded: which of its rows each
-    pass read is not in the frames."""
+    pass read is not in the frames. stream_stride: the board's [flash].stream_chunk_bytes (the
+    one-token products whose rows it streams whole, padding and all)."""
     draft = header.draft
-    if drafted and draft is not None and any(padding_per_step(draft, draft.config.tied, draft.config.n_out).values()):
+    if drafted and draft is not None and any(padding_per_step(draft, draft.config.tied, draft.config.n_out,
+                                                                 stream_stride=stream_stride).values()):
         return None
     index = any(e.name == "head.centroids" for e in header.entries)
     passes: dict[int, list] = {}
@@ -106,7 +109,7 @@ def unloaded_padding(header, tokens, greedy: bool, drafted: bool) -> dict[int, l
         if index and greedy and rows and steps[0].kind != "verify":
             scans = [True] if rows < header.config.n_out else [True, False]
         out[first] = [[padding_per_step(header, header.config.tied, rows, steps[0].chunk_len, scan,
-                                        steps[0].pass_experts).get(tier, 0)
+                                        steps[0].pass_experts, stream_stride).get(tier, 0)
                        for tier in TIERS] for scan in scans]
     return out
 

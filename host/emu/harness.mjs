@@ -24,6 +24,10 @@
 // enable, flush and counters); a miss stalls the core for the QSPI transfer of one line at the SSI
 // settings the firmware wrote, and those stall cycles advance the clock and the cycle count like
 // any other. With --xip-model off a flash read costs what an SRAM read costs (rp2040js as is).
+// The SSI's direct-mode reads (ssidirect.mjs: the firmware's own quad read, its words carried by
+// the DMA on DREQ_XIP_SSIRX) run with the model on or off at the rate the SSI's registers give;
+// they hold the QSPI bus (a line fill asked for meanwhile is a fault) and their words count as
+// flash bytes read.
 //
 // Read attribution: the firmware marks each forward step through the watchdog scratch registers
 // (firmware/hal/rp2040/hal_rp2040.h). Between BEGIN and END the harness counts the bytes of
@@ -33,6 +37,9 @@
 //   {"gen": g, "step": s, "bytes": [flash, psram, sram], "cycles": c, "us": emulated µs,
 //    "wall_ms": host ms, "xip": {"hits", "misses", "fetch_misses", "stall_cycles", "bus_wait_cycles",
 //    "miss_cycles"}}
+// With a streamed product in the step (ssidirect.mjs) the line also holds "ssi": {"words", "cycles",
+// "overruns", "underruns"}: the words direct reads moved (4 flash bytes each, in bytes[0]), the bus
+// cycles those reads held, and the RX FIFO's lost words and empty reads (0 in a correct firmware).
 // ("xip" only with the model on: the step's cache hits, line transfers, those of them that were
 // instruction fetches, the cycles the transfers took (each stalls the core that asked), the cycles
 // a core waited for the QSPI bus while it moved the other core's line, and the cycles one transfer
@@ -51,6 +58,7 @@ import { performance } from 'node:perf_hooks';
 import { RP2040 } from 'rp2040js';
 import { DualCore } from './cores.mjs';
 import { XIP_CTRL_BASE, XipCache, XipCtrl, describe, followSsi, picoBoot2 } from './xip.mjs';
+import { SsiDirect, connectDma } from './ssidirect.mjs';
 
 console.log = console.error;   // stdout is the UART: nothing else may ever write there
 
@@ -141,16 +149,25 @@ const cache = new XipCache();
 const ssi = mcu.peripherals[0x18000];
 mcu.peripherals[XIP_CTRL_BASE >>> 14 << 2] = new XipCtrl(cache, (msg) => process.stderr.write(`rp2040-emu: ${msg}\n`));
 picoBoot2(ssi);
+// The SSI's direct-mode reads (ssidirect.mjs), with or without the XIP model: a DR0 write is at the
+// writing core's cycle, the DMA's DR0 reads at the clock's (they run in clock.tick).
+let ticking = false;
+const direct = new SsiDirect(ssi, cache,
+  () => (ticking ? now : dual.current === 0 ? core.cycles + stall : core1.cycles + stall1),
+  (off) => (off + 3 < mcu.flash.length ? mcu.flashView.getUint32(off, true) : 0xffffffff),
+  (msg) => process.stderr.write(`rp2040-emu: ${msg}\n`));
+connectDma(direct, mcu.dma);
+direct.onWord = (off) => { if (step) countFlash(off, 4); };
 const xipSetting = followSsi(ssi, cache, (s) => {   // the firmware changed what a miss costs
   if (args.xipModel) process.stderr.write(`rp2040-emu: XIP line transfer now ${describe(s)}\n`);
 });
 let stall = 0;        // cycles core 0's current instruction waits for the flash
 let stall1 = 0;       // and core 1's
 let fault = null;
-cache.onBadTransfer = (addr) => {
+cache.onBadTransfer = (addr, directRead) => {
   const pc = dual.cores[dual.current].PC;
   fault = fault || `XIP read of 0x${(addr >>> 0).toString(16)} at pc 0x${pc.toString(16)} on core ${dual.current} `
-    + `while ${xipSetting().why}`;
+    + `while ${directRead ? 'the SSI runs a direct read (not in XIP mode)' : xipSetting().why}`;
 };
 
 // ---- UART0 <-> stdin/stdout -------------------------------------------------------------
@@ -203,13 +220,17 @@ let watched = 0;
 let gen = -1;
 let step = null;
 
+// A flash read of size bytes at offset off: the blob's count tier 0 (a direct read's words too).
+function countFlash(off, size) {
+  if (off >= blobLo && off < blobHi) {
+    bytes[0] += size;
+    for (let i = 0; i < watch.length; i++) if (off >= watch[i][0] && off < watch[i][1]) { watched += size; break; }
+  }
+}
+
 function countRead(addr, size) {
   if (addr >= FLASH_BASE && addr < 0x14000000) {   // the XIP window and its aliases
-    const off = addr & 0xffffff;
-    if (off >= blobLo && off < blobHi) {
-      bytes[0] += size;
-      for (let i = 0; i < watch.length; i++) if (off >= watch[i][0] && off < watch[i][1]) { watched += size; break; }
-    }
+    countFlash(addr & 0xffffff, size);
     return;
   }
   for (let i = 0; i < regions.length; i++) {
@@ -286,7 +307,7 @@ watchdog.writeUint32 = (offset, value) => {
     // the marking instruction's own flash wait (``stall``, added to the cycles after it) is counted
     // in the XIP counters already: it belongs before the step, the END's to the step
     step = { gen, step: s[2] >>> 0, cycles: core.cycles + stall, nanos: clock.nanos, wall: performance.now(),
-             xip: cache.counters(), calls: profileSnapshot() };
+             xip: cache.counters(), ssi: direct.counters(), calls: profileSnapshot() };
     bytes[0] = bytes[1] = bytes[2] = 0;
     watched = 0;
     use(counting, counting1);
@@ -297,6 +318,11 @@ watchdog.writeUint32 = (offset, value) => {
                     cycles: core.cycles + stall - step.cycles, us: (clock.nanos - step.nanos) / 1000,
                     wall_ms: performance.now() - step.wall };
       if (watch.length) rec.watched = watched;
+      const ssiNow = direct.counters();
+      if (ssiNow.ssi_words !== step.ssi.ssi_words) {
+        rec.ssi = {};
+        for (const k in ssiNow) rec.ssi[k.slice(4)] = ssiNow[k] - step.ssi[k];
+      }
       if (args.xipModel) {
         const now = cache.counters();
         rec.xip = {};
@@ -416,9 +442,13 @@ function run() {
       if (profiling && k === 0) profileAt();
       stepCore(k);
       const t = k === 0 ? core.cycles : core1.cycles;
-      if (t > now) {
-        clock.tick((t - now) * ns);
+      if (t > now) {       // now moves first: the DMA's transfers in this tick happen at t
+        const dt = t - now;
         now = t;
+        if (direct.busy) direct.poll(now);
+        ticking = true;
+        clock.tick(dt * ns);
+        ticking = false;
       }
     }
     if (fault) break;

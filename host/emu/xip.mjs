@@ -33,6 +33,10 @@
 // line too; the replacement is LRU within a set; BUS_CYCLES = 2 [EST] is one clk_sys for the bus
 // request into the XIP block and one for the data's return. A write to the XIP window (the
 // firmware makes none) is not modelled, nor the streaming FIFO or cache-as-SRAM at 0x15000000.
+// The SSI's direct-mode reads the DMA carries to SRAM are ssidirect.mjs's: they hold this bus, and
+// any read of the window while one runs, hit or miss, is reported (onBadTransfer's second
+// argument): the SSI is not in XIP mode, and the firmware's rule is that nothing then runs from
+// flash (a hit would be served on a chip; a miss would not).
 //
 // Two cores (cores.mjs): [DS] §2.6.3 (figure "Flash execute-in-place (XIP) subsystem"): system
 // accesses reach the XIP block through its one main AHB-Lite slave, and a miss holds that
@@ -88,6 +92,7 @@ export class XipCache {
     this.stall = 0;                          // clk_sys cycles the transfers took (misses x missCycles)
     this.busWait = 0;                        // cycles a core waited for the other core's transfer
     this.onBadTransfer = () => {};           // a transfer while the SSI cannot make one
+    this.directUntil = 0;                    // the cycle a direct read (ssidirect.mjs) frees the bus
     this.busFree = 0;                        // the cycle the QSPI bus ends its last transfer
     // Per core: the line its last instruction fetch hit or filled (addr >>> 3, alias bits
     // included) and its tag slot: straight-line code reads it again and again (read skips the lookup).
@@ -110,6 +115,7 @@ export class XipCache {
    *  instruction fetch found skips the lookup (the common case: straight-line code, literal pools
    *  beside it). Without now (one core) the bus is free whenever the core asks. */
   read(addr, size, fetch, now = this.busFree, k = 0) {
+    if (now < this.directUntil) this.onBadTransfer(addr, true);
     if ((addr >>> 3) === this.fetchKey[k] && (addr & 7) + size <= 8) {
       this.hits++;
       this.victim[this.fetchSlot[k] >>> 1] = (this.fetchSlot[k] & 1) ^ 1;
@@ -158,7 +164,7 @@ export class XipCache {
     }
     this.misses++;
     if (fetch) this.fetchMisses++;
-    if (this.missCycles <= 0) this.onBadTransfer(addr);
+    if (this.missCycles <= 0) this.onBadTransfer(addr, false);
     const queued = now < this.busFree ? this.busFree - now : 0;
     this.busWait += queued;
     this.stall += this.missCycles;

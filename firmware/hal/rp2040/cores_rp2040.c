@@ -8,7 +8,7 @@
  * sleeps in WFE. The launch is the boot ROM's handshake (datasheet 2.8.2): the words 0, 0, 1, vector
  * table, stack pointer, entry, each echoed back by core 1, the sequence restarted on a wrong echo
  * and the FIFO from core 1 drained before each 0. */
-#include "hal.h"
+#include "cores_rp2040.h"
 #include "hal_rp2040.h"
 
 #define REG(addr) (*(volatile uint32_t *)(addr))
@@ -29,14 +29,16 @@ static int core1_up;
 /* the share core 1 runs next: written by core 0 before its FIFO word, read by core 1 after it */
 static flm_rows_share job;
 
-static void fifo_push(uint32_t v) {
+/* core 1's loop and the FIFO code run from SRAM: a streamed product (stream_rp2040.c) may have
+ * the SSI out of XIP mode while they run */
+FLM_RAMFUNC static void fifo_push(uint32_t v) {
     while (!(REG(SIO_FIFO_ST) & FIFO_RDY)) {}
     __asm volatile("dmb" ::: "memory");   /* the job's writes before the word that announces it */
     REG(SIO_FIFO_WR) = v;
     __asm volatile("sev");
 }
 
-static uint32_t fifo_pop(void) {
+FLM_RAMFUNC static uint32_t fifo_pop(void) {
     while (!(REG(SIO_FIFO_ST) & FIFO_VLD)) __asm volatile("wfe");
     uint32_t v = REG(SIO_FIFO_RD);
     __asm volatile("dmb" ::: "memory");
@@ -44,7 +46,7 @@ static uint32_t fifo_pop(void) {
 }
 
 static void core1_main(void) __attribute__((noreturn));
-static void core1_main(void) {
+FLM_RAMFUNC static void core1_main(void) {
     for (;;) {
         (void)fifo_pop();
         flm_rows_share_run(&job);
@@ -67,7 +69,7 @@ void hal_rp2040_cores_launch(void) {
     core1_up = 1;
 }
 
-void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes) {
+void hal_rp2040_matmul_cores(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes) {
     if (!core1_up || w->rows < SPLIT_MIN_ROWS) {
         flm_matmul_rows(w, 0, w->rows, b, row_buf, row_buf_bytes);
         return;

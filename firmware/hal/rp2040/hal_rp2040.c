@@ -23,6 +23,7 @@
 #define RESETS_BASE 0x4000c000u
 #define RESETS_RESET (RESETS_BASE + 0x0u)
 #define RESETS_DONE (RESETS_BASE + 0x8u)
+#define RST_DMA (1u << 2)
 #define RST_IO_BANK0 (1u << 5)
 #define RST_PADS_BANK0 (1u << 8)
 #define RST_PLL_SYS (1u << 12)
@@ -162,6 +163,7 @@ int hal_init(int argc, char **argv) {
     xip_setup();
     clocks_init();
     uart_init();
+    unreset(RST_DMA);                                       /* stream_rp2040.c's channel 0 */
 #if FLM_RP2040_CORES > 1
     hal_rp2040_cores_launch();
 #endif
