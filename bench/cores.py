@@ -1,20 +1,24 @@
-"""Both RP2040 cores at work (``make bench``, section cores; printed, never asserted): the emulated
-RP2040 (rp2040js with the harness's core 1 and XIP model, 125 MHz), default model q8 and q4, decode.
+"""Both RP2040 cores at work and the weights streamed (``make bench``, section cores; printed, never
+asserted): the emulated RP2040 (rp2040js with the harness's core 1, XIP model and SSI direct reads,
+125 MHz), default model q8 and q4, decode.
 
-* cycles per decode token (the harness's count, deterministic) with hal_matmul's rows split over both
-  cores (the default build) and on core 0 alone (the same firmware built with FLM_RP2040_CORES=1:
-  today's one-core figure), their ratio;
-* the token's floor on two cores: max(the one-core token's cycles with the XIP model off — its
-  arithmetic alone — halved, the flash bytes it loads at the rate the harness's XIP model moves them:
-  one 8-byte line per ``line_cycles``), and the two-core token over it;
+* cycles per decode token (the harness's count, deterministic) of three builds of one firmware: the
+  default (hal_matmul's rows on both cores, a one-token product of a matrix in flash streamed into
+  SRAM by the SSI's direct read and DMA: stream_rp2040.c), both cores through the XIP cache
+  (FLM_RP2040_STREAM=0), and core 0 alone through the XIP cache (also FLM_RP2040_CORES=1: the
+  firmware before issue 21); their ratios;
+* the token's floor: max(the one-core token's cycles with the XIP model off — its arithmetic alone —
+  halved, the flash bytes it loads at the rate the harness moves them in direct reads of
+  ``stream_chunk_bytes``: host/emu/ssidirect.mjs), and the default token over it;
 * the XIP counters per token: line transfers, their cycles, and the cycles a core waited for the
   bus while it moved the other core's line (one XIP port);
 * per phase, the planner's prediction (converter/overlap.py: the products shared by the cores)
-  over the emulated µs, two cores;
-* prefill in passes of 8 on two cores: cycles per prompt token over a decode token's.
+  over the emulated µs of the default build;
+* prefill in passes of 8, default build: cycles per prompt token over a decode token's.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -34,6 +38,16 @@ from .passes import PROMPT_STEPS, prefill_figures, prefill_ids
 BOARD = "rp2040-emu"
 PREFILL_T = 8
 NEW = 8
+
+
+def stream_cycles(n_bytes: float) -> float:
+    """Cycles the SSI's direct reads take to move n_bytes in reads of the profile's stream_chunk_bytes
+    (host/emu/ssidirect.mjs, the firmware's settings: quad, 32-bit frames, no instruction, 24-bit
+    address + 8 mode bits + 4 wait clocks; 8 SCK a word; RX sample delay 1 and 2 bus cycles a read)."""
+    flash = load_board(BOARD)["flash"]
+    chunk, sckdv = float(flash["stream_chunk_bytes"]), float(flash["spi_clkdiv"])
+    reads = math.ceil(n_bytes / chunk)
+    return (reads * 12 + n_bytes / 4 * 8) * sckdv + reads * 3
 
 
 def _median(xs) -> float:
@@ -75,11 +89,11 @@ def prefill_t(qm, work: Path) -> dict | None:
 def format_figures(fmt: str, work: Path) -> dict:
     qm = default_quant(fmt)
     blob, fw = blob_and_firmware(qm, BOARD, work / fmt)
-    one_core = rebuilt_with(fw.binary, work / fmt / "one-core", {"FLM_RP2040_CORES": "1"})
-    two, one = decode(fw.binary, blob, qm), decode(one_core, blob, qm)
+    one_core = rebuilt_with(fw.binary, work / fmt / "one-core", {"FLM_RP2040_CORES": "1", "FLM_RP2040_STREAM": "0"})
+    xip_two = rebuilt_with(fw.binary, work / fmt / "two-cores-xip", {"FLM_RP2040_STREAM": "0"})
+    two, one, cached = decode(fw.binary, blob, qm), decode(one_core, blob, qm), decode(xip_two, blob, qm)
     arithmetic = decode(one_core, blob, qm, xip_model=False)["cycles"]
-    line = float(load_board(BOARD)["tiers"]["flash"]["line_cycles"])
-    floor = max(arithmetic / 2, two["flash_bytes"] / 8 * line)
+    floor = max(arithmetic / 2, stream_cycles(two["flash_bytes"]))
     predict = predictor(blob, BOARD)
     pred = [predict(pos, "skip" if rows == 0 else int(rows)) for pos, rows in zip(two["positions"], two["heads"])]
     pred_us = {p: _median(x.phase_us.get(p, 0.0) for x in pred) for p in PHASES}   # (draft: not predicted)
@@ -87,10 +101,12 @@ def format_figures(fmt: str, work: Path) -> dict:
     pre = prefill_t(qm, work / f"{fmt}-t{PREFILL_T}")
     return dict(
         two_cores_cycles_per_token=two["cycles"], one_core_cycles_per_token=one["cycles"],
-        same_tokens=int(two["tokens"] == one["tokens"]),
+        two_cores_xip_cycles_per_token=cached["cycles"],
+        same_tokens=int(two["tokens"] == one["tokens"] == cached["tokens"]),
         one_core_xip_off_cycles_per_token=arithmetic, floor_cycles_per_token=floor,
-        floor_bound="arithmetic" if arithmetic / 2 >= two["flash_bytes"] / 8 * line else "flash",
+        floor_bound="arithmetic" if arithmetic / 2 >= stream_cycles(two["flash_bytes"]) else "flash",
         flash_bytes_per_token=two["flash_bytes"], xip_two_cores=two["xip"], xip_one_core=one["xip"],
+        xip_two_cores_cached=cached["xip"],
         two_cores_phase_cycles={p: us * mhz for p, us in two["phase_us"].items()},
         one_core_phase_cycles={p: us * mhz for p, us in one["phase_us"].items()},
         predicted_over_emulated={p: pred_us[p] / us for p, us in two["phase_us"].items() if us and pred_us[p]},
@@ -102,9 +118,11 @@ def section(work: Path) -> dict:
     out = {fmt: format_figures(fmt, work) for fmt in FORMATS}
     ratios = {}
     for fmt, r in out.items():
-        ratios[f"two cores / one core, cycles per decode token, {fmt} (rp2040-emu, XIP model)"] = (
+        ratios[f"two cores streamed / one core through the XIP cache, cycles per decode token, {fmt} (rp2040-emu)"] = (
             r["two_cores_cycles_per_token"] / r["one_core_cycles_per_token"])
-        ratios[f"two cores / their floor, cycles per decode token, {fmt} (rp2040-emu, XIP model)"] = (
+        ratios[f"two cores streamed / two cores through the XIP cache, cycles per decode token, {fmt} (rp2040-emu)"] = (
+            r["two_cores_cycles_per_token"] / r["two_cores_xip_cycles_per_token"])
+        ratios[f"two cores streamed / their floor, cycles per decode token, {fmt} (rp2040-emu)"] = (
             r["two_cores_cycles_per_token"] / r["floor_cycles_per_token"])
         ratios[f"planner predicted / emulated, decode token, two cores, {fmt}"] = r["predicted_over_emulated_token"]
         for p, v in r["predicted_over_emulated"].items():
