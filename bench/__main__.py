@@ -12,10 +12,11 @@ Sections (``--only NAME[,NAME]``; ``--quick`` leaves out those that run an emula
 * encode — the device tokenizer's time to encode text prompts on the emulated RP2040;
 * xip — the emulated RP2040's XIP model: the head in flash vs in SRAM measured against the
   planner's prediction, and the model beside published XIP figures (bench/xip.py);
-* cores — the emulated RP2040 with hal_matmul's rows on both cores against core 0 alone: cycles per
-  decode token of the default model q8 and q4, their floor (max(the arithmetic halved, the flash
-  bytes at the XIP model's line rate)), the XIP bus's waits, the planner's two-core prediction per
-  phase, and prefill in passes of 8 against a decode token (bench/cores.py);
+* cores — the emulated RP2040: cycles per decode token of the default model q8 and q4 with the
+  weights streamed on both cores (the default build), on both cores through the XIP cache, and on
+  core 0 alone through it; their floor (max(the arithmetic halved, the flash bytes at the SSI direct
+  reads' rate)), the XIP bus's waits, the planner's two-core prediction per phase, and prefill in
+  passes of 8 against a decode token (bench/cores.py);
 * kernels — cycles per weight of the q8/q4 matvec (g32, g128) and per soft-float call on the
   emulated Cortex-M0+ (bench/kernels.py: SysTick in a probe image);
 * esp_qemu — the ESP32-C3's, ESP32-S3's and ESP32-P4's instruction sets in QEMU (esp32c3-isa-qemu,

@@ -93,7 +93,8 @@ def format_figures(fmt: str, work: Path) -> dict:
     xip_two = rebuilt_with(fw.binary, work / fmt / "two-cores-xip", {"FLM_RP2040_STREAM": "0"})
     two, one, cached = decode(fw.binary, blob, qm), decode(one_core, blob, qm), decode(xip_two, blob, qm)
     arithmetic = decode(one_core, blob, qm, xip_model=False)["cycles"]
-    floor = max(arithmetic / 2, stream_cycles(two["flash_bytes"]))
+    stream = stream_cycles(two["flash_bytes"])
+    floor = max(arithmetic / 2, stream)
     predict = predictor(blob, BOARD)
     pred = [predict(pos, "skip" if rows == 0 else int(rows)) for pos, rows in zip(two["positions"], two["heads"])]
     pred_us = {p: _median(x.phase_us.get(p, 0.0) for x in pred) for p in PHASES}   # (draft: not predicted)
@@ -104,7 +105,7 @@ def format_figures(fmt: str, work: Path) -> dict:
         two_cores_xip_cycles_per_token=cached["cycles"],
         same_tokens=int(two["tokens"] == one["tokens"] == cached["tokens"]),
         one_core_xip_off_cycles_per_token=arithmetic, floor_cycles_per_token=floor,
-        floor_bound="arithmetic" if arithmetic / 2 >= stream_cycles(two["flash_bytes"]) else "flash",
+        floor_bound="arithmetic" if arithmetic / 2 >= stream else "flash",
         flash_bytes_per_token=two["flash_bytes"], xip_two_cores=two["xip"], xip_one_core=one["xip"],
         xip_two_cores_cached=cached["xip"],
         two_cores_phase_cycles={p: us * mhz for p, us in two["phase_us"].items()},

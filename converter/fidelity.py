@@ -86,8 +86,6 @@ class Fp32Model:
         return self.mv("tok_embeddings" if c.tied else "output", norm(x, w["norm"]), c.n_out).astype(F)
 
 
-
-
 def bos_of(ir: ModelIR) -> int:
     """The token a sampled text starts from: the tokenizer's BOS, else 1 (llama2.c's, whose v0/v1
     checkpoints carry no tokenizer)."""

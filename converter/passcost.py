@@ -203,7 +203,6 @@ def predict_pass(pl: Placement, pos: int, n: int, head=HEAD_SKIP, sampling: str 
     bytes_read = dict.fromkeys(C.TIERS, 0)
     traffic = {ph: {} for ph in C.PHASES}
     memory = {ph: {} for ph in C.PHASES}
-    products = overlap.product_tensors(pl.spec)
     bus, ram = dict.fromkeys(C.PHASES, 0.0), dict.fromkeys(C.PHASES, 0.0)   # the products' reads, by path
     for tier in tm:     # timing.predict's memory time, tier by tier
         sub = {k: u for k, u in uses.items() if where[k] == tier}
@@ -215,11 +214,8 @@ def predict_pass(pl: Placement, pos: int, n: int, head=HEAD_SKIP, sampling: str 
             if b:
                 traffic[ph][tier] = b
                 memory[ph][tier] = p.memory_us[ph]
-            prod = {k: u for k, u in sub.items() if products.get(k) == ph}
-            if prod:
-                (bus if tm[tier].line_us else ram)[ph] += predict(
-                    pl.spec, pl.prof, pl.tiers, pl.regions, pos, pl.kv, sampling, pl.line, tm=tm, uses=prod,
-                    head=HEAD_SKIP).memory_us[ph]
+            bus[ph] += p.bus_us[ph]
+            ram[ph] += p.ram_us[ph]
     clock = float(pl.prof.get("clock_mhz", 100))
     count_mac = {**pl.prof, "compute": {"cycles_per_mac": 1.0, "cycles_per_flop": 0.0}}
     count_flop = {**pl.prof, "compute": {"cycles_per_mac": 0.0, "cycles_per_flop": 1.0}}

@@ -84,6 +84,8 @@ class Prediction:
     memory_us: dict           # phase -> the memory part of phase_us (on one core)
     compute_us: dict          # phase -> the compute part (on one core)
     overlap_us: dict          # phase -> what the cores save sharing the products (overlap.py; 0 on one core)
+    bus_us: dict              # phase -> of memory_us, the products' reads through a line-fill bus (overlap.py)
+    ram_us: dict              # phase -> and their reads from the other tiers
 
     @property
     def total_us(self) -> float:
@@ -123,4 +125,4 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
     cycles, rows = compute_parts(spec, pos, prof, kv, sampling, head, experts)
     comp = {ph: c / clock for ph, c in cycles.items()}
     saved = {ph: overlap.saving(prof, rows[ph] / clock, bus[ph], ram[ph]) for ph in PHASES}
-    return Prediction(pos, bytes_read, {ph: mem[ph] + comp[ph] - saved[ph] for ph in PHASES}, mem, comp, saved)
+    return Prediction(pos, bytes_read, {ph: mem[ph] + comp[ph] - saved[ph] for ph in PHASES}, mem, comp, saved, bus, ram)
