@@ -36,7 +36,7 @@ from pathlib import Path
 from converter import costmodel as C
 from converter import timing
 from converter.blob import read_header
-from converter.boards import load_board
+from converter.boards import load_board, stream_stride
 from converter.formats import padding_per_step, row_padding
 from host.link.messages import PHASES, TIERS, Done, Generate, Log, Stop
 from host.boards.emulated import start_emulated_board
@@ -48,7 +48,7 @@ BOARD = "rp2040-emu"
 # itself, the RoPE, the KV stores, the RMSNorms, the activations' quantization, the matrix products
 PROFILE = ("attention", "rope", "kv_put", "rmsnorm", "quantize_all", "product")
 MHZ = float(load_board(BOARD)["clock_mhz"])
-STREAM = load_board(BOARD)["flash"].get("stream_chunk_bytes", 0)   # the products it streams whole
+STREAM = stream_stride(load_board(BOARD))
 
 
 def predictor(blob: Path, board: str):

@@ -9,7 +9,7 @@ import zlib
 import pytest
 
 from converter.blob import build_blob, parse_header
-from converter.boards import load_board
+from converter.boards import load_board, stream_stride
 from converter.formats import padding_per_step as blob_padding
 from converter.quantize import quantize
 from converter.reference import FLAG_ALL_LOGITS, FLAG_LOGITS, NO_TOKEN, generate
@@ -20,7 +20,7 @@ from host.link.messages import PHASES, Error, Hello, Log
 from modelzoo import random_ple_model, random_model, spread_head, with_head_index
 from nativeboard import assert_matches_reference, assert_steps_match, drain, run, token_bytes_read
 
-STREAM = load_board(BOARD)["flash"].get("stream_chunk_bytes", 0)   # the products' rows streamed whole
+STREAM = stream_stride(load_board(BOARD))
 
 CASES = {
     # name: (model config, default format, group size, overrides) — no code padding: the core

@@ -11,7 +11,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from converter.boards import load_board
+from converter.boards import load_board, stream_stride
 from converter.formats import TIER_CODE, layout_id_of
 from converter.tokenizer import decode
 
@@ -200,7 +200,7 @@ def _generate(console, stack: ExitStack, model: ModelDir, request: Generate, tar
             result.padding = unloaded_padding(read_header(model.blob), result.tokens,
                                               request.temperature == 0 and not request.whole_heads,
                                               request.speculate == "draft",
-                                              load_board(target.board)["flash"].get("stream_chunk_bytes", 0))
+                                              stream_stride(load_board(target.board)))
         return result
     except BoardError as e:    # DeviceError, LinkTimeout, LinkLost, BoardReset, ModelMismatch, ...
         partial = getattr(e, "partial", None)
