@@ -308,3 +308,7 @@ def test_cli_run_board_rp2040_emu(tmp_path, build_root, capsys):
     assert x["misses"]["p50"] > 0 and x["miss_cycles"] == load_board(BOARD)["tiers"]["flash"]["line_cycles"]
     assert all(s["xip"]["stall_cycles"] == s["xip"]["misses"] * x["miss_cycles"] for s in d["harness_steps"])
     assert "agree on" in captured.out and "XIP cache per decode token" in captured.out
+    # the weights the firmware streamed: the SSI's direct reads, part of the harness's flash bytes
+    d_ssi = d["summary"]["harness"]["ssi_per_token"]
+    assert d_ssi["words"]["p50"] > 0 and 0 < d_ssi["flash_share"] <= 1 and 0 < d_ssi["bus_share"] < 1
+    assert "SSI direct reads per decode token" in captured.out

@@ -72,7 +72,8 @@ def _rate(n: int, us: int, clock: str | None = None) -> float | None:
 
 EMULATED_NOTE = ("the emulated timer advances with rp2040js's instruction cycle counts plus the stalls of "
                  "the harness's XIP model (16 KB 2-way XIP cache, one QSPI line transfer per miss at the "
-                 "SSI settings the firmware wrote: host/emu/xip.mjs)")
+                 "SSI settings the firmware wrote: host/emu/xip.mjs); weights the firmware streams come by "
+                 "the SSI's direct quad reads at the rate its registers give (host/emu/ssidirect.mjs)")
 EMULATED_NOTE_NO_XIP = ("the emulated timer advances with rp2040js's instruction cycle counts; this run had "
                         "the XIP model off (--xip-model off), so a flash read cost what an SRAM read costs and "
                         "flash-read time is a lower bound")
@@ -86,7 +87,8 @@ def harness_rows(result: RunResult) -> list[dict]:
     loads (``agree``: the engine's less the padding equal the harness's; None: not compared), plus
     cycles, emulated µs and host ms, the steps the pass produced and (XIP model on) the pass's XIP
     cache hits, misses (line transfers; fetch_misses of them instruction fetches), the cycles they
-    stalled the core and the cycles one miss costs."""
+    stalled the core and the cycles one miss costs, and (a step with a streamed product) the words the
+    SSI's direct reads moved and the cycles they held the QSPI bus (``ssi``, else None)."""
     by = {int(r["step"]): r for r in result.harness if "step" in r}
     rows = []
     for t in sorted(result.tokens, key=lambda t: t.step):
@@ -106,7 +108,8 @@ def harness_rows(result: RunResult) -> list[dict]:
                      "agree": None if pad is None else [e - q for e, q in zip(eb, pad)] == hb,
                      "cycles": int(h.get("cycles", 0)), "emulated_us": float(h.get("us", 0.0)),
                      "wall_ms": float(h.get("wall_ms", 0.0)),
-                     "xip": {k: int(v) for k, v in h["xip"].items()} if h.get("xip") else None})
+                     "xip": {k: int(v) for k, v in h["xip"].items()} if h.get("xip") else None,
+                     "ssi": {k: int(h["ssi"][k]) for k in ("words", "cycles")} if h.get("ssi") else None})
     return rows
 
 
@@ -128,6 +131,13 @@ def harness_summary(result: RunResult) -> dict | None:
         xip = {k: stats([r["xip"][k] / r["steps"] for r in xg]) for k in XIP_FIELDS}
         xip["miss_cycles"] = xg[-1]["xip"]["miss_cycles"]
         xip["stall_share"] = sum(r["xip"]["stall_cycles"] for r in xg) / max(1, sum(r["cycles"] for r in xg))
+    ssi = None
+    if any(r["ssi"] for r in gen):       # the firmware streamed weights by the SSI's direct reads
+        none = {"words": 0, "cycles": 0}
+        ssi = {k: stats([(r["ssi"] or none)[k] / r["steps"] for r in gen]) for k in ("words", "cycles")}
+        ssi["flash_share"] = (4 * sum((r["ssi"] or none)["words"] for r in gen)
+                              / max(1, sum(r["harness_bytes"][TIERS[0]] for r in gen)))
+        ssi["bus_share"] = sum((r["ssi"] or none)["cycles"] for r in gen) / max(1, sum(r["cycles"] for r in gen))
     n = sum(r["steps"] for r in gen)
     padded = [r for r in gen if r["padding_bytes"] is not None]
     return {"steps": len(rows), "agree_steps": sum(r["agree"] is True for r in rows),
@@ -143,7 +153,7 @@ def harness_summary(result: RunResult) -> dict | None:
             # the engine's counters over the same passes
             "engine_bytes_per_token": {tier: (sum(r["engine_bytes"][tier] for r in gen) / n) if n else None
                                        for tier in TIERS},
-            "xip_per_token": xip}
+            "xip_per_token": xip, "ssi_per_token": ssi}
 
 
 def forward_passes(tokens) -> list[dict]:

@@ -71,6 +71,12 @@ def summary_renderables(result: RunResult) -> list:
                          f"misses ({fmt(x['fetch_misses']['p50'])} of them instruction fetches) stalling "
                          f"{fmt(x['stall_cycles']['p50'])} cycles = {x['stall_share'] * 100:.1f} % of the token "
                          f"(one miss {x['miss_cycles']} cycles)")
+        d = h.get("ssi_per_token")
+        if d is not None:
+            lines.append(f"SSI direct reads per decode token (weights streamed into SRAM under compute): p50 "
+                         f"{fmt(4 * d['words']['p50'])} flash bytes = {d['flash_share'] * 100:.1f} % of the "
+                         f"token's, holding the QSPI bus {fmt(d['cycles']['p50'])} cycles = "
+                         f"{d['bus_share'] * 100:.1f} % of the token's cycles")
         lines.append(f"emulated cycles per decode token: p50 {fmt(h['cycles_per_token']['p50'])} "
                      f"({fmt(h['emulated_us_per_token']['p50'])} µs emulated, XIP model "
                      f"{'on' if x is not None else 'off'}); emulator wall time per token: "
