@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from . import overlap
+from .boards import stream_stride
 from .costmodel import PHASES, TIERS, ModelSpec, Use, compute_parts, usage
 from .ir import ModelError
 
@@ -86,6 +87,7 @@ class Prediction:
     overlap_us: dict          # phase -> what the cores save sharing the products (overlap.py; 0 on one core)
     bus_us: dict              # phase -> of memory_us, the products' reads through a line-fill bus (overlap.py)
     ram_us: dict              # phase -> and their reads from the other tiers
+    streamed: dict            # phase -> the products streamed from flash into SRAM (overlap.Streamed)
 
     @property
     def total_us(self) -> float:
@@ -109,7 +111,10 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
     bytes_read = dict.fromkeys(TIERS, 0)
     mem = dict.fromkeys(PHASES, 0.0)
     products = overlap.product_tensors(spec)
+    strides = {t.name: t.row_stride for t in spec.tensors}
+    chunk = stream_stride(prof)
     bus, ram = dict.fromkeys(PHASES, 0.0), dict.fromkeys(PHASES, 0.0)   # the products' reads, by path
+    streamed = dict.fromkeys(PHASES, overlap.Streamed())
     for name, use in uses.items():
         tier = where[name]
         model = tm[tier]
@@ -119,10 +124,15 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
             if b or use.rows.get(ph):
                 us = model.us(b, use.rows.get(ph, 0), use.stride)
                 mem[ph] += us
-                if products.get(name) == ph:
+                if products.get(name) != ph:
+                    continue
+                if tier == "flash" and 0 < strides.get(name, 0) <= chunk:
+                    streamed[ph] += overlap.Streamed(us, b, use.rows.get(ph, 0) or 1)   # gathered runs: a product each (the head's tiles)
+                else:
                     (bus if model.line_us else ram)[ph] += us
     clock = float(prof.get("clock_mhz", 100))
     cycles, rows = compute_parts(spec, pos, prof, kv, sampling, head, experts)
     comp = {ph: c / clock for ph, c in cycles.items()}
-    saved = {ph: overlap.saving(prof, rows[ph] / clock, bus[ph], ram[ph]) for ph in PHASES}
-    return Prediction(pos, bytes_read, {ph: mem[ph] + comp[ph] - saved[ph] for ph in PHASES}, mem, comp, saved, bus, ram)
+    saved = {ph: overlap.saving(prof, rows[ph] / clock, bus[ph], ram[ph], streamed[ph]) for ph in PHASES}
+    return Prediction(pos, bytes_read, {ph: mem[ph] + comp[ph] - saved[ph] for ph in PHASES}, mem, comp, saved, bus,
+                      ram, streamed)
