@@ -3,7 +3,7 @@ asserted): the emulated RP2040 (rp2040js with the harness's core 1, XIP model an
 125 MHz), default model q8 and q4, decode.
 
 * cycles per decode token (the harness's count, deterministic) of three builds of one firmware: the
-  default (hal_matmul's rows on both cores, a one-token product of a matrix in flash streamed into
+  default (hal_matmul's rows on both cores, a product of a matrix in flash streamed into
   SRAM by the SSI's direct read and DMA: stream_rp2040.c), both cores through the XIP cache
   (FLM_RP2040_STREAM=0), and core 0 alone through the XIP cache (also FLM_RP2040_CORES=1: the
   firmware before issue 21); their ratios;

@@ -3,8 +3,9 @@ predicted µs per phase (``predict``) from the bytes and rows converter/costmode
 and the cycles it says it computes. Per tier ``bytes / seq_read_MBps + rows * row_latency_us`` (on
 a tier given by ``line_cycles``, the RP2040's XIP flash: one line fill per ``line_bytes`` read, and
 a gathered row pays the extra lines its alignment makes it touch), plus cycles / clock, less what a
-board's cores save by sharing the products' rows (converter/overlap.py). It is a prediction, and is
-labelled as one wherever it is shown.
+board's cores save by sharing the products' rows and, where the board streams a product's rows from
+flash into SRAM while they compute, by that overlap (converter/overlap.py). It is a prediction, and
+is labelled as one wherever it is shown.
 """
 from __future__ import annotations
 
@@ -126,8 +127,8 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
                 mem[ph] += us
                 if products.get(name) != ph:
                     continue
-                if tier == "flash" and 0 < strides.get(name, 0) <= chunk:
-                    streamed[ph] += overlap.Streamed(us, b, use.rows.get(ph, 0) or 1)   # gathered runs: a product each (the head's tiles)
+                if tier == "flash" and 0 < strides.get(name, 0) <= chunk:   # gathered runs: a product each (head tiles)
+                    streamed[ph] += overlap.Streamed(us, b, use.rows.get(ph, 0) or 1)
                 else:
                     (bus if model.line_us else ram)[ph] += us
     clock = float(prof.get("clock_mhz", 100))
