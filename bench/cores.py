@@ -3,7 +3,7 @@ asserted): the emulated RP2040 (rp2040js with the harness's core 1, XIP model an
 125 MHz), default model q8 and q4, decode.
 
 * cycles per decode token (the harness's count, deterministic) of three builds of one firmware: the
-  default (hal_matmul's rows on both cores, a one-token product of a matrix in flash streamed into
+  default (hal_matmul's rows on both cores, a product of a matrix in flash streamed into
   SRAM by the SSI's direct read and DMA: stream_rp2040.c), both cores through the XIP cache
   (FLM_RP2040_STREAM=0), and core 0 alone through the XIP cache (also FLM_RP2040_CORES=1: the
   firmware before issue 21); their ratios;
@@ -18,13 +18,13 @@ asserted): the emulated RP2040 (rp2040js with the harness's core 1, XIP model an
 """
 from __future__ import annotations
 
-import math
 import statistics
 from pathlib import Path
 
 from converter import costmodel as C
 from converter.blob import read_header
 from converter.boards import load_board
+from converter.overlap import stream_cycles
 from converter.passcost import Placement, prefill
 from converter.planner import fits
 from firmware.baremetal import rebuilt_with
@@ -38,16 +38,6 @@ from .passes import PROMPT_STEPS, prefill_figures, prefill_ids
 BOARD = "rp2040-emu"
 PREFILL_T = 8
 NEW = 8
-
-
-def stream_cycles(n_bytes: float) -> float:
-    """Cycles the SSI's direct reads take to move n_bytes in reads of the profile's stream_chunk_bytes
-    (host/emu/ssidirect.mjs, the firmware's settings: quad, 32-bit frames, no instruction, 24-bit
-    address + 8 mode bits + 4 wait clocks; 8 SCK a word; RX sample delay 1 and 2 bus cycles a read)."""
-    flash = load_board(BOARD)["flash"]
-    chunk, sckdv = float(flash["stream_chunk_bytes"]), float(flash["spi_clkdiv"])
-    reads = math.ceil(n_bytes / chunk)
-    return (reads * 12 + n_bytes / 4 * 8) * sckdv + reads * 3
 
 
 def _median(xs) -> float:
@@ -93,7 +83,7 @@ def format_figures(fmt: str, work: Path) -> dict:
     xip_two = rebuilt_with(fw.binary, work / fmt / "two-cores-xip", {"FLM_RP2040_STREAM": "0"})
     two, one, cached = decode(fw.binary, blob, qm), decode(one_core, blob, qm), decode(xip_two, blob, qm)
     arithmetic = decode(one_core, blob, qm, xip_model=False)["cycles"]
-    stream = stream_cycles(two["flash_bytes"])
+    stream = stream_cycles(load_board(BOARD), two["flash_bytes"])
     floor = max(arithmetic / 2, stream)
     predict = predictor(blob, BOARD)
     pred = [predict(pos, "skip" if rows == 0 else int(rows)) for pos, rows in zip(two["positions"], two["heads"])]

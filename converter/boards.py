@@ -31,6 +31,7 @@ def load_board(name: str) -> dict:
 
 
 def stream_stride(prof: dict) -> int:
-    """The widest row stride whose one-token products the board streams from flash into SRAM whole,
-    padding and all ([flash].stream_chunk_bytes: the RP2040's stream_rp2040.c); 0: it streams none."""
+    """The widest row stride whose products (of any number of tokens) the board streams from flash
+    into SRAM whole, padding and all ([flash].stream_chunk_bytes: the RP2040's stream_rp2040.c); 0: it
+    streams none."""
     return int(prof.get("flash", {}).get("stream_chunk_bytes", 0))

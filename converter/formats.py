@@ -135,7 +135,7 @@ def padding_per_step(h, tied: bool, head_rows: int, tokens: int = 1, scan: bool 
     the output layer (the embedding's rows when ``tied``) one token's head computed, and, when that
     head ran the tile ``scan``, every row of the head index's centre rows. Of a mixture of experts only
     the experts the pass read count (``experts``: per layer a bitmask, as TOKEN frames carry them).
-    On a board that streams a one-token product's rows from flash into SRAM whole (the RP2040's
+    On a board that streams a product's rows from flash into SRAM whole (the RP2040's
     stream_rp2040.c: rows of a stride up to ``stream_stride``), those rows' padding is transferred:
     only the gathered tables' rows keep theirs unloaded."""
     by = {e.name: e for e in h.entries}

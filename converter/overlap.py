@@ -13,9 +13,23 @@ The bus carries every line once (its floor), each core computes its share, waits
 transfers and, ``bus_wait`` of them [EMU fit, boards/rp2040-emu.toml], for the other core's: the XIP
 block serves one access at a time, so a core's hit waits while the other core's miss holds it
 (host/emu/xip.mjs). Everything else in the phase (the activations' quantization, attention, norms,
-the embedding row) stays on the calling core."""
+the embedding row) stays on the calling core.
+
+A board that streams a product's rows from flash into SRAM buffers while its cores compute
+(``[flash].stream_chunk_bytes``: the RP2040's stream_rp2040.c, for rows of a stride up to it, any
+number of tokens) does not take those bytes through the line-fill bus: they come at the rate of
+the SSI's direct reads (``stream_cycles``) while the cores compute, so the streamed products take::
+
+    max(stream, rows / split_cores) + products * (first chunk + stream_setup_cycles)
+
+— the bytes overlapped with the rows, then per product the first chunk the cores wait for before
+any row and the set-up and hand-over ([flash].stream_setup_cycles, [EMU fit])."""
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
+from .boards import stream_stride
 from .costmodel import ModelSpec, head_rows
 
 
@@ -24,14 +38,42 @@ def split_cores(prof: dict) -> int:
     return max(1, int(prof.get("compute", {}).get("split_cores", 1)))
 
 
-def saving(prof: dict, rows_us: float, bus_us: float, ram_us: float) -> float:
-    """The µs the split saves in one phase against one core doing all of it (0 on a one-core board)."""
+def stream_cycles(prof: dict, n_bytes: float) -> float:
+    """clk_sys cycles the SSI's direct reads take to move n_bytes in reads of stream_chunk_bytes at
+    the HAL's settings (host/emu/ssidirect.mjs: quad, 32-bit frames, no instruction, 24 address + 8
+    mode bits and 4 wait clocks: a 12-SCK header and 8 SCK a word, each SCK spi_clkdiv cycles; RX
+    sample delay 1 and 2 bus cycles a read): 1 KB at SCKDV 2 in 4,123 cycles."""
+    flash = prof["flash"]
+    chunk, sckdv = float(flash["stream_chunk_bytes"]), float(flash["spi_clkdiv"])
+    reads = math.ceil(n_bytes / chunk)
+    return (reads * 12 + n_bytes / 4 * 8) * sckdv + reads * 3
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A phase's products streamed from flash into SRAM: the memory µs the tier model charged them
+    (as if read in place), their bytes and how many products."""
+    mem_us: float = 0.0
+    bytes: float = 0.0
+    products: int = 0
+
+    def __add__(self, o: Streamed) -> Streamed:
+        return Streamed(self.mem_us + o.mem_us, self.bytes + o.bytes, self.products + o.products)
+
+
+def saving(prof: dict, rows_us: float, bus_us: float, ram_us: float, streamed: Streamed = Streamed()) -> float:
+    """The µs the split (and the streaming) saves in one phase against one core doing all of it,
+    every byte read in place (0 on a one-core board)."""
     k = split_cores(prof)
     if k == 1:
         return 0.0
     w = float(prof.get("compute", {}).get("bus_wait", 0.0))
-    serial = rows_us + bus_us + ram_us
+    serial = rows_us + bus_us + ram_us + streamed.mem_us
     shared = max(bus_us, (rows_us + ram_us + bus_us * (1.0 + w)) / k)
+    if streamed.products:
+        clock = float(prof.get("clock_mhz", 100))
+        per = stream_cycles(prof, stream_stride(prof)) + float(prof["flash"].get("stream_setup_cycles", 0))
+        shared = max(shared, stream_cycles(prof, streamed.bytes) / clock) + streamed.products * per / clock
     return max(0.0, serial - shared)
 
 

@@ -204,6 +204,7 @@ def predict_pass(pl: Placement, pos: int, n: int, head=HEAD_SKIP, sampling: str 
     traffic = {ph: {} for ph in C.PHASES}
     memory = {ph: {} for ph in C.PHASES}
     bus, ram = dict.fromkeys(C.PHASES, 0.0), dict.fromkeys(C.PHASES, 0.0)   # the products' reads, by path
+    streamed = dict.fromkeys(C.PHASES, overlap.Streamed())
     for tier in tm:     # timing.predict's memory time, tier by tier
         sub = {k: u for k, u in uses.items() if where[k] == tier}
         p = predict(pl.spec, pl.prof, pl.tiers, pl.regions, pos, pl.kv, sampling, pl.line, tm=tm, uses=sub,
@@ -216,6 +217,7 @@ def predict_pass(pl: Placement, pos: int, n: int, head=HEAD_SKIP, sampling: str 
                 memory[ph][tier] = p.memory_us[ph]
             bus[ph] += p.bus_us[ph]
             ram[ph] += p.ram_us[ph]
+            streamed[ph] += p.streamed[ph]
     clock = float(pl.prof.get("clock_mhz", 100))
     count_mac = {**pl.prof, "compute": {"cycles_per_mac": 1.0, "cycles_per_flop": 0.0}}
     count_flop = {**pl.prof, "compute": {"cycles_per_mac": 0.0, "cycles_per_flop": 1.0}}
@@ -225,7 +227,8 @@ def predict_pass(pl: Placement, pos: int, n: int, head=HEAD_SKIP, sampling: str 
         comp, rows = _add(comp, c), _add(rows, r)
         macs = _add(macs, C.compute_cycles(pl.spec, pos + t, count_mac, pl.kv, sampling, h))
         flops = _add(flops, C.compute_cycles(pl.spec, pos + t, count_flop, pl.kv, sampling, h))
-    saved = {ph: overlap.saving(pl.prof, rows.get(ph, 0.0) / clock, bus[ph], ram[ph]) for ph in C.PHASES}
+    saved = {ph: overlap.saving(pl.prof, rows.get(ph, 0.0) / clock, bus[ph], ram[ph], streamed[ph])
+             for ph in C.PHASES}
     return PassPrediction(pos, n, head, bytes_read, traffic, memory,
                           {ph: comp.get(ph, 0.0) / clock for ph in C.PHASES}, _split(macs, C.PHASES),
                           _split(flops, C.PHASES), overlap_us=saved)

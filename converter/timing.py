@@ -3,8 +3,9 @@ predicted µs per phase (``predict``) from the bytes and rows converter/costmode
 and the cycles it says it computes. Per tier ``bytes / seq_read_MBps + rows * row_latency_us`` (on
 a tier given by ``line_cycles``, the RP2040's XIP flash: one line fill per ``line_bytes`` read, and
 a gathered row pays the extra lines its alignment makes it touch), plus cycles / clock, less what a
-board's cores save by sharing the products' rows (converter/overlap.py). It is a prediction, and is
-labelled as one wherever it is shown.
+board's cores save by sharing the products' rows and, where the board streams a product's rows from
+flash into SRAM while they compute, by that overlap (converter/overlap.py). It is a prediction, and
+is labelled as one wherever it is shown.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from . import overlap
+from .boards import stream_stride
 from .costmodel import PHASES, TIERS, ModelSpec, Use, compute_parts, usage
 from .ir import ModelError
 
@@ -86,6 +88,7 @@ class Prediction:
     overlap_us: dict          # phase -> what the cores save sharing the products (overlap.py; 0 on one core)
     bus_us: dict              # phase -> of memory_us, the products' reads through a line-fill bus (overlap.py)
     ram_us: dict              # phase -> and their reads from the other tiers
+    streamed: dict            # phase -> the products streamed from flash into SRAM (overlap.Streamed)
 
     @property
     def total_us(self) -> float:
@@ -109,7 +112,10 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
     bytes_read = dict.fromkeys(TIERS, 0)
     mem = dict.fromkeys(PHASES, 0.0)
     products = overlap.product_tensors(spec)
+    strides = {t.name: t.row_stride for t in spec.tensors}
+    chunk = stream_stride(prof)
     bus, ram = dict.fromkeys(PHASES, 0.0), dict.fromkeys(PHASES, 0.0)   # the products' reads, by path
+    streamed = dict.fromkeys(PHASES, overlap.Streamed())
     for name, use in uses.items():
         tier = where[name]
         model = tm[tier]
@@ -119,10 +125,15 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
             if b or use.rows.get(ph):
                 us = model.us(b, use.rows.get(ph, 0), use.stride)
                 mem[ph] += us
-                if products.get(name) == ph:
+                if products.get(name) != ph:
+                    continue
+                if tier == "flash" and 0 < strides.get(name, 0) <= chunk:   # gathered runs: a product each (head tiles)
+                    streamed[ph] += overlap.Streamed(us, b, use.rows.get(ph, 0) or 1)
+                else:
                     (bus if model.line_us else ram)[ph] += us
     clock = float(prof.get("clock_mhz", 100))
     cycles, rows = compute_parts(spec, pos, prof, kv, sampling, head, experts)
     comp = {ph: c / clock for ph, c in cycles.items()}
-    saved = {ph: overlap.saving(prof, rows[ph] / clock, bus[ph], ram[ph]) for ph in PHASES}
-    return Prediction(pos, bytes_read, {ph: mem[ph] + comp[ph] - saved[ph] for ph in PHASES}, mem, comp, saved, bus, ram)
+    saved = {ph: overlap.saving(prof, rows[ph] / clock, bus[ph], ram[ph], streamed[ph]) for ph in PHASES}
+    return Prediction(pos, bytes_read, {ph: mem[ph] + comp[ph] - saved[ph] for ph in PHASES}, mem, comp, saved, bus,
+                      ram, streamed)

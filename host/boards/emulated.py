@@ -92,7 +92,7 @@ def unloaded_padding(header, tokens, greedy: bool, drafted: bool,
     and a step computing every head row may have scanned every tile or not: it gets both candidates.
     None when the run ``drafted`` with a draft model whose rows are padded: which of its rows each
     pass read is not in the frames. stream_stride: the board's [flash].stream_chunk_bytes (the
-    one-token products whose rows it streams whole, padding and all)."""
+    products whose rows it streams whole, padding and all)."""
     draft = header.draft
     if drafted and draft is not None and any(padding_per_step(draft, draft.config.tied, draft.config.n_out,
                                                                  stream_stride=stream_stride).values()):

@@ -47,7 +47,7 @@
 // With --watch (flash offsets [LO, HI) of some of the blob's tensors: a mixture of experts' FFN) the
 // line also holds "watched": the bytes of those flash reads that fell in the ranges (part of bytes[0]).
 //
-// Call profile: with --profile (function names and entry addresses, from the ELF's symbols) each
+// Call profile: with --profile (function names and entry addresses, from the ELF's symbols, in flash or in SRAM) each
 // step's line also holds "calls": {NAME: [cycles, calls]}: the emulated cycles spent inside the
 // step's calls of each function, everything they ran included (callees, interrupts, flash
 // stalls). A call starts when the PC reaches the entry and ends when it reaches the return address
@@ -68,6 +68,7 @@ const MARK_REGION = 0xf1a5ae60;
 const MARK_FAULT = 0xf1a5dead;
 const WD_SCRATCH3 = 0x18;
 const FLASH_BASE = 0x10000000;
+const SRAM_BASE = 0x20000000, SRAM_BYTES = 264 * 1024;
 const VECTORS = FLASH_BASE + 0x100;
 const TX_BACKLOG_MAX = 1 << 20;   // bytes the host has not read yet before the "UART" drops
 
@@ -350,10 +351,12 @@ const profNames = [...args.profile.values()];
 const profTotals = profNames.map(() => [0, 0]);          // per function: cycles of finished calls, calls
 const profRunning = new Uint8Array(profNames.length);
 const profEntry = new Uint8Array((firmware.length >>> 1) + 1);   // (pc - FLASH_BASE) / 2 -> 1 + function
+const profRam = new Map();      // entries of functions that run from SRAM (FLM_RAMFUNC): pc -> 1 + function
 for (const [addr, name] of args.profile) {
   const i = (addr - FLASH_BASE) / 2;
-  if (!(i >= 0 && i < profEntry.length)) die(`--profile: ${name} at 0x${addr.toString(16)} is not in the firmware image`, 2);
-  profEntry[i] = profNames.indexOf(name) + 1;
+  if (addr >= SRAM_BASE && addr < SRAM_BASE + SRAM_BYTES) profRam.set(addr, profNames.indexOf(name) + 1);
+  else if (!(i >= 0 && i < profEntry.length)) die(`--profile: ${name} at 0x${addr.toString(16)} is not in the firmware image`, 2);
+  else profEntry[i] = profNames.indexOf(name) + 1;
 }
 const profFrames = [];          // the calls under way, innermost last: {fn, ret, sp, start}
 let profRet = -1;               // the innermost call's return address
@@ -373,7 +376,7 @@ function profileAt() {
     }
     profRet = profFrames.length ? profFrames[profFrames.length - 1].ret : -1;
   }
-  const e = profEntry[(pc - FLASH_BASE) >>> 1];   // undefined outside the image (SRAM code, the ROM)
+  const e = pc >= SRAM_BASE ? profRam.get(pc) : profEntry[(pc - FLASH_BASE) >>> 1];   // undefined outside the image and the ROM
   if (e && !profRunning[e - 1]) {
     profFrames.push({ fn: e - 1, ret: core.LR & ~1, sp: core.SP, start: core.cycles });
     profRunning[e - 1] = 1;

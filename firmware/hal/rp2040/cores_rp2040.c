@@ -26,8 +26,10 @@ extern const uint32_t __vectors_start[];
 static uint32_t core1_stack[CORE1_STACK_WORDS] __attribute__((aligned(8)));
 static int core1_up;
 
-/* the share core 1 runs next: written by core 0 before its FIFO word, read by core 1 after it */
-static flm_rows_share job;
+/* what core 1 runs next: written by core 0 before its FIFO word, read by core 1 after it */
+static void (*job_fn)(void *);
+static void *job_arg;
+static flm_rows_share share;
 
 /* core 1's loop and the FIFO code run from SRAM: a streamed product (stream_rp2040.c) may have
  * the SSI out of XIP mode while they run */
@@ -49,7 +51,7 @@ static void core1_main(void) __attribute__((noreturn));
 FLM_RAMFUNC static void core1_main(void) {
     for (;;) {
         (void)fifo_pop();
-        flm_rows_share_run(&job);
+        job_fn(job_arg);
         fifo_push(1u);
     }
 }
@@ -69,14 +71,30 @@ void hal_rp2040_cores_launch(void) {
     core1_up = 1;
 }
 
+FLM_RAMFUNC int hal_rp2040_core1_start(void (*fn)(void *), void *arg) {
+    if (!core1_up) return 0;
+    job_fn = fn;
+    job_arg = arg;
+    fifo_push(1u);
+    return 1;
+}
+
+FLM_RAMFUNC void hal_rp2040_core1_join(void) {
+    (void)fifo_pop();
+}
+
+FLM_RAMFUNC static void share_run(void *s) {
+    flm_rows_share_run((const flm_rows_share *)s);
+}
+
 void hal_rp2040_matmul_cores(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes) {
     if (!core1_up || w->rows < SPLIT_MIN_ROWS) {
         flm_matmul_rows(w, 0, w->rows, b, row_buf, row_buf_bytes);
         return;
     }
     size_t half;
-    const uint32_t mid = flm_split_rows(w, b, row_buf, row_buf_bytes, &job, &half);
-    fifo_push(1u);
+    const uint32_t mid = flm_split_rows(w, b, row_buf, row_buf_bytes, &share, &half);
+    hal_rp2040_core1_start(share_run, &share);
     flm_matmul_rows(w, 0, mid, b, row_buf, half);
-    (void)fifo_pop();
+    hal_rp2040_core1_join();
 }

@@ -164,6 +164,7 @@ int hal_init(int argc, char **argv) {
     clocks_init();
     uart_init();
     unreset(RST_DMA);                                       /* stream_rp2040.c's channel 0 */
+    REG(NVIC_ISER) = 1u << 11u;   /* DMA_IRQ_0: that channel's reads ending (enabled at the DMA during a streamed product only) */
 #if FLM_RP2040_CORES > 1
     hal_rp2040_cores_launch();
 #endif

@@ -11,16 +11,26 @@ extern uint32_t __data_lma[], __data_start[], __data_end[], __bss_start[], __bss
 extern const uint32_t __vectors_start[];
 int main(void);
 void flm_uart0_irq(void);
+void flm_dma0_irq(void);   /* stream_rp2040.c (a fault in a build without streaming) */
 
 #define REG(addr) (*(volatile uint32_t *)(addr))
 #define PPB_VTOR 0xe000ed08u
+
+typedef void (*vector)(void);
+#define N_VECTORS (16 + 26)   /* 16 system exceptions, then the RP2040's 26 interrupt lines */
+
+/* The table the core uses once running: a copy in SRAM (at its start, rp2040.ld: VTOR wants 256-byte
+ * alignment), so that an interrupt taken while a streamed product has the SSI out of XIP mode
+ * (stream_rp2040.c's DMA interrupt) fetches its vector without an XIP cache miss. */
+static vector ram_vectors[N_VECTORS] __attribute__((section(".ram_vectors"), used));
 
 void flm_reset(void) __attribute__((noreturn));
 void flm_reset(void) {
     uint32_t *src = __data_lma, *dst = __data_start;
     while (dst < __data_end) *dst++ = *src++;
     for (dst = __bss_start; dst < __bss_end; dst++) *dst = 0;
-    REG(PPB_VTOR) = (uint32_t)(uintptr_t)__vectors_start;
+    for (uint32_t i = 0; i < N_VECTORS; i++) ram_vectors[i] = ((const vector *)(const void *)__vectors_start)[i];
+    REG(PPB_VTOR) = (uint32_t)(uintptr_t)ram_vectors;
     main();
     for (;;) __asm volatile("wfi");
 }
@@ -42,10 +52,11 @@ __attribute__((naked)) static void flm_fault(void) {
         "bx r2\n");
 }
 
-typedef void (*vector)(void);
+void flm_dma0_irq(void) __attribute__((weak, alias("flm_fault")));
 
-/* 16 system exceptions, then the RP2040's 26 interrupt lines (UART0 is line 20). */
-__attribute__((section(".vectors"), used)) const vector flm_vectors[16 + 26] = {
+/* The boot table: 16 system exceptions, then the RP2040's 26 interrupt lines (DMA_IRQ_0 is line 11,
+ * UART0 line 20). */
+__attribute__((section(".vectors"), used)) const vector flm_vectors[N_VECTORS] = {
     [0] = (vector)(uintptr_t)__stack_top,
     [1] = flm_reset,
     [2] = flm_fault,    /* NMI */
@@ -54,8 +65,9 @@ __attribute__((section(".vectors"), used)) const vector flm_vectors[16 + 26] = {
     [14] = flm_fault,   /* PendSV */
     [15] = flm_fault,   /* SysTick */
     [16] = flm_fault, flm_fault, flm_fault, flm_fault, flm_fault, flm_fault, flm_fault, flm_fault,
-    flm_fault, flm_fault, flm_fault, flm_fault, flm_fault, flm_fault, flm_fault, flm_fault,
-    flm_fault, flm_fault, flm_fault, flm_fault,
+    flm_fault, flm_fault, flm_fault,
+    [16 + 11] = flm_dma0_irq,
+    [16 + 12] = flm_fault, flm_fault, flm_fault, flm_fault, flm_fault, flm_fault, flm_fault, flm_fault,
     [16 + 20] = flm_uart0_irq,
     [16 + 21] = flm_fault, flm_fault, flm_fault, flm_fault, flm_fault,
 };

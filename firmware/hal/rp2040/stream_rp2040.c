@@ -1,27 +1,33 @@
-/* hal_matmul on the RP2040: a one-token product on a matrix in flash streams its rows into SRAM
- * while both cores compute, any other runs on both cores as it stands (cores_rp2040.c).
+/* hal_matmul on the RP2040: a product on a matrix in flash (any number of tokens) streams its rows
+ * into SRAM while both cores compute, any other runs on both cores as it stands (cores_rp2040.c).
  *
  * Through the XIP cache the two cores wait on flash one 8-byte line at a time (59 cycles a line at
  * SCKDV 2); the SSI in a quad read it was told to run itself moves a 32-bit word every 16 cycles
  * once the address is sent (datasheet 4.10 SSI; host/emu/ssidirect.mjs). So the product takes the
- * SSI out of XIP mode, has DMA channel 0 (datasheet 2.5, paced by DREQ_XIP_SSIRX) carry the rows
- * chunk by chunk into one of two SRAM buffers, and both cores compute chunk i from its buffer,
- * through a view tensor (its data the buffer), while chunk i+1 streams into the other; then the SSI
- * goes back to XIP mode. A chunk is whole rows (a row's scales sit in it), the rows' bytes are the
- * flash's, so the logits are bit for bit those of the XIP path. While the SSI is out of XIP mode
- * nothing may miss in the XIP cache: this file, the row loops, the kernels, the soft-float and core
- * 1's loop run from SRAM (rp2040.ld), the activations and outputs are in SRAM, and no interrupt is
- * enabled during a product (hal_rp2040.c: UART0's only in hal_idle). The SSI's other settings stay
- * what xip_setup wrote (quad, 32-bit frames, EEPROM read, continuous-read mode bits 0xA0, no
- * instruction), so a read is NDF (CTRLR1) and one address word; the flash stays in continuous-read
- * mode, and XIP resumes with NDF 0. FLM_RP2040_STREAM=0 builds without it. */
+ * SSI out of XIP mode and has DMA channel 0 (datasheet 2.5, paced by DREQ_XIP_SSIRX) carry the rows
+ * chunk by chunk (whole rows, up to STREAM_CHUNK_BYTES) into a ring of STREAM_SLOTS SRAM buffers;
+ * then the SSI goes back to XIP mode. The cores take chunks in turn, whole, and each computes its
+ * chunk's rows for every token from the buffer, through a view tensor (its data the buffer): no
+ * hand-over per chunk, only one per product. A read starts as soon as the last one ended (the DMA's
+ * completion interrupt, or a core looking) and the chunk's buffer is free again. The rows' bytes
+ * are the flash's and a row's value does not depend on which core computes it, so the logits are
+ * bit for bit those of the XIP path.
+ *
+ * While the SSI is out of XIP mode nothing may miss in the XIP cache: this file, the row loops, the
+ * kernels, the soft-float and core 1's loop run from SRAM (rp2040.ld), the activations and outputs
+ * are in SRAM, and the one interrupt enabled during a product is the DMA's, whose vector the core
+ * reads from the table's SRAM copy (startup_rp2040.c; UART0's is only unmasked in hal_idle). The
+ * SSI's other settings stay what xip_setup wrote (quad, 32-bit frames, EEPROM read, continuous-read
+ * mode bits 0xA0, no instruction), so a read is NDF (CTRLR1) and one address word; the flash stays
+ * in continuous-read mode, and XIP resumes with NDF 0. FLM_RP2040_STREAM=0 builds without it. */
 #include "cores_rp2040.h"
 #include "hal_rp2040.h"
 
 #ifndef FLM_RP2040_STREAM
 #define FLM_RP2040_STREAM 1
 #endif
-#define STREAM_CHUNK_BYTES 1024u   /* each of the two buffers: a 1 KB read takes ~4,100 cycles */
+#define STREAM_CHUNK_BYTES 1024u   /* each buffer: a 1 KB read takes ~4,100 cycles */
+#define STREAM_SLOTS 4u             /* buffers: a chunk on each core and two reads ahead */
 
 #define REG(addr) (*(volatile uint32_t *)(addr))
 #define SSI_CTRLR1 0x18000004u
@@ -33,6 +39,11 @@
 #define DMA_WRITE 0x50000004u
 #define DMA_COUNT 0x50000008u
 #define DMA_CTRL_TRIG 0x5000000cu
+#define DMA_INTR 0x50000400u         /* raw interrupt status, write 1 to clear */
+#define DMA_INTE0 0x50000404u        /* channel 0's completion raises DMA_IRQ_0 */
+#define DMA_INTS0 0x5000040cu
+#define DMA_IRQ_0 11u
+#define NVIC_ICPR 0xe000e280u
 #define DREQ_XIP_SSIRX 39u
 /* EN, DATA_SIZE word, INCR_WRITE, CHAIN_TO itself (none), TREQ_SEL the SSI's RX request */
 #define DMA_CTRL (1u | (2u << 2) | (1u << 5) | (0u << 11) | (DREQ_XIP_SSIRX << 15))
@@ -41,43 +52,126 @@
 #define MODE_BITS 0xa0u             /* continuous read: the flash expects no command next time */
 
 #if FLM_RP2040_STREAM
-static uint32_t stream_buf[2][STREAM_CHUNK_BYTES / 4u];
+#define SIO_CPUID 0xd0000000u
+#define SIO_LOCK 0xd000017cu        /* spinlock 31: a read claims it (non-zero: got it), a write frees it */
 
-/* rows [r, r + k) of w into buffer i: one read of k rows' words, the DMA carrying them */
-FLM_RAMFUNC static void chunk_start(const flm_tensor *w, uint32_t r, uint32_t k, uint32_t i) {
-    const uint32_t words = k * w->stride / 4u;
+static uint32_t stream_buf[STREAM_SLOTS][STREAM_CHUNK_BYTES / 4u];
+
+/* A streamed product, shared by the two cores: chunk j (rows [j * per, +per)) is read into buffer
+ * j % STREAM_SLOTS once the chunk STREAM_SLOTS before it is done; reads run in order, one at a
+ * time (one DMA channel, one SSI); a core takes the next chunk not taken. issued and taken change
+ * under the spinlock; free[s] is written by the core that computed the chunk in buffer s. */
+typedef struct {
+    const flm_tensor *w;
+    const flm_batch *b;
+    uint32_t per, chunks;
+    volatile uint32_t issued;               /* chunks whose read has started */
+    volatile uint32_t taken;                /* chunks a core has taken */
+    volatile uint32_t free[STREAM_SLOTS];   /* per buffer: the chunk that may be read into it next */
+    flm_tensor view[2];                     /* per core: its chunk, the data its buffer (set up in
+                                               place, no struct copy: memcpy runs from flash) */
+} stream_job;
+
+static stream_job job;
+
+/* Interrupts masked while a core holds the lock: core 0's DMA interrupt takes it too. */
+FLM_RAMFUNC static void lock(void) {
+    __asm volatile("cpsid i" ::: "memory");
+    while (!REG(SIO_LOCK)) {}
+    __asm volatile("dmb" ::: "memory");
+}
+
+FLM_RAMFUNC static void unlock(void) {
+    __asm volatile("dmb" ::: "memory");
+    REG(SIO_LOCK) = 1u;
+    __asm volatile("cpsie i" ::: "memory");
+}
+
+/* Under the lock: starts the next chunk's read when the last one is over and its buffer is free. */
+FLM_RAMFUNC static void pump(stream_job *s) {
+    const uint32_t j = s->issued;
+    if (j >= s->chunks || REG(DMA_COUNT) || s->free[j % STREAM_SLOTS] != j) return;
+    const uint32_t k = s->w->rows - j * s->per < s->per ? s->w->rows - j * s->per : s->per;
+    const uint32_t words = k * s->w->stride / 4u;
     REG(SSI_SSIENR) = 0u;
     REG(SSI_CTRLR1) = words - 1u;
     REG(SSI_SSIENR) = 1u;
     REG(DMA_READ) = SSI_DR0;
-    REG(DMA_WRITE) = (uint32_t)(uintptr_t)stream_buf[i];
+    REG(DMA_WRITE) = (uint32_t)(uintptr_t)stream_buf[j % STREAM_SLOTS];
     REG(DMA_COUNT) = words;
     REG(DMA_CTRL_TRIG) = DMA_CTRL;
-    REG(SSI_DR0) = ((uint32_t)(uintptr_t)(w->data + (size_t)r * w->stride) - XIP_BASE) << 8 | MODE_BITS;
+    REG(SSI_DR0) = ((uint32_t)(uintptr_t)(s->w->data + (size_t)j * s->per * s->w->stride) - XIP_BASE) << 8 |
+                   MODE_BITS;
+    s->issued = j + 1u;
 }
 
-FLM_RAMFUNC static void chunk_wait(void) {
-    while (REG(DMA_COUNT)) {}
+/* DMA_IRQ_0 (core 0; enabled only during a streamed product): a read is over, start the next one
+ * now rather than when a core next takes a chunk or waits for one. */
+FLM_RAMFUNC void flm_dma0_irq(void) {
+    REG(DMA_INTS0) = 1u;
+    lock();
+    pump(&job);
+    unlock();
 }
 
-FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes) {
-    const uint32_t per = STREAM_CHUNK_BYTES / w->stride;
-    flm_tensor v = *w;              /* the chunk's view; copied here, while XIP still runs (memcpy) */
-    flm_batch vb = *b;
+/* chunk j is in its buffer: its read started and is not the one under way (issued read before the
+ * count: a read started between the two makes the answer "not yet", never a wrong "yes") */
+FLM_RAMFUNC static int arrived(const stream_job *s, uint32_t j) {
+    const uint32_t issued = s->issued;
+    __asm volatile("dmb" ::: "memory");
+    return j + 1u < issued || (j + 1u == issued && !REG(DMA_COUNT));
+}
+
+/* Each core's loop: take a chunk, wait for it (starting the next read if the DMA is idle), compute
+ * its rows for every token of the batch, free its buffer. */
+FLM_RAMFUNC static void stream_work(void *arg) {
+    stream_job *s = arg;
+    flm_tensor *v = &s->view[REG(SIO_CPUID) & 1u];
+    const flm_batch *b = s->b;
+    for (;;) {
+        lock();
+        pump(s);
+        const uint32_t j = s->taken;
+        if (j < s->chunks) s->taken = j + 1u;
+        unlock();
+        if (j >= s->chunks) return;
+        while (!arrived(s, j)) {
+            lock();
+            pump(s);
+            unlock();
+        }
+        const uint32_t r = j * s->per;
+        v->data = (const uint8_t *)stream_buf[j % STREAM_SLOTS];
+        v->rows = s->w->rows - r < s->per ? s->w->rows - r : s->per;
+        v->length = v->rows * v->stride;
+        for (uint32_t t = 0; t < b->n; t++)
+            flm_matvec_rows(v, 0, v->rows, b->xq + (size_t)t * b->xq_stride, b->xs + (size_t)t * b->xs_stride,
+                            b->out + (size_t)t * b->out_stride + r);
+        __asm volatile("dmb" ::: "memory");   /* the rows read before the buffer is handed back */
+        s->free[j % STREAM_SLOTS] = j + STREAM_SLOTS;
+    }
+}
+
+FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b) {
+    stream_job *s = &job;
+    s->w = w;
+    s->b = b;
+    s->per = STREAM_CHUNK_BYTES / w->stride;
+    s->chunks = (w->rows + s->per - 1u) / s->per;
+    s->issued = s->taken = 0u;
+    for (uint32_t i = 0; i < STREAM_SLOTS; i++) s->free[i] = i;
+    s->view[0] = s->view[1] = *w;   /* copied here, while XIP still runs (memcpy) */
     REG(SSI_SSIENR) = 0u;
     REG(SSI_DMARDLR) = 0u;          /* a request while the RX FIFO holds a word */
     REG(SSI_DMACR) = 1u;            /* RDMAE */
-    chunk_start(w, 0, w->rows < per ? w->rows : per, 0);
-    for (uint32_t r = 0, i = 0, k; r < w->rows; r += k, i ^= 1u) {
-        k = w->rows - r < per ? w->rows - r : per;
-        chunk_wait();
-        if (r + k < w->rows) chunk_start(w, r + k, w->rows - r - k < per ? w->rows - r - k : per, i ^ 1u);
-        v.data = (const uint8_t *)stream_buf[i];
-        v.rows = k;
-        v.length = k * w->stride;
-        vb.out = b->out + r;
-        hal_rp2040_matmul_cores(&v, &vb, row_buf, row_buf_bytes);
-    }
+    REG(DMA_INTR) = 1u;
+    REG(DMA_INTE0) = 1u;
+    const int both = hal_rp2040_core1_start(stream_work, s);
+    stream_work(s);
+    if (both) hal_rp2040_core1_join();
+    REG(DMA_INTE0) = 0u;
+    REG(DMA_INTR) = 1u;
+    REG(NVIC_ICPR) = 1u << DMA_IRQ_0;
     REG(SSI_SSIENR) = 0u;
     REG(SSI_DMACR) = 0u;
     REG(SSI_CTRLR1) = 0u;           /* XIP: one frame a request */
@@ -88,9 +182,9 @@ FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b, uint8_
 void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes) {
 #if FLM_RP2040_STREAM
     const uintptr_t a = (uintptr_t)w->data;
-    if (b->n == 1u && a >= XIP_BASE && a < XIP_END && !(a & 3u) && !(w->stride & 3u) && w->stride &&
+    if (a >= XIP_BASE && a < XIP_END && !(a & 3u) && !(w->stride & 3u) && w->stride &&
         w->stride <= STREAM_CHUNK_BYTES) {
-        streamed(w, b, row_buf, row_buf_bytes);
+        streamed(w, b);
         return;
     }
 #endif
