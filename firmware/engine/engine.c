@@ -152,8 +152,8 @@ static PROFILED void product(flm_state *s, const flm_tensor *w, uint32_t n, floa
 
 static PROFILED void quantize_all(flm_state *s, const flm_tensor *w, const float *x, uint32_t x_stride, uint32_t n) {
     for (uint32_t t = 0; t < n; t++)
-        flm_quantize_act(x + (size_t)t * x_stride, w->cols, flm_act_group(w), s->xq + (size_t)t * s->xq_stride,
-                         s->xs + (size_t)t * s->xs_stride);
+        flm_quantize_act(x + (size_t)t * x_stride, w->cols, flm_act_group(w), flm_act_qmax(w),
+                         s->xq + (size_t)t * s->xq_stride, s->xs + (size_t)t * s->xs_stride);
 }
 
 static void matmul(flm_state *s, const flm_tensor *w, const float *x, uint32_t x_stride, uint32_t n, float *out,
@@ -163,10 +163,11 @@ static void matmul(flm_state *s, const flm_tensor *w, const float *x, uint32_t x
 }
 
 /* matmul of the same inputs x as the matmul of prev just before: their codes are reused when the
- * activation group is the same (the same codes and scales: quantization depends on x and it only). */
+ * activation group and the largest code are the same (the same codes and scales: quantization
+ * depends on x and these only). */
 static void matmul_same_x(flm_state *s, const flm_tensor *w, const flm_tensor *prev, const float *x, uint32_t x_stride,
                           uint32_t n, float *out, uint32_t out_stride, flm_step_stats *st) {
-    if (flm_act_group(w) != flm_act_group(prev)) quantize_all(s, w, x, x_stride, n);
+    if (flm_act_group(w) != flm_act_group(prev) || flm_act_qmax(w) != flm_act_qmax(prev)) quantize_all(s, w, x, x_stride, n);
     product(s, w, n, out, out_stride, st);
 }
 
@@ -249,7 +250,7 @@ static void attend_int8_head(flm_state *s, uint32_t l, uint32_t pos, uint32_t kh
     const uint8_t *k0 = kv_at(s, s->kc, l, 0, kh), *v0 = kv_at(s, s->vc, l, 0, kh), *k = k0, *v = v0;
     int32_t *n = (int32_t *)(void *)s->att, *acc = (int32_t *)(void *)o;
     float qs;
-    flm_quantize_act(q, hd, hd, s->xq, &qs);
+    flm_quantize_act(q, hd, hd, FLM_QMAX_8, s->xq, &qs);
     const float c = qs * kq;
     for (uint32_t t = 0; t < T; t += 2u, k += 2u * rs) {   /* two keys a pass: the query's codes read once */
         int32_t d[2];

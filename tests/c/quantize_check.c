@@ -23,7 +23,7 @@ int main(void) {
             else if (k < end) { u = (uint32_t)(k >> 1) | (uint32_t)(k & 1u) << 31; k++; }
             memcpy(&x[i], &u, 4);
         }
-        flm_quantize_act(x, N, G, q, xs);
+        flm_quantize_act(x, N, G, 127, q, xs);
         flm_quantize_i8(x, N, G, q8, xs8);
         for (uint32_t i = 0; i < N; i++) {
             int32_t want = (int32_t)(x[i] + (x[i] < 0.0f ? -0.5f : 0.5f));
