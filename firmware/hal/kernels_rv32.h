@@ -2,10 +2,11 @@
  * kernel_hooks.h hooks, copied into a project as its src/hal/kernels_arch.h for the boards whose
  * profile says kernels = "rv32" (the real C3 and P4 and their instruction sets in QEMU).
  *
- * The floor of an int8 group dot on rv32imc (docs/kernels.md): LB sign-extends as it loads, so a
- * weight costs two loads, a MUL and an ADD, four instructions; the pointers' steps and the loop's
- * branch are shared by a whole unrolled group. An int4 code byte (two weights, row-scaled: nibbles
- * offset by 8) is LBU, ANDI, SRLI, two LB, two MUL and two ADD: 4.5 a weight when the -8 of each
+ * The floor of an int8 group dot on rv32imc (docs/kernels.md): LB sign-extends a code as it loads,
+ * LH an activation code (int16, flm_act), so a weight costs two loads, a MUL and an ADD, four
+ * instructions; the pointers' steps and the loop's branch are shared by a whole unrolled group. An
+ * int4 code byte (two weights, row-scaled: nibbles offset by 8) is LBU, ANDI, SRLI, two LH, two MUL
+ * and two ADD: 4.5 a weight when the -8 of each
  * code is folded out of the dot (sum (u - 8) x = sum u x - 8 sum x, sum x once per activation group
  * for all rows). The dots below are that code, in inline assembly: GCC keeps a plain C loop rolled
  * (seven instructions a weight), and an unrolled one it schedules all loads of a turn first.
@@ -16,15 +17,16 @@
 #ifndef FLM_KERNELS_ARCH_H
 #define FLM_KERNELS_ARCH_H
 
-/* The loops below read activation codes with LB: they are int8 under the numerics contract these
- * kernels were written against (an int16 contract needs LH and a step of 2 a code). */
-typedef char flm_rv_act_is_int8[sizeof(flm_act) == 1u ? 1 : -1];
+/* The loops below read activation codes with LH, two bytes a code: flm_act is int16 (kernels.h). A
+ * product of an int8 code and a 12-bit activation and a group's sum of them fit in 32 bits
+ * (|isum| <= 127 * 2047 * 512 < 2^28), so MUL and ADD keep the exact integer. */
+typedef char flm_rv_act_is_int16[sizeof(flm_act) == 2u ? 1 : -1];
 
 /* Two weights at byte offset o: both loads of each, their products, added into s (the operand
  * registers a, b, c, d given by the caller). In assembly, so that the compiler cannot hoist a whole
  * turn's loads ahead of the products (it does, needing 16 registers and spilling the rows' state). */
 #define RV_Q8_PAIR(o)                                                                                     \
-    "lb %[a], " #o "(%[w])\n\tlb %[b], " #o "(%[x])\n\tlb %[c], " #o "+1(%[w])\n\tlb %[d], " #o "+1(%[x])\n\t"     \
+    "lb %[a], " #o "(%[w])\n\tlh %[b], 2*" #o "(%[x])\n\tlb %[c], " #o "+1(%[w])\n\tlh %[d], 2*" #o "+2(%[x])\n\t" \
     "mul %[a], %[a], %[b]\n\tmul %[c], %[c], %[d]\n\tadd %[s], %[s], %[a]\n\tadd %[s], %[s], %[c]\n\t"
 
 /* dot_q8_rv for n a nonzero multiple of 8: 16 weights a turn when n allows (4 instructions a
@@ -34,13 +36,13 @@ static inline __attribute__((always_inline)) int32_t dot8n_q8_rv(const int8_t *w
     const int8_t *end = w + n;
     if (!(n & 15u)) {
         __asm volatile("1:\n\t" RV_Q8_PAIR(0) RV_Q8_PAIR(2) RV_Q8_PAIR(4) RV_Q8_PAIR(6) RV_Q8_PAIR(8) RV_Q8_PAIR(10)
-                       RV_Q8_PAIR(12) RV_Q8_PAIR(14) "addi %[w], %[w], 16\n\taddi %[x], %[x], 16\n\tbne %[w], %[e], 1b"
+                       RV_Q8_PAIR(12) RV_Q8_PAIR(14) "addi %[w], %[w], 16\n\taddi %[x], %[x], 32\n\tbne %[w], %[e], 1b"
                        : [s] "+r"(s), [w] "+r"(w), [x] "+r"(x), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [d] "=&r"(d)
                        : [e] "r"(end)
                        : "memory");
     } else {
         __asm volatile("1:\n\t" RV_Q8_PAIR(0) RV_Q8_PAIR(2) RV_Q8_PAIR(4) RV_Q8_PAIR(6)
-                       "addi %[w], %[w], 8\n\taddi %[x], %[x], 8\n\tbne %[w], %[e], 1b"
+                       "addi %[w], %[w], 8\n\taddi %[x], %[x], 16\n\tbne %[w], %[e], 1b"
                        : [s] "+r"(s), [w] "+r"(w), [x] "+r"(x), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [d] "=&r"(d)
                        : [e] "r"(end)
                        : "memory");
@@ -59,7 +61,7 @@ static inline __attribute__((always_inline)) int32_t dot_q8_rv(const int8_t *w, 
 
 /* A code byte at offset o: its two nibbles unsigned, times their activations, added into s. */
 #define RV_U4_BYTE(o)                                                                                     \
-    "lbu %[a], " #o "(%[w])\n\tlb %[b], 2*" #o "(%[x])\n\tlb %[d], 2*" #o "+1(%[x])\n\tandi %[c], %[a], 15\n\t"       \
+    "lbu %[a], " #o "(%[w])\n\tlh %[b], 4*" #o "(%[x])\n\tlh %[d], 4*" #o "+2(%[x])\n\tandi %[c], %[a], 15\n\t"       \
     "srli %[a], %[a], 4\n\tmul %[c], %[c], %[b]\n\tmul %[a], %[a], %[d]\n\tadd %[s], %[s], %[c]\n\tadd %[s], %[s], %[a]\n\t"
 
 /* sum u x over n codes (nibbles unsigned, low first), n a multiple of 8: the row-scaled dot less
@@ -71,13 +73,13 @@ static inline __attribute__((always_inline)) int32_t dot_u4_rv(const uint8_t *w,
     if (!n) return 0;
     if (!(n & 15u)) {
         __asm volatile("1:\n\t" RV_U4_BYTE(0) RV_U4_BYTE(1) RV_U4_BYTE(2) RV_U4_BYTE(3) RV_U4_BYTE(4) RV_U4_BYTE(5)
-                       RV_U4_BYTE(6) RV_U4_BYTE(7) "addi %[w], %[w], 8\n\taddi %[x], %[x], 16\n\tbne %[w], %[e], 1b"
+                       RV_U4_BYTE(6) RV_U4_BYTE(7) "addi %[w], %[w], 8\n\taddi %[x], %[x], 32\n\tbne %[w], %[e], 1b"
                        : [s] "+r"(s), [w] "+r"(w), [x] "+r"(x), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [d] "=&r"(d)
                        : [e] "r"(end)
                        : "memory");
     } else {
         __asm volatile("1:\n\t" RV_U4_BYTE(0) RV_U4_BYTE(1) RV_U4_BYTE(2) RV_U4_BYTE(3)
-                       "addi %[w], %[w], 4\n\taddi %[x], %[x], 8\n\tbne %[w], %[e], 1b"
+                       "addi %[w], %[w], 4\n\taddi %[x], %[x], 16\n\tbne %[w], %[e], 1b"
                        : [s] "+r"(s), [w] "+r"(w), [x] "+r"(x), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [d] "=&r"(d)
                        : [e] "r"(end)
                        : "memory");
@@ -89,7 +91,7 @@ static inline __attribute__((always_inline)) int32_t dot_u4_rv(const uint8_t *w,
  * byte, so its high nibble is one SRAI; the low one is shifted to the top and back. 5 instructions a
  * weight, no sum of x to fold. */
 #define RV_S4_BYTE(o)                                                                                     \
-    "lb %[a], " #o "(%[w])\n\tlb %[b], 2*" #o "(%[x])\n\tlb %[d], 2*" #o "+1(%[x])\n\tslli %[c], %[a], 28\n\t"        \
+    "lb %[a], " #o "(%[w])\n\tlh %[b], 4*" #o "(%[x])\n\tlh %[d], 4*" #o "+2(%[x])\n\tslli %[c], %[a], 28\n\t"        \
     "srai %[a], %[a], 4\n\tsrai %[c], %[c], 28\n\tmul %[c], %[c], %[b]\n\tmul %[a], %[a], %[d]\n\t"                  \
     "add %[s], %[s], %[c]\n\tadd %[s], %[s], %[a]\n\t"
 
@@ -103,13 +105,13 @@ static inline __attribute__((always_inline)) int32_t dot_q4_rv(const uint8_t *re
     int32_t s = 0, a, b, c, d;
     if (n8 && !(n8 & 15u)) {
         __asm volatile("1:\n\t" RV_S4_BYTE(0) RV_S4_BYTE(1) RV_S4_BYTE(2) RV_S4_BYTE(3) RV_S4_BYTE(4) RV_S4_BYTE(5)
-                       RV_S4_BYTE(6) RV_S4_BYTE(7) "addi %[w], %[w], 8\n\taddi %[x], %[x], 16\n\tbne %[w], %[e], 1b"
+                       RV_S4_BYTE(6) RV_S4_BYTE(7) "addi %[w], %[w], 8\n\taddi %[x], %[x], 32\n\tbne %[w], %[e], 1b"
                        : [s] "+r"(s), [w] "+r"(wp), [x] "+r"(xp), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [d] "=&r"(d)
                        : [e] "r"(end)
                        : "memory");
     } else if (n8) {
         __asm volatile("1:\n\t" RV_S4_BYTE(0) RV_S4_BYTE(1) RV_S4_BYTE(2) RV_S4_BYTE(3)
-                       "addi %[w], %[w], 4\n\taddi %[x], %[x], 8\n\tbne %[w], %[e], 1b"
+                       "addi %[w], %[w], 4\n\taddi %[x], %[x], 16\n\tbne %[w], %[e], 1b"
                        : [s] "+r"(s), [w] "+r"(wp), [x] "+r"(xp), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [d] "=&r"(d)
                        : [e] "r"(end)
                        : "memory");
