@@ -120,6 +120,43 @@ static inline __attribute__((always_inline)) int32_t dot_q4_rv(const uint8_t *re
     return s;
 }
 #define FLM_DOT_Q4 dot_q4_rv
+
+/* Two elements (at byte offset 2o) of the k12 attention's two dots: their query codes and both K
+ * rows' codes (int16: LH), four products, added into s0 (row a) and s1 (row b); the second
+ * element's loads placed between the first's products, so that no loaded value is used by the
+ * next instruction. */
+#define RV_Q12_PAIR(o)                                                                                    \
+    "lh %[x0], 2*" #o "(%[x])\n\tlh %[a0], 2*" #o "(%[a])\n\tlh %[b0], 2*" #o "(%[b])\n\t"                      \
+    "lh %[x1], 2*" #o "+2(%[x])\n\tmul %[a0], %[a0], %[x0]\n\tmul %[b0], %[b0], %[x0]\n\t"                      \
+    "lh %[a1], 2*" #o "+2(%[a])\n\tlh %[b1], 2*" #o "+2(%[b])\n\tadd %[s0], %[s0], %[a0]\n\t"                   \
+    "add %[s1], %[s1], %[b0]\n\tmul %[a1], %[a1], %[x1]\n\tmul %[b1], %[b1], %[x1]\n\t"                         \
+    "add %[s0], %[s0], %[a1]\n\tadd %[s1], %[s1], %[b1]\n\t"
+
+/* dot2_q12_scalar's values (k12 K rows a and b against the query's codes x, |c| <= 2047, n <= 512:
+ * int32 sums): 8 elements a turn (3.5 instructions a product and 4 a turn; GCC's two rolled loops
+ * take about 6), then one element at a time. */
+static inline __attribute__((always_inline)) void dot2_q12_rv(const int16_t *a, const int16_t *b, const flm_act *x,
+                                                              uint32_t n, int32_t out[2]) {
+    const uint32_t n8 = n & ~7u;
+    const int16_t *pa = a, *pb = b, *end = a + n8;
+    const flm_act *px = x;
+    int32_t s0 = 0, s1 = 0, a0, b0, x0, a1, b1, x1;
+    if (n8) {
+        __asm volatile("1:\n\t" RV_Q12_PAIR(0) RV_Q12_PAIR(2) RV_Q12_PAIR(4) RV_Q12_PAIR(6)
+                       "addi %[a], %[a], 16\n\taddi %[b], %[b], 16\n\taddi %[x], %[x], 16\n\tbne %[a], %[e], 1b"
+                       : [s0] "+r"(s0), [s1] "+r"(s1), [a] "+r"(pa), [b] "+r"(pb), [x] "+r"(px), [a0] "=&r"(a0),
+                         [b0] "=&r"(b0), [x0] "=&r"(x0), [a1] "=&r"(a1), [b1] "=&r"(b1), [x1] "=&r"(x1)
+                       : [e] "r"(end)
+                       : "memory");
+    }
+    for (uint32_t i = n8; i < n; i++) {
+        s0 += (int32_t)a[i] * x[i];
+        s1 += (int32_t)b[i] * x[i];
+    }
+    out[0] = s0;
+    out[1] = s1;
+}
+#define FLM_DOT2_Q12 dot2_q12_rv
 #define FLM_SCALAR_ROWS 1
 
 /* The bits of a nonzero x's highest set bit, plus one (rv32imc has no count-leading-zeros). */

@@ -125,6 +125,44 @@ static inline __attribute__((always_inline)) int32_t dot_q4_xt(const uint8_t *re
 }
 #define FLM_DOT_Q4 dot_q4_xt
 
+/* One element (at byte offset 2o) of the k12 attention's two dots: both K rows' codes and the query's
+ * code (int16: L16SI), row a's product into ACC (MULA.AA.LL), row b's by MUL16S added into s1; each
+ * load an instruction away from its use (the LX7 stalls a cycle otherwise). */
+#define XT_Q12(o)                                                                                         \
+    "l16si %[va], %[a], 2*" #o "\n\tl16si %[vx], %[x], 2*" #o "\n\tl16si %[vb], %[b], 2*" #o "\n\t"             \
+    "mula.aa.ll %[va], %[vx]\n\tmul16s %[vb], %[vb], %[vx]\n\tadd %[s1], %[s1], %[vb]\n\t"
+
+/* dot2_q12_scalar's values (k12 K rows a and b against the query's codes x, |c| <= 2047, n <= 512:
+ * int32 sums, ACC's low word holds row a's): 8 elements a LOOP turn (3 instructions a product, 3
+ * pointer steps a turn; clang's two rolled loops take about 7), then one element at a time. Not
+ * inlined: inlined into the boot self-check's large frame, clang-22 fails to find a register to
+ * spill through. */
+static __attribute__((noinline)) void dot2_q12_xt(const int16_t *a, const int16_t *b, const flm_act *x,
+                                                              uint32_t n, int32_t out[2]) {
+    const uint32_t n8 = n & ~7u;
+    const int16_t *pa = a, *pb = b;
+    const flm_act *px = x;
+    uint32_t turns = n8 / 8u;
+    int32_t s0 = 0, s1 = 0, va, vb, vx;
+    if (n8) {
+        __asm volatile("movi %[va], 0\n\twsr %[va], acclo\n\twsr %[va], acchi\n\tloop %[t], 1f\n\t"
+                       XT_Q12(0) XT_Q12(1) XT_Q12(2) XT_Q12(3) XT_Q12(4) XT_Q12(5) XT_Q12(6) XT_Q12(7)
+                       "addi %[a], %[a], 16\n\taddi %[b], %[b], 16\n\taddi %[x], %[x], 16\n"
+                       "1:\n\trsr %[s0], acclo"
+                       : [s0] "=r"(s0), [s1] "+r"(s1), [a] "+r"(pa), [b] "+r"(pb), [x] "+r"(px), [t] "+r"(turns),
+                         [va] "=&r"(va), [vb] "=&r"(vb), [vx] "=&r"(vx)
+                       :
+                       : "memory");
+    }
+    for (uint32_t i = n8; i < n; i++) {
+        s0 += (int32_t)a[i] * x[i];
+        s1 += (int32_t)b[i] * x[i];
+    }
+    out[0] = s0;
+    out[1] = s1;
+}
+#define FLM_DOT2_Q12 dot2_q12_xt
+
 #define FLM_SCALAR_ROWS 1
 
 /* The bits of a nonzero x up to its highest set bit (NSAU counts the zeros above it). */
