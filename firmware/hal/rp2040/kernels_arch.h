@@ -140,14 +140,13 @@ static inline __attribute__((always_inline)) void axpy_m0(int32_t *acc, const in
  * Up to LANE_COLS columns: 2,176 bytes of the RP2040's 8 KB stack floor. */
 #define LANE_COLS 1024u
 
-/* Their shape: whole groups, word-aligned activations; q8 groups of a multiple of 8 columns up to
- * 32 (a group's term k * isum an int32: 255 * 128 * 2047 * 32 < 2^31; the row's sum is an int64),
- * q4 groups of a multiple of 32, at most LANE_COLS columns (docs/formats.md). 0: another shape
- * (the portable row); else geom = n_groups | group << 16. */
+/* Their shape: whole groups of a multiple of 8 columns (q4: of 32, at most LANE_COLS columns, so
+ * that its row sums fit an int32; q8's are int64), word-aligned activations (docs/formats.md). 0:
+ * another shape (the portable row); else geom = n_groups | group << 16. */
 static uint32_t rs_geom(const flm_tensor *w, const flm_act *xq) {
     const uint32_t g = w->group, q8 = w->fmt == FLM_Q8;
-    const int ok = w->cols % g == 0u && !((uintptr_t)xq & 3u) &&
-                   (q8 ? g % 8u == 0u && g <= 32u : g % 32u == 0u && w->cols <= LANE_COLS);
+    const int ok = w->cols % g == 0u && g % (q8 ? 8u : 32u) == 0u && (q8 || w->cols <= LANE_COLS) &&
+                   !((uintptr_t)xq & 3u);
     return ok ? w->cols / g | g << 16 : 0u;
 }
 

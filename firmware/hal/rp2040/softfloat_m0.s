@@ -621,11 +621,12 @@ flm_group_term:
 
 @ ---- row-scaled matvec rows (docs/formats.md section 1; kernels.c rows_rs): a row's integer part,
 @ acc = sum_g k_g * (sum_{c in g} code_c * x_c), exact, then float(acc) * (S * X) inline. A row: f32
-@ S, u8 k[ng] padded to 4, then ng groups of g codes; geom = ng | g << 16 (q8: g a multiple of 8 up
-@ to 32, so that a group's term k_g * isum_g fits an int32: 255 * 128 * 2047 * 32 < 2^31; q4: g a
-@ multiple of 32, at most 1024 columns, the whole sum an int32). q8's sum of terms is an int64: an
-@ int32 in a register whose every add tests the overflow flag (out of line: the row's high word on
-@ the stack steps by one), so a row costs one branch not taken a group over an int32 sum. The
+@ S, u8 k[ng] padded to 4, then ng groups of g codes; geom = ng | g << 16 (q8: g a multiple of 8;
+@ q4: of 32, at most 1024 columns, the whole sum an int32). q8's sum of terms is an int64: an int32
+@ in a register whose every add tests the overflow flag (out of line: the row's high word on the
+@ stack steps by one), so a row costs one branch not taken a group over an int32 sum; a group's term
+@ k_g * isum_g is an int32 up to 32 columns (255 * 128 * 2047 * 32 < 2^31), a longer group's is
+@ added as a 64-bit integer (WIDE_ADD). The
 @ drivers take a job (softfloat_m0.h flm_rs_job: row, stride, n, x or lanes, geom, X, out at offsets
 @ 0..24) and write out[0, n).
 
@@ -704,6 +705,34 @@ flm_group_term:
     b 6\lab\()b
     .endm
 
+@ A group longer than 32 (its isum an int32, k * isum not): \acc (low word, a high register) and its
+@ high word at [sp, #\hi] += \k * \isum as 64-bit integers, the product in two halves of isum (low
+@ 16 bits unsigned, the rest signed: each times k an int32); clobbers \k, \th, \tl, \ta
+    .macro WIDE_ADD acc, isum, k, hi, th, tl, ta
+    mov \th, \isum
+    uxth \tl, \th
+    muls \tl, \k                @ p1 = k * the low half, 0 <= p1 < 2^24
+    asrs \th, \th, #16
+    muls \th, \k                @ p2 = k * the high half
+    lsls \ta, \th, #16
+    asrs \th, \th, #16
+    adds \tl, \tl, \ta          @ the term p1 + p2 2^16: low word, C
+    movs \ta, #0
+    adcs \th, \ta               @ high word
+    mov \ta, \acc
+    asrs \k, \ta, #31
+    adds \th, \th, \k
+    ldr \k, [sp, #\hi]
+    adds \th, \th, \k           @ + the sum's high word as two's complement (hi + the low word's sign)
+    adds \ta, \ta, \tl
+    movs \tl, #0
+    adcs \th, \tl
+    mov \acc, \ta
+    asrs \tl, \ta, #31
+    subs \th, \th, \tl          @ back to the high adjustment of an int32 low word
+    str \th, [sp, #\hi]
+    .endm
+
 @ The pair's integer parts: r0 = row a, r1 = row b, r2 = x, r3 = geom -> r12, lr = acc of a, b
 @ (low words; the high words at [sp, #16], [sp, #20]); [sp] = g, [sp, #4] = row a's codes end
 @ (locals); clobbers r0-r11. r8, r9 = the group sums, r10 = the group's codes end, r11 = row a's
@@ -739,23 +768,28 @@ flm_group_term:
     ldrb r6, [r4, r1]           @ k of row b
     subs r4, #3
     mov r11, r4
+    ldr r7, [sp, #0]
+    add r10, r7                 @ the next group's codes end
+    cmp r7, #32
+    bhi 8f                      @ a group longer than 32
     mov r7, r8
     muls r5, r7
     ACC_ADD r12, r5, r7, 1
     mov r7, r9
     muls r6, r7
     ACC_ADD lr, r6, r7, 2
-    movs r7, #0
+9:  movs r7, #0
     mov r8, r7
     mov r9, r7
-    ldr r7, [sp, #0]
-    add r10, r7
     ldr r7, [sp, #4]
     cmp r0, r7
     bne 1b
     b 7f
     OVF_STEP r5, r4, 16, 1
     OVF_STEP r6, r4, 20, 2
+8:  WIDE_ADD r12, r8, r5, 16, r3, r4, r7
+    WIDE_ADD lr, r9, r6, 20, r3, r4, r7
+    b 9b
 7:
     .endm
 
@@ -790,14 +824,19 @@ flm_group_term:
     ldrb r3, [r2]
     adds r2, #1
     mov r10, r2
+    mov r2, r11
+    cmp r2, #32
+    bhi 8f                      @ a group longer than 32
     muls r3, r6
     ACC_ADD r9, r3, r2, 1
-    movs r6, #0
+9:  movs r6, #0
     add r8, r11
     cmp r4, r12
     bne 1b
     b 7f
     OVF_STEP r3, r0, 16, 1
+8:  WIDE_ADD r9, r6, r3, 16, r0, r1, r2
+    b 9b
 7:
     .endm
 
