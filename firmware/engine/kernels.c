@@ -44,6 +44,8 @@ void flm_quantize_i8(const float *x, uint32_t n, uint32_t g, int8_t *q, float *x
 int32_t flm_dot_q8(const int8_t *w, const flm_act *x, uint32_t n) { return FLM_DOT_Q8(w, x, n); }
 int32_t flm_dot_q4(const uint8_t *w, const flm_act *x, uint32_t n) { return FLM_DOT_Q4(w, x, n); }
 
+float flm_i64_to_f32(int64_t v) { return i64_to_f32(v); }
+
 uint32_t flm_act_group(const flm_tensor *w) { return w->rowscale ? w->cols : w->group; }
 
 void flm_dot2_q8(const int8_t *a, const int8_t *b, const flm_act *x, uint32_t n, int32_t out[2]) {

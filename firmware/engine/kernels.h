@@ -56,6 +56,9 @@ void flm_matmul_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_ba
 /* Row r of flm_matvec's output, bit for bit (the boot self-check compares rows one at a time; the
  * tensor must be row-major). */
 float flm_matvec_row(const flm_tensor *w, uint32_t r, const flm_act *xq, const float *xs);
+/* v rounded once to binary32 (to nearest, ties to even) with integer operations only (kernels_ref.h
+ * i64_to_f32): no soft-float library's conversion through a double on cores without an FPU. */
+float flm_i64_to_f32(int64_t v);
 /* Dequantize row r of a q8/q4 tensor into out[cols]: code * scale, row-scaled float(code * k) * S. */
 void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out);
 /* One group's exact dot product of n codes (int8, or int4 two per byte, low nibble first) with n

@@ -9,7 +9,7 @@ from converter.planner import NoFit, plan
 
 from ..boards.builds import ensure_firmware
 from ..boards.virtual import check_virtual_board
-from ..defaults import DEFAULT_BATCH
+from ..defaults import DEFAULT_BATCH, KV_DEFAULT
 from ..errors import UserError
 from ..link.messages import Generate
 from ..output.export import Outputs
@@ -41,7 +41,7 @@ def fitting_context(console, checkpoint, tokenizer, board: str) -> int | None:
         return None
     spec, _ = load_spec(checkpoint, RECIPE, tokenizer=tokenizer)
     try:
-        plan(spec, board, kv="int8", batch=DEFAULT_BATCH)
+        plan(spec, board, kv=KV_DEFAULT, batch=DEFAULT_BATCH)
         return None
     except NoFit as e:
         ctx = next((fix["ctx"] for fix in e.fixes if set(fix) == {"ctx"}), None)
