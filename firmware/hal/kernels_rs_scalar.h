@@ -26,22 +26,31 @@ static inline __attribute__((always_inline)) int32_t dot_q4o_rs(const uint8_t *r
 
 /* kernels_ref.h i64_to_f32's value (v rounded once to nearest even) made on the bits: the exponent
  * from the bit length, the 24 bits below the top bit and their rounding. Exact for any |v| < 2^63 (a
- * row's |acc| <= 127 * 2047 * 255 * cols < 2^26 * cols). */
-static inline float i64_to_f32_rs(int64_t v) {
+ * row's |acc| <= 127 * 2047 * 255 * cols < 2^26 * cols). Below 2^32 in magnitude (most rows) in
+ * 32-bit operations only: a 64-bit shift or compare is several instructions on these cores. */
+static inline __attribute__((always_inline)) float i64_to_f32_rs(int64_t v) {
     const uint64_t m = v < 0 ? 0u - (uint64_t)v : (uint64_t)v;
     const uint32_t hi = (uint32_t)(m >> 32), lo = (uint32_t)m;
-    if (!m) return 0.0f;
-    const uint32_t n = hi ? 32u + RS_BIT_LENGTH(hi) : RS_BIT_LENGTH(lo);   /* 1 .. 63 */
-    uint32_t q, e = n - 1u;
-    if (n <= 24u) {
-        q = lo << (24u - n);                                                /* exact */
+    uint32_t q, e;
+    if (!hi) {
+        if (!lo) return 0.0f;
+        const uint32_t n = RS_BIT_LENGTH(lo);                               /* 1 .. 32 */
+        e = n - 1u;
+        if (n <= 24u) {
+            q = lo << (24u - n);                                            /* exact */
+        } else {
+            const uint32_t sh = n - 24u, rest = lo & ((1u << sh) - 1u), half = 1u << (sh - 1u);   /* sh 1 .. 8 */
+            q = lo >> sh;
+            q += rest > half || (rest == half && (q & 1u));
+        }
     } else {
-        const uint32_t sh = n - 24u;                                        /* 1 .. 39 */
-        q = (uint32_t)(m >> sh);
+        const uint32_t n = 32u + RS_BIT_LENGTH(hi), sh = n - 24u;          /* n 33 .. 63, sh 9 .. 39 */
         const uint64_t rest = m & (((uint64_t)1 << sh) - 1u), half = (uint64_t)1 << (sh - 1u);
-        if (rest > half || (rest == half && (q & 1u))) q++;
-        if (q >> 24) { q >>= 1; e++; }                                      /* rounded up to 2^24 */
+        e = n - 1u;
+        q = (uint32_t)(m >> sh);
+        q += rest > half || (rest == half && (q & 1u));
     }
+    if (q >> 24) { q >>= 1; e++; }                                          /* rounded up to 2^24 */
     return flm_f32_from_bits((v < 0 ? 0x80000000u : 0u) | (127u + e) << 23 | (q & 0x7fffffu));
 }
 

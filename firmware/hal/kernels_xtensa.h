@@ -101,19 +101,29 @@ static inline __attribute__((always_inline)) int32_t dot_u4_xt(const uint8_t *w,
     "mula.aa.ll %[c], %[b]\n\tl16si %[b], %[x], " #xo "+2\n\tslli %[c], %[a], 24\n\tsrai %[c], %[c], 28\n\t"  \
     "mula.aa.ll %[c], %[b]\n\t"
 
-/* dot_q4_scalar's value (q4 with group scales, two's-complement codes): 8 codes a LOOP turn (16
- * would put the loop's end past LOOP's 256-byte reach), then one code at a time. 4.5 instructions a
- * weight and 2 a turn: no sum of x to fold, which a group-scaled row would redo per row. */
+/* dot_q4_scalar's value (q4 with group scales, two's-complement codes): 16 codes a LOOP turn when n
+ * allows (72 instructions, 222 bytes: inside LOOP's 256-byte reach now that an activation is one
+ * L16SI), else 8, then one code at a time. 4.5 instructions a weight and 2 a turn: no sum of x to
+ * fold, which a group-scaled row would redo per row. */
 static inline __attribute__((always_inline)) int32_t dot_q4_xt(const uint8_t *restrict w, const flm_act *restrict x,
                                                                uint32_t n) {
     const uint32_t n8 = n & ~7u;
     int32_t s = 0, a, b, c;
-    uint32_t turns = n8 / 8u;
+    uint32_t turns = n8 & 15u ? n8 / 8u : n8 / 16u;
     const uint8_t *wp = w;
     const flm_act *xp = x;
-    if (n8) {
+    if (n8 & 15u) {
         __asm volatile("movi %[a], 0\n\twsr %[a], acclo\n\twsr %[a], acchi\n\tloop %[t], 1f\n\t"
                        XT_S4(0, 0) XT_S4(1, 4) XT_S4(2, 8) XT_S4(3, 12) "addi %[w], %[w], 4\n\taddi %[x], %[x], 16\n"
+                       "1:\n\trsr %[s], acclo"
+                       : [s] "=r"(s), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [w] "+r"(wp), [x] "+r"(xp),
+                         [t] "+r"(turns)
+                       :
+                       : "memory");
+    } else if (n8) {
+        __asm volatile("movi %[a], 0\n\twsr %[a], acclo\n\twsr %[a], acchi\n\tloop %[t], 1f\n\t"
+                       XT_S4(0, 0) XT_S4(1, 4) XT_S4(2, 8) XT_S4(3, 12) XT_S4(4, 16) XT_S4(5, 20) XT_S4(6, 24)
+                       XT_S4(7, 28) "addi %[w], %[w], 8\n\taddi %[x], %[x], 32\n"
                        "1:\n\trsr %[s], acclo"
                        : [s] "=r"(s), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [w] "+r"(wp), [x] "+r"(xp),
                          [t] "+r"(turns)
