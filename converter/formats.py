@@ -274,9 +274,18 @@ MAX_BATCH = 255
 def kv_refusal(kv: str, head_dim: int) -> str | None:
     """None when a model with heads of head_dim can keep a ``kv`` cache, else the one-line reason
     (blob.c flm_kv_refusal says the same)."""
+    if kv not in KV_CODE:
+        return f"KV cache format must be one of {', '.join(KV_CODE)}, got {kv!r}"
     if kv == "k12" and head_dim > K12_MAX_HEAD_DIM:
         return f"a k12 KV cache needs a head of at most {K12_MAX_HEAD_DIM} (flashlm convert --kv int8)"
     return None
+
+
+def smaller_kv(kv: str, head_dim: int) -> list[str]:
+    """The KV formats a model of heads of head_dim can keep in less RAM than ``kv``, largest first
+    (f32 > k12 > int8, section 1.2 of docs/formats.md)."""
+    order = ["f32", "k12", "int8"]
+    return [k for k in order[order.index(kv) + 1:] if kv_refusal(k, head_dim) is None]
 
 _KV_SHIFT, _BATCH_SHIFT = 12, 16
 

@@ -26,7 +26,7 @@ import numpy as np
 from . import costmodel as C
 from .boards import board_names, load_board
 from .costmodel import ModelSpec, match_pattern
-from .formats import KV_FORMATS, MAX_BATCH, PINNED_TO_FLASH, TIER_CODE, StateTiers, kv_refusal, layout_id_of, up64
+from .formats import MAX_BATCH, PINNED_TO_FLASH, TIER_CODE, StateTiers, kv_refusal, layout_id_of, smaller_kv, up64
 from .ir import ModelError
 from .timing import Prediction, TierModel, predict, tier_models
 
@@ -268,12 +268,10 @@ def plan(spec: ModelSpec, board: str | dict, *, overrides=(), kv: str = "f32", p
     passes of up to ``batch`` tokens."""
     prof = load_board(board) if isinstance(board, str) else board
     bname = prof.get("name", "?")
-    if kv not in KV_FORMATS:
-        raise PlanError(f"KV cache format must be one of {', '.join(KV_FORMATS)}, got {kv!r}")
-    if base not in ("auto", "flash"):
-        raise PlanError(f"layout base must be auto or flash, got {base!r}")
     if kv_refusal(kv, spec.config.head_dim):
         raise PlanError(kv_refusal(kv, spec.config.head_dim))
+    if base not in ("auto", "flash"):
+        raise PlanError(f"layout base must be auto or flash, got {base!r}")
     tm = tier_models(prof, line)
     ram = sorted((t for t in C.RAM_TIERS if t in tm), key=lambda t: -tm[t].seq_read_MBps)
     cfg = spec.config
@@ -388,9 +386,6 @@ def _no_fit(spec, prof, kv, places, blob, budget, ram, shortfalls, best, sizes, 
     return NoFit(summary, short, details, suggestions, [fix for _, fix in found])
 
 
-# the KV formats that take less SRAM than each, largest first (f32 > k12 > int8: formats.md section 1.2)
-SMALLER_KV = {"f32": ["k12", "int8"], "k12": ["int8"], "int8": []}
-KV_NAME = {"k12": "a k12 KV cache", "int8": "an int8 KV cache"}
 INT4_STEPS = (("layers.*.ffn", "int4 for the FFN matrices"),
               ("layers.*", "int4 for every layer matrix"),
               ("tok_embeddings", "int4 for the token embedding"),
@@ -437,10 +432,8 @@ def _suggestions(spec: ModelSpec, prof: dict, kv: str, places, line, batch: int 
     c = _max_ctx(spec, prof, kv, places, line, batch)
     if c is not None:
         out.append((f"a context of {c} tokens fits (flashlm convert --ctx {c}; the model has {ctx})", {"ctx": c}))
-    smaller = [k for k in SMALLER_KV[kv] if kv_refusal(k, spec.config.head_dim) is None]
-    kv_fit = next((k for k in smaller if ok(spec, kv_=k)), None)
-    if kv_fit is not None:
-        out.append((f"{KV_NAME[kv_fit]} fits (flashlm convert --kv {kv_fit})", {"kv": kv_fit}))
+    smaller = smaller_kv(kv, spec.config.head_dim)
+    out += [(f"the {k} KV cache fits (flashlm convert --kv {k})", {"kv": k}) for k in smaller if ok(spec, kv_=k)][:1]
     for pattern, what in INT4_STEPS:
         s = _int4(spec, pattern)
         if s is not None and ok(s):
@@ -455,7 +448,7 @@ def _suggestions(spec: ModelSpec, prof: dict, kv: str, places, line, batch: int 
             s, steps = s2, steps + [(pattern, what)]
             quant = [f"{p}=q4" for p, _ in steps]
             for kv2 in [kv] + smaller:
-                label = " + ".join(w for _, w in steps) + (f" + {KV_NAME[kv2]}" if kv2 != kv else "")
+                label = " + ".join(w for _, w in steps) + (f" + the {kv2} KV cache" if kv2 != kv else "")
                 opts = " ".join(f"--quant '{q}'" for q in quant) + (f" --kv {kv2}" if kv2 != kv else "")
                 fix = {"quant": quant, **({"kv": kv2} if kv2 != kv else {})}
                 if ok(s, kv_=kv2):

@@ -290,7 +290,7 @@ def test_cli_run_board_rp2040_emu(tmp_path, build_root, capsys):
                "--all-logits"])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
-    ref = generate(read_blob(out / "model.flmb"), prompt, 8, flags=FLAG_ALL_LOGITS, kv="int8")   # convert's default KV
+    ref = generate(read_blob(out / "model.flmb"), prompt, 8, flags=FLAG_ALL_LOGITS, kv="k12")   # convert's default KV
     rows = list(csv.DictReader((tmp_path / "run.csv").open()))
     assert len(rows) == len(ref)
     for row, r in zip(rows, ref):

@@ -35,7 +35,7 @@ def _default_model() -> tuple[Path, Path | None]:
 
 
 def fitting_context(console, checkpoint, tokenizer, board: str) -> int | None:
-    """None when the model fits ``board`` as convert writes it (an int8 KV cache, convert's batch);
+    """None when the model fits ``board`` as convert writes it (its default KV cache, convert's batch);
     else the longest context that does, said on the console."""
     if board == "native":
         return None
@@ -48,7 +48,7 @@ def fitting_context(console, checkpoint, tokenizer, board: str) -> int | None:
         if ctx is None:
             raise
     console.print(f"context {ctx} of the model's {spec.config.max_seq_len} tokens: the longest that fits "
-                  f"{board}'s RAM with an int8 KV cache and batches of {DEFAULT_BATCH} (planned)")
+                  f"{board}'s RAM with a {KV_DEFAULT} KV cache and batches of {DEFAULT_BATCH} (planned)")
     return ctx
 
 
