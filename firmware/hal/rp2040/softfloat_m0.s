@@ -915,9 +915,9 @@ flm_group_term:
 @ q8 row's sum left int32), r1 = s, r2 = x -> r0 = float(acc) * (s * x), bit for bit the reference's
 @ i64_to_f32(acc) * (s * x): the converter's row scales are powers of two, so s * x is x with its
 @ exponent moved (exact while a normal number) and one product remains. Off the fast path (r3 not
-@ 0, s not a normal power of two, s * x or the result not normal, acc 0) float(acc) is rounded here
-@ from the 64-bit integer and __aeabi_fmul makes the two products. Keeps the four on the stack
-@ meanwhile (4 words: sp stays 8-aligned); clobbers r1-r7, r12, lr.
+@ 0, s not a normal power of two, s * x or the result not normal, acc 0) flm_rs_finish_slow rounds
+@ float(acc) from the 64-bit integer and __aeabi_fmul makes the two products. Keeps the four on the
+@ stack meanwhile (4 words: sp stays 8-aligned); clobbers r1-r7, r12, lr.
     .macro RS_FINISH
     push {r0, r1, r2, r3}
     cmp r3, #0
@@ -983,45 +983,7 @@ flm_group_term:
     add sp, #16
     b .Lrsf_done\@
 .Lrsf_slow\@:
-    ldr r0, [sp, #0]
-    ldr r3, [sp, #12]
-    asrs r4, r0, #31
-    adds r3, r3, r4             @ (r3:r0) = acc, two's complement
-    asrs r5, r3, #31            @ its sign mask
-    beq 41f
-    negs r0, r0                 @ |acc|: C = 1 when the low word was 0
-    mvns r3, r3
-    movs r4, #0
-    adcs r3, r4
-41: movs r6, #157               @ E - 1 for a leading one at bit 31 of the low word
-    movs r1, #0                 @ sticky
-42: cmp r3, #0                  @ the high word shifted into the low one, at most 9 steps below 2^41
-    beq 43f
-    lsls r4, r0, #31
-    orrs r1, r4
-    lsrs r0, r0, #1
-    lsls r4, r3, #31
-    orrs r0, r4
-    lsrs r3, r3, #1
-    adds r6, #1
-    b 42b
-43: movs r4, #0                 @ acc 0: +0
-    cmp r0, #0
-    beq 44f
-    LEAD31 r6, r4
-    movs r4, r0
-    ROUND
-    lsls r6, r6, #23
-    adds r4, r4, r6             @ a carry of the significand steps the exponent
-    lsls r5, r5, #31
-    orrs r4, r5                 @ float(acc)
-44: str r4, [sp, #0]
-    ldr r0, [sp, #4]
-    ldr r1, [sp, #8]
-    bl __aeabi_fmul             @ s * x
-    movs r1, r0
-    ldr r0, [sp, #0]
-    bl __aeabi_fmul
+    bl flm_rs_finish_slow
     add sp, #16
 .Lrsf_done\@:
     .endm
@@ -1087,6 +1049,55 @@ flm_rs_scale:
     RS_FINISH
     pop {r3, r4, r5, r6, r7, pc}
     .size flm_rs_scale, . - flm_rs_scale
+
+@ RS_FINISH off its fast path, a function of its own (one copy for every RS_FINISH; in flm_rs_scale's
+@ section, so in SRAM with it: streamed products run it): the four words RS_FINISH pushed (lo, s,
+@ x, hi) at [sp] on entry -> r0 = i64_to_f32(lo + hi 2^32) * (s * x); clobbers r1-r7, r12
+    .type flm_rs_finish_slow, %function
+    .thumb_func
+flm_rs_finish_slow:
+    push {r4, lr}               @ (the four words now at [sp, #8]; sp stays 8-aligned)
+    ldr r0, [sp, #8]
+    ldr r3, [sp, #20]
+    asrs r4, r0, #31
+    adds r3, r3, r4             @ (r3:r0) = acc, two's complement
+    asrs r5, r3, #31            @ its sign mask
+    beq 41f
+    negs r0, r0                 @ |acc|: C = 1 when the low word was 0
+    mvns r3, r3
+    movs r4, #0
+    adcs r3, r4
+41: movs r6, #157               @ E - 1 for a leading one at bit 31 of the low word
+    movs r1, #0                 @ sticky
+42: cmp r3, #0                  @ the high word shifted into the low one, at most 9 steps below 2^41
+    beq 43f
+    lsls r4, r0, #31
+    orrs r1, r4
+    lsrs r0, r0, #1
+    lsls r4, r3, #31
+    orrs r0, r4
+    lsrs r3, r3, #1
+    adds r6, #1
+    b 42b
+43: movs r4, #0                 @ acc 0: +0
+    cmp r0, #0
+    beq 44f
+    LEAD31 r6, r4
+    movs r4, r0
+    ROUND
+    lsls r6, r6, #23
+    adds r4, r4, r6             @ a carry of the significand steps the exponent
+    lsls r5, r5, #31
+    orrs r4, r5                 @ float(acc)
+44: str r4, [sp, #8]
+    ldr r0, [sp, #12]
+    ldr r1, [sp, #16]
+    bl __aeabi_fmul             @ s * x
+    movs r1, r0
+    ldr r0, [sp, #8]
+    bl __aeabi_fmul
+    pop {r4, pc}
+    .size flm_rs_finish_slow, . - flm_rs_finish_slow
 
 @ void flm_rs_rows_q8_m0(flm_rs_job *j): two rows a pass (each activation word loaded and
 @ split once for both), an odd last one alone. Locals: [sp] = g, [sp, #4] = codes end (Q8P_BODY),
