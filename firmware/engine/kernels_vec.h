@@ -147,6 +147,12 @@ static inline __attribute__((always_inline)) float row_f32(const uint8_t *row, s
 EACH_SHAPE(ROWS_F32)
 #undef ROWS_F32
 
+/* kernels_ref.h i64_to_f32's value: the IEEE conversion of an int64 to binary32 rounds once to nearest,
+ * ties to even (the default rounding mode, which nothing changes), as i64_to_f32 does on the
+ * integers; on these cores one instruction (x86-64 CVTSI2SS, AArch64 SCVTF), where i64_to_f32's shift
+ * loop takes a turn per bit above 24 (with 12-bit activations a row's sum has four more). */
+static inline __attribute__((always_inline)) float i64_to_f32_vec(int64_t v) { return (float)v; }
+
 /* A row-scaled row of ng whole groups of g codes: the row scale, the multipliers (padded to 4), the
  * groups' codes (steps of step bytes, q4 offset by 8); the integer sum, then the one scaling. Each
  * product k * isum in int64: with 12-bit activations it passes 2^31 once a q8 group is longer than 32. */
@@ -161,7 +167,7 @@ static inline __attribute__((always_inline)) float row_rs_whole(const uint8_t *r
         isums(codes + b * step, step, x + (size_t)b * g, g, nb, kind, isum);
         for (uint32_t j = 0; j < nb; j++) acc += (int64_t)k[b + j] * isum[j];
     }
-    return i64_to_f32(acc) * (rdf(row) * xs[0]);
+    return i64_to_f32_vec(acc) * (rdf(row) * xs[0]);
 }
 
 /* The row-scaled shapes with their own instantiations: (format, kind, group size). */
