@@ -16,11 +16,12 @@ from converter.ir import ModelConfig
 from converter.numerics import QMAX_8, QMAX_12, attend_int, quantize_activation
 from converter.planner import PlanError, plan
 from converter.quantize import quantize
-from converter.reference import Reference
+from converter.reference import FLAG_LOGITS, FLAG_SLIDE, Reference, generate
 from converter.torch_import import save_checkpoint
 from host import defaults
 from host.cli.main import main
 from modelzoo import random_model
+from nativeboard import assert_matches_reference, native_link, run
 
 F = np.float32
 
@@ -109,6 +110,17 @@ def test_blob_writer_refuses_k12_for_a_long_head_and_keeps_int8():
     assert parse_header(blob).state_tiers.kv == "int8"
     with pytest.raises(BlobError, match="head of at most 512"):
         retier_blob(blob, state=StateTiers(kv="k12"))
+
+
+@pytest.mark.native
+def test_native_k12_slides_its_window_bit_exact(tmp_path):
+    # the window slides twice: every moved K row dequantized (int16 codes), rotated back, quantized again
+    qm = quantize(random_model(seed=12, max_seq_len=9)[1], "q8", 24)
+    prompt = [1, 5, 2]
+    with native_link(qm, tmp_path, tmp_path / "builds", kv="k12") as (link, _):
+        toks, logits, _ = run(link, prompt, 16, slide=True)
+    assert_matches_reference(toks, logits, generate(qm, prompt, 16, flags=FLAG_SLIDE | FLAG_LOGITS, kv="k12"))
+    assert any(t.pos < p.pos for p, t in zip(toks, toks[1:]))
 
 
 @pytest.mark.slow

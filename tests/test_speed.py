@@ -216,18 +216,19 @@ def test_sliding_window_bit_exact(kv, tmp_path, build_root):
 @pytest.mark.cross
 @pytest.mark.emulated
 @pytest.mark.slow
-def test_emulated_rp2040_int8_kv_slide_pruned(tmp_path):
+@pytest.mark.parametrize("kv", ["int8", "k12"])
+def test_emulated_rp2040_integer_kv_slide_pruned(kv, tmp_path):
     from emuboard import emu_link
     qm = with_head_index(quantize(spread_head(random_model(seed=49, dim=32, n_heads=2, n_kv_heads=1, hidden_dim=64,
                                                            vocab_size=40, max_seq_len=9)[1], span=6.0), "q8", 8), 4)
     prompt = [1, 5, 2]
     steps = []
-    blob = build_blob(qm, state=StateTiers(kv="int8"))
+    blob = build_blob(qm, state=StateTiers(kv=kv))
     with emu_link(qm, tmp_path, tmp_path, blob_bytes=blob) as (link, boot, board):
         for flags, logits in ((FLAG_SLIDE, False), (FLAG_SLIDE | FLAG_LOGITS, True)):
             board.read_counts()
             toks, lg, done = run(link, prompt, 16, logits=logits, slide=True)
-            ref = generate(qm, prompt, 16, flags=flags, kv="int8")
+            ref = generate(qm, prompt, 16, flags=flags, kv=kv)
             if logits:
                 assert_matches_reference(toks, lg, ref)
             else:
