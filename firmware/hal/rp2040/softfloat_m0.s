@@ -626,9 +626,8 @@ flm_group_term:
 @ in a register whose every add tests the overflow flag (out of line: the row's high word on the
 @ stack steps by one), so a row costs one branch not taken a group over an int32 sum; a group's term
 @ k_g * isum_g is an int32 up to 32 columns (255 * 128 * 2047 * 32 < 2^31), a longer group's is
-@ added as a 64-bit integer (WIDE_ADD). The
-@ drivers take a job (softfloat_m0.h flm_rs_job: row, stride, n, x or lanes, geom, X, out at offsets
-@ 0..24) and write out[0, n).
+@ added as a 64-bit integer (WIDE_ADD). The drivers take a job (softfloat_m0.h flm_rs_job: row,
+@ stride, n, x or lanes, geom, X, out at offsets 0..24) and write out[0, n).
 
 @ 4 q8 codes of two rows (words r5, r6) times 4 activations (int16: two words at r2, each loaded
 @ into r3 and split, low code into r4) into r8 (row a), r9 (row b); r0 = row a's codes (the word
