@@ -133,8 +133,8 @@ static inline __attribute__((always_inline)) int32_t dot_q4_rv(const uint8_t *re
     "add %[s0], %[s0], %[a1]\n\tadd %[s1], %[s1], %[b1]\n\t"
 
 /* dot2_q12_scalar's values (k12 K rows a and b against the query's codes x, |c| <= 2047, n <= 512:
- * int32 sums): 8 elements a turn (3.5 instructions a product and 4 a turn; GCC's two rolled loops
- * take about 6), then one element at a time. */
+ * int32 sums): 8 elements a turn (3.5 instructions a product and 4 a turn; GCC's loop of the
+ * reference takes 7 a product), then one element at a time. */
 static inline __attribute__((always_inline)) void dot2_q12_rv(const int16_t *a, const int16_t *b, const flm_act *x,
                                                               uint32_t n, int32_t out[2]) {
     const uint32_t n8 = n & ~7u;

@@ -144,7 +144,7 @@ static inline __attribute__((always_inline)) int32_t dot_q4_xt(const uint8_t *re
 
 /* dot2_q12_scalar's values (k12 K rows a and b against the query's codes x, |c| <= 2047, n <= 512:
  * int32 sums, ACC's low word holds row a's): 8 elements a LOOP turn (3 instructions a product, 3
- * pointer steps a turn; clang's two rolled loops take about 7), then one element at a time. Not
+ * pointer steps a turn; clang's loop of the reference takes 8 a product), then one element at a time. Not
  * inlined: inlined into the boot self-check's large frame, clang-22 fails to find a register to
  * spill through. */
 static __attribute__((noinline)) void dot2_q12_xt(const int16_t *a, const int16_t *b, const flm_act *x,
