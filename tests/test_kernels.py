@@ -74,10 +74,13 @@ def test_activation_codes_round_as_the_reference_for_every_float(flags, tmp_path
 
 
 # host builds of kernels.c: (compiler, flags); FLM_NO_CLONES is the x86-64 baseline alone; i386 with
-# SSE but not SSE2 builds the portable C of the cores without SIMD (int8 codes, no vectorised rows),
-# its floats in SSE registers (x87's wider intermediates would not round as binary32)
+# SSE but not SSE2 builds the portable C of the cores without SIMD (no vectorised rows), its floats in
+# SSE registers (x87's wider intermediates would not round as binary32); with tests/c/rs_scalar_host
+# the RV32 and Xtensa kernels' row-scaled rows (firmware/hal/kernels_rs_scalar.h) over portable dots
+# (five flags: matvec_cases' seed 5 holds a row-scaled q8 case at its largest sums, k * isum past 2^32)
+RS_SCALAR_HOST = [f"-I{ROOT / 'tests/c/rs_scalar_host'}", f"-I{ROOT / 'firmware/hal'}"]
 HOST_BUILDS = [("cc", []), ("cc", ["-DFLM_NO_CLONES"]), ("clang", []), ("clang", ["-DFLM_NO_CLONES"]),
-               ("cc", ["-m32", "-msse", "-mfpmath=sse"])]
+               ("cc", ["-m32", "-msse", "-mfpmath=sse"]), ("cc", ["-m32", "-msse", "-mfpmath=sse", *RS_SCALAR_HOST])]
 
 
 def matvec_cases(seed: int, n: int):
