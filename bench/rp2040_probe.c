@@ -142,7 +142,12 @@ static uint32_t time_op(uint32_t op, uint32_t count) {
         case F2IZ: sink = (uint32_t)(int32_t)f_of(ta[k]); break;
         case GTERM: sink = u_of(flm_group_term((int32_t)(ta[k] << 12) >> 12, f_of(ta[k]), f_of(tb[k]))); break;
         case RSCALE: sink = u_of(flm_rs_scale((int32_t)(ta[k] << 8) >> 8, f_of(ta[k] & 0xff800000u), f_of(tb[k]))); break;
-        case QCODE: { int8_t q; flm_quant_codes_m0((const float *)&ta[k], 1u, f_of(tb[k]), &q); sink = (uint32_t)q; break; }
+        case QCODE: {   /* inv > 0, as flm_quantize_act passes it */
+            int8_t q;
+            flm_quant_codes_m0((const float *)&ta[k], 1u, f_of(tb[k] & 0x7fffffffu), &q);
+            sink = (uint32_t)q;
+            break;
+        }
         default: sink = nop(ta[k], tb[k]); break;
         }
     }

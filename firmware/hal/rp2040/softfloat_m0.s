@@ -1308,12 +1308,17 @@ __aeabi_fdiv:
     .size flm_axpy_f32, . - flm_axpy_f32
 
 @ kernels.c flm_quantize_act's codes of one group, q[i] = code(x[i] * inv): the product as
-@ __aeabi_fmul forms it (MULF), then on its bits NaN -> 0, beyond qmax -> +-qmax, else
-@ round_half_away (flm_math.h); n >= 1.
+@ __aeabi_fmul forms it, then NaN -> 0, beyond qmax -> +-qmax, else round_half_away (flm_math.h);
+@ n >= 1. inv (positive: qmax / amax) is unpacked once; a normal x with a normal product takes
+@ __aeabi_fmul's fast path inline on the unpacked operands (MULCORE, ROUND) and its code from the
+@ rounded significand, as the bits would give it; anything else calls __aeabi_fmul and takes the
+@ code from the product's bits.
 @ void flm_quant_codes_m0(const float *x, uint32_t n, float inv, int8_t *q): int8 codes, qmax 127
 @ void flm_act_codes_m0(const float *x, uint32_t n, float inv, int16_t *q, int32_t qmax): int16 codes
-@ Locals: [sp] = the bits of (float)qmax, [sp, #4] = qmax (and a word of pad: the stack stays
-@ 8-byte aligned for the calls).
+@ Registers: r6 = x, r7 = q, r8 = the end of x, r9 = inv, r10 = its exponent field - 1 (4096 when
+@ inv is not a positive normal number: every product off the fast path), r11 = its significand,
+@ r12 = x while its product is made, lr = 2^23 (the hidden bit). Locals: [sp] = the bits of
+@ (float)qmax, [sp, #4] = qmax (and a word of pad: the stack stays 8-byte aligned for the calls).
     .macro QUANT name, size
     FUNC9 \name, 3
     movs r6, r0                 @ x
@@ -1336,41 +1341,60 @@ __aeabi_fdiv:
     adds r0, r0, r2             @ the hidden bit steps the exponent field to E
     .endif
     str r0, [sp, #0]
-6:  ldm r6!, {r0}                @ (labels 1-3, 7, 8 are MULF's)
-    mov r1, r9
-    MULF
-    lsls r1, r0, #1
-    lsrs r1, r1, #1             @ |v|
-    ldr r3, [sp, #0]
-    cmp r1, r3
-    bhi 5f
-    movs r3, #0x3f
-    lsls r3, r3, #24            @ 0.5f
-    cmp r1, r3
+    mov r2, r9
+    lsls r3, r2, #1
+    lsrs r3, r3, #24
+    subs r3, #1                 @ inv's exponent field - 1
+    cmp r2, #0
+    blt 10f                     @ negative (never from flm_quantize_act)
+    cmp r3, #253
+    bls 11f
+10: movs r3, #1
+    lsls r3, r3, #12            @ not a positive normal number: 4096 fails every product's test
+11: mov r10, r3
+    movs r0, #1
+    lsls r0, r0, #23
+    mov lr, r0
+    lsls r1, r2, #9
+    lsrs r1, r1, #9
+    orrs r1, r0
+    mov r11, r1                 @ inv's significand
+6:  ldm r6!, {r0}               @ x (labels 1-3 are MULCORE's and ROUND's)
+    mov r12, r0
+    lsls r3, r0, #1
+    lsrs r3, r3, #24
+    subs r3, #1
+    cmp r3, #253
+    bhi 20f                     @ x not normal
+    lsls r0, r0, #9
+    lsrs r0, r0, #9
+    mov r1, lr
+    orrs r0, r1                 @ x's significand
+    add r3, r10                 @ (ex - 1) + (einv - 1)
+    mov r1, r11
+    MULCORE
+    bmi 12f
+    lsls r4, r4, #1             @ product in [1, 2): one bit more
+    subs r3, #1
+12: subs r3, #125               @ E - 1 of the product
+    cmp r3, #253
+    bhi 20f                     @ overflow or a subnormal product
+    ROUND
+    lsls r1, r3, #23
+    adds r1, r1, r4             @ |v|'s bits (a rounding carry steps the exponent)
+    mov r0, r12                 @ v's sign, x's (inv > 0)
+    ldr r2, [sp, #0]
+    cmp r1, r2
+    bhi 5f                      @ beyond qmax
+    movs r2, #0x3f
+    lsls r2, r2, #24            @ 0.5f
+    cmp r1, r2
     blo 4f
-    lsrs r3, r1, #23            @ v in [0.5, qmax]: floor(2v) from the significand, plus one, halved
-    lsls r4, r1, #8
-    movs r2, #1
-    lsls r2, r2, #31
-    orrs r4, r2
-    movs r2, #157
-    subs r2, r2, r3
+    movs r2, #148               @ v in [0.5, qmax]: floor(2v) = the significand >> (148 - (E - 1)),
+    subs r2, r2, r3             @ plus one, halved
     lsrs r4, r2
     adds r4, #1
     lsrs r4, r4, #1
-    b 7f
-4:  ldr r3, =0x3effffff         @ below 0.5: only the float just below it rounds up (fl(v + 0.5) = 1)
-    movs r4, #0
-    cmp r1, r3
-    bne 7f
-    movs r4, #1
-    b 7f
-5:  ldr r4, [sp, #4]            @ beyond qmax: +-qmax, NaN: 0
-    movs r3, #255
-    lsls r3, r3, #23
-    cmp r1, r3
-    bls 7f
-    movs r4, #0
 7:  cmp r0, #0                  @ the sign of v
     bge 8f
     negs r4, r4
@@ -1384,6 +1408,45 @@ __aeabi_fdiv:
     cmp r6, r8
     bne 6b
     LEAVE9 3
+4:  ldr r3, =0x3effffff         @ below 0.5: only the float just below it rounds up (fl(v + 0.5) = 1)
+    movs r4, #0
+    cmp r1, r3
+    bne 7b
+    movs r4, #1
+    b 7b
+5:  ldr r4, [sp, #4]            @ beyond qmax: +-qmax, NaN: 0
+    movs r3, #255
+    lsls r3, r3, #23
+    cmp r1, r3
+    bls 7b
+    movs r4, #0
+    b 7b
+20: mov r0, r12                 @ off the fast path: __aeabi_fmul, the code from the product's bits
+    mov r1, r9
+    bl __aeabi_fmul
+    movs r1, #1
+    lsls r1, r1, #23
+    mov lr, r1                  @ (the call's return address was lr)
+    lsls r1, r0, #1
+    lsrs r1, r1, #1             @ |v|
+    ldr r3, [sp, #0]
+    cmp r1, r3
+    bhi 5b
+    movs r3, #0x3f
+    lsls r3, r3, #24            @ 0.5f
+    cmp r1, r3
+    blo 4b
+    lsrs r3, r1, #23            @ v in [0.5, qmax]: floor(2v) from the significand, plus one, halved
+    lsls r4, r1, #8
+    movs r2, #1
+    lsls r2, r2, #31
+    orrs r4, r2
+    movs r2, #157
+    subs r2, r2, r3
+    lsrs r4, r2
+    adds r4, #1
+    lsrs r4, r4, #1
+    b 7b
     .ltorg
     .size \name, . - \name
     .endm
