@@ -65,8 +65,8 @@ def chunk_bytes(qm, kv, pos, n, head=True):
     norms = 2 * c.n_layers * c.dim * 4 + c.n_layers * (c.ple_dim + c.dim) * 4 * bool(c.ple_dim)
     per_token = by["tok_embeddings"].row_stride + (by["ple.table"].row_stride if c.ple_dim else 0) + c.head_dim * 4
     flash = mats + n * (norms + per_token) + ((n * c.dim * 4 + c.n_out * out.row_stride) if head else 0)
-    row = c.head_dim * 4 if kv == "f32" else 4 + c.head_dim
-    return flash, 0, sum(c.n_layers * c.n_heads * 2 * (p + 1) * row for p in range(pos, pos + n))
+    pair = 2 * c.head_dim * 4 if kv == "f32" else 8 + c.head_dim * (3 if kv == "k12" else 2)   # a K and a V row
+    return flash, 0, sum(c.n_layers * c.n_heads * (p + 1) * pair for p in range(pos, pos + n))
 
 
 def pass_bytes(qm, kv, ids_len, T):
