@@ -275,9 +275,9 @@ static void attend_int_head(flm_state *s, uint32_t l, uint32_t pos, uint32_t kh,
     flm_quantize_act(q, hd, hd, k12 ? FLM_QMAX_12 : FLM_QMAX_8, s->xq, &qs);
     const float c = qs * kq;
     for (uint32_t t = 0; t < T; t += 2u, k += 2u * rk) {   /* two keys a pass: the query's codes read once */
-        const int16_t *a = (const int16_t *)(const void *)(k + 4), *b = (const int16_t *)(const void *)(k + rk + 4);
+        const int16_t *a = (const int16_t *)(const void *)(k + 4);
         int32_t d[2];
-        if (k12 && t + 1u < T) flm_dot2_q12(a, b, s->xq, hd, d);
+        if (k12 && t + 1u < T) flm_dot2_q12(a, (const int16_t *)(const void *)(k + rk + 4), s->xq, hd, d);
         else if (k12) d[0] = flm_dot_q12(a, s->xq, hd);
         else if (t + 1u < T) flm_dot2_q8((const int8_t *)(k + 4), (const int8_t *)(k + rk + 4), s->xq, hd, d);
         else d[0] = flm_dot_q8((const int8_t *)(k + 4), s->xq, hd);
