@@ -13,13 +13,13 @@ from dataclasses import dataclass, replace
 from .ir import ModelError, QuantModel, Tokenizer
 from .quantize import rope_tables
 
-KV_DEFAULT = "int8"
+DRAFT_KV = "int8"    # a draft only proposes (the main model verifies every token): the smallest cache
 
 
 @dataclass
 class Draft:
     qm: QuantModel
-    kv: str = KV_DEFAULT        # its KV cache's format on the board
+    kv: str = DRAFT_KV        # its KV cache's format on the board
 
 
 def check_pair(main: QuantModel, draft: QuantModel, pieces: bool = True) -> None:
@@ -40,7 +40,7 @@ def check_pair(main: QuantModel, draft: QuantModel, pieces: bool = True) -> None
                              f"{mt.bos_id}/{mt.eos_id}")
 
 
-def attach(main: QuantModel, draft: QuantModel, kv: str = KV_DEFAULT) -> QuantModel:
+def attach(main: QuantModel, draft: QuantModel, kv: str = DRAFT_KV) -> QuantModel:
     """``main`` carrying ``draft`` (checked with check_pair), the draft's context set to the main
     model's (its RoPE tables rewritten: the board runs both at the same positions and slides both
     windows alike) and its tokenizer reduced to the ids (the board prints the main model's pieces)."""
