@@ -17,6 +17,7 @@ from converter.boards import load_board
 from converter.fidelity import Fp32Model
 from converter.formats import BlobError, layout_id_of
 from converter.ir import ModelConfig, ModelError
+from converter.numerics import QMAX_12, quantize_activation
 from converter.quantize import quantize, quantize_matrix
 from converter.reference import FLAG_LOGITS, Reference, generate
 from converter.tokenizer import encode
@@ -140,15 +141,17 @@ def test_reference_tracks_fp32_model(tied):
 
 def test_per_layer_inputs_follow_the_spec_in_float64():
     """u_l = (rmsnorm(ple.proj x / sqrt(d))[l] + T[t][l] sqrt(P)) / sqrt(2), against float64 math on
-    the same weights: the embedding row's int8 activation codes equal its q8 weight codes here (f32
-    scales, the same groups), so only float rounding remains."""
+    the same weights and on the input ple.proj's product takes (the embedding row's 12-bit activation
+    codes times their scales, as into any q8 product), so only float rounding remains."""
     ir = random_ple_model(seed=4, out_vocab=55)
     qm = quantize(ir, "q8", 16, scales="f32")
     c, P, ref = qm.config, qm.config.ple_dim, Reference(qm)
     w, tab = qm.tensors["ple.proj"].dequantize().astype(np.float64), qm.tensors["ple.table"].dequantize()
     emb, g = qm.tensors["tok_embeddings"].dequantize(), qm.tensors["ple.norm"].astype(np.float64)
     for t in range(c.vocab_size):
-        z = (w @ emb[t].astype(np.float64) / np.sqrt(c.dim)).reshape(c.n_layers, P)
+        codes, scales = quantize_activation(emb[t], qm.tensors["ple.proj"].group_size, QMAX_12)
+        x = (codes * scales[:, None].astype(np.float64)).reshape(-1)[:c.dim]
+        z = (w @ x / np.sqrt(c.dim)).reshape(c.n_layers, P)
         zn = z / np.sqrt(np.mean(z * z, axis=1, keepdims=True) + c.norm_eps) * g
         want = (zn + tab[t].reshape(c.n_layers, P).astype(np.float64) * np.sqrt(P)) / np.sqrt(2)
         got = ref.ple_inputs(t, emb[t])

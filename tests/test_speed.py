@@ -157,7 +157,7 @@ def test_layout_refuses_an_unknown_kv_format(tmp_path, build_root):
     h = parse_header(build_blob(qm))
     tiers = bytes(len(h.entries))
     with native_link(qm, tmp_path, build_root) as (link, _):
-        st = 2 << 12
+        st = 15 << 12          # no KV format has code 15
         link.send(Layout(layout_id_of(tiers, st), st, tiers))
         err = [m for m in drain(link) if isinstance(m, Error)]
         assert err and err[0].name == "bad_layout" and "KV format" in err[0].text
