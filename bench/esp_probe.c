@@ -139,7 +139,7 @@ static uint32_t time_matvec(uint32_t kind, uint32_t fmt, uint32_t g, uint32_t co
     }
     for (uint32_t i = 0; i < cols; i++) xf[i] = f_of((fmix(~i) & 0x80ffffffu) | 0x3e000000u);
     flm_tensor w = {wbuf, fmt, rows, cols, g, stride, FLM_TIER_SRAM, stride * rows, 0, (uint8_t)rs};
-    flm_quantize_act(xf, cols, flm_act_group(&w), xq, xs);
+    flm_quantize_act(xf, cols, flm_act_group(&w), flm_act_qmax(&w), xq, xs);
     volatile int32_t sink = 0;
     const uint64_t t0 = hal_time_us();
     if (kind == 0u) {
@@ -155,19 +155,20 @@ static uint32_t time_matvec(uint32_t kind, uint32_t fmt, uint32_t g, uint32_t co
             sink = s;
         }
     } else {
-        for (uint32_t r = 0; r < rows; r++) flm_quantize_act(xf, cols, flm_act_group(&w), xq, xs);
+        for (uint32_t r = 0; r < rows; r++) flm_quantize_act(xf, cols, flm_act_group(&w), flm_act_qmax(&w), xq, xs);
     }
     const uint64_t t1 = hal_time_us();
     (void)sink;
     return (uint32_t)(t1 - t0);
 }
 
-/* ---- floor kernels: how few instructions an int8 dot can take on this ISA (NOT the engine's code:
- * docs/kernels.md derives the floor per ISA, these measure it beside the engine's kernels) ---- */
+/* ---- floor kernels: how few instructions an int8 dot with int16 activation codes (flm_act) can take
+ * on this ISA (NOT the engine's code: docs/kernels.md derives the floor per ISA, these measure it
+ * beside the engine's kernels) ---- */
 #if defined(__riscv)
-/* rv32imc: LB sign-extends as it loads, MUL, ADD: four instructions a weight, the pointer steps and
- * the branch shared by 8 weights. n a multiple of 8. */
-static int32_t dot_q8_floor(const int8_t *w, const int8_t *x, uint32_t n) {
+/* rv32imc: LB and LH sign-extend as they load, MUL, ADD: four instructions a weight, the pointer
+ * steps and the branch shared by 8 weights. n a multiple of 8. */
+static int32_t dot_q8_floor(const int8_t *w, const int16_t *x, uint32_t n) {
     int32_t s = 0;
     for (const int8_t *end = w + n; w != end; w += 8, x += 8)
         s += w[0] * x[0] + w[1] * x[1] + w[2] * x[2] + w[3] * x[3] + w[4] * x[4] + w[5] * x[5] + w[6] * x[6]
@@ -175,18 +176,18 @@ static int32_t dot_q8_floor(const int8_t *w, const int8_t *x, uint32_t n) {
     return s;
 }
 #elif defined(__XTENSA__)
-/* Xtensa LX7 without PIE: no sign-extending byte load, so L8UI + SEXT for a code and for an
+/* Xtensa LX7 without PIE: no sign-extending byte load, so L8UI + SEXT for a code, L16SI for an
  * activation, then MAC16's MULA.AA.LL (ACC += the low 16 bits of each, signed: a sign-extended
- * int8 is its own low half): five instructions a weight, in a zero-overhead LOOP of 4 weights whose
- * two pointer steps are the only overhead. n a multiple of 4, n < 2^16 (ACCLO holds the sum). */
-static int32_t dot_q8_floor(const int8_t *w, const int8_t *x, uint32_t n) {
+ * int8 is its own low half): four instructions a weight, in a zero-overhead LOOP of 4 weights whose
+ * two pointer steps are the only overhead. n a multiple of 4, |sum| < 2^31 (ACCLO holds it). */
+static int32_t dot_q8_floor(const int8_t *w, const int16_t *x, uint32_t n) {
     int32_t s;
     uint32_t a, b, turns = n / 4u;
-#define W8(k) "l8ui %[a], %[w], " #k "\n\tsext %[a], %[a], 7\n\tl8ui %[b], %[x], " #k "\n\tsext %[b], %[b], 7\n\t" \
+#define W8(k) "l8ui %[a], %[w], " #k "\n\tl16si %[b], %[x], 2*" #k "\n\tsext %[a], %[a], 7\n\t" \
               "mula.aa.ll %[a], %[b]\n\t"
     __asm volatile("movi %[a], 0\n\twsr %[a], acclo\n\twsr %[a], acchi\n\t"
                    "loop %[t], 1f\n\t" W8(0) W8(1) W8(2) W8(3)
-                   "addi %[w], %[w], 4\n\taddi %[x], %[x], 4\n"
+                   "addi %[w], %[w], 4\n\taddi %[x], %[x], 8\n"
                    "1:\n\trsr %[s], acclo"
                    : [s] "=r"(s), [a] "=&r"(a), [b] "=&r"(b), [w] "+r"(w), [x] "+r"(x), [t] "+r"(turns)
                    :
@@ -203,14 +204,14 @@ static uint32_t time_floor(uint32_t rows, uint32_t cols) {
         const uint32_t v = fmix(i);
         memcpy(wbuf + i, &v, 4);
     }
-    for (uint32_t i = 0; i < cols; i++) xq[i] = (flm_act)((int32_t)(fmix(~i) % 255u) - 127);
+    for (uint32_t i = 0; i < cols; i++) xq[i] = (flm_act)((int32_t)(fmix(~i) % 4095u) - 2047);   /* 12-bit, as q8's */
     volatile int32_t sink = 0;
     const uint64_t t0 = hal_time_us();
-    for (uint32_t r = 0; r < rows; r++) sink = dot_q8_floor(codes + r * cols, (const int8_t *)xq, cols);
+    for (uint32_t r = 0; r < rows; r++) sink = dot_q8_floor(codes + r * cols, xq, cols);
     const uint64_t t1 = hal_time_us();
     floor_ok = 1;
     for (uint32_t r = 0; r < rows; r++)
-        floor_ok &= dot_q8_floor(codes + r * cols, (const int8_t *)xq, cols) == flm_dot_q8(codes + r * cols, xq, cols);
+        floor_ok &= dot_q8_floor(codes + r * cols, xq, cols) == flm_dot_q8(codes + r * cols, xq, cols);
     (void)sink;
     return (uint32_t)(t1 - t0);
 }

@@ -46,11 +46,11 @@ from .model import FORMATS, blob_and_firmware, default_quant, prompt_ids, sessio
 
 BOARDS = ("esp32c3-isa-qemu", "esp32s3-isa-qemu", "esp32p4-isa-qemu")
 # The floor of a row-scaled group dot per instruction set (a profile's kernels), instructions a weight,
-# as docs/kernels.md derives it under today's numerics contract (int8 activation codes): a weight's
-# loads, sign extensions and multiply-accumulate (int4: per code byte, the two weights' share), plus
-# the pointer steps and loop branch of a turn of 16 weights
-FLOOR = {"rv32": {"q8": 4 + 3 / 16, "q4": 4.5 + 3 / 16},          # LB LB MUL ADD; LBU ANDI SRLI, 2x (LB MUL ADD)
-         "xtensa": {"q8": 5 + 2 / 16, "q4": 4.5 + 2 / 16}}        # L8UI SEXT L8UI SEXT MULA; L8UI 2 EXTUI 2x (L8UI SEXT MULA)
+# as docs/kernels.md derives it with int16 activation codes (flm_act): a weight's loads, sign
+# extensions and multiply-accumulate (int4: per code byte, the two weights' share), plus the pointer
+# steps and loop branch of a turn of 16 weights
+FLOOR = {"rv32": {"q8": 4 + 3 / 16, "q4": 4.5 + 3 / 16},          # LB LH MUL ADD; LBU ANDI SRLI, 2x (LH MUL ADD)
+         "xtensa": {"q8": 4 + 2 / 16, "q4": 3.5 + 2 / 16}}        # L8UI SEXT L16SI MULA; L8UI 2 EXTUI 2x (L16SI MULA)
 PROBE_SRC = Path(__file__).resolve().parent / "esp_probe.c"
 Q8, Q4 = 1, 2          # blob.h FLM_Q8 / FLM_Q4
 OPS = ("fadd", "fmul", "fdiv", "i2f", "f2i", "fcmp", "flm_expf", "flm_silu", "flm_sqrtf")

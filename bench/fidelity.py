@@ -14,7 +14,7 @@ from converter.load import load_model
 from .model import MODEL, ROOT
 
 STORIES = "stories260K"
-DEFAULT_RECIPES = tuple(r for r in RECIPES if r.label in ("q8 default", "q8, GPTQ", "q4 default", "q4, GPTQ"))
+DEFAULT_RECIPES = tuple(r for r in RECIPES if r.label in ("q8 default", "q8, int8 KV", "q8, GPTQ", "q4 default", "q4, GPTQ"))
 
 
 def shared_stories() -> Path | None:

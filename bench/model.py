@@ -82,8 +82,9 @@ def prompt_ids(qm) -> list[int]:
 
 
 def blob_and_firmware(qm, board: str, work: Path, kv: str = "int8", batch: int = 1):
-    """Write the blob (KV cache format ``kv``: ``flashlm convert``'s default int8; passes of up to
-    ``batch`` tokens) into ``work`` and build ``board``'s firmware for it: (blob path, BuildResult)."""
+    """Write the blob (KV cache format ``kv``: int8, the format of the bench's figures — convert's default
+    is k12 since numerics 4; passes of up to ``batch`` tokens) into ``work`` and build ``board``'s
+    firmware for it: (blob path, BuildResult)."""
     work.mkdir(parents=True, exist_ok=True)
     blob = work / "model.flmb"
     write_blob(qm, blob, state=StateTiers(kv=kv, batch=batch))

@@ -142,7 +142,12 @@ static uint32_t time_op(uint32_t op, uint32_t count) {
         case F2IZ: sink = (uint32_t)(int32_t)f_of(ta[k]); break;
         case GTERM: sink = u_of(flm_group_term((int32_t)(ta[k] << 12) >> 12, f_of(ta[k]), f_of(tb[k]))); break;
         case RSCALE: sink = u_of(flm_rs_scale((int32_t)(ta[k] << 8) >> 8, f_of(ta[k] & 0xff800000u), f_of(tb[k]))); break;
-        case QCODE: { int8_t q; flm_quant_codes_m0((const float *)&ta[k], 1u, f_of(tb[k]), &q); sink = (uint32_t)q; break; }
+        case QCODE: {   /* inv > 0, as flm_quantize_act passes it */
+            int8_t q;
+            flm_quant_codes_m0((const float *)&ta[k], 1u, f_of(tb[k] & 0x7fffffffu), &q);
+            sink = (uint32_t)q;
+            break;
+        }
         default: sink = nop(ta[k], tb[k]); break;
         }
     }
@@ -153,7 +158,7 @@ static uint32_t time_op(uint32_t op, uint32_t count) {
 
 /* 'M': a random tensor in SRAM in the blob's row layout (docs/formats.md section 1) */
 static uint8_t wbuf[40 * 1024] __attribute__((aligned(8)));
-static int8_t xq[4096] __attribute__((aligned(8)));
+static flm_act xq[4096] __attribute__((aligned(8)));
 static float xs[4096 / 16], xf[4096], out[512];
 
 static uint32_t time_matvec(uint32_t kind, uint32_t fmt, uint32_t g, uint32_t cols, uint32_t rows, uint32_t scales) {
@@ -161,7 +166,7 @@ static uint32_t time_matvec(uint32_t kind, uint32_t fmt, uint32_t g, uint32_t co
     uint32_t ng = (cols + g - 1u) / g, code = fmt == FLM_Q8 ? g : (g + 1u) / 2u;
     uint32_t head = rs ? 4u + ((ng + 3u) & ~3u) : s16 ? (2u * ng + 3u) & ~3u : 0u;   /* before the codes */
     uint32_t stride = head + ng * ((code + 3u) & ~3u) + (s16 || rs ? 0u : 4u * ng);
-    if (cols % g || cols > sizeof xq || rows > 512u || (size_t)stride * rows > sizeof wbuf) return 0xffffffffu;
+    if (cols % g || cols > sizeof xq / sizeof xq[0] || rows > 512u || (size_t)stride * rows > sizeof wbuf) return 0xffffffffu;
     for (uint32_t i = 0; i < stride * rows; i += 4) {
         uint32_t v = fmix(i);
         memcpy(wbuf + i, &v, 4);
@@ -178,7 +183,7 @@ static uint32_t time_matvec(uint32_t kind, uint32_t fmt, uint32_t g, uint32_t co
     }
     for (uint32_t i = 0; i < cols; i++) xf[i] = f_of((fmix(~i) & 0x80ffffffu) | 0x3e000000u);
     flm_tensor w = {wbuf, fmt, rows, cols, g, stride, FLM_TIER_SRAM, stride * rows, (uint8_t)s16, (uint8_t)rs};
-    flm_quantize_act(xf, cols, flm_act_group(&w), xq, xs);
+    flm_quantize_act(xf, cols, flm_act_group(&w), flm_act_qmax(&w), xq, xs);
     volatile int32_t sink = 0;
     SYST_RVR = 0xffffffu;
     SYST_CVR = 0;
@@ -197,7 +202,7 @@ static uint32_t time_matvec(uint32_t kind, uint32_t fmt, uint32_t g, uint32_t co
             sink = s;
         }
     } else {
-        for (uint32_t r = 0; r < rows; r++) flm_quantize_act(xf, cols, flm_act_group(&w), xq, xs);
+        for (uint32_t r = 0; r < rows; r++) flm_quantize_act(xf, cols, flm_act_group(&w), flm_act_qmax(&w), xq, xs);
     }
     uint32_t t1 = SYST_CVR;
     (void)sink;

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from converter import evaluate
-from converter.footprint import kv_row_bytes
+from converter.footprint import kv_position_bytes
 from converter.tokenizer import encode
 from host.commands.run import kv_layout
 from host.link.messages import Generate
@@ -111,8 +111,8 @@ def board_figures(board: str, qm, work: Path, new_tokens: int, rounds: int) -> d
         attention_us_f32=steady("pruned", lambda t: t.us[ATTN]), attention_us_int8=steady("int8", lambda t: t.us[ATTN]),
         kv_read_per_token_f32=_median([t.bytes_read[2] for t in dec_p]),
         kv_read_per_token_int8=_median([t.bytes_read[2] for t in dec_8]),
-        kv_stored_per_position_f32=2 * c.n_layers * c.n_kv_heads * kv_row_bytes(c, "f32"),
-        kv_stored_per_position_int8=2 * c.n_layers * c.n_kv_heads * kv_row_bytes(c, "int8"),
+        kv_stored_per_position_f32=kv_position_bytes(c, "f32"),
+        kv_stored_per_position_int8=kv_position_bytes(c, "int8"),
         int8_first_divergence=diverge,
     )
 

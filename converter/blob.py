@@ -1,4 +1,4 @@
-"""The weights blob (flash image), format version 3 — layout in docs/formats.md section 1: its
+"""The weights blob (flash image), format version 4 — layout in docs/formats.md section 1: its
 writer (``build_blob``, ``retier_blob``), header parser and reader.
 
 The formats of its rows and fields are converter/formats.py's. The C reader (firmware/engine/blob.c)
@@ -20,13 +20,13 @@ from .draft import Draft, check_pair
 from .files import read_file
 from .formats import (ALIGN, BY_CODE, DRAFT, ENTRY_SIZE, FMT_BASE, FMT_ROWSCALE, FMT_SCALE16, GOLDEN, HEADER_SIZE,
                       MAX_GROUP, MAX_GROUP_ROW, PINNED_TO_FLASH, TIER_CODE, TIER_NAME, BlobError, HeadScan, StateTiers,
-                      decode_qtensor, encode_qtensor, format_code, layout_id_of, row_stride, scale_flags,
-                      up64)
+                      decode_qtensor, encode_qtensor, format_code, kv_refusal, layout_id_of, row_stride,
+                      scale_flags, up64)
 from .ir import MAX_STOP_IDS, ModelConfig, ModelError, QTensor, QuantModel, StopIds, Tokenizer
 from .tokenizer_enc import SECTION as ENC_SECTION, device_section
 
 MAGIC = b"FLMB"
-VERSION = 3
+VERSION = 4                    # the format and numerics version: 4 = 12-bit activations, k12 KV (issue 22)
 NONE_ID = 0xFFFFFFFF
 CONFIG_FMT = "<10I2f4I"        # 64-byte config block at offset 48 (ple_dim, out_vocab, n_experts, moe_top_k last)
 STOP_SECTION = "tokenizer.stop"   # u32 n, u32 ids[n]: generation ends at any of these ids
@@ -182,6 +182,12 @@ def config_block(c: ModelConfig, tok: Tokenizer | None) -> bytes:
                        c.norm_eps, c.rope_theta, c.ple_dim, c.n_out, c.n_experts, c.moe_top_k)
 
 
+def check_kv(kv: str, head_dim: int) -> None:
+    why = kv_refusal(kv, head_dim)
+    if why:
+        raise BlobError(why)
+
+
 def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None, state: StateTiers = StateTiers(),
                golden_fault: int | None = None) -> bytes:
     """Serialize; ``tiers`` maps tensor name -> tier (default: everything read from flash);
@@ -190,6 +196,7 @@ def build_blob(qm: QuantModel, tiers: dict[str, str] | None = None, state: State
     the step as the first that differs."""
     tiers = tiers or {}
     check_pinned(tiers)
+    check_kv(state.kv, qm.config.head_dim)
     secs = sections(qm, state.batch, golden_fault)
     if any(len(s.name) > 31 for s in secs):
         raise BlobError("a tensor name is longer than 31 bytes")
@@ -228,6 +235,7 @@ def retier_blob(blob: bytes, tiers: dict[str, str] | None = None, state: StateTi
     h = parse_header(blob)
     tiers = tiers or {}
     check_pinned(tiers)
+    check_kv(state.kv, h.config.head_dim)
     unknown = sorted(set(tiers) - {e.name for e in h.entries})
     if unknown:
         raise BlobError(f"no tensor {unknown[0]!r} in the blob")
@@ -286,11 +294,8 @@ def parse_header(blob: bytes, what: str = "blob", check_crc: bool = True) -> Blo
     if blob[:4] != MAGIC:
         raise BlobError(f"{what}: not a flashlm blob (magic {blob[:4]!r}, expected {MAGIC!r})")
     version, total, crc = struct.unpack_from("<3I", blob, 4)
-    if version < VERSION:
-        raise BlobError(f"{what}: blob format version {version} was written by an older flashlm; "
-                        f"re-run flashlm convert (this flashlm reads version {VERSION})")
-    if version != VERSION:
-        raise BlobError(f"{what}: blob format version {version}, this tool reads version {VERSION}")
+    if version != VERSION:   # the format version is the numerics' (docs/formats.md section 1)
+        raise BlobError(f"{what}: made for numerics {version}, this flashlm is {VERSION}: re-run flashlm convert")
     if total != len(blob):
         raise BlobError(f"{what}: truncated or padded: header says {total} bytes, file has {len(blob)}")
     if check_crc and zlib.crc32(memoryview(blob)[16:]) != crc:

@@ -325,10 +325,11 @@ def usage(spec: ModelSpec, pos: int, kv: str = "f32", sampling: str = "greedy",
         for w in ("attn.wq", "attn.wk", "attn.wv", "attn.wo"):
             u[p + w].add("attention", by[p + w].length)
             _act(u, "attention", by[p + w])
-        # per head: keys then values for t = 0..pos (engine.c attention(); an int8 row's padding unread)
-        row = hd * 4 if kv == "f32" else 4 + hd
+        # per head: keys then values for t = 0..pos (engine.c attention(); a row's padding unread): f32
+        # rows, or a scale and int8 codes (k12's K rows: int16 codes)
+        pair = 2 * hd * 4 if kv == "f32" else 8 + hd * (3 if kv == "k12" else 2)
         contiguous = cfg.kv_dim == hd
-        u["kv"].add("attention", cfg.n_heads * 2 * (pos + 1) * row,
+        u["kv"].add("attention", cfg.n_heads * (pos + 1) * pair,
                     rows=cfg.n_heads * 2 * (1 if contiguous else pos + 1))
         u["scratch"].add("attention", cfg.n_heads * (pos + 1) * 4 * 3, counted=False)   # att[] passes
         u[p + "ffn_norm"].add("ffn", d * 4)
@@ -451,8 +452,8 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
         c += (d // 2 + cfg.kv_dim // 2) * 6 * cpf                                     # RoPE
         if kv == "f32":     # scores, softmax, weighted sum
             c += cfg.n_heads * (t * hd * 2 + t * (FLOPS_EXP + 4) + FLOPS_DIV + t * hd * 2) * cpf
-        else:               # int8 (engine.c attend_int8_head): the query quantized per head; per position
-            # an int8 dot, its score (a conversion, two products), an integer exp (~8 integer ops),
+        else:               # int8 or k12 (engine.c attend_int_head): the query quantized per head; per position
+            # an integer dot, its score (a conversion, two products), an integer exp (~8 integer ops),
             # w_t (a product) and its rounding, an int8 row times an integer added; per output a
             # conversion and a product; per head 1 / sum p and its product
             c += cfg.n_heads * ((2 * t * hd + 8 * t) * cpm

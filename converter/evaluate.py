@@ -91,7 +91,7 @@ def fp32_logits(ir: ModelIR, stream: np.ndarray, n_pred: int, tick=None) -> np.n
 
 
 def reference_logits(qm, stream: np.ndarray, n_pred: int, kv: str = "f32", tick=None) -> np.ndarray:
-    """The reference's logits [n_pred, n_out] with a ``kv`` ("f32" / "int8") cache, one token at a
+    """The reference's logits [n_pred, n_out] with a ``kv`` ("f32" / "int8" / "k12") cache, one token at a
     time (the KV cache is overwritten from position 0 in each window, and attention reads only
     positions up to the current one); ``tick(done)`` after each token."""
     ref = Reference(qm, kv)

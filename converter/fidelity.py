@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .formats import KV_DEFAULT
 from .ir import ModelIR, QTensor, QuantModel
 from .numerics import F, attend, rope, top_k
 from .quantize import rope_tables
@@ -223,7 +224,7 @@ def tensor_errors(ir: ModelIR, qm: QuantModel) -> list[dict]:
     return rows
 
 
-def quality_report(ir: ModelIR, qm: QuantModel, kv: str = "int8", positions: int = 256, tokens=None,
+def quality_report(ir: ModelIR, qm: QuantModel, kv: str = KV_DEFAULT, positions: int = 256, tokens=None,
                    seed: int = 0) -> dict:
     """``flashlm convert``'s report: per-tensor weight error, and teacher_forced over ``positions``
     predictions of fp32's own sampled text (or of the sequence ``tokens``) with the ``kv`` cache."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from . import headcalib
 from .calibrate import input_moments
 from .fidelity import fp32_greedy, greedy_agreement, sample_text, teacher_forced
-from .formats import row_stride
+from .formats import KV_DEFAULT, row_stride
 from .ir import ModelIR, QTensor, QuantModel
 from .quantize import quantize
 
@@ -18,7 +18,7 @@ class Recipe:
     fmt: str
     group_size: int = 32
     scales: str | None = None       # None: convert's default (row scales)
-    kv: str = "int8"
+    kv: str = KV_DEFAULT              # convert's default (k12)
     calibrate: str = "none"         # convert's --calibrate
 
     def describe(self) -> str:
@@ -29,10 +29,12 @@ class Recipe:
 # convert's defaults first, then the variants that show where each one's error comes from
 RECIPES = (
     Recipe("q8 default", "q8"),
+    Recipe("q8, int8 KV", "q8", kv="int8"),
     Recipe("q8, f32 KV", "q8", kv="f32"),
     Recipe("q8, f32 scales, f32 KV", "q8", scales="f32", kv="f32"),
     Recipe("q8, GPTQ", "q8", calibrate="gptq"),
     Recipe("q4 default", "q4"),
+    Recipe("q4, int8 KV", "q4", kv="int8"),
     Recipe("q4, GPTQ", "q4", calibrate="gptq"),
     Recipe("q4 g16, GPTQ", "q4", group_size=16, calibrate="gptq"),
     Recipe("q4, f32 scales g8, f32 KV", "q4", group_size=8, scales="f32", kv="f32"),

@@ -22,18 +22,28 @@ def arena_bytes(cfg: ModelConfig, min_group: int, batch: int = 1) -> int:
 
 # ---- per-region sizes and staging (firmware/engine/engine.c layout(), app_layout.c app_place()) -------------
 
-def kv_row_bytes(cfg: ModelConfig, kv: str = "f32") -> int:
-    """Bytes of one (layer, position, kv head) row of the K or V cache (engine.c kv_row_bytes):
-    f32 values, or an int8 row: f32 scale, then head_dim codes padded to 4."""
-    return cfg.head_dim * 4 if kv == "f32" else 4 + ((cfg.head_dim + 3) & ~3)
+def kv_row_bytes(cfg: ModelConfig, kv: str, part: str) -> int:
+    """Bytes of one (layer, position, kv head) row of the K (part "k") or V ("v") cache (engine.c
+    k_row_bytes, v_row_bytes): f32 values; or an int8 row (int8 K and V, k12's V): f32 scale, then
+    head_dim codes padded to 4; or a k12 K row: f32 scale, then head_dim int16 codes padded to 4 bytes."""
+    if kv == "f32":
+        return cfg.head_dim * 4
+    if kv == "k12" and part == "k":
+        return 4 + ((2 * cfg.head_dim + 3) & ~3)
+    return 4 + ((cfg.head_dim + 3) & ~3)
+
+
+def kv_position_bytes(cfg: ModelConfig, kv: str) -> int:
+    """Bytes the KV cache stores per position: a K and a V row per layer and kv head."""
+    return cfg.n_layers * cfg.n_kv_heads * (kv_row_bytes(cfg, kv, "k") + kv_row_bytes(cfg, kv, "v"))
 
 
 def region_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32", batch: int = 1) -> dict[str, int]:
-    """Bytes of each state region, as flm_state_region_bytes() with KV format ``kv`` (f32, int8) and
+    """Bytes of each state region, as flm_state_region_bytes() with KV format ``kv`` (f32, int8, k12) and
     a batch of ``batch`` tokens per forward pass (activations and logits per token; with more than one,
     two copies of a weight row); they sum to state_bytes()."""
     wide = max(cfg.dim, cfg.hidden_dim, cfg.ple_dim)            # the longest matmul input
-    kv = cfg.n_layers * cfg.max_seq_len * cfg.n_kv_heads * kv_row_bytes(cfg, kv)
+    rows = cfg.n_layers * cfg.max_seq_len * cfg.n_kv_heads
     ple = cfg.n_layers * cfg.ple_dim * 4                         # per-layer inputs of a token
     t = batch
     # ... and the activation codes, 2 bytes each on every target (kernels.h flm_act), and their scales
@@ -46,7 +56,8 @@ def region_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32", batch: int =
         scratch += [t * cfg.dim * 4, E * 4, t * k * 4, cfg.n_layers * t * k, 2 * t]
     if t > 1:   # the row buffer: two rows of the widest (engine.c, hal.h hal_matmul)
         scratch += [row_copy_bytes(wide, min_group)] * 2
-    return {"kv": 2 * _up8(kv), "logits": _up8(t * cfg.n_out * 4) + 2 * _up8(cfg.n_out * 4),
+    return {"kv": _up8(rows * kv_row_bytes(cfg, kv, "k")) + _up8(rows * kv_row_bytes(cfg, kv, "v")),
+            "logits": _up8(t * cfg.n_out * 4) + 2 * _up8(cfg.n_out * 4),
             "scratch": sum(_up8(p) for p in scratch)}
 
 

@@ -264,9 +264,29 @@ class HeadScan:
 
 REGIONS = ("kv", "logits", "scratch")   # the engine's RAM regions: FLM_REG_KV, FLM_REG_LOGITS, FLM_REG_SCRATCH
 DEFAULT = "default"                     # a region in the board's default arena
-KV_CODE = {"f32": 0, "int8": 1}         # the KV cache's formats (also the golden section's block codes)
+KV_CODE = {"f32": 0, "int8": 1, "k12": 2}   # the KV cache's formats (also the golden section's block codes)
 KV_FORMATS = tuple(KV_CODE)
+KV_DEFAULT = "k12"                      # convert's (12-bit K rows, int8 V rows); int8 for boards short of SRAM
+K12_MAX_HEAD_DIM = 512                  # k12's score sum 2047^2 * head_dim stays an int32
 MAX_BATCH = 255
+
+
+def kv_refusal(kv: str, head_dim: int) -> str | None:
+    """None when a model with heads of head_dim can keep a ``kv`` cache, else the one-line reason
+    (blob.c flm_kv_refusal says the same)."""
+    if kv not in KV_CODE:
+        return f"KV cache format must be one of {', '.join(KV_CODE)}, got {kv!r}"
+    if kv == "k12" and head_dim > K12_MAX_HEAD_DIM:
+        return f"a k12 KV cache needs a head of at most {K12_MAX_HEAD_DIM} (flashlm convert --kv int8)"
+    return None
+
+
+def smaller_kv(kv: str, head_dim: int) -> list[str]:
+    """The KV formats a model of heads of head_dim can keep in less RAM than ``kv``, largest first
+    (f32 > k12 > int8, section 1.2 of docs/formats.md)."""
+    order = ["f32", "k12", "int8"]
+    return [k for k in order[order.index(kv) + 1:] if kv_refusal(k, head_dim) is None]
+
 _KV_SHIFT, _BATCH_SHIFT = 12, 16
 
 
@@ -282,7 +302,7 @@ class StateTiers:
 
     def __post_init__(self):
         if self.kv not in KV_CODE:
-            raise BlobError(f"KV cache format must be f32 or int8, got {self.kv!r}")
+            raise BlobError(f"KV cache format must be one of {', '.join(KV_CODE)}, got {self.kv!r}")
         if not 1 <= int(self.batch) <= MAX_BATCH:
             raise BlobError(f"batch must be 1..{MAX_BATCH} tokens per forward pass, got {self.batch}")
         object.__setattr__(self, "batch", int(self.batch))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from .formats import KV_CODE, KV_FORMATS
+from .formats import KV_CODE, KV_FORMATS, kv_refusal
 from .ir import ModelError, QuantModel
 from .reference import FLAG_ALL_LOGITS, NO_TOKEN, generate
 
@@ -48,7 +48,7 @@ def compute(qm: QuantModel, steps: int = STEPS, boot_steps: int = BOOT_STEPS) ->
     prompt = prompt_ids(c.vocab_size, c.max_seq_len)
     new = max(1, steps - len(prompt) + 1)          # forward steps = prompt + generated - 1
     blocks = {}
-    for kv in KV_FORMATS:
+    for kv in (k for k in KV_FORMATS if kv_refusal(k, c.head_dim) is None):
         recs = generate(qm, prompt, new, flags=FLAG_ALL_LOGITS, kv=kv)
         blocks[kv] = [(r["in_id"], r["out_id"], r["logits_crc"]) for r in recs]
     return Golden(tuple(prompt), boot_steps, blocks)

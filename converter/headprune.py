@@ -282,7 +282,7 @@ def read_section(buf: bytes, n_out: int, n_rows: int, centroids: QTensor) -> Hea
 
 def x_margin(xq: np.ndarray, xs: np.ndarray) -> tuple[np.float32, np.float32]:
     """(X2, Xm) for the head input's codes [groups, g] and scales [groups] (fold over groups)."""
-    sq = np.sum(xq.astype(np.int64) ** 2, axis=1).astype(F)      # < 2^24 per group: exact
+    sq = np.sum(xq.astype(np.int64) ** 2, axis=1).astype(F)      # an int64, rounded once to binary32
     x2 = fold(sq * (xs * xs))
     return F(x2), F(np.sqrt(F(x2)) * MARGIN)
 

@@ -1,5 +1,5 @@
 """The reference's arithmetic, operation by operation: the exp table, SiLU and GELU, left-fold sums,
-activation quantization, the quantized matvec, RMSNorm, RoPE, attention (f32 and int8 KV) and the
+activation quantization, the quantized matvec, RMSNorm, RoPE, attention (f32, int8 and k12 KV) and the
 experts' router, each in the one order the C engine (firmware/engine/) follows. docs/numerics.md is their specification."""
 from __future__ import annotations
 
@@ -65,8 +65,19 @@ def fold(a: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.take(np.add.accumulate(a, axis=axis, dtype=F), -1, axis=axis)
 
 
-def quantize_activation(x: np.ndarray, group_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """-> codes int32 [n_groups, group_size] (zero-padded), scales f32 [n_groups]."""
+QMAX_12 = 2047   # the largest activation code entering a q8 tensor's product, a k12 K row's, its query's
+QMAX_8 = 127     # a q4 tensor's, an int8 KV row's (and k12's V rows), its query's (docs/formats.md 1.1)
+KV_QMAX = {"int8": QMAX_8, "k12": QMAX_12}   # an integer KV cache's K rows and queries
+
+
+def act_qmax(q: QTensor) -> int:
+    """The largest activation code a product of q takes (engine flm_act_qmax): 12-bit for q8, 8-bit for q4."""
+    return QMAX_12 if q.fmt == "q8" else QMAX_8
+
+
+def quantize_activation(x: np.ndarray, group_size: int, qmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """-> codes int32 [n_groups, group_size] (zero-padded), |code| <= qmax, scales f32 [n_groups]:
+    scale = amax / qmax, code = round_half_away(clamp(x * (qmax / amax), +-qmax)), NaN 0."""
     n = x.shape[0]
     ng = -(-n // group_size)
     xp = np.zeros(ng * group_size, F)
@@ -75,10 +86,11 @@ def quantize_activation(x: np.ndarray, group_size: int) -> tuple[np.ndarray, np.
     amax = np.abs(xp).max(axis=1)
     nz = amax > 0
     safe = np.where(nz, amax, F(1.0))
-    scale = np.where(nz, safe / F(127.0), F(0.0)).astype(F)
-    with np.errstate(over="ignore", invalid="ignore"):   # amax below 127/FLT_MAX: inv is inf
-        inv = (F(127.0) / safe).astype(F)
-        v = np.clip(xp * inv[:, None], F(-127), F(127))   # clamped before rounding, NaN (0 * inf) to 0,
+    qf = F(qmax)
+    scale = np.where(nz, safe / qf, F(0.0)).astype(F)
+    with np.errstate(over="ignore", invalid="ignore"):   # amax below qmax/FLT_MAX: inv is inf
+        inv = (qf / safe).astype(F)
+        v = np.clip(xp * inv[:, None], -qf, qf)        # clamped before rounding, NaN (0 * inf) to 0,
     codes = round_half_away(np.where(np.isnan(v), F(0), v))   # as kernels.c: the same codes for finite v
     codes[~nz] = 0
     return codes, scale
@@ -95,11 +107,16 @@ class PackedMatrix:
         c[:, :cols] = q.codes
         self.codes = c.reshape(rows, ng, q.group_size)
         self.scales = q.scales.astype(F)
-        # the activation quantization's group: one for the whole input when row-scaled
+        # the activation quantization's group (one for the whole input when row-scaled) and largest code
         self.act_group = cols if q.rowscale else q.group_size
+        self.act_qmax = act_qmax(q)
+
+    def quantize_input(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """x's codes and scales as this matrix's product takes them."""
+        return quantize_activation(x, self.act_group, self.act_qmax)
 
     def matvec(self, x: np.ndarray) -> np.ndarray:
-        return self.matvec_q(*quantize_activation(x, self.act_group))
+        return self.matvec_q(*self.quantize_input(x))
 
     def matvec_q(self, xq: np.ndarray, xs: np.ndarray) -> np.ndarray:
         """The matvec of an input already quantized by quantize_activation (codes, scales)."""
@@ -203,10 +220,12 @@ def pow2_f32(e: int) -> np.float32:
     return F(np.ldexp(1.0, e)) if -149 <= e <= 127 else F(0.0) if e < -149 else F(np.inf)
 
 
-def attend_int8(q: np.ndarray, kc: np.ndarray, ks: np.ndarray, vc: np.ndarray, vs: np.ndarray,
-                n_heads: int, n_kv: int, hd: int, scale: np.float32) -> np.ndarray:
+def attend_int(q: np.ndarray, kc: np.ndarray, ks: np.ndarray, vc: np.ndarray, vs: np.ndarray,
+                n_heads: int, n_kv: int, hd: int, scale: np.float32, qmax: int) -> np.ndarray:
     """q [n_heads*hd]; K/V codes [T, n_kv, hd] (int32) and scales [T, n_kv] -> [n_heads*hd]: integer
-    attention (docs/formats.md section 1.2). Per head: the query quantized (qc, qs), scores in log2
+    attention (docs/formats.md section 1.2) of an int8 (K codes and the query's within +-127, qmax
+    127) or k12 cache (+-2047, qmax 2047; V codes int8 either way). Per head: the query quantized with
+    qmax (qc, qs), scores in log2
     units with 16 fractional bits n_t = to_fixed(float(sum qc*kc_t) * (ks_t * (qs * kq))), kq =
     (scale * LOG2E) * 2^16; weights p_t = softmax_q15(n); w_t = float(p_t) * vs_t; wc_t = the integer
     nearest to w_t / W (ties away), W = 2^E the smallest power of two with max w <= 2^(24 - bitlen(T)) W;
@@ -218,8 +237,8 @@ def attend_int8(q: np.ndarray, kc: np.ndarray, ks: np.ndarray, vc: np.ndarray, v
     out = np.zeros(n_heads * hd, F)
     for h in range(n_heads):
         kh = h // rep
-        qc, qs = quantize_activation(q[h * hd:(h + 1) * hd], hd)
-        isum = (kc[:, kh, :].astype(np.int64) @ qc[0].astype(np.int64)).astype(np.int32)
+        qc, qs = quantize_activation(q[h * hd:(h + 1) * hd], hd, qmax)
+        isum = (kc[:, kh, :].astype(np.int64) @ qc[0].astype(np.int64)).astype(np.int32)   # k12: < 2^31
         c = F(qs[0] * kq)
         with np.errstate(over="ignore", invalid="ignore"):
             n = to_fixed(isum.astype(F) * (ks[:, kh] * c))

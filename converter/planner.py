@@ -26,7 +26,7 @@ import numpy as np
 from . import costmodel as C
 from .boards import board_names, load_board
 from .costmodel import ModelSpec, match_pattern
-from .formats import KV_FORMATS, MAX_BATCH, PINNED_TO_FLASH, TIER_CODE, StateTiers, layout_id_of, up64
+from .formats import MAX_BATCH, PINNED_TO_FLASH, TIER_CODE, StateTiers, kv_refusal, layout_id_of, smaller_kv, up64
 from .ir import ModelError
 from .timing import Prediction, TierModel, predict, tier_models
 
@@ -268,8 +268,8 @@ def plan(spec: ModelSpec, board: str | dict, *, overrides=(), kv: str = "f32", p
     passes of up to ``batch`` tokens."""
     prof = load_board(board) if isinstance(board, str) else board
     bname = prof.get("name", "?")
-    if kv not in KV_FORMATS:
-        raise PlanError(f"KV cache format must be f32 or int8, got {kv!r}")
+    if kv_refusal(kv, spec.config.head_dim):
+        raise PlanError(kv_refusal(kv, spec.config.head_dim))
     if base not in ("auto", "flash"):
         raise PlanError(f"layout base must be auto or flash, got {base!r}")
     tm = tier_models(prof, line)
@@ -432,8 +432,8 @@ def _suggestions(spec: ModelSpec, prof: dict, kv: str, places, line, batch: int 
     c = _max_ctx(spec, prof, kv, places, line, batch)
     if c is not None:
         out.append((f"a context of {c} tokens fits (flashlm convert --ctx {c}; the model has {ctx})", {"ctx": c}))
-    if kv == "f32" and ok(spec, kv_="int8"):
-        out.append(("an int8 KV cache fits (flashlm convert --kv int8)", {"kv": "int8"}))
+    smaller = smaller_kv(kv, spec.config.head_dim)
+    out += [(f"the {k} KV cache fits (flashlm convert --kv {k})", {"kv": k}) for k in smaller if ok(spec, kv_=k)][:1]
     for pattern, what in INT4_STEPS:
         s = _int4(spec, pattern)
         if s is not None and ok(s):
@@ -447,9 +447,9 @@ def _suggestions(spec: ModelSpec, prof: dict, kv: str, places, line, batch: int 
                 continue
             s, steps = s2, steps + [(pattern, what)]
             quant = [f"{p}=q4" for p, _ in steps]
-            for kv2 in [kv] + (["int8"] if kv == "f32" else []):
-                label = " + ".join(w for _, w in steps) + (" + an int8 KV cache" if kv2 != kv else "")
-                opts = " ".join(f"--quant '{q}'" for q in quant) + (" --kv int8" if kv2 != kv else "")
+            for kv2 in [kv] + smaller:
+                label = " + ".join(w for _, w in steps) + (f" + the {kv2} KV cache" if kv2 != kv else "")
+                opts = " ".join(f"--quant '{q}'" for q in quant) + (f" --kv {kv2}" if kv2 != kv else "")
                 fix = {"quant": quant, **({"kv": kv2} if kv2 != kv else {})}
                 if ok(s, kv_=kv2):
                     out.append((f"{label} fits (flashlm convert {opts})", fix))

@@ -8,10 +8,10 @@ import zlib
 import numpy as np
 
 from . import headprune
-from .formats import KV_FORMATS
+from .formats import KV_FORMATS, kv_refusal
 from .ir import QTensor, QuantModel
-from .numerics import (F, PackedMatrix, attend, attend_int8, gelu, quantize_activation, rmsnorm, rope, rotate_back,
-                       route, silu)
+from .numerics import (KV_QMAX, QMAX_8, F, PackedMatrix, attend, attend_int, gelu, quantize_activation, rmsnorm,
+                       rope, rotate_back, route, silu)
 from .sampling import Rng, sample
 
 NO_TOKEN = 0xFFFFFFFF
@@ -22,8 +22,9 @@ FLAG_ALL_LOGITS = 0x4    # every step computes the whole output layer, never pru
 
 
 class Reference:
-    """Quantized forward pass, one token at a time, with its own KV cache (f32, or int8 codes
-    with one scale per row: ``kv="int8"``)."""
+    """Quantized forward pass, one token at a time, with its own KV cache (f32; or codes with one
+    scale per row: ``kv="int8"`` K and V codes within +-127, ``kv="k12"`` K codes within +-2047 and V
+    codes within +-127)."""
 
     def __init__(self, qm: QuantModel, kv: str = "f32"):
         c = self.cfg = qm.config
@@ -38,6 +39,8 @@ class Reference:
         self.inv_sqrt2 = F(1.0) / np.sqrt(F(2.0))
         if kv not in KV_FORMATS:
             raise ValueError(f"KV cache format must be one of {KV_FORMATS}, got {kv!r}")
+        if kv_refusal(kv, c.head_dim):
+            raise ValueError(kv_refusal(kv, c.head_dim))
         self.kv = kv
         shape = (c.n_layers, c.max_seq_len, c.n_kv_heads, c.head_dim)
         if kv == "f32":
@@ -66,8 +69,8 @@ class Reference:
         if self.kv == "f32":
             self.kc[layer, pos], self.vc[layer, pos] = k, v
             return
-        kq, ks = quantize_activation(k.reshape(-1), c.head_dim)     # one group per kv head's row
-        vq, vs = quantize_activation(v.reshape(-1), c.head_dim)
+        kq, ks = quantize_activation(k.reshape(-1), c.head_dim, KV_QMAX[self.kv])   # one group per kv head's row
+        vq, vs = quantize_activation(v.reshape(-1), c.head_dim, QMAX_8)
         self.kc[layer, pos], self.ks[layer, pos] = kq, ks
         self.vc[layer, pos], self.vs[layer, pos] = vq, vs
 
@@ -76,8 +79,8 @@ class Reference:
         if self.kv == "f32":
             return attend(q, self.kc[layer, :t], self.vc[layer, :t], c.n_heads, c.n_kv_heads, c.head_dim,
                           self.att_scale)
-        return attend_int8(q, self.kc[layer, :t], self.ks[layer, :t], self.vc[layer, :t], self.vs[layer, :t],
-                           c.n_heads, c.n_kv_heads, c.head_dim, self.att_scale)
+        return attend_int(q, self.kc[layer, :t], self.ks[layer, :t], self.vc[layer, :t], self.vs[layer, :t],
+                          c.n_heads, c.n_kv_heads, c.head_dim, self.att_scale, KV_QMAX[self.kv])
 
     def slide(self, n_drop: int) -> None:
         """Keep position 0, drop positions [1, 1 + n_drop), move [1 + n_drop, S) to [1, S - n_drop)
@@ -91,7 +94,7 @@ class Reference:
             self.vc[:, dst] = self.vc[:, src]
             return
         k = rotate_back(self.kc[:, src].astype(F) * self.ks[:, src][..., None], cos, sin)
-        codes, scales = quantize_activation(k.reshape(-1), hd)      # one group per row
+        codes, scales = quantize_activation(k.reshape(-1), hd, KV_QMAX[self.kv])   # one group per row
         self.kc[:, dst] = codes.reshape(k.shape)
         self.ks[:, dst] = scales.reshape(k.shape[:-1])
         self.vc[:, dst], self.vs[:, dst] = self.vc[:, src], self.vs[:, src]
@@ -158,7 +161,7 @@ class Reference:
 
     def head_input(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The final RMSNorm of x, quantized for the head: (codes, scales)."""
-        return quantize_activation(rmsnorm(x, self.vecs["norm"], self.eps), self.head.act_group)
+        return self.head.quantize_input(rmsnorm(x, self.vecs["norm"], self.eps))
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """The whole output layer: out_vocab logits."""

@@ -89,8 +89,9 @@ def test_model_hash_ignores_placement_but_not_weights(small_qm):
     (lambda b: b[:50], "too short"),
     (lambda b: b[:-10], "truncated"),
     (lambda b: b"XXXX" + b[4:], "not a flashlm blob"),
-    (lambda b: b[:4] + struct.pack("<I", 9) + b[8:], "version 9"),
-    (lambda b: b[:4] + struct.pack("<I", 2) + b[8:], "version 2 was written by an older flashlm; re-run flashlm convert"),
+    (lambda b: b[:4] + struct.pack("<I", 9) + b[8:], "made for numerics 9, this flashlm is 4: re-run flashlm convert"),
+    # an image of the 8-bit activations' numerics (issue 22): refused in one line, not misread
+    (lambda b: b[:4] + struct.pack("<I", 3) + b[8:], "^blob: made for numerics 3, this flashlm is 4: re-run flashlm convert$"),
     (lambda b: b[:-5] + bytes([b[-5] ^ 1]) + b[-4:], "CRC mismatch"),
 ])
 def test_python_refuses_bad_blobs(small_qm, mutate, message):
@@ -129,8 +130,8 @@ def test_mutated_blobs_give_blob_errors_in_python_and_c(small_qm, blob_checker, 
     (lambda b: b[:-5] + bytes([b[-5] ^ 0x40]) + b[-4:], "CRC mismatch"),
     (lambda b: b[:-64], "size mismatch"),
     (lambda b: b"ELF!" + b[4:], "bad magic"),
-    (lambda b: with_crc(b[:4] + struct.pack("<I", 4) + b[8:]), "format version 4"),
-    (lambda b: with_crc(b[:4] + struct.pack("<I", 2) + b[8:]), "older flashlm; re-run flashlm convert"),
+    (lambda b: with_crc(b[:4] + struct.pack("<I", 5) + b[8:]), "made for numerics 5, this firmware is 4: re-run flashlm convert"),
+    (lambda b: with_crc(b[:4] + struct.pack("<I", 3) + b[8:]), "made for numerics 3, this firmware is 4: re-run flashlm convert"),
 ])
 @pytest.mark.native
 def test_firmware_refuses_bad_image_at_boot(small_qm, tmp_path_factory, tmp_path, mutate, cause):

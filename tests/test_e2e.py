@@ -43,7 +43,7 @@ def test_cli_run_native_streams_the_reference_tokens(llama2c_files, tmp_path, ca
     assert rc == 0, captured.err
     rows = list(csv.DictReader((tmp_path / "run.csv").open()))
     kv = read_header(out / "model.flmb").state_tiers.kv
-    assert kv == "int8"                          # convert's default
+    assert kv == "k12"                           # convert's default
     ref = generate(read_blob(out / "model.flmb"), prompt, 33, temperature, top_p, seed,
                    flags=FLAG_ALL_LOGITS if all_logits else 0, kv=kv)
     eos_stop = ref[-1]["out_id"] == 1      # a llama2.c import stops at BOS, as run.c

@@ -172,7 +172,7 @@ def test_cli_run_on_the_qemu_board(tmp_path, monkeypatch, capsys):
                "--max-tokens", "6", "--all-logits", "--csv", "run.csv"])
     out = capsys.readouterr()
     assert rc == 0, out.err
-    ref = generate(read_blob(tmp_path / "model" / "model.flmb"), prompt, 6, flags=FLAG_ALL_LOGITS, kv="int8")
+    ref = generate(read_blob(tmp_path / "model" / "model.flmb"), prompt, 6, flags=FLAG_ALL_LOGITS, kv="k12")
     rows = list(csv.DictReader(open("run.csv")))
     assert [(int(r["out_id"]) if r["out_id"] else NO_TOKEN, int(r["logits_crc"])) for r in rows] == \
         [(r["out_id"], zlib.crc32(r["logits"].tobytes())) for r in ref]

@@ -16,7 +16,7 @@ import bench.kernels as kernels
 from converter.formats import encode_qtensor, row_stride
 from converter.ir import QTensor
 from converter.quantize import quantize
-from converter.numerics import PackedMatrix
+from converter.numerics import QMAX_8, QMAX_12, PackedMatrix
 from emuboard import require_emulator
 from firmware.build_meta import ENGINE_DIR
 from host.link.messages import Error
@@ -61,7 +61,7 @@ def test_float_check_sees_a_wrong_bit(probe, monkeypatch):
 @pytest.mark.parametrize("flags", [["-m32", "-msse", "-mfpmath=sse"], []], ids=["bits", "vector"])
 def test_activation_codes_round_as_the_reference_for_every_float(flags, tmp_path):
     # converter/numerics.py's round_half_away is (int32)(v +- 0.5f): every binary32 v in [-127, 127]
-    # (2.2e9 of them) must get the same code from flm_quantize_act
+    # and in [-2047, 2047] (2.2e9 and 2.3e9 of them) must get the same code from flm_quantize_act
     exe = tmp_path / "quantize_check"
     r = subprocess.run(["cc", "-std=c99", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", *flags,
                         f"-I{ENGINE_DIR}", str(ROOT / "tests/c/quantize_check.c"),
@@ -74,10 +74,13 @@ def test_activation_codes_round_as_the_reference_for_every_float(flags, tmp_path
 
 
 # host builds of kernels.c: (compiler, flags); FLM_NO_CLONES is the x86-64 baseline alone; i386 with
-# SSE but not SSE2 builds the portable C of the cores without SIMD (int8 codes, no vectorised rows),
-# its floats in SSE registers (x87's wider intermediates would not round as binary32)
+# SSE but not SSE2 builds the portable C of the cores without SIMD (no vectorised rows), its floats in
+# SSE registers (x87's wider intermediates would not round as binary32); with tests/c/rs_scalar_host
+# the RV32 and Xtensa kernels' row-scaled rows (firmware/hal/kernels_rs_scalar.h) over portable dots
+# (five flags: matvec_cases' seed 5 holds a row-scaled q8 case at its largest sums, k * isum past 2^32)
+RS_SCALAR_HOST = [f"-I{ROOT / 'tests/c/rs_scalar_host'}", f"-I{ROOT / 'firmware/hal'}"]
 HOST_BUILDS = [("cc", []), ("cc", ["-DFLM_NO_CLONES"]), ("clang", []), ("clang", ["-DFLM_NO_CLONES"]),
-               ("cc", ["-m32", "-msse", "-mfpmath=sse"])]
+               ("cc", ["-m32", "-msse", "-mfpmath=sse"]), ("cc", ["-m32", "-msse", "-mfpmath=sse", *RS_SCALAR_HOST])]
 
 
 def matvec_cases(seed: int, n: int):
@@ -99,8 +102,13 @@ def matvec_cases(seed: int, n: int):
             scales = scales[:, :1]
             mult = rng.integers(0, 256, (rows, ng)).astype(np.uint8)
             mult[rng.random((rows, ng)) < 0.2] = rng.choice([0, 255])
-        xq = rng.integers(-127, 128, cols).astype(np.int8)
-        xq[rng.random(cols) < 0.2] = rng.choice([-127, 127])
+        qmax = QMAX_12 if fmt == "q8" else QMAX_8                 # the codes the engine passes a product
+        xq = rng.integers(-qmax, qmax + 1, cols).astype(np.int16)
+        xq[rng.random(cols) < 0.2] = rng.choice([-qmax, qmax])
+        if k % 11 == 10:   # the largest sums: every product at its bound (row-scaled: k * isum beyond int32)
+            codes[:], xq[:] = lo, -qmax
+            if mult is not None:
+                mult[:] = 255
         xs = (np.abs(rng.standard_normal(ng)) * 10.0 ** rng.integers(-4, 2, ng)).astype(np.float32)
         xs[rng.random(ng) < 0.1] = 0.0
         yield QTensor(fmt, codes, scales, g, s16, mult), xq, xs
@@ -126,7 +134,7 @@ def test_host_rows_equal_the_reference(cc, flags, tmp_path):
         kind = 2 if q.rowscale else int(q.scale16)
         stride = row_stride(q.fmt, cols, q.group_size, q.scale16, q.rowscale)
         feed += [np.array([code, rows, cols, q.group_size, kind, stride], "<u4").tobytes(), encode_qtensor(q),
-                 xq.tobytes(), xs.astype("<f4").tobytes()]
+                 xq.astype("<i2").tobytes(), xs.astype("<f4").tobytes()]
         xg = np.zeros(q.n_groups * q.group_size, np.int32)
         xg[:cols] = xq
         ref = PackedMatrix(q).matvec_q(xg.reshape(q.n_groups, q.group_size), xs)

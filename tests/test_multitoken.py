@@ -21,9 +21,9 @@ MODELS = {
     "ple-f16": (lambda: random_ple_model(seed=3, out_vocab=61, vocab_size=70), "q4", 16, ["ple.proj=q8:12"],
                 "f16", "f32"),
     "ple-q8-mqa-int8kv": (lambda: random_ple_model(seed=4, n_kv_heads=1, ple_dim=8), "q8", 24, [], "f32", "int8"),
-    # convert's defaults: row scales (one activation scale per input) and integer attention
-    "q8-row-int8kv": (lambda: random_model(seed=5, dim=64, n_heads=4, n_kv_heads=2, hidden_dim=128)[1],
-                      "q8", 16, [], "row", "int8"),
+    # convert's defaults: row scales (one activation scale per input) and integer attention (k12)
+    "q8-row-k12kv": (lambda: random_model(seed=5, dim=64, n_heads=4, n_kv_heads=2, hidden_dim=128)[1],
+                     "q8", 16, [], "row", "k12"),
     "q4-row-untied": (lambda: random_model(seed=6, tied=False, dim=64, n_heads=4, hidden_dim=96)[1], "q4", 32, [], "row", "f32"),
 }
 
@@ -65,8 +65,8 @@ def chunk_bytes(qm, kv, pos, n, head=True):
     norms = 2 * c.n_layers * c.dim * 4 + c.n_layers * (c.ple_dim + c.dim) * 4 * bool(c.ple_dim)
     per_token = by["tok_embeddings"].row_stride + (by["ple.table"].row_stride if c.ple_dim else 0) + c.head_dim * 4
     flash = mats + n * (norms + per_token) + ((n * c.dim * 4 + c.n_out * out.row_stride) if head else 0)
-    row = c.head_dim * 4 if kv == "f32" else 4 + c.head_dim
-    return flash, 0, sum(c.n_layers * c.n_heads * 2 * (p + 1) * row for p in range(pos, pos + n))
+    pair = 2 * c.head_dim * 4 if kv == "f32" else 8 + c.head_dim * (3 if kv == "k12" else 2)   # a K and a V row
+    return flash, 0, sum(c.n_layers * c.n_heads * (p + 1) * pair for p in range(pos, pos + n))
 
 
 def pass_bytes(qm, kv, ids_len, T):
@@ -103,7 +103,7 @@ def build_root(tmp_path_factory):
 
 @pytest.mark.native
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["q8-gqa", "q4-untied-int8kv", "ple-f16", "q8-row-int8kv", "q4-row-untied"])
+@pytest.mark.parametrize("name", ["q8-gqa", "q4-untied-int8kv", "ple-f16", "q8-row-k12kv", "q4-row-untied"])
 def test_batched_prefill_on_the_native_board_equals_the_reference(name, tmp_path, build_root):
     """GENERATE with prefill passes of T tokens: every step's logits (LOGITS flag) and tokens equal
     the reference's — which equal the one-token pass's — and the TOKEN frames name the passes."""
@@ -156,7 +156,7 @@ def test_prefill_bytes_fall_with_the_batch(tmp_path, build_root):
 @pytest.mark.cross
 @pytest.mark.emulated
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["q8-gqa", "ple-q8-mqa-int8kv", "q8-row-int8kv", "q4-row-untied"])
+@pytest.mark.parametrize("name", ["q8-gqa", "ple-q8-mqa-int8kv", "q8-row-k12kv", "q4-row-untied"])
 def test_batched_passes_on_the_emulated_rp2040(name, tmp_path):
     """The Cortex-M0+ build: prefill passes of T tokens give every step's logits bit for bit (the
     HAL's row-scaled q8 and q4 kernels on blocks of copied rows included), speculative decoding
@@ -232,7 +232,7 @@ def test_reference_speculation_is_greedy_exact(name):
 
 @pytest.mark.native
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["q8-gqa", "q4-untied-int8kv", "ple-f16", "q8-row-int8kv"])
+@pytest.mark.parametrize("name", ["q8-gqa", "q4-untied-int8kv", "ple-f16", "q8-row-k12kv"])
 def test_prompt_lookup_speculation_on_the_native_board(name, tmp_path, build_root):
     """Verifying passes on the device produce exactly the reference's steps (ids, passes, logits
     CRCs), whose tokens are plain greedy decoding's; LOGITS gives every verified step's logits bit for
@@ -308,7 +308,7 @@ def test_cli_run_batch_and_speculate(tmp_path, capsys):
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     d = json.loads((tmp_path / "r.json").read_text())
-    kv = read_header(out / "model.flmb").state_tiers.kv      # convert's default: int8
+    kv = read_header(out / "model.flmb").state_tiers.kv      # convert's default: k12
     ref = generate(qm, REPEATS, 20, batch=5, speculate="lookup", draft_k=4, kv=kv)
     assert d["generated_ids"] == greedy_ids(ref) == greedy_ids(generate(qm, REPEATS, 20, kv=kv))
     pa = d["summary"]["passes"]

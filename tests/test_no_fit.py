@@ -15,7 +15,7 @@ from modelzoo import random_model
 @pytest.fixture
 def big(tmp_path, monkeypatch):
     """stories260K's shape (5 layers, 4 KV heads of 8, context 512) converted as a user would, from
-    tmp_path with relative paths: its int8 KV cache alone is 240 KB, more than a Pico's SRAM budget."""
+    tmp_path with relative paths: its k12 KV cache alone is 328 KB, more than a Pico's SRAM budget."""
     monkeypatch.chdir(tmp_path)
     _, ir = random_model(seed=2, dim=64, n_layers=5, n_heads=8, n_kv_heads=4, hidden_dim=172, vocab_size=512,
                          max_seq_len=512)
@@ -39,7 +39,7 @@ def _short(msg: str) -> str:
 def test_build_says_what_plan_says_and_names_the_convert_line(big, board, capsys):
     planned = _error(capsys, ["plan", big, "--board", board])
     built = _error(capsys, ["build", "--board", board, "--model", big])
-    assert _short(built) == _short(planned)          # the blob's int8 KV cache and batch of 4, not f32 and 1
+    assert _short(built) == _short(planned)          # the blob's k12 KV cache and batch of 4, not f32 and 1
     assert "flashlm plan --ctx" not in built
     cmd = built.split("to convert it so: ")[1]
     ctx = int(re.search(r"a context of (\d+) tokens fits", built).group(1))

@@ -385,7 +385,10 @@ def test_shorter_context_and_int8_kv_are_suggested():
     with pytest.raises(NoFit) as e:
         plan(ModelSpec.from_config(cfg), "pico")
     sug = " | ".join(e.value.suggestions)
-    assert "a context of" in sug and "int8 KV cache" in sug
+    assert "a context of" in sug and "the int8 KV cache fits (flashlm convert --kv int8)" in sug
+    with pytest.raises(NoFit) as e:                  # convert's default k12: int8 is the smaller format
+        plan(ModelSpec.from_config(cfg), "pico", kv="k12")
+    assert "the int8 KV cache fits (flashlm convert --kv int8)" in e.value.suggestions
     ctx = int(sug.split("a context of ")[1].split()[0])
     plan(ModelSpec.from_config(cfg).with_context(ctx), "pico")
     with pytest.raises(NoFit):

@@ -17,7 +17,7 @@ from converter import headprune as hp
 from converter.blob import build_blob, read_blob
 from converter.formats import BlobError
 from converter.quantize import quantize, quantize_matrix
-from converter.numerics import PackedMatrix, quantize_activation
+from converter.numerics import PackedMatrix
 from converter.reference import Reference
 from modelzoo import random_model, random_ple_model, spread_head, with_head_index
 
@@ -87,7 +87,7 @@ def test_every_bound_holds_and_the_scan_is_the_first_maximum(hq, kind, log_scale
     x = {"aligned": w[r], "anti": -w.mean(axis=0), "random": rng.standard_normal(cols),
          "tiny": rng.standard_normal(cols) * 1e-30, "zero": np.zeros(cols)}[kind]
     x = (x * np.exp(log_scale)).astype(F)
-    xq, xs = quantize_activation(x, q.group_size)
+    xq, xs = PackedMatrix(q).quantize_input(x)
     logits = PackedMatrix(q).matvec_q(xq, xs)
     x2, xm = hp.x_margin(xq, xs)
     if x2 >= hp.FLOOR:      # the proof's claim: no row's computed logit is above its tile's bound

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from converter.fidelity import Fp32Model, quality_report
-from converter.numerics import fold, quantize_activation
+from converter.numerics import QMAX_8, QMAX_12, PackedMatrix, fold, quantize_activation
 from converter.quantize import quantize, rope_tables
 from converter.reference import Reference
 from converter.sampling import Rng, sample
@@ -46,11 +46,30 @@ def test_fold_is_a_left_fold():
 
 def test_activation_quantization_rounds_half_away_and_handles_zero_groups():
     x = np.array([127.0, 63.5, -63.5, 0.4, 0.0, 0.0, 0.0, 0.0, 1.0], np.float32)
-    codes, scales = quantize_activation(x, 4)
+    codes, scales = quantize_activation(x, 4, QMAX_8)
     assert codes[0].tolist() == [127, 64, -64, 0]
     assert codes[1].tolist() == [0, 0, 0, 0] and scales[1] == 0
     assert codes[2].tolist() == [127, 0, 0, 0]           # ragged last group, zero padded
     assert scales.dtype == np.float32
+
+
+def test_q8_products_take_12_bit_activation_codes_and_q4_8_bit():
+    # docs/formats.md 1.1: scale = amax / 2047, code = round_half_away(x * (2047 / amax)), clamped
+    x = np.array([2047.0, 1023.5, -1023.5, 0.4, -2047.0, 1.0, 0.5, -0.5], np.float32)
+    codes, scales = quantize_activation(x, 8, QMAX_12)
+    assert codes[0].tolist() == [2047, 1024, -1024, 0, -2047, 1, 1, -1] and scales[0] == np.float32(1.0)
+    y = np.array([3.0, -1.5, 0.001, 2.9999], np.float32)     # amax 3: inv = 2047/3 in binary32
+    inv = np.float32(2047.0) / np.float32(3.0)
+    want = [int(np.trunc(v * inv + np.float32(0.5) * np.sign(v))) for v in y]
+    assert quantize_activation(y, 4, QMAX_12)[0][0].tolist() == want == [2047, -1024, 1, 2047]
+    assert quantize_activation(y, 4, QMAX_12)[1][0] == np.float32(3.0) / np.float32(2047.0)
+    rng = np.random.default_rng(3)
+    _, ir = random_model(seed=3)
+    for fmt, qmax in (("q8", QMAX_12), ("q4", QMAX_8)):
+        m = PackedMatrix(quantize(ir, fmt, 16).tensors["layers.0.attn.wq"])
+        assert m.act_qmax == qmax
+        xq, _ = m.quantize_input(rng.standard_normal(m.cols).astype(np.float32) * 9)
+        assert np.abs(xq).max() == qmax
 
 
 def test_sampler_is_deterministic_and_greedy_takes_first_max():

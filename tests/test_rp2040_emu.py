@@ -252,7 +252,7 @@ def test_engine_and_hal_compile_warning_free_for_cortex_m0plus(tmp_path, build_r
     # the linked image: the vector table at 0x10000100 and RAM within the chip's 264 KB
     nm = subprocess.run(["arm-none-eabi-nm", str(proj / "firmware.elf")], capture_output=True, text=True).stdout
     syms = {p[2]: int(p[0], 16) for p in (ln.split() for ln in nm.splitlines()) if len(p) == 3}
-    assert syms["__vectors_start"] == 0x10000100 and syms["__flm_blob_start"] == 0x10010000
+    assert syms["__vectors_start"] == 0x10000100 and syms["__flm_blob_start"] == 0x10020000
     assert syms["__bss_end"] <= 0x20042000 - 8192
 
 
@@ -290,7 +290,7 @@ def test_cli_run_board_rp2040_emu(tmp_path, build_root, capsys):
                "--all-logits"])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
-    ref = generate(read_blob(out / "model.flmb"), prompt, 8, flags=FLAG_ALL_LOGITS, kv="int8")   # convert's default KV
+    ref = generate(read_blob(out / "model.flmb"), prompt, 8, flags=FLAG_ALL_LOGITS, kv="k12")   # convert's default KV
     rows = list(csv.DictReader((tmp_path / "run.csv").open()))
     assert len(rows) == len(ref)
     for row, r in zip(rows, ref):

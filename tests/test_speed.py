@@ -93,40 +93,44 @@ def test_unknown_generate_flags_are_refused(tmp_path, build_root):
 
 
 # ---------------------------------------------------------------------------------------------
-# int8 KV cache
+# the integer KV caches: int8, k12 (12-bit K codes, int8 V codes)
 
 KV_MODELS = {
     "gqa-hd12": dict(seed=45),                                                     # head_dim 12 (x4): no padding
-    "mha-hd6": dict(seed=46, dim=24, n_heads=4, n_kv_heads=4, hidden_dim=40, vocab_size=50),   # rows padded to 4
+    "mha-hd6": dict(seed=46, dim=24, n_heads=4, n_kv_heads=4, hidden_dim=40, vocab_size=50),   # int8 rows padded to 4
 }
+KV_GROUP = {"gqa-hd12": 32, "mha-hd6": 24}
 
 
 def kv_model(name):
-    return with_head_index(quantize(spread_head(random_model(**KV_MODELS[name])[1]), "q8", 24 if name == "mha-hd6" else 32))
+    return with_head_index(quantize(spread_head(random_model(**KV_MODELS[name])[1]), "q8", KV_GROUP[name]))
 
 
 def kv_bytes(qm, pos, kv):
-    c = qm.config
-    return c.n_layers * c.n_heads * 2 * (pos + 1) * (c.head_dim * 4 if kv == "f32" else 4 + c.head_dim)
+    """The KV bytes attention reads in a step: per head and position a K and a V row's scale and codes."""
+    c, hd = qm.config, qm.config.head_dim
+    pair = 2 * hd * 4 if kv == "f32" else 8 + hd * (3 if kv == "k12" else 2)
+    return c.n_layers * c.n_heads * (pos + 1) * pair
 
 
 @pytest.mark.native
 @pytest.mark.slow
+@pytest.mark.parametrize("kv0", ["int8", "k12"])
 @pytest.mark.parametrize("name", KV_MODELS)
-def test_int8_kv_cache_bit_exact_and_switchable_by_layout(name, tmp_path, build_root, blob_checker):
+def test_integer_kv_cache_bit_exact_and_switchable_by_layout(name, kv0, tmp_path, build_root, blob_checker):
     qm = kv_model(name)
     c = qm.config
-    blob = build_blob(qm, state=StateTiers(kv="int8"))
+    blob = build_blob(qm, state=StateTiers(kv=kv0))
     h = parse_header(blob)
-    assert h.state_tiers.kv == "int8" and h.layout_id != parse_header(build_blob(qm)).layout_id
+    assert h.state_tiers.kv == kv0 and h.layout_id != parse_header(build_blob(qm)).layout_id
     (tmp_path / "i8.flmb").write_bytes(blob)
     out = subprocess.run([str(blob_checker), str(tmp_path / "i8.flmb")], capture_output=True, text=True).stdout
-    rb = region_bytes(c, 24 if name == "mha-hd6" else 32, "int8")
+    rb = region_bytes(c, KV_GROUP[name], kv0)
     assert out.split() == ["ok", str(rb["kv"]), str(rb["logits"]), str(rb["scratch"])]
     prompt = [2, 7, 1]
     with native_link(qm, tmp_path, build_root, blob_bytes=blob) as (link, boot):
         assert [m for m in boot if isinstance(m, Hello)][-1].layout_id == h.layout_id
-        for i, kv in enumerate(("int8", "f32", "int8")):
+        for i, kv in enumerate((kv0, "f32", {"int8": "k12", "k12": "int8"}[kv0], kv0)):
             if i:
                 tiers = bytes(len(h.entries))
                 st = StateTiers(kv=kv).to_u32()
@@ -141,9 +145,9 @@ def test_int8_kv_cache_bit_exact_and_switchable_by_layout(name, tmp_path, build_
             for t in toks:
                 flash, _, sram = token_bytes_read(qm, t)
                 assert t.bytes_read == (flash, 0, kv_bytes(qm, t.pos, kv)), (kv, t.step)
-    # what int8 costs: the logits move, the argmax mostly stays
+    # what an integer KV cache costs: the logits move, the argmax mostly stays
     a = generate(qm, prompt, 20, flags=FLAG_LOGITS)
-    b = generate(qm, prompt, 20, flags=FLAG_LOGITS, kv="int8")
+    b = generate(qm, prompt, 20, flags=FLAG_LOGITS, kv=kv0)
     assert any(not np.array_equal(x["logits"], y["logits"]) for x, y in zip(a, b))
 
 
@@ -212,18 +216,19 @@ def test_sliding_window_bit_exact(kv, tmp_path, build_root):
 @pytest.mark.cross
 @pytest.mark.emulated
 @pytest.mark.slow
-def test_emulated_rp2040_int8_kv_slide_pruned(tmp_path):
+@pytest.mark.parametrize("kv", ["int8", "k12"])
+def test_emulated_rp2040_integer_kv_slide_pruned(kv, tmp_path):
     from emuboard import emu_link
     qm = with_head_index(quantize(spread_head(random_model(seed=49, dim=32, n_heads=2, n_kv_heads=1, hidden_dim=64,
                                                            vocab_size=40, max_seq_len=9)[1], span=6.0), "q8", 8), 4)
     prompt = [1, 5, 2]
     steps = []
-    blob = build_blob(qm, state=StateTiers(kv="int8"))
+    blob = build_blob(qm, state=StateTiers(kv=kv))
     with emu_link(qm, tmp_path, tmp_path, blob_bytes=blob) as (link, boot, board):
         for flags, logits in ((FLAG_SLIDE, False), (FLAG_SLIDE | FLAG_LOGITS, True)):
             board.read_counts()
             toks, lg, done = run(link, prompt, 16, logits=logits, slide=True)
-            ref = generate(qm, prompt, 16, flags=flags, kv="int8")
+            ref = generate(qm, prompt, 16, flags=flags, kv=kv)
             if logits:
                 assert_matches_reference(toks, lg, ref)
             else:

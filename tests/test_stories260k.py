@@ -56,7 +56,7 @@ def test_default_q8_runs_bit_exact_on_native(tmp_path, capsys, monkeypatch):
     kv = read_header("out/s260k/model.flmb").state_tiers.kv
     prompt_ids = encode(load_tokenizer(tok), prompt)
     ref = generate(blob, prompt_ids, 60, flags=FLAG_ALL_LOGITS, kv=kv)
-    assert kv == "int8" and len(rows) == len(ref)
+    assert kv == "k12" and len(rows) == len(ref)
     for row, r in zip(rows, ref):
         assert int(row["in_id"]) == r["in_id"]
         assert (int(row["out_id"]) if row["out_id"] else NO_TOKEN) == r["out_id"]
@@ -69,7 +69,7 @@ def test_default_q8_runs_bit_exact_on_native(tmp_path, capsys, monkeypatch):
 @pytest.mark.slow
 def test_demo_by_name_on_the_emulated_rp2040_fits_its_context(tmp_path):
     """``flashlm demo --model stories260K``: pulled once (from a loopback hub), then offline; its
-    int8 KV cache for 512 positions does not fit the RP2040's SRAM beside convert's batch, so the demo
+    k12 KV cache for 512 positions does not fit the RP2040's SRAM beside convert's batch, so the demo
     converts the longest context the planner fits, and the board runs it bit-exact."""
     require_emulator()
     home = tmp_path / "hf"

@@ -67,7 +67,7 @@ static void put_hex(char *t, size_t *i, size_t cap, uint32_t v) {
     }
 }
 
-static const char *kv_name(void) { return flm_dev.model.kv_fmt == FLM_KV_INT8 ? "int8" : "f32"; }
+static const char *kv_name(void) { return flm_kv_name(flm_dev.model.kv_fmt); }
 
 /* Run the first n steps of block b; the result in flm_dev.golden, a LOG with the details. */
 static void run_steps(const golden_block *b, uint32_t n) {

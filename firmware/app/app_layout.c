@@ -58,6 +58,13 @@ int app_place(const uint8_t *tiers, uint32_t state_tiers, char *err, size_t en) 
     flm_tensor *x;
     flm_blob_retier(m, tiers);
     m->kv_fmt = (state_tiers >> FLM_KV_SHIFT) & 15u;   /* before the region sizes: they depend on both */
+    const char *kv_why = flm_kv_refusal(m, m->kv_fmt);
+    if (kv_why) {
+        size_t i = 0;
+        app_put_str(err, &i, en, kv_why);
+        err[i] = 0;
+        return -1;
+    }
     m->batch = flm_batch_of(state_tiers);
     m->ple_table.tier = FLM_TIER_FLASH;   /* a gather of one row per token: read in place, never staged */
     /* bytes per pool: tensors 64-aligned (cache lines), then the regions (multiples of 8), then the
@@ -118,7 +125,7 @@ void app_log_layout(const char *what) {
     app_put_str(t, &i, sizeof t, " bytes in PSRAM, ");
     app_put_dec(t, &i, sizeof t, flm_dev.staged[FLM_TIER_SRAM]);
     app_put_str(t, &i, sizeof t, " in SRAM; KV cache ");
-    app_put_str(t, &i, sizeof t, flm_dev.model.kv_fmt == FLM_KV_INT8 ? "int8" : "f32");
+    app_put_str(t, &i, sizeof t, flm_kv_name(flm_dev.model.kv_fmt));
     app_put_str(t, &i, sizeof t, " in ");
     app_put_str(t, &i, sizeof t, TIER_NAME[flm_dev.state.kv_tier]);
     app_send_log(t);

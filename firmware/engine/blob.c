@@ -27,6 +27,18 @@ static int fail(char *err, size_t n, const char *a, const char *name, uint32_t v
     return -1;
 }
 
+/* "made for numerics N, this firmware is M: re-run flashlm convert" (converter/blob.py says the same). */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+static int numerics_fail(char *err, size_t n, uint32_t v) {
+    static const char tail[] = ", this firmware is " STR(FLM_NUMERICS) ": re-run flashlm convert";
+    fail(err, n, "made for numerics", 0, v, 1);
+    size_t i = strlen(err);
+    for (const char *s = tail; *s && i + 1 < n; s++) err[i++] = *s;
+    if (n) err[i < n ? i : n - 1] = 0;
+    return -1;
+}
+
 static uint32_t pad4(uint32_t n) { return (n + 3u) & ~3u; }
 
 /* Bytes of one row (docs/formats.md section 1): per group its codes padded to 4, plus a 4-byte f32
@@ -231,10 +243,7 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
     memset(m, 0, sizeof *m);
     if (len < HEADER_SIZE) return fail(err, en, "image too short for a header:", 0, (uint32_t)len, 1);
     if (memcmp(b, "FLMB", 4) != 0) return fail(err, en, "bad magic: no flashlm image in flash", 0, 0, 0);
-    if (flm_rd32(b + 4) < 3u)
-        return fail(err, en, "image written by an older flashlm; re-run flashlm convert: format version", 0,
-                    flm_rd32(b + 4), 1);
-    if (flm_rd32(b + 4) != 3u) return fail(err, en, "unsupported image format version", 0, flm_rd32(b + 4), 1);
+    if (flm_rd32(b + 4) != FLM_NUMERICS) return numerics_fail(err, en, flm_rd32(b + 4));
     uint32_t total = flm_rd32(b + 8);
     if (total != len) return fail(err, en, "image size mismatch (truncated or wrong partition), header says", 0, total, 1);
     if (flm_crc32_update(0, b + 16, len - 16) != flm_rd32(b + 12))
@@ -271,6 +280,8 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
                     m->n_experts > FLM_MAX_EXPERTS ? m->n_experts : m->top_k, 1);
     m->head_dim = m->dim / m->n_heads;
     m->kv_dim = m->n_kv_heads * m->head_dim;
+    const char *kv_why = flm_kv_refusal(m, m->kv_fmt);
+    if (kv_why) return fail(err, en, kv_why, 0, 0, 0);
     /* K and V caches, f32: sized in 64 bits, so the engine's size_t sums cannot wrap on a 32-bit core */
     if (2u * (uint64_t)m->n_layers * m->seq_len * m->kv_dim * 4u > 0x40000000u)
         return fail(err, en, "bad model config in image: KV cache over 1 GiB", 0, 0, 0);
@@ -354,10 +365,17 @@ int flm_blob_open(flm_model *m, const uint8_t *b, size_t len, char *err, size_t 
 int flm_state_tiers_ok(uint32_t st) {
     for (uint32_t r = 0; r < 4u; r++) {   /* bits 16-23, the batch, may hold any value */
         uint32_t t = (st >> (4u * r)) & 15u;
-        if (r < 3u ? t != 0u && t != FLM_TIER_PSRAM && t != FLM_TIER_SRAM : t > FLM_KV_INT8) return 0;
+        if (r < 3u ? t != 0u && t != FLM_TIER_PSRAM && t != FLM_TIER_SRAM : t > FLM_KV_K12) return 0;
     }
     return st >> 24 == 0u;
 }
+
+const char *flm_kv_refusal(const flm_model *m, uint32_t kv_fmt) {
+    return kv_fmt == FLM_KV_K12 && m->head_dim > FLM_K12_MAX_HEAD_DIM
+               ? "a k12 KV cache needs a head of at most 512 (flashlm convert --kv int8)" : 0;
+}
+
+const char *flm_kv_name(uint32_t kv_fmt) { return kv_fmt == FLM_KV_K12 ? "k12" : kv_fmt == FLM_KV_INT8 ? "int8" : "f32"; }
 
 uint32_t flm_batch_of(uint32_t st) {
     uint32_t b = (st >> FLM_BATCH_SHIFT) & 255u;

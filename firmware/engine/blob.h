@@ -19,10 +19,13 @@
 enum { FLM_F32 = 0, FLM_Q8 = 1, FLM_Q4 = 2, FLM_BYTES = 3 };
 #define FLM_FMT_SCALE16 0x100u   /* table format bit 8: the rows carry fp16 scales (q8/q4 only) */
 #define FLM_FMT_ROWSCALE 0x200u  /* bit 9: a row scale and u8 group multipliers (q8/q4 only; not with bit 8) */
-#define FLM_MAX_GROUP 1024u      /* group sizes: every int32 group sum exact in a float */
-#define FLM_MAX_GROUP_ROW 512u   /* row-scaled: multiplier x group sum below 2^31 (docs/formats.md) */
+#define FLM_MAX_GROUP 1024u      /* group sizes: every group sum (127 x 2047 x 1024 < 2^28) an int32 */
+#define FLM_MAX_GROUP_ROW 512u   /* row-scaled (docs/formats.md section 1) */
 enum { FLM_TIER_FLASH = 0, FLM_TIER_PSRAM = 1, FLM_TIER_SRAM = 2, FLM_N_TIERS = 3 };
-enum { FLM_KV_F32 = 0, FLM_KV_INT8 = 1 };   /* KV cache format: state_tiers bits 12-15 */
+/* KV cache format: state_tiers bits 12-15. k12: int16 K codes within +-2047, int8 V codes (docs/formats.md 1.2) */
+enum { FLM_KV_F32 = 0, FLM_KV_INT8 = 1, FLM_KV_K12 = 2 };
+#define FLM_K12_MAX_HEAD_DIM 512u  /* k12's score sums, 2047^2 * head_dim, stay below 2^31 */
+#define FLM_NUMERICS 4             /* the image format and numerics version this firmware reads (header word 1) */
 #define FLM_KV_SHIFT 12u
 #define FLM_BATCH_SHIFT 16u      /* state_tiers bits 16-23: the most tokens one forward pass runs (0: 1) */
 #define FLM_NONE 0xFFFFFFFFu
@@ -86,6 +89,11 @@ size_t flm_blob_span(const uint8_t *b, size_t window);
 /* 1 when a state_tiers field (header or LAYOUT) is valid: regions 0-2 a tier (0 default, psram,
  * sram), bits 12-15 a KV format (FLM_KV_*), bits 16-23 the batch, bits 24-31 zero. */
 int flm_state_tiers_ok(uint32_t st);
+/* NULL when model m can keep its KV cache in format kv_fmt, else the one-line reason (k12 needs a
+ * head of at most FLM_K12_MAX_HEAD_DIM). */
+const char *flm_kv_refusal(const flm_model *m, uint32_t kv_fmt);
+/* The name of a KV format (f32, int8, k12), as convert's --kv. */
+const char *flm_kv_name(uint32_t kv_fmt);
 /* The batch a state_tiers field names: bits 16-23, 0 meaning 1. */
 uint32_t flm_batch_of(uint32_t st);
 /* Point every tensor the engine uses back at its bytes in the image (flash) and set its tier from

@@ -27,8 +27,13 @@ static size_t up8(size_t n) { return (n + 7u) & ~(size_t)7u; }
 #define PRUNE_MARGIN 0x1.02p+0f      /* 1 + 2^-7: Xm >= ||x|| (1 + 2^-8) after every rounding */
 #define PRUNE_FLOOR 0x1p-64f         /* below it no tile is skipped: no underflow can matter */
 
-static uint32_t kv_row_bytes(const flm_model *m) {
-    return m->kv_fmt == FLM_KV_INT8 ? 4u + ((m->head_dim + 3u) & ~3u) : m->head_dim * 4u;
+/* Bytes of a V row, and of a K row (converter/footprint.py kv_row_bytes). */
+static uint32_t v_row_bytes(const flm_model *m) {
+    return m->kv_fmt == FLM_KV_F32 ? m->head_dim * 4u : 4u + ((m->head_dim + 3u) & ~3u);
+}
+
+static uint32_t k_row_bytes(const flm_model *m) {
+    return m->kv_fmt == FLM_KV_K12 ? 4u + ((2u * m->head_dim + 3u) & ~3u) : v_row_bytes(m);
 }
 
 typedef struct { uint8_t *p; size_t used, cap; } carver;
@@ -53,7 +58,7 @@ static void layout(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_R
     const uint32_t nt = m->batch;
     uint32_t wide = m->dim > m->hidden ? m->dim : m->hidden;   /* longest matmul input */
     if (m->ple_dim > wide) wide = m->ple_dim;
-    size_t kv = (size_t)m->n_layers * m->seq_len * m->n_kv_heads * kv_row_bytes(m);
+    const size_t kv_rows = (size_t)m->n_layers * m->seq_len * m->n_kv_heads;
     size_t ple = (size_t)m->n_layers * m->ple_dim * 4u;
     s->xq_stride = (uint32_t)up8(wide);
     s->xs_stride = wide / m->min_group + 1u;   /* activation scales: one per group */
@@ -84,9 +89,10 @@ static void layout(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_R
     s->logits = carve(&lg, (size_t)nt * m->n_out * 4u);
     s->probs = carve(&lg, m->n_out * 4u);
     s->idx = carve(&lg, m->n_out * 4u);
-    s->kc = carve(&kvc, kv);
-    s->vc = carve(&kvc, kv);
-    s->kv_row = kv_row_bytes(m);
+    s->kc = carve(&kvc, kv_rows * k_row_bytes(m));
+    s->vc = carve(&kvc, kv_rows * v_row_bytes(m));
+    s->k_row = k_row_bytes(m);
+    s->v_row = v_row_bytes(m);
     s->kv_bytes = kvc.used;
     size[FLM_REG_SCRATCH] = sc.used;
     size[FLM_REG_LOGITS] = lg.used;
@@ -152,8 +158,8 @@ static PROFILED void product(flm_state *s, const flm_tensor *w, uint32_t n, floa
 
 static PROFILED void quantize_all(flm_state *s, const flm_tensor *w, const float *x, uint32_t x_stride, uint32_t n) {
     for (uint32_t t = 0; t < n; t++)
-        flm_quantize_act(x + (size_t)t * x_stride, w->cols, flm_act_group(w), s->xq + (size_t)t * s->xq_stride,
-                         s->xs + (size_t)t * s->xs_stride);
+        flm_quantize_act(x + (size_t)t * x_stride, w->cols, flm_act_group(w), flm_act_qmax(w),
+                         s->xq + (size_t)t * s->xq_stride, s->xs + (size_t)t * s->xs_stride);
 }
 
 static void matmul(flm_state *s, const flm_tensor *w, const float *x, uint32_t x_stride, uint32_t n, float *out,
@@ -163,10 +169,11 @@ static void matmul(flm_state *s, const flm_tensor *w, const float *x, uint32_t x
 }
 
 /* matmul of the same inputs x as the matmul of prev just before: their codes are reused when the
- * activation group is the same (the same codes and scales: quantization depends on x and it only). */
+ * activation group and the largest code are the same (the same codes and scales: quantization
+ * depends on x and these only). */
 static void matmul_same_x(flm_state *s, const flm_tensor *w, const flm_tensor *prev, const float *x, uint32_t x_stride,
                           uint32_t n, float *out, uint32_t out_stride, flm_step_stats *st) {
-    if (flm_act_group(w) != flm_act_group(prev)) quantize_all(s, w, x, x_stride, n);
+    if (flm_act_group(w) != flm_act_group(prev) || flm_act_qmax(w) != flm_act_qmax(prev)) quantize_all(s, w, x, x_stride, n);
     product(s, w, n, out, out_stride, st);
 }
 
@@ -181,25 +188,39 @@ static PROFILED void rope(float *v, uint32_t n_heads, uint32_t hd, const float *
     }
 }
 
-/* Row (layer l, position t, kv head h) of the K (base = kc) or V (base = vc) cache. */
-static uint8_t *kv_at(const flm_state *s, uint8_t *base, uint32_t l, uint32_t t, uint32_t h) {
+/* Row (layer l, position t, kv head h) of the K or V cache. */
+static uint8_t *kv_at(const flm_state *s, uint8_t *base, uint32_t row_bytes, uint32_t l, uint32_t t, uint32_t h) {
     const flm_model *m = s->m;
-    return base + (((size_t)l * m->seq_len + t) * m->n_kv_heads + h) * s->kv_row;
+    return base + (((size_t)l * m->seq_len + t) * m->n_kv_heads + h) * row_bytes;
 }
 
-/* Store v[kv_dim] as the rows of every kv head at row0: copied (f32) or quantized like an
- * activation with group head_dim: f32 scale, then the codes (int8). */
-static PROFILED void kv_put(const flm_state *s, uint8_t *row0, const float *v) {
-    const flm_model *m = s->m;
+static uint8_t *k_at(const flm_state *s, uint32_t l, uint32_t t, uint32_t h) { return kv_at(s, s->kc, s->k_row, l, t, h); }
+static uint8_t *v_at(const flm_state *s, uint32_t l, uint32_t t, uint32_t h) { return kv_at(s, s->vc, s->v_row, l, t, h); }
+
+/* Store one kv head's row x[head_dim] at row: copied (f32) or quantized like an activation with
+ * group head_dim: f32 scale, then the codes (int8, or a k12 K row's int16 codes within +-2047). */
+static void kv_row_put(const flm_model *m, uint8_t *row, const float *x, int k12) {
     const uint32_t hd = m->head_dim;
-    for (uint32_t h = 0; h < m->n_kv_heads; h++) {
-        uint8_t *row = row0 + h * s->kv_row;
-        if (m->kv_fmt == FLM_KV_INT8) flm_quantize_i8(v + h * hd, hd, hd, (int8_t *)(row + 4), (float *)(void *)row);
-        else memcpy(row, v + h * hd, hd * 4u);
-    }
+    if (m->kv_fmt == FLM_KV_F32) memcpy(row, x, hd * 4u);
+    else if (k12) flm_quantize_act(x, hd, hd, FLM_QMAX_12, (flm_act *)(void *)(row + 4), (float *)(void *)row);
+    else flm_quantize_i8(x, hd, hd, (int8_t *)(row + 4), (float *)(void *)row);
 }
 
-/* ---- int8 KV: integer attention (converter/numerics.py attend_int8, docs/formats.md 1.2) ---- */
+/* Store x[kv_dim] as the K (is_k) or V rows of every kv head at position t of layer l. */
+static PROFILED void kv_put(const flm_state *s, uint32_t l, uint32_t t, const float *x, int is_k) {
+    const flm_model *m = s->m;
+    for (uint32_t h = 0; h < m->n_kv_heads; h++)
+        kv_row_put(m, is_k ? k_at(s, l, t, h) : v_at(s, l, t, h), x + h * m->head_dim,
+                   is_k && m->kv_fmt == FLM_KV_K12);
+}
+
+/* The bytes attention reads of one position's K and V rows (the codes, not the padding). */
+static uint32_t kv_read_bytes(const flm_model *m) {
+    const uint32_t hd = m->head_dim;
+    return m->kv_fmt == FLM_KV_F32 ? 2u * hd * 4u : 8u + hd * (m->kv_fmt == FLM_KV_K12 ? 3u : 2u);
+}
+
+/* ---- int8 and k12 KV: integer attention (converter/numerics.py attend_int, docs/formats.md 1.2) ---- */
 
 static float rdf32(const uint8_t *p) { return *(const float *)(const void *)p; }   /* a KV row's scale (aligned) */
 
@@ -242,21 +263,26 @@ static float pow2_f32(int32_t e) {
 #define LOG2E_F 0x1.715476p+0f
 
 /* Head h's output o[hd] from the layer's rows 0..pos of kv head kh. s->att holds each position's
- * score n_t, then w_t, then wc_t; o holds the integer sums until the last line. */
-static void attend_int8_head(flm_state *s, uint32_t l, uint32_t pos, uint32_t kh, const float *q, float kq, float *o) {
+ * score n_t, then w_t, then wc_t; o holds the integer sums until the last line. The query's codes
+ * are the K rows' kind: within +-127 against int8 K codes, +-2047 against k12's int16 ones. */
+static void attend_int_head(flm_state *s, uint32_t l, uint32_t pos, uint32_t kh, const float *q, float kq, float *o) {
     const flm_model *m = s->m;
-    const uint32_t hd = m->head_dim, T = pos + 1u, rs = m->n_kv_heads * s->kv_row;   /* row t to t + 1 */
-    const uint8_t *k0 = kv_at(s, s->kc, l, 0, kh), *v0 = kv_at(s, s->vc, l, 0, kh), *k = k0, *v = v0;
+    const int k12 = m->kv_fmt == FLM_KV_K12;
+    const uint32_t hd = m->head_dim, T = pos + 1u, rk = m->n_kv_heads * s->k_row, rs = m->n_kv_heads * s->v_row;
+    const uint8_t *k = k_at(s, l, 0, kh), *v0 = v_at(s, l, 0, kh), *v = v0;   /* rk, rs: row t to t + 1 */
     int32_t *n = (int32_t *)(void *)s->att, *acc = (int32_t *)(void *)o;
     float qs;
-    flm_quantize_act(q, hd, hd, s->xq, &qs);
+    flm_quantize_act(q, hd, hd, k12 ? FLM_QMAX_12 : FLM_QMAX_8, s->xq, &qs);
     const float c = qs * kq;
-    for (uint32_t t = 0; t < T; t += 2u, k += 2u * rs) {   /* two keys a pass: the query's codes read once */
+    for (uint32_t t = 0; t < T; t += 2u, k += 2u * rk) {   /* two keys a pass: the query's codes read once */
+        const int16_t *a = (const int16_t *)(const void *)(k + 4);
         int32_t d[2];
-        if (t + 1u < T) flm_dot2_q8((const int8_t *)(k + 4), (const int8_t *)(k + rs + 4), s->xq, hd, d);
+        if (k12 && t + 1u < T) flm_dot2_q12(a, (const int16_t *)(const void *)(k + rk + 4), s->xq, hd, d);
+        else if (k12) d[0] = flm_dot_q12(a, s->xq, hd);
+        else if (t + 1u < T) flm_dot2_q8((const int8_t *)(k + 4), (const int8_t *)(k + rk + 4), s->xq, hd, d);
         else d[0] = flm_dot_q8((const int8_t *)(k + 4), s->xq, hd);
         n[t] = to_fixed((float)d[0] * (rdf32(k) * c));
-        if (t + 1u < T) n[t + 1u] = to_fixed((float)d[1] * (rdf32(k + rs) * c));
+        if (t + 1u < T) n[t + 1u] = to_fixed((float)d[1] * (rdf32(k + rk) * c));
     }
     int32_t nmax = n[0];
     for (uint32_t t = 1; t < T; t++) nmax = n[t] > nmax ? n[t] : nmax;
@@ -288,21 +314,20 @@ static void attend_int8_head(flm_state *s, uint32_t l, uint32_t pos, uint32_t kh
 static PROFILED void attention(flm_state *s, uint32_t l, uint32_t pos, const float *qv, float *out, flm_step_stats *st) {
     const flm_model *m = s->m;
     const uint32_t hd = m->head_dim, rep = m->n_heads / m->n_kv_heads;
-    const int i8 = m->kv_fmt == FLM_KV_INT8;
+    const int f32 = m->kv_fmt == FLM_KV_F32;
     const float scale = 1.0f / flm_sqrtf((float)hd);
     for (uint32_t h = 0; h < m->n_heads; h++) {
         const float *q = qv + h * hd;
         const uint32_t kh = h / rep;
         float *o = out + h * hd;
-        /* per row the engine reads: f32 the values; int8 the scale and the codes (not the padding) */
-        st->bytes[s->kv_tier] += 2u * (pos + 1u) * (i8 ? 4u + hd : hd * 4u);
-        if (i8) {
-            attend_int8_head(s, l, pos, kh, q, (scale * LOG2E_F) * 65536.0f, o);
+        st->bytes[s->kv_tier] += (pos + 1u) * kv_read_bytes(m);
+        if (!f32) {
+            attend_int_head(s, l, pos, kh, q, (scale * LOG2E_F) * 65536.0f, o);
             continue;
         }
         float mx = 0.0f;
         for (uint32_t t = 0; t <= pos; t++) {
-            const float d = flm_dot_f32(q, (const float *)(const void *)kv_at(s, s->kc, l, t, kh), hd) * scale;
+            const float d = flm_dot_f32(q, (const float *)(const void *)k_at(s, l, t, kh), hd) * scale;
             s->att[t] = d;
             if (t == 0 || d > mx) mx = d;
         }
@@ -315,7 +340,7 @@ static PROFILED void attention(flm_state *s, uint32_t l, uint32_t pos, const flo
         float inv = 1.0f / sum;
         for (uint32_t t = 0; t <= pos; t++) s->att[t] = s->att[t] * inv;
         for (uint32_t t = 0; t <= pos; t++) {
-            const float *v = (const float *)(const void *)kv_at(s, s->vc, l, t, kh);
+            const float *v = (const float *)(const void *)v_at(s, l, t, kh);
             const float a = s->att[t];
             if (t == 0) for (uint32_t i = 0; i < hd; i++) o[i] = a * v[i];
             else flm_axpy_f32(o, a, v, hd);
@@ -326,7 +351,8 @@ static PROFILED void attention(flm_state *s, uint32_t l, uint32_t pos, const flo
 void flm_slide(flm_state *s, uint32_t n_drop, flm_step_stats *st) {
     const flm_model *m = s->m;
     const uint32_t hd = m->head_dim, moved = m->seq_len - 1u - n_drop;
-    const int i8 = m->kv_fmt == FLM_KV_INT8;
+    const int q = m->kv_fmt != FLM_KV_F32, k12 = m->kv_fmt == FLM_KV_K12;
+    const uint32_t k_read = q ? 4u + hd * (k12 ? 2u : 1u) : hd * 4u;   /* a K row's scale and codes */
     uint64_t t0 = hal_time_us();
     /* the rotation by -n_drop: RoPE row n_drop, read once */
     memcpy(s->cos, m->rope_cos.data + (size_t)n_drop * hd / 2u * 4u, hd / 2u * 4u);
@@ -336,13 +362,14 @@ void flm_slide(flm_state *s, uint32_t n_drop, flm_step_stats *st) {
     for (uint32_t l = 0; l < m->n_layers; l++) {
         for (uint32_t t = 1u + n_drop; t < m->seq_len; t++) {   /* ascending: a row moves before it is overwritten */
             for (uint32_t h = 0; h < m->n_kv_heads; h++) {
-                const uint8_t *src = kv_at(s, s->kc, l, t, h);
-                uint8_t *dst = kv_at(s, s->kc, l, t - n_drop, h);
-                float *k = i8 ? s->xb2 : (float *)(void *)dst;
+                const uint8_t *src = k_at(s, l, t, h);
+                uint8_t *dst = k_at(s, l, t - n_drop, h);
+                float *k = q ? s->xb2 : (float *)(void *)dst;
                 const float *from = (const float *)(const void *)src;
-                if (i8) {   /* dequantize: code * scale */
-                    const float sc = *(const float *)(const void *)src;
-                    for (uint32_t i = 0; i < hd; i++) k[i] = (float)((const int8_t *)(src + 4))[i] * sc;
+                if (q) {   /* dequantize: code * scale */
+                    const float sc = rdf32(src);
+                    for (uint32_t i = 0; i < hd; i++)
+                        k[i] = (float)(k12 ? ((const int16_t *)(const void *)(src + 4))[i] : ((const int8_t *)(src + 4))[i]) * sc;
                     from = k;
                 }
                 for (uint32_t i = 0; i < hd / 2u; i++) {
@@ -350,12 +377,12 @@ void flm_slide(flm_state *s, uint32_t n_drop, flm_step_stats *st) {
                     k[2 * i] = a * c + b * sn;
                     k[2 * i + 1] = b * c - a * sn;
                 }
-                if (i8) flm_quantize_i8(k, hd, hd, (int8_t *)(dst + 4), (float *)(void *)dst);
+                if (q) kv_row_put(m, dst, k, k12);
             }
         }
-        memmove(kv_at(s, s->vc, l, 1u, 0), kv_at(s, s->vc, l, 1u + n_drop, 0), (size_t)moved * m->n_kv_heads * s->kv_row);
+        memmove(v_at(s, l, 1u, 0), v_at(s, l, 1u + n_drop, 0), (size_t)moved * m->n_kv_heads * s->v_row);
     }
-    st->bytes[s->kv_tier] += m->n_layers * moved * m->n_kv_heads * ((i8 ? 4u + hd : hd * 4u) + s->kv_row);
+    st->bytes[s->kv_tier] += m->n_layers * moved * m->n_kv_heads * (k_read + s->v_row);
     st->us[FLM_PH_ATTN] += (uint32_t)(hal_time_us() - t0);
 }
 
@@ -503,14 +530,14 @@ void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t po
         const flm_layer *L = &m->layers[l];
         rmsnorm(s->xb, s->x, dim, &L->attn_norm, dim, n, m->eps, st);
         matmul(s, &L->wq, s->xb, dim, n, s->q, dim, st);
-        /* v, then k, pass through scratch into the cache (int8 KV quantizes into its rows, not xq) */
+        /* v, then k, pass through scratch into the cache (an integer KV quantizes into its rows, not xq) */
         matmul_same_x(s, &L->wv, &L->wq, s->xb, dim, n, s->xb2, dim, st);
-        for (uint32_t t = 0; t < n; t++) kv_put(s, kv_at(s, s->vc, l, pos + t, 0), s->xb2 + (size_t)t * dim);
+        for (uint32_t t = 0; t < n; t++) kv_put(s, l, pos + t, s->xb2 + (size_t)t * dim, 0);
         matmul_same_x(s, &L->wk, &L->wv, s->xb, dim, n, s->xb2, dim, st);
         for (uint32_t t = 0; t < n; t++) {
             rope(s->q + (size_t)t * dim, m->n_heads, hd, s->cos + t * half, s->sin + t * half);
             rope(s->xb2 + (size_t)t * dim, m->n_kv_heads, hd, s->cos + t * half, s->sin + t * half);
-            kv_put(s, kv_at(s, s->kc, l, pos + t, 0), s->xb2 + (size_t)t * dim);   /* read only in attention */
+            kv_put(s, l, pos + t, s->xb2 + (size_t)t * dim, 1);   /* read only in attention */
         }
         /* in order, causal: token t reads the rows of positions up to its own (its K row was stored
          * above); its output replaces its K values in xb2, which the cache holds now */
@@ -657,9 +684,9 @@ uint32_t flm_head_argmax(flm_state *s, flm_step_stats *st) {
     float x2 = 0.0f;
     for (uint32_t k = 0, gi = 0; m->n_tiles && k < w->cols; k += ag, gi++) {
         const uint32_t len = w->cols - k < ag ? w->cols - k : ag;
-        int32_t sq = 0;
+        int64_t sq = 0;   /* 12-bit codes: 2047^2 * cols exceeds an int32 from 513 columns on */
         for (uint32_t i = 0; i < len; i++) sq += (int32_t)s->xq[k + i] * (int32_t)s->xq[k + i];
-        const float t = (float)sq * (s->xs[gi] * s->xs[gi]);
+        const float t = flm_i64_to_f32(sq) * (s->xs[gi] * s->xs[gi]);
         x2 = gi == 0 ? t : x2 + t;
     }
     if (m->n_tiles && x2 >= PRUNE_FLOOR) {

@@ -28,7 +28,9 @@ typedef struct {
     float *macc, *mlogit, *mweight;
     uint8_t *routes, *msel;         /* msel: the pass's tokens routed to one expert [batch], their ranks [batch] */
     uint8_t *kc, *vc;               /* KV cache: one row per (layer, position, kv head), m->kv_fmt */
-    uint32_t kv_row;                /* bytes of a row: f32 head_dim*4; int8 f32 scale + head_dim codes, padded to 4 */
+    uint32_t k_row, v_row;          /* bytes of a K and a V row: f32 head_dim*4; int8 (int8 K and V, k12's V): f32
+                                     * scale + head_dim codes, padded to 4; k12's K: f32 scale + head_dim int16
+                                     * codes, padded to 4 bytes */
     size_t kv_bytes;                /* bytes of the KV region, from kc to the end of vc */
     flm_act *xq;                    /* activation codes (kernels.h) */
     uint32_t xq_stride, xs_stride;  /* one token's activation codes (a multiple of 8) and scales (floats) */

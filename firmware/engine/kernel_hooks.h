@@ -56,10 +56,10 @@ typedef void (*rows_fn)(const uint8_t *data, size_t stride, uint32_t r0, uint32_
 #define FLM_QUANT_CODES act_codes
 #endif
 
-/* FLM_ACT_CODES(x, n, inv, q): the same codes into flm_act q[n]. Fallback: FLM_QUANT_CODES
- * (flm_act is int8_t on cores without SIMD). */
-#ifndef FLM_ACT_CODES
-#define FLM_ACT_CODES(x, n, inv, q) FLM_QUANT_CODES(x, n, inv, (int8_t *)(q))
+/* FLM_ACT_CODES_Q(x, n, inv, qmax, q): the codes clamped to +-qmax (127 or 2047; act_codes_q) into
+ * flm_act (int16) q[n]; a statement. Fallback: act_codes_q (kernels_ref.h). */
+#ifndef FLM_ACT_CODES_Q
+#define FLM_ACT_CODES_Q act_codes_q
 #endif
 
 /* ---- group dot products --------------------------------------------------------------------- */
@@ -106,6 +106,13 @@ static inline __attribute__((always_inline)) int32_t dot_q4o(const uint8_t *rest
  * b.x as FLM_DOT_Q8's (dot2_scalar); a, b and x word aligned, any n. Fallback: two FLM_DOT_Q8. */
 #ifndef FLM_DOT2_Q8
 #define FLM_DOT2_Q8(a, b, x, n, out) ((out)[0] = FLM_DOT_Q8(a, x, n), (out)[1] = FLM_DOT_Q8(b, x, n))
+#endif
+
+/* FLM_DOT2_Q12(a, b, x, n, out): the k12 attention's two dots sharing x, out[0] = a.x and out[1] =
+ * b.x for int16 K codes a, b and query codes x (all |c| <= 2047, n <= 512: int32 sums;
+ * dot2_q12_scalar); a, b and x word aligned, any n. Fallback: dot2_q12_scalar (kernels_ref.h). */
+#ifndef FLM_DOT2_Q12
+#define FLM_DOT2_Q12 dot2_q12_scalar
 #endif
 
 /* FLM_AXPY_Q8(acc, v, w, n): acc[i] += w * v[i] for n int8 codes v (axpy_scalar; int32 sums, which

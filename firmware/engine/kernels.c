@@ -9,10 +9,12 @@
 
 /* ---- the activations' quantizer ------------------------------------------------------------ */
 
-/* The codes of x[n] per group of g into q (int8_t or flm_act elements of `size` bytes: a constant
- * once inlined), the scales into xs. */
-static inline __attribute__((always_inline)) void quantize(const float *x, uint32_t n, uint32_t g, void *q,
-                                                           size_t size, float *xs) {
+/* The codes of x[n] per group of g, the largest qmax, into q (int8_t or flm_act elements of `size`
+ * bytes: a constant once inlined; int8_t only with qmax 127), the scales into xs. The scale and its
+ * inverse in binary32 as the reference: amax / qmax, qmax / amax. */
+static inline __attribute__((always_inline)) void quantize(const float *x, uint32_t n, uint32_t g, int32_t qmax,
+                                                           void *q, size_t size, float *xs) {
+    const float qf = (float)qmax;
     for (uint32_t s = 0, gi = 0; s < n; s += g, gi++, x += g, q = (uint8_t *)q + g * size) {
         const uint32_t len = n - s < g ? n - s : g, amax_bits = FLM_AMAX_BITS(x, len);
         if (amax_bits == 0u) {
@@ -21,29 +23,28 @@ static inline __attribute__((always_inline)) void quantize(const float *x, uint3
             continue;
         }
         const float amax = flm_f32_from_bits(amax_bits);
-        xs[gi] = amax / 127.0f;
-        const float inv = 127.0f / amax;
+        xs[gi] = amax / qf;
+        const float inv = qf / amax;
         if (size == 1u) {
             FLM_QUANT_CODES(x, len, inv, (int8_t *)q);
         } else {
-            FLM_ACT_CODES(x, len, inv, (flm_act *)q);
+            FLM_ACT_CODES_Q(x, len, inv, qmax, (flm_act *)q);
         }
     }
 }
 
-void flm_quantize_act(const float *x, uint32_t n, uint32_t g, flm_act *xq, float *xs) {
-    quantize(x, n, g, xq, sizeof *xq, xs);
+void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int32_t qmax, flm_act *xq, float *xs) {
+    quantize(x, n, g, qmax, xq, sizeof *xq, xs);
 }
 
-void flm_quantize_i8(const float *x, uint32_t n, uint32_t g, int8_t *q, float *xs) {
-    if (sizeof(flm_act) == 1u) flm_quantize_act(x, n, g, (flm_act *)(void *)q, xs);   /* the same codes */
-    else quantize(x, n, g, q, 1u, xs);
-}
+void flm_quantize_i8(const float *x, uint32_t n, uint32_t g, int8_t *q, float *xs) { quantize(x, n, g, 127, q, 1u, xs); }
 
 /* ---- group dot products -------------------------------------------------------------------- */
 
 int32_t flm_dot_q8(const int8_t *w, const flm_act *x, uint32_t n) { return FLM_DOT_Q8(w, x, n); }
 int32_t flm_dot_q4(const uint8_t *w, const flm_act *x, uint32_t n) { return FLM_DOT_Q4(w, x, n); }
+
+float flm_i64_to_f32(int64_t v) { return i64_to_f32(v); }
 
 uint32_t flm_act_group(const flm_tensor *w) { return w->rowscale ? w->cols : w->group; }
 
@@ -52,6 +53,12 @@ void flm_dot2_q8(const int8_t *a, const int8_t *b, const flm_act *x, uint32_t n,
 }
 
 void flm_axpy_q8(int32_t *acc, const int8_t *v, int32_t w, uint32_t n) { FLM_AXPY_Q8(acc, v, w, n); }
+
+int32_t flm_dot_q12(const int16_t *a, const flm_act *x, uint32_t n) { return dot_q12_scalar(a, x, n); }
+
+void flm_dot2_q12(const int16_t *a, const int16_t *b, const flm_act *x, uint32_t n, int32_t out[2]) {
+    FLM_DOT2_Q12(a, b, x, n, out);
+}
 
 /* isum[k], k < ng: inlined into every caller, so that a constant g makes each group's loop one of
  * known length (no runtime checks or scalar epilogue per group). */

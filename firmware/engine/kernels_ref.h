@@ -73,20 +73,28 @@ static inline __attribute__((always_inline)) uint32_t amax_bits_of(const float *
 }
 
 #define BITS_127 0x42fe0000u   /* 127.0f */
-/* The code of x * inv: clamped to +-127 before rounding (the same codes for every finite product);
- * NaN from a broken model becomes 0, inf +-127, instead of an undefined float-to-int conversion.
- * The rounding on the bits (flm_round_half_away): no soft-float add and conversion per code. */
-FLM_REF int8_t act_code(float x, float inv) {
+/* The code of x * inv, qbits the bits of (float)qmax: clamped to +-qmax before rounding (the same
+ * codes for every finite product); NaN from a broken model becomes 0, inf +-qmax, instead of an
+ * undefined float-to-int conversion. The rounding on the bits (flm_round_half_away): no soft-float
+ * add and conversion per code. */
+static inline __attribute__((always_inline)) int32_t act_code_q(float x, float inv, int32_t qmax, uint32_t qbits) {
     const uint32_t b = flm_f32_bits(x * inv), mag = b & 0x7fffffffu;
-    int32_t q;
-    if (mag > 0x7f800000u) q = 0;
-    else if (mag > BITS_127) q = (b >> 31) ? -127 : 127;
-    else q = (b >> 31) ? -flm_round_half_away(mag) : flm_round_half_away(mag);
-    return (int8_t)q;
+    if (mag > 0x7f800000u) return 0;
+    if (mag > qbits) return (b >> 31) ? -qmax : qmax;
+    return (b >> 31) ? -flm_round_half_away(mag) : flm_round_half_away(mag);
 }
+
+/* int8 codes, qmax 127 (the int8 KV cache's rows; kernel_hooks.h FLM_QUANT_CODES). */
+FLM_REF int8_t act_code(float x, float inv) { return (int8_t)act_code_q(x, inv, 127, BITS_127); }
 
 FLM_REF void act_codes(const float *x, uint32_t n, float inv, int8_t *q) {
     for (uint32_t i = 0; i < n; i++) q[i] = act_code(x[i], inv);
+}
+
+/* flm_act codes with the largest code qmax (127 or 2047; kernel_hooks.h FLM_ACT_CODES_Q). */
+FLM_REF void act_codes_q(const float *x, uint32_t n, float inv, int32_t qmax, flm_act *q) {
+    const uint32_t qbits = flm_f32_bits((float)qmax);
+    for (uint32_t i = 0; i < n; i++) q[i] = (flm_act)act_code_q(x[i], inv, qmax, qbits);
 }
 
 /* ---- group dot products -------------------------------------------------------------------
@@ -123,6 +131,21 @@ FLM_REF void axpy_scalar(int32_t *acc, const int8_t *v, int32_t w, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) acc[i] += w * (int32_t)v[i];
 }
 
+/* The k12 attention's score: the exact dot of int16 K codes and query codes, both |c| <= 2047, an
+ * int32 for n <= 512 (2047^2 * 512 < 2^31; the converter refuses k12 for a longer head). In the
+ * shape compilers vectorise, as dot_q8_scalar. */
+static inline __attribute__((always_inline)) int32_t dot_q12_scalar(const int16_t *restrict a,
+                                                                    const flm_act *restrict x, uint32_t n) {
+    int32_t s = 0;
+    for (uint32_t i = 0; i < n; i++) s += (int32_t)a[i] * (int32_t)x[i];
+    return s;
+}
+
+FLM_REF void dot2_q12_scalar(const int16_t *a, const int16_t *b, const flm_act *x, uint32_t n, int32_t out[2]) {
+    out[0] = dot_q12_scalar(a, x, n);
+    out[1] = dot_q12_scalar(b, x, n);
+}
+
 /* ---- rows ------------------------------------------------------------------------------------ */
 
 /* The reference's float(acc): an integer below 2^40 in magnitude rounded once to binary32 (to
@@ -144,8 +167,9 @@ typedef int32_t (*dot8_fn)(const int8_t *, const flm_act *, uint32_t);
 typedef int32_t (*dot4_fn)(const uint8_t *, const flm_act *, uint32_t);
 typedef float (*term_fn)(int32_t, float, float);
 
-/* Row-scaled: every group's integer dot and the multiplier-weighted sum first (int32 products,
- * docs/formats.md bounds them; an int64 sum), then the one scaling: float(acc) * (S_r * X). */
+/* Row-scaled: every group's integer dot and the multiplier-weighted sum first (int64 products: with
+ * 12-bit activations k * isum exceeds int32 once a group is longer than 32; an int64 sum), then the
+ * one scaling: float(acc) * (S_r * X). */
 static inline __attribute__((always_inline)) float row_rs(const flm_tensor *w, uint32_t r, const flm_act *xq,
                                                           const float *xs, dot8_fn d8, dot4_fn d4) {
     const uint32_t g = w->group, cols = w->cols, ng = (cols + g - 1u) / g;
@@ -154,7 +178,7 @@ static inline __attribute__((always_inline)) float row_rs(const flm_tensor *w, u
     for (uint32_t s = 0, gi = 0; s < cols; s += g, gi++) {
         const uint32_t len = cols - s < g ? cols - s : g, nbytes = w->fmt == FLM_Q8 ? len : (len + 1u) / 2u;
         const int32_t isum = w->fmt == FLM_Q8 ? d8((const int8_t *)codes, xq + s, len) : d4(codes, xq + s, len);
-        acc += (int32_t)k[gi] * isum;
+        acc += (int64_t)k[gi] * isum;
         codes += (nbytes + 3u) & ~3u;
     }
     return i64_to_f32(acc) * (rdf(p) * xs[0]);

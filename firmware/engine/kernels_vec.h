@@ -1,8 +1,12 @@
 /* The vectorised kernels of cores with SIMD (FLM_VECTOR, kernels.h: x86 SSE2, Arm NEON; every host
  * build): portable C in the shapes gcc and clang vectorise at -O2, and on x86-64 compiled twice, for
  * the baseline and for AVX2 (FLM_CLONES). They define kernel_hooks.h's FLM_AMAX_BITS,
- * FLM_QUANT_CODES, FLM_ACT_CODES, FLM_DOT_Q4X, FLM_ISUMS_FOR and FLM_ROWS_FOR; the q8
- * dot is the reference's own loop (kernels_ref.h dot_q8_scalar), which vectorises as it is.
+ * FLM_QUANT_CODES, FLM_ACT_CODES_Q, FLM_DOT_Q4X, FLM_ISUMS_FOR and FLM_ROWS_FOR; the q8 dot and
+ * the k12 attention's dots are the reference's own loops (kernels_ref.h dot_q8_scalar,
+ * dot_q12_scalar), which vectorise as they are. No loop here assumes 8-bit activations: every
+ * product and sum is written in int32 (int64 for a row-scaled row's sum), and the vectorisers keep
+ * that integer whatever lanes they pick (PMADDWD's and SMLAL's int16 x int16 products are int32, a
+ * pair's sum |2 * 127 * 2047| far inside it).
  *
  * Included by kernel_hooks.h, in kernels.c only (it instantiates the row kernels). */
 #ifndef FLM_KERNELS_VEC_H
@@ -36,30 +40,32 @@ static inline __attribute__((always_inline)) uint32_t amax_bits_vec(const float 
 }
 #define FLM_AMAX_BITS amax_bits_vec
 
-/* clamp to +-127 before rounding (the same codes for every finite v); NaN from a broken model
- * becomes 0, inf +-127, instead of an undefined float-to-int conversion. The clamp is masks on the
- * bits (gcc vectorises no select of a value a float operation then takes under -ftrapping-math),
- * then the reference's rounding, (int32_t)(v +- 0.5f). */
-static inline __attribute__((always_inline)) int32_t code_of(float v) {
-    const uint32_t b = flm_f32_bits(v), sign127 = (b & 0x80000000u) | 0x42fe0000u;   /* +-127.0f */
+/* clamp to +-qmax before rounding (qbits: the bits of (float)qmax, 127 or 2047; the same codes for
+ * every finite v); NaN from a broken model becomes 0, inf +-qmax, instead of an undefined
+ * float-to-int conversion. The clamp is masks on the bits (gcc vectorises no select of a value a
+ * float operation then takes under -ftrapping-math), then the reference's rounding,
+ * (int32_t)(v +- 0.5f). */
+static inline __attribute__((always_inline)) int32_t code_of(float v, uint32_t qbits) {
+    const uint32_t b = flm_f32_bits(v), signq = (b & 0x80000000u) | qbits;   /* +-qmax */
     const int32_t mag = (int32_t)(b & 0x7fffffffu);
-    const uint32_t big = 0u - (uint32_t)(mag > 0x42fe0000), nan = 0u - (uint32_t)(mag > 0x7f800000);
-    v = flm_f32_from_bits(((b & ~big) | (sign127 & big)) & ~nan);
+    const uint32_t big = 0u - (uint32_t)(mag > (int32_t)qbits), nan = 0u - (uint32_t)(mag > 0x7f800000);
+    v = flm_f32_from_bits(((b & ~big) | (signq & big)) & ~nan);
     return (int32_t)(v + (isless(v, 0.0f) ? -0.5f : 0.5f));
 }
-/* The codes of x[len] * inv into q, elements of type T (a statement: restrict locals, which the
- * vectoriser needs and an inlined function's parameters would not give it). */
-#define VEC_CODES(T, x, len, inv, q)                                                                \
+/* The codes of x[len] * inv clamped to +-qmax into q, elements of type T (a statement: restrict
+ * locals, which the vectoriser needs and an inlined function's parameters would not give it). */
+#define VEC_CODES(T, x, len, inv, qmax, q)                                                          \
     {                                                                                              \
         T *restrict c = (T *)(q);                                                                  \
         const float *restrict v = (x);                                                             \
+        const uint32_t qb = flm_f32_bits((float)(qmax));                                           \
         uint32_t i = 0;                                                                            \
         for (; i + QBLOCK <= (len); i += QBLOCK, c += QBLOCK, v += QBLOCK)                         \
-            for (uint32_t k = 0; k < QBLOCK; k++) c[k] = (T)code_of(v[k] * (inv));                 \
-        for (; i < (len); i++) *c++ = (T)code_of(*v++ * (inv));                                    \
+            for (uint32_t k = 0; k < QBLOCK; k++) c[k] = (T)code_of(v[k] * (inv), qb);             \
+        for (; i < (len); i++) *c++ = (T)code_of(*v++ * (inv), qb);                                \
     }
-#define FLM_QUANT_CODES(x, len, inv, q) VEC_CODES(int8_t, x, len, inv, q)
-#define FLM_ACT_CODES(x, len, inv, q) VEC_CODES(flm_act, x, len, inv, q)
+#define FLM_QUANT_CODES(x, len, inv, q) VEC_CODES(int8_t, x, len, inv, 127, q)
+#define FLM_ACT_CODES_Q(x, len, inv, qmax, q) VEC_CODES(flm_act, x, len, inv, qmax, q)
 
 /* ---- q4 dots --------------------------------------------------------------------------------
  * Up to 128 codes at a time unpacked into flm_act in element order (low nibble first), then a dot
@@ -141,8 +147,15 @@ static inline __attribute__((always_inline)) float row_f32(const uint8_t *row, s
 EACH_SHAPE(ROWS_F32)
 #undef ROWS_F32
 
+/* kernels_ref.h i64_to_f32's value: the IEEE conversion of an int64 to binary32 rounds once to nearest,
+ * ties to even (the default rounding mode, which nothing changes), as i64_to_f32 does on the
+ * integers; on these cores one instruction (x86-64 CVTSI2SS, AArch64 SCVTF), where i64_to_f32's shift
+ * loop takes a turn per bit above 24 (with 12-bit activations a row's sum has four more). */
+static inline __attribute__((always_inline)) float i64_to_f32_vec(int64_t v) { return (float)v; }
+
 /* A row-scaled row of ng whole groups of g codes: the row scale, the multipliers (padded to 4), the
- * groups' codes (steps of step bytes, q4 offset by 8); the integer sum, then the one scaling. */
+ * groups' codes (steps of step bytes, q4 offset by 8); the integer sum, then the one scaling. Each
+ * product k * isum in int64: with 12-bit activations it passes 2^31 once a q8 group is longer than 32. */
 static inline __attribute__((always_inline)) float row_rs_whole(const uint8_t *row, const flm_act *x, const float *xs,
                                                                 uint32_t g, uint32_t ng, int kind) {
     const uint8_t *k = row + 4, *codes = k + ((ng + 3u) & ~3u);
@@ -152,9 +165,9 @@ static inline __attribute__((always_inline)) float row_rs_whole(const uint8_t *r
     for (uint32_t b = 0, nb; b < ng; b += nb) {
         nb = ng - b < ISUM_BLOCK ? ng - b : ISUM_BLOCK;
         isums(codes + b * step, step, x + (size_t)b * g, g, nb, kind, isum);
-        for (uint32_t j = 0; j < nb; j++) acc += (int32_t)k[b + j] * isum[j];
+        for (uint32_t j = 0; j < nb; j++) acc += (int64_t)k[b + j] * isum[j];
     }
-    return i64_to_f32(acc) * (rdf(row) * xs[0]);
+    return i64_to_f32_vec(acc) * (rdf(row) * xs[0]);
 }
 
 /* The row-scaled shapes with their own instantiations: (format, kind, group size). */

@@ -1,7 +1,7 @@
 """``flashlm convert``'s options: a checkpoint into a model directory."""
 from __future__ import annotations
 
-from ..defaults import DEFAULT_BATCH
+from ..defaults import DEFAULT_BATCH, KV_DEFAULT, KV_FORMATS
 from .options import add_recipe, output_dir, positive_int, recipe_of
 
 
@@ -12,9 +12,10 @@ def add_parser(sub) -> None:
                         "name: a catalogue name (flashlm pull lists them) or hf:OWNER/NAME[@REV]")
     c.add_argument("-o", "--output", metavar="OUTDIR", type=output_dir, default="out/model")
     add_recipe(c)
-    c.add_argument("--kv", choices=("f32", "int8"), default="int8",
-                   help="KV cache format recorded in the blob (default int8: a scale and int8 codes per row, "
-                        "integer attention; f32: float values and float attention)")
+    c.add_argument("--kv", choices=KV_FORMATS, default=KV_DEFAULT,
+                   help=f"KV cache format recorded in the blob (default {KV_DEFAULT}: a scale and 12-bit codes per K "
+                        "row, a scale and int8 codes per V row, integer attention; int8: int8 K rows too, less SRAM; "
+                        "f32: float values and float attention)")
     c.add_argument("--ctx", "--context", type=positive_int, metavar="N", dest="ctx",
                    help="context length of the converted model (default: the checkpoint's, e.g. a Hugging Face "
                         "max_position_embeddings); at most the checkpoint's")

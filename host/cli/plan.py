@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..commands.plan_options import Passes, PlanQuery
-from ..defaults import MAX_DRAFTS
+from ..defaults import KV_DEFAULT, KV_FORMATS, MAX_DRAFTS
 from ..errors import UserError
 from .options import ALL_BOARDS, add_recipe, nonneg_int, output_file, positive_int, recipe_of
 
@@ -18,9 +18,10 @@ def add_model_options(p) -> None:
                    help="model dir from 'flashlm convert', a .flmb blob, a checkpoint, a model name (flashlm pull), "
                         "or shape:NAME (e.g. shape:ple-28m)")
     p.add_argument("--ctx", type=positive_int, metavar="N", help="plan for a shorter context than the model's")
-    p.add_argument("--kv", choices=("f32", "int8"),
-                   help="KV cache format (default: the blob's, or for a checkpoint or shape int8 as convert "
-                        "writes; int8: a scale and int8 codes per row; --apply records it)")
+    p.add_argument("--kv", choices=KV_FORMATS,
+                   help=f"KV cache format (default: the blob's, or for a checkpoint or shape {KV_DEFAULT} as convert "
+                        "writes; k12: 12-bit K codes and int8 V codes per row, int8: int8 codes per row; --apply "
+                        "records it)")
     p.add_argument("--batch", type=positive_int, metavar="T",
                    help="the most tokens one forward pass runs (batched prefill, speculative verification); "
                         "scratch RAM grows with it (default: the model's own, else 1; --apply records it)")

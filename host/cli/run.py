@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..defaults import KV_FORMATS
 from ..errors import UserError
 from .options import VIRTUAL_BOARDS, add_generation_args, output_file
 
@@ -37,7 +38,7 @@ def add_parser(sub) -> None:
                    help="when the context fills, keep position 0, drop the older half and go on (no context_full)")
     r.add_argument("--all-logits", action="store_true",
                    help="verification mode: every step computes the whole output layer (no prefill skip, no pruning)")
-    r.add_argument("--kv", choices=("f32", "int8"),
+    r.add_argument("--kv", choices=KV_FORMATS,
                    help="switch the board's KV cache format first (a LAYOUT; default: the blob's)")
     # the forward-pass options (docs/formats.md section 2.4), checked against the board's HELLO
     r.add_argument("--batch", type=_tokens, metavar="T",

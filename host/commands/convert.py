@@ -18,7 +18,7 @@ from converter.load import load_model
 from converter.tokenizer import tokenizer_bin_bytes
 from converter.tokenizer_enc import device_section
 
-from ..defaults import DEFAULT_BATCH
+from ..defaults import DEFAULT_BATCH, KV_DEFAULT
 from ..errors import UserError
 from ..files import atomic_write_bytes
 from ..model_dir import BLOB_NAME, MANIFEST, ModelDir, checkpoint_of
@@ -47,7 +47,7 @@ def _write_tokenizer(ir, tokenizer_arg, outdir: Path) -> str | None:
     return "tokenizer.bin"
 
 
-def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=None, report=True, kv="int8",
+def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=None, report=True, kv=KV_DEFAULT,
             context=None, batch=DEFAULT_BATCH, draft=None, head_index="auto", calibrate="none") -> ModelDir:
     """Checkpoint (or a model name, host/commands/pull.py) -> OUTDIR/{model.flmb, tokenizer.*,
     manifest.json, quality.json}, quantized as

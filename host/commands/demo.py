@@ -9,7 +9,7 @@ from converter.planner import NoFit, plan
 
 from ..boards.builds import ensure_firmware
 from ..boards.virtual import check_virtual_board
-from ..defaults import DEFAULT_BATCH
+from ..defaults import DEFAULT_BATCH, KV_DEFAULT
 from ..errors import UserError
 from ..link.messages import Generate
 from ..output.export import Outputs
@@ -35,20 +35,20 @@ def _default_model() -> tuple[Path, Path | None]:
 
 
 def fitting_context(console, checkpoint, tokenizer, board: str) -> int | None:
-    """None when the model fits ``board`` as convert writes it (an int8 KV cache, convert's batch);
+    """None when the model fits ``board`` as convert writes it (its default KV cache, convert's batch);
     else the longest context that does, said on the console."""
     if board == "native":
         return None
     spec, _ = load_spec(checkpoint, RECIPE, tokenizer=tokenizer)
     try:
-        plan(spec, board, kv="int8", batch=DEFAULT_BATCH)
+        plan(spec, board, kv=KV_DEFAULT, batch=DEFAULT_BATCH)
         return None
     except NoFit as e:
         ctx = next((fix["ctx"] for fix in e.fixes if set(fix) == {"ctx"}), None)
         if ctx is None:
             raise
     console.print(f"context {ctx} of the model's {spec.config.max_seq_len} tokens: the longest that fits "
-                  f"{board}'s RAM with an int8 KV cache and batches of {DEFAULT_BATCH} (planned)")
+                  f"{board}'s RAM with a {KV_DEFAULT} KV cache and batches of {DEFAULT_BATCH} (planned)")
     return ctx
 
 

@@ -16,6 +16,7 @@ from converter.hf_import import is_hf_dir
 from converter.load import load_model
 from converter.shapes import SHAPES, shape_spec
 
+from ..defaults import KV_DEFAULT
 from ..errors import UserError
 from ..model_dir import MANIFEST, ModelDir, checkpoint_of
 from .pull import resolve_model
@@ -36,8 +37,8 @@ class Source:
     path: Path | None = None
 
     def kv(self) -> str:
-        """The blob's own KV cache format, else convert's default (int8)."""
-        return self.header.state_tiers.kv if self.header is not None else "int8"
+        """The blob's own KV cache format, else convert's default (k12)."""
+        return self.header.state_tiers.kv if self.header is not None else KV_DEFAULT
 
     def batch(self) -> int:
         """The batch the blob's header names, else 1."""

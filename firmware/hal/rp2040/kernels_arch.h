@@ -1,8 +1,9 @@
 /* The Cortex-M0+ kernels (ARMv6-M: no DSP or SIMD instructions, 1-cycle MULS on the RP2040): this
  * core's kernel_hooks.h hooks. The group dots are inline assembly here; with the soft-float's
  * assembly linked (softfloat_m0.s, declared by softfloat_m0.h, which every RP2040 build
- * force-includes) the group term, the whole-row loops, the row-scaled rows, the int8 attention's
- * loops and the activation codes are its entry points. A build without it (bench/kernels.py's
+ * force-includes) the group term, the whole-row loops, the row-scaled rows, the attention's integer
+ * loops and the activation codes are its entry points. Activation codes are int16 (kernels.h):
+ * 12-bit into q8 products and k12 keys, 8-bit into q4 products. A build without it (bench/kernels.py's
  * libgcc probe empties softfloat_m0.h) runs the dots here and the portable rest.
  *
  * The rows take one group at a time (FLM_SCALAR_ROWS): on this core a group's bookkeeping costs
@@ -13,7 +14,7 @@
 
 /* Each code byte read once (the tuned kernels' tails: the emulator's read counts must equal the
  * engine's, tests/test_rp2040_emu.py). */
-static int32_t dot_q4_bytes(const uint8_t *w, const int8_t *x, uint32_t n) {
+static int32_t dot_q4_bytes(const uint8_t *w, const flm_act *x, uint32_t n) {
     int32_t s = 0;
     uint32_t i = 0;
     for (; i + 1 < n; i += 2) {
@@ -25,7 +26,7 @@ static int32_t dot_q4_bytes(const uint8_t *w, const int8_t *x, uint32_t n) {
 }
 
 /* dot_q4_bytes for codes offset by 8 (row-scaled q4), each code byte read once. */
-static int32_t dot_q4o_m0(const uint8_t *w, const int8_t *x, uint32_t n) {
+static int32_t dot_q4o_m0(const uint8_t *w, const flm_act *x, uint32_t n) {
     int32_t s = 0;
     uint32_t i = 0;
     for (; i + 1 < n; i += 2) {
@@ -36,10 +37,11 @@ static int32_t dot_q4o_m0(const uint8_t *w, const int8_t *x, uint32_t n) {
     return s;
 }
 
-/* Word loads of codes and activations (LDM with writeback, 2 cycles for 4 bytes against 2 for each
- * LDRSB), each byte sign-extended in registers by SXTB or a shift, one MULS and ADDS per product.
- * 8 weights a turn. */
-static inline __attribute__((always_inline)) int32_t dot_q8_m0(const int8_t *w, const int8_t *x, uint32_t n) {
+/* Word loads of codes and activations (LDM with writeback, 2 cycles for 4 code bytes or 2 int16
+ * activations against 2 for each LDRSB or LDRSH), code bytes sign-extended in registers by SXTB or
+ * a shift, activations by SXTH (the low one) or ASRS #16 (the high one), one MULS and ADDS per
+ * product. 8 weights a turn. */
+static inline __attribute__((always_inline)) int32_t dot_q8_m0(const int8_t *w, const flm_act *x, uint32_t n) {
     int32_t s = 0;
     uint32_t n8 = n & ~7u;
     if (n8 && !(((uintptr_t)w | (uintptr_t)x) & 3u)) {   /* codes are; activations are in the engine */
@@ -47,12 +49,12 @@ static inline __attribute__((always_inline)) int32_t dot_q8_m0(const int8_t *w, 
         uint32_t a, b, t, u;
 #define Q8_WORD                                                                                     \
         "ldm %[w]!, {%[a]}\n ldm %[x]!, {%[b]}\n"                                                  \
-        "sxtb %[t], %[a]\n sxtb %[u], %[b]\n muls %[t], %[u]\n adds %[s], %[t]\n"                 \
-        "lsrs %[t], %[a], #8\n sxtb %[t], %[t]\n lsrs %[u], %[b], #8\n sxtb %[u], %[u]\n"         \
+        "sxtb %[t], %[a]\n sxth %[u], %[b]\n muls %[t], %[u]\n adds %[s], %[t]\n"                 \
+        "lsrs %[t], %[a], #8\n sxtb %[t], %[t]\n asrs %[b], %[b], #16\n"                           \
+        "muls %[t], %[b]\n adds %[s], %[t]\n ldm %[x]!, {%[b]}\n"                                   \
+        "lsrs %[t], %[a], #16\n sxtb %[t], %[t]\n sxth %[u], %[b]\n"                               \
         "muls %[t], %[u]\n adds %[s], %[t]\n"                                                       \
-        "lsrs %[t], %[a], #16\n sxtb %[t], %[t]\n lsrs %[u], %[b], #16\n sxtb %[u], %[u]\n"       \
-        "muls %[t], %[u]\n adds %[s], %[t]\n"                                                       \
-        "asrs %[a], %[a], #24\n asrs %[b], %[b], #24\n muls %[a], %[b]\n adds %[s], %[a]\n"
+        "asrs %[a], %[a], #24\n asrs %[b], %[b], #16\n muls %[a], %[b]\n adds %[s], %[a]\n"
         __asm volatile(".syntax unified\n"
                        "1:\n" Q8_WORD Q8_WORD
                        "cmp %[w], %[end]\n bne 1b\n"
@@ -66,32 +68,31 @@ static inline __attribute__((always_inline)) int32_t dot_q8_m0(const int8_t *w, 
     return s + dot_q8_scalar(w, x, n);
 }
 
-/* 8 nibbles per code word, each sign-extended by a shift pair (LSLS to the top, ASRS down). */
-static inline __attribute__((always_inline)) int32_t dot_q4_m0(const uint8_t *w, const int8_t *x, uint32_t n) {
+/* 8 nibbles per code word, each sign-extended by a shift pair (LSLS to the top, ASRS down), times
+ * the activations of four words. */
+static inline __attribute__((always_inline)) int32_t dot_q4_m0(const uint8_t *w, const flm_act *x, uint32_t n) {
     int32_t s = 0;
     uint32_t n8 = n & ~7u;
     if (n8 && !(((uintptr_t)w | (uintptr_t)x) & 3u)) {
         const uint8_t *end = w + n8 / 2u;
         uint32_t a, b, t, u;
-#define Q4_PAIR(lo, hi, xlo, xhi)                                                                   \
-        "lsls %[t], %[a], #" #lo "\n asrs %[t], %[t], #28\n " xlo "\n muls %[t], %[u]\n adds %[s], %[t]\n" \
-        "lsls %[t], %[a], #" #hi "\n asrs %[t], %[t], #28\n " xhi "\n muls %[t], %[u]\n adds %[s], %[t]\n"
+#define Q4_NIB(sh, xv)                                                                              \
+        "lsls %[t], %[a], #" #sh "\n asrs %[t], %[t], #28\n " xv "\n muls %[t], %[u]\n adds %[s], %[t]\n"
+#define Q4_PAIR(lo, hi)                                                                             \
+        "ldm %[x]!, {%[b]}\n" Q4_NIB(lo, "sxth %[u], %[b]") Q4_NIB(hi, "asrs %[u], %[b], #16")
         __asm volatile(".syntax unified\n"
                        "1:\n"
-                       "ldm %[w]!, {%[a]}\n ldm %[x]!, {%[b]}\n"
-                       Q4_PAIR(28, 24, "sxtb %[u], %[b]", "lsrs %[u], %[b], #8\n sxtb %[u], %[u]")
-                       Q4_PAIR(20, 16, "lsrs %[u], %[b], #16\n sxtb %[u], %[u]", "asrs %[u], %[b], #24")
-                       "ldm %[x]!, {%[b]}\n"
-                       Q4_PAIR(12, 8, "sxtb %[u], %[b]", "lsrs %[u], %[b], #8\n sxtb %[u], %[u]")
-                       "lsls %[t], %[a], #4\n asrs %[t], %[t], #28\n lsrs %[u], %[b], #16\n sxtb %[u], %[u]\n"
-                       "muls %[t], %[u]\n adds %[s], %[t]\n"
-                       "asrs %[a], %[a], #28\n asrs %[b], %[b], #24\n muls %[a], %[b]\n adds %[s], %[a]\n"
+                       "ldm %[w]!, {%[a]}\n"
+                       Q4_PAIR(28, 24) Q4_PAIR(20, 16) Q4_PAIR(12, 8)
+                       "ldm %[x]!, {%[b]}\n" Q4_NIB(4, "sxth %[u], %[b]")
+                       "asrs %[a], %[a], #28\n asrs %[b], %[b], #16\n muls %[a], %[b]\n adds %[s], %[a]\n"
                        "cmp %[w], %[end]\n bne 1b\n"
                        ".syntax divided\n"
                        : [w] "+l"(w), [x] "+l"(x), [s] "+l"(s), [a] "=&l"(a), [b] "=&l"(b), [t] "=&l"(t), [u] "=&l"(u)
                        : [end] "r"(end)
                        : "cc", "memory");
 #undef Q4_PAIR
+#undef Q4_NIB
         n -= n8;
     }
     return s + dot_q4_bytes(w, x, n);
@@ -106,8 +107,10 @@ static inline __attribute__((always_inline)) int32_t dot_q4_m0(const uint8_t *w,
 #define FLM_ROW_WHOLE(p, x, xs, ng, g, q8) \
     ((q8) ? flm_row_q8_m0((p), (x), (xs), (ng), (g)) : flm_row_q4_m0((p), (x), (xs), (ng), (g) / 2u))
 #define FLM_QUANT_CODES flm_quant_codes_m0
+#define FLM_ACT_CODES_Q(x, n, inv, qmax, q) flm_act_codes_m0((x), (n), (inv), (q), (qmax))
 
-/* The assembly's attention loops take whole steps of 8 (dot2) and whole words (axpy). */
+/* The assembly's attention loops take whole steps of 8 (dot2), 4 (the k12 dot2) and whole words
+ * (axpy). */
 #define FLM_DOT2_Q8(a, b, x, n, out)                                                                    \
     do {                                                                                               \
         if (!((n) & 7u)) {                                                                             \
@@ -116,6 +119,12 @@ static inline __attribute__((always_inline)) int32_t dot_q4_m0(const uint8_t *w,
         }                                                                                              \
         (out)[0] = dot_q8_m0(a, x, n);                                                                 \
         (out)[1] = dot_q8_m0(b, x, n);                                                                 \
+    } while (0)
+
+#define FLM_DOT2_Q12(a, b, x, n, out)                                                                   \
+    do {                                                                                               \
+        if (!((n) & 3u)) flm_dot2_q12_m0(a, b, x, n, out);                                             \
+        else dot2_q12_scalar(a, b, x, n, out);                                                         \
     } while (0)
 
 static inline __attribute__((always_inline)) void axpy_m0(int32_t *acc, const int8_t *v, int32_t w, uint32_t n) {
@@ -127,23 +136,23 @@ static inline __attribute__((always_inline)) void axpy_m0(int32_t *acc, const in
 
 /* The row-scaled rows. The q4 kernel's activations (softfloat_m0.s Q4L_WORD), on the stack: per
  * sub-block of 32 columns a start value, minus the share of the codes' offset 8, then per 8 columns
- * (x_j << 16) + x_{j+4}, j = 0..3. Up to LANE_COLS columns: 2,176 bytes of the RP2040's 8 KB stack
- * floor. */
+ * (x_j << 16) + x_{j+4}, j = 0..3 (q4's codes are 8-bit: |x| <= 127 keeps the lanes' sums exact).
+ * Up to LANE_COLS columns: 2,176 bytes of the RP2040's 8 KB stack floor. */
 #define LANE_COLS 1024u
 
-/* Their shape: whole groups of a multiple of 8 columns (q4: of 32, at most LANE_COLS), word-aligned
- * activations, and (q8) rows whose sum fits an int32: |code| <= 128, |x| <= 127, k <= 255 make 518
- * columns (docs/formats.md). 0: another shape; else geom = n_groups | group << 16. */
+/* Their shape: whole groups of a multiple of 8 columns (q4: of 32, at most LANE_COLS columns, so
+ * that its row sums fit an int32; q8's are int64), word-aligned activations (docs/formats.md). 0:
+ * another shape (the portable row); else geom = n_groups | group << 16. */
 static uint32_t rs_geom(const flm_tensor *w, const flm_act *xq) {
     const uint32_t g = w->group, q8 = w->fmt == FLM_Q8;
-    const int ok = w->cols % g == 0u && g % (q8 ? 8u : 32u) == 0u && w->cols <= (q8 ? 518u : LANE_COLS) &&
+    const int ok = w->cols % g == 0u && g % (q8 ? 8u : 32u) == 0u && (q8 || w->cols <= LANE_COLS) &&
                    !((uintptr_t)xq & 3u);
     return ok ? w->cols / g | g << 16 : 0u;
 }
 
 static __attribute__((noinline)) void rows_rs_lanes(flm_rs_job *j, uint32_t cols) {
     uint32_t lanes[LANE_COLS / 32u * 17u], *p = lanes;
-    const int8_t *x = j->x;
+    const flm_act *x = j->x;
     for (uint32_t s = 0; s < cols; s += 32u) {
         uint32_t *start = p++, sum = 0;
         for (uint32_t b = s; b < s + 32u; b += 8u)

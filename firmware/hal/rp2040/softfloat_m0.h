@@ -16,15 +16,16 @@ extern "C" {
  * FLM_GROUP_TERM). */
 float flm_group_term(int32_t isum, float sc, float xs);
 
-/* kernel_hooks.h row_whole (f32 scales, whole groups of a multiple of 8, word-aligned activations)
- * with the group loop in assembly: the same dots, terms and adds in the same order (FLM_ROW_WHOLE). */
-float flm_row_q8_m0(const uint8_t *p, const int8_t *x, const float *xs, uint32_t ng, uint32_t code_bytes);
-float flm_row_q4_m0(const uint8_t *p, const int8_t *x, const float *xs, uint32_t ng, uint32_t code_bytes);
+/* kernel_hooks.h row_whole (f32 scales, whole groups of a multiple of 8, word-aligned int16
+ * activation codes) with the group loop in assembly: the same dots, terms and adds in the same
+ * order (FLM_ROW_WHOLE). */
+float flm_row_q8_m0(const uint8_t *p, const int16_t *x, const float *xs, uint32_t ng, uint32_t code_bytes);
+float flm_row_q4_m0(const uint8_t *p, const int16_t *x, const float *xs, uint32_t ng, uint32_t code_bytes);
 
 /* Row-scaled rows (kernel_hooks.h FLM_RS_ROWS): n rows from row on, each row's integer sum (q8: two
- * rows a pass; q4: two codes a product, x being kernels_arch.h rows_rs_lanes' lanes), then
- * float(acc) * (S * X) inline, bit for bit the plain expression, into out[0, n). geom = n_groups |
- * group << 16. The drivers advance row, n and out as they go. */
+ * rows a pass, x the int16 codes, an int64 sum; q4: two codes a product, x being kernels_arch.h
+ * rows_rs_lanes' lanes), then float(acc) * (S * X) inline, bit for bit kernels_ref.h row_rs, into
+ * out[0, n). geom = n_groups | group << 16. The drivers advance row, n and out as they go. */
 typedef struct {
     const uint8_t *row;
     uint32_t stride, n;
@@ -35,14 +36,18 @@ typedef struct {
 } flm_rs_job;
 void flm_rs_rows_q8_m0(flm_rs_job *j);
 void flm_rs_rows_q4_m0(flm_rs_job *j);
-float flm_rs_scale(int32_t acc, float s, float x);   /* the drivers' float(acc) * (s * x), as a function */
+float flm_rs_scale(int32_t acc, float s, float x);   /* the drivers' float(acc) * (s * x) of an int32 acc */
 
-/* The int8 attention's integer loops (kernel_hooks.h FLM_DOT2_Q8, FLM_AXPY_Q8; n a multiple of 8, 4). */
-void flm_dot2_q8_m0(const int8_t *a, const int8_t *b, const int8_t *x, uint32_t n, int32_t out[2]);
+/* The attention's integer loops (kernel_hooks.h FLM_DOT2_Q8, FLM_DOT2_Q12, FLM_AXPY_Q8; n a multiple
+ * of 8, 4, 4): int8 or (k12) int16 keys against the query's int16 codes, int8 values. */
+void flm_dot2_q8_m0(const int8_t *a, const int8_t *b, const int16_t *x, uint32_t n, int32_t out[2]);
+void flm_dot2_q12_m0(const int16_t *a, const int16_t *b, const int16_t *x, uint32_t n, int32_t out[2]);
 void flm_axpy_q8_m0(int32_t *acc, const int8_t *v, int32_t w, uint32_t n);
 
-/* flm_quantize_act's codes of a group, x[i] * inv as __aeabi_fmul forms it inline (FLM_QUANT_CODES). */
+/* The activation codes of a group, x[i] * inv as __aeabi_fmul forms it inline: int8 with qmax 127
+ * (FLM_QUANT_CODES), int16 with qmax 127 or 2047 (FLM_ACT_CODES_Q). */
 void flm_quant_codes_m0(const float *x, uint32_t n, float inv, int8_t *q);
+void flm_act_codes_m0(const float *x, uint32_t n, float inv, int16_t *q, int32_t qmax);
 
 #ifdef __cplusplus
 }

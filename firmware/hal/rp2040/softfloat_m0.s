@@ -445,32 +445,34 @@ flm_group_term:
 @ the first term as the row's value and every later one added by __aeabi_fadd(acc, term); the
 @ boot self-check (kernels_check.h) compares these rows with the scalar kernels'.
 @
-@ float flm_row_q8_m0(const uint8_t *p, const int8_t *x, const float *xs, uint32_t ng, uint32_t code_bytes)
+@ float flm_row_q8_m0(const uint8_t *p, const int16_t *x, const float *xs, uint32_t ng, uint32_t code_bytes)
 @ float flm_row_q4_m0(...): the same for 4-bit codes (code_bytes = g / 2)
 @ Registers: r4 = p (scale, then codes), r5 = x, r6 = the group's integer sum, r7 = the end of its
 @ codes (q8: r8, its step loads two code words into r0, r7); r8, r11 = p, x while TERM uses r4-r7; r9 = the row's value so far, r10 = &xs[gi],
 @ r12 = the group's scale, lr = its sum during TERM; [sp] = code_bytes, [sp, #4] = &xs[ng].
 
-@ 4 q8 codes (word \w) times 4 activations (word r1) into r6; clobbers \w, r1-r3
+@ 4 q8 codes (word \w) times 4 activations (int16, two words loaded from r5) into r6; clobbers \w,
+@ r1-r3. An activation word holds two codes: SXTH takes the low one, ASRS #16 the high one, one
+@ instruction each where a byte of a word took two.
     .macro Q8_WORD w
+    ldm r5!, {r1}
     sxtb r2, \w
-    sxtb r3, r1
+    sxth r3, r1
     muls r2, r3
     adds r6, r2
     lsrs r2, \w, #8
     sxtb r2, r2
-    lsrs r3, r1, #8
-    sxtb r3, r3
-    muls r2, r3
+    asrs r1, r1, #16
+    muls r2, r1
     adds r6, r2
+    ldm r5!, {r1}
     lsrs r2, \w, #16
     sxtb r2, r2
-    lsrs r3, r1, #16
-    sxtb r3, r3
+    sxth r3, r1
     muls r2, r3
     adds r6, r2
     asrs \w, \w, #24
-    asrs r1, r1, #24
+    asrs r1, r1, #16
     muls \w, r1
     adds r6, \w
     .endm
@@ -478,9 +480,7 @@ flm_group_term:
 @ 8 q8 codes (two words in one load: r0, r7) times 8 activations into r6; clobbers r0-r3, r7
     .macro Q8_PAIR
     ldm r4!, {r0, r7}
-    ldm r5!, {r1}
     Q8_WORD r0
-    ldm r5!, {r1}
     Q8_WORD r7
     .endm
 
@@ -492,31 +492,30 @@ flm_group_term:
     adds r6, r2
     .endm
 
-@ 8 q4 codes (word r0, low nibble first) times 8 activations (two words) into r6; clobbers r0-r3
+@ 8 q4 codes (word r0, low nibble first) times 8 activations (int16: four words) into r6;
+@ clobbers r0-r3
     .macro Q4_WORD
     ldm r4!, {r0}
     ldm r5!, {r1}
-    sxtb r3, r1
+    sxth r3, r1
     Q4_NIB 28
-    lsrs r3, r1, #8
-    sxtb r3, r3
+    asrs r3, r1, #16
     Q4_NIB 24
-    lsrs r3, r1, #16
-    sxtb r3, r3
+    ldm r5!, {r1}
+    sxth r3, r1
     Q4_NIB 20
-    asrs r3, r1, #24
+    asrs r3, r1, #16
     Q4_NIB 16
     ldm r5!, {r1}
-    sxtb r3, r1
+    sxth r3, r1
     Q4_NIB 12
-    lsrs r3, r1, #8
-    sxtb r3, r3
+    asrs r3, r1, #16
     Q4_NIB 8
-    lsrs r3, r1, #16
-    sxtb r3, r3
+    ldm r5!, {r1}
+    sxth r3, r1
     Q4_NIB 4
     asrs r0, r0, #28
-    asrs r1, r1, #24
+    asrs r1, r1, #16
     muls r0, r1
     adds r6, r0
     .endm
@@ -621,37 +620,40 @@ flm_group_term:
     ROW flm_row_q4_m0, Q4_WORD, 2, r7   @ a step: 4 code bytes
 
 @ ---- row-scaled matvec rows (docs/formats.md section 1; kernels.c rows_rs): a row's integer part,
-@ acc = sum_g k_g * (sum_{c in g} code_c * x_c), exact in an int32 for the shapes kernels_arch.h sends
-@ here (|acc| < 2^31: at most 518 columns of q8, 1024 of q4), then float(acc) * (S * X) inline. A
-@ row: f32 S, u8 k[ng] padded to 4, then ng groups of g codes; geom = ng | g << 16 (g a multiple
-@ of 8; of 32 for q4). The drivers take a job (softfloat_m0.h flm_rs_job: row, stride, n, x or
-@ lanes, geom, X, out at offsets 0..24) and write out[0, n).
+@ acc = sum_g k_g * (sum_{c in g} code_c * x_c), exact, then float(acc) * (S * X) inline. A row: f32
+@ S, u8 k[ng] padded to 4, then ng groups of g codes; geom = ng | g << 16 (q8: g a multiple of 8;
+@ q4: of 32, at most 1024 columns, the whole sum an int32). q8's sum of terms is an int64: an int32
+@ in a register whose every add tests the overflow flag (out of line: the row's high word on the
+@ stack steps by one), so a row costs one branch not taken a group over an int32 sum; a group's term
+@ k_g * isum_g is an int32 up to 32 columns (255 * 128 * 2047 * 32 < 2^31), a longer group's is
+@ added as a 64-bit integer (WIDE_ADD). The drivers take a job (softfloat_m0.h flm_rs_job: row,
+@ stride, n, x or lanes, geom, X, out at offsets 0..24) and write out[0, n).
 
-@ 4 q8 codes of two rows (words r5, r6) times 4 activations (word r3) into r8 (row a), r9 (row b);
-@ r0 = row a's codes (the word after r5), r1 = row b's offset from there; clobbers r3-r7
+@ 4 q8 codes of two rows (words r5, r6) times 4 activations (int16: two words at r2, each loaded
+@ into r3 and split, low code into r4) into r8 (row a), r9 (row b); r0 = row a's codes (the word
+@ after r5), r1 = row b's offset from there; clobbers r3-r7
     .macro Q8P_STEP
     ldm r0!, {r5}
     ldr r6, [r0, r1]
     ldm r2!, {r3}
-    sxtb r4, r3
+    sxth r4, r3
     sxtb r7, r5
     muls r7, r4
     add r8, r7
     sxtb r7, r6
     muls r7, r4
     add r9, r7
-    lsrs r4, r3, #8
-    sxtb r4, r4
+    asrs r3, r3, #16
     lsrs r7, r5, #8
     sxtb r7, r7
-    muls r7, r4
+    muls r7, r3
     add r8, r7
     lsrs r7, r6, #8
     sxtb r7, r7
-    muls r7, r4
+    muls r7, r3
     add r9, r7
-    lsrs r4, r3, #16
-    sxtb r4, r4
+    ldm r2!, {r3}
+    sxth r4, r3
     lsrs r7, r5, #16
     sxtb r7, r7
     muls r7, r4
@@ -660,7 +662,7 @@ flm_group_term:
     sxtb r7, r7
     muls r7, r4
     add r9, r7
-    asrs r3, r3, #24
+    asrs r3, r3, #16
     asrs r5, r5, #24
     muls r5, r3
     add r8, r5
@@ -679,9 +681,61 @@ flm_group_term:
     adds \row, \row, \t
     .endm
 
-@ The pair's integer parts: r0 = row a, r1 = row b, r2 = x, r3 = geom -> r12, lr = acc of a, b;
-@ [sp] = g, [sp, #4] = row a's codes end (locals); clobbers r0-r11. r8, r9 = the group sums,
-@ r10 = the group's codes end, r11 = row a's next k.
+@ \term (a low register, a group's k * isum) added to the int32 \acc (a high register) through \t;
+@ an overflow steps the row's high word at [sp, #\hi] by the term's sign (label 5 + \lab out of line:
+@ OVF_STEP); clobbers \t
+    .macro ACC_ADD acc, term, t, lab
+    mov \t, \acc
+    adds \t, \t, \term
+    bvs 5\lab\()f
+6\lab\():
+    mov \acc, \t
+    .endm
+
+@ The out-of-line part of ACC_ADD \lab: \term's sign (-1 or +1) into [sp, #\hi]; clobbers \term, \u
+    .macro OVF_STEP term, u, hi, lab
+5\lab\():
+    asrs \term, \term, #31
+    lsls \term, \term, #1
+    adds \term, #1
+    ldr \u, [sp, #\hi]
+    adds \u, \u, \term
+    str \u, [sp, #\hi]
+    b 6\lab\()b
+    .endm
+
+@ A group longer than 32 (its isum an int32, k * isum not): \acc (low word, a high register) and its
+@ high word at [sp, #\hi] += \k * \isum as 64-bit integers, the product in two halves of isum (low
+@ 16 bits unsigned, the rest signed: each times k an int32); clobbers \k, \th, \tl, \ta
+    .macro WIDE_ADD acc, isum, k, hi, th, tl, ta
+    mov \th, \isum
+    uxth \tl, \th
+    muls \tl, \k                @ p1 = k * the low half, 0 <= p1 < 2^24
+    asrs \th, \th, #16
+    muls \th, \k                @ p2 = k * the high half
+    lsls \ta, \th, #16
+    asrs \th, \th, #16
+    adds \tl, \tl, \ta          @ the term p1 + p2 2^16: low word, C
+    movs \ta, #0
+    adcs \th, \ta               @ high word
+    mov \ta, \acc
+    asrs \k, \ta, #31
+    adds \th, \th, \k
+    ldr \k, [sp, #\hi]
+    adds \th, \th, \k           @ + the sum's high word as two's complement (hi + the low word's sign)
+    adds \ta, \ta, \tl
+    movs \tl, #0
+    adcs \th, \tl
+    mov \acc, \ta
+    asrs \tl, \ta, #31
+    subs \th, \th, \tl          @ back to the high adjustment of an int32 low word
+    str \th, [sp, #\hi]
+    .endm
+
+@ The pair's integer parts: r0 = row a, r1 = row b, r2 = x, r3 = geom -> r12, lr = acc of a, b
+@ (low words; the high words at [sp, #16], [sp, #20]); [sp] = g, [sp, #4] = row a's codes end
+@ (locals); clobbers r0-r11. r8, r9 = the group sums, r10 = the group's codes end, r11 = row a's
+@ next k.
     .macro Q8P_BODY
     subs r1, r1, r0
     subs r1, #4                 @ row b's word from row a's pointer after its load
@@ -697,6 +751,8 @@ flm_group_term:
     adds r4, r0, r4
     mov r10, r4
     movs r4, #0
+    str r4, [sp, #16]
+    str r4, [sp, #20]
     mov r8, r4
     mov r9, r4
     mov r12, r4
@@ -711,26 +767,35 @@ flm_group_term:
     ldrb r6, [r4, r1]           @ k of row b
     subs r4, #3
     mov r11, r4
+    ldr r7, [sp, #0]
+    add r10, r7                 @ the next group's codes end
+    cmp r7, #32
+    bhi 8f                      @ a group longer than 32
     mov r7, r8
     muls r5, r7
-    add r12, r5
+    ACC_ADD r12, r5, r7, 1
     mov r7, r9
     muls r6, r7
-    add lr, r6
-    movs r7, #0
+    ACC_ADD lr, r6, r7, 2
+9:  movs r7, #0
     mov r8, r7
     mov r9, r7
-    ldr r7, [sp, #0]
-    add r10, r7
     ldr r7, [sp, #4]
     cmp r0, r7
     bne 1b
+    b 7f
+    OVF_STEP r5, r4, 16, 1
+    OVF_STEP r6, r4, 20, 2
+8:  WIDE_ADD r12, r8, r5, 16, r3, r4, r7
+    WIDE_ADD lr, r9, r6, 20, r3, r4, r7
+    b 9b
+7:
     .endm
 
 @ One row's integer part (the pruned head's rows, an odd last row), 16 codes a turn (a group of an
-@ odd number of 8-code steps enters at the second): r0 = row, r1 = x, r2 = geom -> r9 = acc;
-@ clobbers r0-r8, r10-r12. r4 = codes, r5 = x, r6 = the group sum, r8 = the group's codes end,
-@ r10 = the next k, r11 = g, r12 = the row's codes end.
+@ odd number of 8-code steps enters at the second): r0 = row, r1 = x, r2 = geom -> r9 = acc (low
+@ word; the high word at [sp, #16]); clobbers r0-r8, r10-r12. r4 = codes, r5 = x, r6 = the group
+@ sum, r8 = the group's codes end, r10 = the next k, r11 = g, r12 = the row's codes end.
     .macro Q8S_BODY
     adds r4, r0, #4
     mov r10, r4
@@ -746,6 +811,7 @@ flm_group_term:
     mov r8, r3
     movs r6, #0
     mov r9, r6
+    str r6, [sp, #16]
 1:  mov r3, r11
     lsls r3, r3, #28            @ N: bit 3 of g, an odd number of steps
     bmi 3f
@@ -757,12 +823,20 @@ flm_group_term:
     ldrb r3, [r2]
     adds r2, #1
     mov r10, r2
+    mov r2, r11
+    cmp r2, #32
+    bhi 8f                      @ a group longer than 32
     muls r3, r6
-    add r9, r3
-    movs r6, #0
+    ACC_ADD r9, r3, r2, 1
+9:  movs r6, #0
     add r8, r11
     cmp r4, r12
     bne 1b
+    b 7f
+    OVF_STEP r3, r0, 16, 1
+8:  WIDE_ADD r9, r6, r3, 16, r0, r1, r2
+    b 9b
+7:
     .endm
 
 @ q4, two codes a product: a word's nibbles j and j + 4 (elements j and j + 4 of its 8, each code + 8)
@@ -836,13 +910,17 @@ flm_group_term:
     bne 1b
     .endm
 
-@ r0 = acc, r1 = s, r2 = x -> r0 = (float)acc * (s * x), bit for bit the plain expression: the
-@ converter's row scales are powers of two, so s * x is x with its exponent moved (exact while a
-@ normal number) and one product remains. Off the fast path (s not a normal power of two, s * x or
-@ the result not normal, acc 0) flm_group_term_slow, the same expression, makes the calls. Keeps
-@ the three on the stack meanwhile (4 words: sp stays 8-aligned); clobbers r1-r7, r12, lr.
+@ r0, r3 = acc's low word and high adjustment (acc = r0 as an int32 + r3 * 2^32; r3 = 0 unless a
+@ q8 row's sum left int32), r1 = s, r2 = x -> r0 = float(acc) * (s * x), bit for bit the reference's
+@ i64_to_f32(acc) * (s * x): the converter's row scales are powers of two, so s * x is x with its
+@ exponent moved (exact while a normal number) and one product remains. Off the fast path (r3 not
+@ 0, s not a normal power of two, s * x or the result not normal, acc 0) flm_rs_finish_slow rounds
+@ float(acc) from the 64-bit integer and __aeabi_fmul makes the two products. Keeps the four on the
+@ stack meanwhile (4 words: sp stays 8-aligned); clobbers r1-r7, r12, lr.
     .macro RS_FINISH
     push {r0, r1, r2, r3}
+    cmp r3, #0
+    bne .Lrsf_slow\@           @ the sum left int32
     lsls r3, r1, #9
     bne .Lrsf_slow\@           @ s has fraction bits
     lsls r3, r1, #1
@@ -904,15 +982,13 @@ flm_group_term:
     add sp, #16
     b .Lrsf_done\@
 .Lrsf_slow\@:
-    ldr r0, [sp, #0]
-    ldr r1, [sp, #4]
-    ldr r2, [sp, #8]
-    bl flm_group_term_slow
+    bl flm_rs_finish_slow
     add sp, #16
 .Lrsf_done\@:
     .endm
 
-@ r0 = acc, r1 = row: out[0] = RS_FINISH(acc, the row's S, the job's X), out += 1 (the job at [sp, #8])
+@ r0, r3 = acc (RS_FINISH), r1 = row: out[0] = RS_FINISH(acc, the row's S, the job's X), out += 1
+@ (the job at [sp, #8])
     .macro RS_OUT
     ldr r1, [r1]
     ldr r2, [sp, #8]
@@ -941,34 +1017,91 @@ flm_group_term:
     str r0, [sp, #12]
     .endm
 
-@ A driver's entry: r4-r11 saved, 4 words of locals, the job (r0) at [sp, #8].
+@ A driver's entry: r4-r11 saved, 6 words of locals, the job (r0) at [sp, #8].
     .macro JOB_DRIVER name
-    FUNC9 \name, 4
+    FUNC9 \name, 6
     str r0, [sp, #8]
     .endm
 
-@ RS_OUT of the pass's first row ([sp, #12]) with the acc in register acc.
-    .macro PASS_OUT acc
+@ RS_OUT of the pass's first row ([sp, #12]) with the acc's low word in register acc, its high
+@ adjustment at [sp, #16] (hi = 1) or 0 (hi = 0: q4's sums fit an int32).
+    .macro PASS_OUT acc, hi
     mov r0, \acc
     ldr r1, [sp, #12]
+    .if \hi
+    ldr r3, [sp, #16]
+    .else
+    movs r3, #0
+    .endif
     RS_OUT
     .endm
 
-@ float flm_rs_scale(int32_t acc, float s, float x) = (float)acc * (s * x), RS_FINISH as a function
-@ (bench/kernels.py checks it against NumPy).
+@ float flm_rs_scale(int32_t acc, float s, float x) = (float)acc * (s * x), RS_FINISH of an int32 acc
+@ as a function (bench/kernels.py checks it against NumPy).
     .section .text.flm_rs_scale,"ax",%progbits
     .global flm_rs_scale
     .type flm_rs_scale, %function
     .thumb_func
 flm_rs_scale:
     push {r3, r4, r5, r6, r7, lr}
+    movs r3, #0
     RS_FINISH
     pop {r3, r4, r5, r6, r7, pc}
     .size flm_rs_scale, . - flm_rs_scale
 
+@ RS_FINISH off its fast path, a function of its own (one copy for every RS_FINISH; in flm_rs_scale's
+@ section, so in SRAM with it: streamed products run it): the four words RS_FINISH pushed (lo, s,
+@ x, hi) at [sp] on entry -> r0 = i64_to_f32(lo + hi 2^32) * (s * x); clobbers r1-r7, r12
+    .type flm_rs_finish_slow, %function
+    .thumb_func
+flm_rs_finish_slow:
+    push {r4, lr}               @ (the four words now at [sp, #8]; sp stays 8-aligned)
+    ldr r0, [sp, #8]
+    ldr r3, [sp, #20]
+    asrs r4, r0, #31
+    adds r3, r3, r4             @ (r3:r0) = acc, two's complement
+    asrs r5, r3, #31            @ its sign mask
+    beq 41f
+    negs r0, r0                 @ |acc|: C = 1 when the low word was 0
+    mvns r3, r3
+    movs r4, #0
+    adcs r3, r4
+41: movs r6, #157               @ E - 1 for a leading one at bit 31 of the low word
+    movs r1, #0                 @ sticky
+42: cmp r3, #0                  @ the high word shifted into the low one, at most 9 steps below 2^41
+    beq 43f
+    lsls r4, r0, #31
+    orrs r1, r4
+    lsrs r0, r0, #1
+    lsls r4, r3, #31
+    orrs r0, r4
+    lsrs r3, r3, #1
+    adds r6, #1
+    b 42b
+43: movs r4, #0                 @ acc 0: +0
+    cmp r0, #0
+    beq 44f
+    LEAD31 r6, r4
+    movs r4, r0
+    ROUND
+    lsls r6, r6, #23
+    adds r4, r4, r6             @ a carry of the significand steps the exponent
+    lsls r5, r5, #31
+    orrs r4, r5                 @ float(acc)
+44: str r4, [sp, #8]
+    ldr r0, [sp, #12]
+    ldr r1, [sp, #16]
+    bl __aeabi_fmul             @ s * x
+    movs r1, r0
+    ldr r0, [sp, #8]
+    bl __aeabi_fmul
+    pop {r4, pc}
+    .size flm_rs_finish_slow, . - flm_rs_finish_slow
+
 @ void flm_rs_rows_q8_m0(flm_rs_job *j): two rows a pass (each activation word loaded and
-@ sign-extended once for both), an odd last one alone. Locals: [sp] = g, [sp, #4] = codes end
-@ (Q8P_BODY), [sp, #8] = the job, [sp, #12] = the pass's first row.
+@ split once for both), an odd last one alone. Locals: [sp] = g, [sp, #4] = codes end (Q8P_BODY),
+@ [sp, #8] = the job, [sp, #12] = the pass's first row, [sp, #16], [sp, #20] = the high words of
+@ its rows' sums.
     JOB_DRIVER flm_rs_rows_q8_m0
 20: ldr r4, [sp, #8]
     ldr r5, [r4, #8]            @ rows left
@@ -977,18 +1110,19 @@ flm_rs_scale:
     beq 24f
     b 21f                       @ (the blocks are beyond a conditional branch's reach)
 24: b 22f
-23: LEAVE9 4
+23: LEAVE9 6
 21: JOB_TAKE 2                  @ a pair
     ldr r2, [r4, #12]
     ldr r3, [r4, #16]
     Q8P_BODY
     mov r11, lr                 @ row b's acc (RS_FINISH may call out)
-    PASS_OUT r12
+    PASS_OUT r12, 1
     ldr r3, [sp, #8]
     ldr r1, [sp, #12]
     ldr r3, [r3, #4]
     adds r1, r1, r3             @ row b
     mov r0, r11
+    ldr r3, [sp, #20]
     RS_OUT
     b 20b
 22: movs r5, #0                 @ the last row
@@ -998,7 +1132,7 @@ flm_rs_scale:
     ldr r1, [r4, #12]
     ldr r2, [r4, #16]
     Q8S_BODY
-    PASS_OUT r9
+    PASS_OUT r9, 1
     b 20b
     .size flm_rs_rows_q8_m0, . - flm_rs_rows_q8_m0
 
@@ -1008,12 +1142,12 @@ flm_rs_scale:
     ldr r5, [r4, #8]
     cmp r5, #0
     bne 21f
-    LEAVE9 4
+    LEAVE9 6
 21: JOB_TAKE 1
     ldr r1, [r4, #12]
     ldr r2, [r4, #16]
     Q4_BODY
-    PASS_OUT r12
+    PASS_OUT r12, 0
     b 20b
     .ltorg
     .size flm_rs_rows_q4_m0, . - flm_rs_rows_q4_m0
@@ -1173,29 +1307,136 @@ __aeabi_fdiv:
     LEAVE9 1
     .size flm_axpy_f32, . - flm_axpy_f32
 
-@ void flm_quant_codes_m0(const float *x, uint32_t n, float inv, int8_t *q), n >= 1: kernels.c
-@ flm_quantize_act's codes of one group, q[i] = code(x[i] * inv): the product as __aeabi_fmul forms
-@ it (MULF), then on its bits NaN -> 0, beyond 127 -> +-127, else round_half_away (flm_math.h).
-    FUNC9 flm_quant_codes_m0, 1  @ (a word of pad: the stack stays 8-byte aligned for the calls)
+@ kernels.c flm_quantize_act's codes of one group, q[i] = code(x[i] * inv): the product as
+@ __aeabi_fmul forms it, then NaN -> 0, beyond qmax -> +-qmax, else round_half_away (flm_math.h);
+@ n >= 1. inv (positive: qmax / amax) is unpacked once; a normal x with a normal product takes
+@ __aeabi_fmul's fast path inline on the unpacked operands (MULCORE, ROUND) and its code from the
+@ rounded significand, as the bits would give it; anything else calls __aeabi_fmul and takes the
+@ code from the product's bits.
+@ void flm_quant_codes_m0(const float *x, uint32_t n, float inv, int8_t *q): int8 codes, qmax 127
+@ void flm_act_codes_m0(const float *x, uint32_t n, float inv, int16_t *q, int32_t qmax): int16 codes
+@ Registers: r6 = x, r7 = q, r8 = the end of x, r9 = inv, r10 = its exponent field - 1 (4096 when
+@ inv is not a positive normal number: every product off the fast path), r11 = its significand,
+@ r12 = x while its product is made, lr = 2^23 (the hidden bit). Locals: [sp] = the bits of
+@ (float)qmax, [sp, #4] = qmax (and a word of pad: the stack stays 8-byte aligned for the calls).
+    .macro QUANT name, size
+    FUNC9 \name, 3
     movs r6, r0                 @ x
     movs r7, r3                 @ q
     mov r9, r2                  @ inv
     lsls r1, r1, #2
     adds r1, r0, r1
     mov r8, r1                  @ the end of x
-6:  ldm r6!, {r0}                @ (labels 1-3, 7, 8 are MULF's)
+    .if \size == 1
+    movs r0, #127
+    str r0, [sp, #4]
+    ldr r0, =0x42fe0000         @ 127.0f
+    .else
+    ldr r0, [sp, #48]           @ qmax, the fifth argument (above the 12 words)
+    str r0, [sp, #4]
+    movs r2, #157               @ (float)qmax, exact (qmax < 2^24): E - 1 for a leading one at bit 31
+    LEAD31 r2, r3
+    lsrs r0, r0, #8
+    lsls r2, r2, #23
+    adds r0, r0, r2             @ the hidden bit steps the exponent field to E
+    .endif
+    str r0, [sp, #0]
+    mov r2, r9
+    lsls r3, r2, #1
+    lsrs r3, r3, #24
+    subs r3, #1                 @ inv's exponent field - 1
+    cmp r2, #0
+    blt 10f                     @ negative (never from flm_quantize_act)
+    cmp r3, #253
+    bls 11f
+10: movs r3, #1
+    lsls r3, r3, #12            @ not a positive normal number: 4096 fails every product's test
+11: mov r10, r3
+    movs r0, #1
+    lsls r0, r0, #23
+    mov lr, r0
+    lsls r1, r2, #9
+    lsrs r1, r1, #9
+    orrs r1, r0
+    mov r11, r1                 @ inv's significand
+6:  ldm r6!, {r0}               @ x (labels 1-3 are MULCORE's and ROUND's)
+    mov r12, r0
+    lsls r3, r0, #1
+    lsrs r3, r3, #24
+    subs r3, #1
+    cmp r3, #253
+    bhi 20f                     @ x not normal
+    lsls r0, r0, #9
+    lsrs r0, r0, #9
+    mov r1, lr
+    orrs r0, r1                 @ x's significand
+    add r3, r10                 @ (ex - 1) + (einv - 1)
+    mov r1, r11
+    MULCORE
+    bmi 12f
+    lsls r4, r4, #1             @ product in [1, 2): one bit more
+    subs r3, #1
+12: subs r3, #125               @ E - 1 of the product
+    cmp r3, #253
+    bhi 20f                     @ overflow or a subnormal product
+    ROUND
+    lsls r1, r3, #23
+    adds r1, r1, r4             @ |v|'s bits (a rounding carry steps the exponent)
+    mov r0, r12                 @ v's sign, x's (inv > 0)
+    ldr r2, [sp, #0]
+    cmp r1, r2
+    bhi 5f                      @ beyond qmax
+    movs r2, #0x3f
+    lsls r2, r2, #24            @ 0.5f
+    cmp r1, r2
+    blo 4f
+    movs r2, #148               @ v in [0.5, qmax]: floor(2v) = the significand >> (148 - (E - 1)),
+    subs r2, r2, r3             @ plus one, halved
+    lsrs r4, r2
+    adds r4, #1
+    lsrs r4, r4, #1
+7:  cmp r0, #0                  @ the sign of v
+    bge 8f
+    negs r4, r4
+8:
+    .if \size == 1
+    strb r4, [r7]
+    .else
+    strh r4, [r7]
+    .endif
+    adds r7, #\size
+    cmp r6, r8
+    bne 6b
+    LEAVE9 3
+4:  ldr r3, =0x3effffff         @ below 0.5: only the float just below it rounds up (fl(v + 0.5) = 1)
+    movs r4, #0
+    cmp r1, r3
+    bne 7b
+    movs r4, #1
+    b 7b
+5:  ldr r4, [sp, #4]            @ beyond qmax: +-qmax, NaN: 0
+    movs r3, #255
+    lsls r3, r3, #23
+    cmp r1, r3
+    bls 7b
+    movs r4, #0
+    b 7b
+20: mov r0, r12                 @ off the fast path: __aeabi_fmul, the code from the product's bits
     mov r1, r9
-    MULF
+    bl __aeabi_fmul
+    movs r1, #1
+    lsls r1, r1, #23
+    mov lr, r1                  @ (the call's return address was lr)
     lsls r1, r0, #1
     lsrs r1, r1, #1             @ |v|
-    ldr r3, =0x42fe0000         @ 127.0f
+    ldr r3, [sp, #0]
     cmp r1, r3
-    bhi 5f
+    bhi 5b
     movs r3, #0x3f
     lsls r3, r3, #24            @ 0.5f
     cmp r1, r3
-    blo 4f
-    lsrs r3, r1, #23            @ v in [0.5, 127]: floor(2v) from the significand, plus one, halved
+    blo 4b
+    lsrs r3, r1, #23            @ v in [0.5, qmax]: floor(2v) from the significand, plus one, halved
     lsls r4, r1, #8
     movs r2, #1
     lsls r2, r2, #31
@@ -1205,34 +1446,19 @@ __aeabi_fdiv:
     lsrs r4, r2
     adds r4, #1
     lsrs r4, r4, #1
-    b 7f
-4:  ldr r3, =0x3effffff         @ below 0.5: only the float just below it rounds up (fl(v + 0.5) = 1)
-    movs r4, #0
-    cmp r1, r3
-    bne 7f
-    movs r4, #1
-    b 7f
-5:  movs r4, #127               @ beyond 127: +-127, NaN: 0
-    movs r3, #255
-    lsls r3, r3, #23
-    cmp r1, r3
-    bls 7f
-    movs r4, #0
-7:  cmp r0, #0                  @ the sign of v
-    bge 8f
-    negs r4, r4
-8:  strb r4, [r7]
-    adds r7, #1
-    cmp r6, r8
-    bne 6b
-    LEAVE9 1
+    b 7b
     .ltorg
-    .size flm_quant_codes_m0, . - flm_quant_codes_m0
+    .size \name, . - \name
+    .endm
+
+    QUANT flm_quant_codes_m0, 1
+    QUANT flm_act_codes_m0, 2
 
 @ ---- the int8 attention's integer loops (engine.c attend_int8_head) ------------------------
 
-@ void flm_dot2_q8_m0(const int8_t *a, const int8_t *b, const int8_t *x, uint32_t n, int32_t out[2]):
-@ two dots sharing x (two positions' keys against a query), n a multiple of 8, word-aligned.
+@ void flm_dot2_q8_m0(const int8_t *a, const int8_t *b, const int16_t *x, uint32_t n, int32_t out[2]):
+@ two dots sharing x (two positions' int8 keys against a query's codes), n a multiple of 8,
+@ word-aligned.
     FUNC9 flm_dot2_q8_m0, 0
     subs r1, r1, r0
     subs r1, #4                 @ b's word from a's pointer after its load
@@ -1252,6 +1478,53 @@ __aeabi_fdiv:
     str r5, [r4, #4]
     LEAVE9 0
     .size flm_dot2_q8_m0, . - flm_dot2_q8_m0
+
+@ 2 int16 codes of two rows (words r5, r6) times 2 activations (word r3, low code into r4) into r8
+@ (row a), r9 (row b); r0 = row a's codes (the word after r5), r1 = row b's offset from there;
+@ clobbers r3-r7
+    .macro Q12P_STEP
+    ldm r0!, {r5}
+    ldr r6, [r0, r1]
+    ldm r2!, {r3}
+    sxth r4, r3
+    sxth r7, r5
+    muls r7, r4
+    add r8, r7
+    sxth r7, r6
+    muls r7, r4
+    add r9, r7
+    asrs r3, r3, #16
+    asrs r5, r5, #16
+    muls r5, r3
+    add r8, r5
+    asrs r6, r6, #16
+    muls r6, r3
+    add r9, r6
+    .endm
+
+@ void flm_dot2_q12_m0(const int16_t *a, const int16_t *b, const int16_t *x, uint32_t n, int32_t out[2]):
+@ the k12 attention's two dots sharing x (two positions' int16 keys against a query's codes; int32
+@ sums: |c| <= 2047, n <= 512), n a multiple of 4, word-aligned.
+    FUNC9 flm_dot2_q12_m0, 0
+    subs r1, r1, r0
+    subs r1, #4                 @ b's word from a's pointer after its load
+    lsls r3, r3, #1
+    adds r3, r0, r3
+    mov r10, r3                 @ the end of a
+    movs r4, #0
+    mov r8, r4
+    mov r9, r4
+1:  Q12P_STEP
+    Q12P_STEP
+    cmp r0, r10
+    bne 1b
+    ldr r4, [sp, #36]           @ out, the fifth argument (above the 9 saved words)
+    mov r5, r8
+    str r5, [r4, #0]
+    mov r5, r9
+    str r5, [r4, #4]
+    LEAVE9 0
+    .size flm_dot2_q12_m0, . - flm_dot2_q12_m0
 
 @ void flm_axpy_q8_m0(int32_t *acc, const int8_t *v, int32_t w, uint32_t n): acc[i] += w * v[i],
 @ n a multiple of 4, word-aligned: a word of codes, two sums at a time.
