@@ -22,6 +22,7 @@
  * in continuous-read mode, and XIP resumes with NDF 0. FLM_RP2040_STREAM=0 builds without it. */
 #include "cores_rp2040.h"
 #include "hal_rp2040.h"
+#include "rs_lanes_rp2040.h"
 
 #ifndef FLM_RP2040_STREAM
 #define FLM_RP2040_STREAM 1
@@ -65,6 +66,7 @@ typedef struct {
     const flm_tensor *w;
     const flm_batch *b;
     uint32_t per, chunks;
+    uint32_t lanes;                         /* 1: a q4 product of one token (take_chunks_lanes) */
     volatile uint32_t issued;               /* chunks whose read has started */
     volatile uint32_t taken;                /* chunks a core has taken */
     volatile uint32_t free[STREAM_SLOTS];   /* per buffer: the chunk that may be read into it next */
@@ -124,8 +126,7 @@ FLM_RAMFUNC static int arrived(const stream_job *s, uint32_t j) {
 
 /* Each core's loop: take a chunk, wait for it (starting the next read if the DMA is idle), compute
  * its rows for every token of the batch, free its buffer. */
-FLM_RAMFUNC static void stream_work(void *arg) {
-    stream_job *s = arg;
+FLM_RAMFUNC static void take_chunks(stream_job *s) {
     flm_tensor *v = &s->view[REG(SIO_CPUID) & 1u];
     const flm_batch *b = s->b;
     for (;;) {
@@ -152,6 +153,25 @@ FLM_RAMFUNC static void stream_work(void *arg) {
     }
 }
 
+/* One token's q4 product: the core builds its lanes once, while the first read runs, on its own
+ * stack (in place of the frame the rows would build them in per chunk; noinline keeps them off
+ * the other products' stack). */
+FLM_RAMFUNC static void take_chunks_lanes(stream_job *s) {
+    uint32_t lanes[FLM_RS_LANE_WORDS];
+    lock();
+    pump(s);
+    unlock();
+    flm_rs_lanes_m0(s->w, s->b->xq, lanes);
+    take_chunks(s);
+    flm_rs_lanes_m0(0, 0, 0);
+}
+
+FLM_RAMFUNC static void stream_work(void *arg) {
+    stream_job *s = arg;
+    if (s->lanes) take_chunks_lanes(s);
+    else take_chunks(s);
+}
+
 FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b) {
     stream_job *s = &job;
     s->w = w;
@@ -159,6 +179,7 @@ FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b) {
     s->per = STREAM_CHUNK_BYTES / w->stride;
     s->chunks = (w->rows + s->per - 1u) / s->per;
     s->issued = s->taken = 0u;
+    s->lanes = b->n == 1u && flm_rs_lanes_fit(w, b->xq);
     for (uint32_t i = 0; i < STREAM_SLOTS; i++) s->free[i] = i;
     s->view[0] = s->view[1] = *w;   /* copied here, while XIP still runs (memcpy) */
     REG(SSI_SSIENR) = 0u;
