@@ -225,6 +225,11 @@ __attribute__((weak)) void hal_matmul(const flm_tensor *w, const flm_batch *b, u
     flm_matmul_rows(w, 0, w->rows, b, row_buf, row_buf_bytes);
 }
 
+/* The default: no hint taken. */
+__attribute__((weak)) void hal_matmul_then(const flm_tensor *w) {
+    (void)w;
+}
+
 /* ---- dequantization (the embedding and PLE rows) --------------------------------------------- */
 
 void flm_dequant_row(const flm_tensor *w, uint32_t r, float *out) {
