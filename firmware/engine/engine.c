@@ -422,6 +422,14 @@ static void ple_block(flm_state *s, uint32_t l, uint32_t n, flm_step_stats *st) 
     for (uint32_t i = 0; i < n * dim; i++) s->x[i] = s->x[i] + s->xb[i];
 }
 
+/* hb[i] = silu(hb[i]) * hb2[i] for i in [i0, i1) (hal_parallel). */
+typedef struct { float *hb; const float *hb2; } silu_job;
+
+static void silu_mul(void *ctx, uint32_t i0, uint32_t i1) {
+    const silu_job *j = ctx;
+    for (uint32_t i = i0; i < i1; i++) j->hb[i] = flm_silu(j->hb[i]) * j->hb2[i];
+}
+
 /* The dense FFN, or one expert (f), for the n tokens whose normed inputs are x [n][dim]: w2 (silu(w1 x) *
  * w3 x) into out [n][dim]. */
 static void swiglu(flm_state *s, const flm_ffn *f, const float *x, uint32_t n, float *out, flm_step_stats *st) {
@@ -430,7 +438,8 @@ static void swiglu(flm_state *s, const flm_ffn *f, const float *x, uint32_t n, f
     matmul(s, &f->w1, x, m->dim, n, s->hb, m->hidden, st);
     hal_matmul_then(&f->w2);
     matmul_same_x(s, &f->w3, &f->w1, x, m->dim, n, s->hb2, m->hidden, st);
-    for (uint32_t i = 0; i < n * m->hidden; i++) s->hb[i] = flm_silu(s->hb[i]) * s->hb2[i];
+    silu_job j = {s->hb, s->hb2};
+    hal_parallel(silu_mul, &j, n * m->hidden);
     matmul(s, &f->w2, s->hb, m->hidden, n, out, m->dim, st);
 }
 

@@ -45,6 +45,12 @@ void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_
  * within a layer). A HAL that streams a matrix in may read w's first rows while the next product's
  * last rows compute. No effect on any result; kernels.c's weak default ignores it. */
 void hal_matmul_then(const flm_tensor *w);
+/* fn(ctx, i0, i1) computes elements [i0, i1) of something whose elements are independent (per-
+ * element work, no shared scratch). hal_parallel has fn cover [0, n): a board with two cores may
+ * run [0, n / 2) and [n / 2, n) at once, bit for bit the same. kernels.c's weak default calls
+ * fn(ctx, 0, n). */
+typedef void (*flm_range_fn)(void *ctx, uint32_t i0, uint32_t i1);
+void hal_parallel(flm_range_fn fn, void *ctx, uint32_t n);
 
 /* For a HAL that splits hal_matmul's rows across two cores: the share of a product the other core
  * computes, and how the rows and row_buf are split. */

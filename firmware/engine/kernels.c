@@ -3,6 +3,7 @@
  * headers it includes, so every loop is compiled here, where it is called), and the boot
  * self-check (kernels_check.h, included last). */
 #include "kernels.h"
+#include "hal.h"
 #include "kernel_hooks.h"
 #include "flm_math.h"
 #include <string.h>
@@ -228,6 +229,11 @@ __attribute__((weak)) void hal_matmul(const flm_tensor *w, const flm_batch *b, u
 /* The default: no hint taken. */
 __attribute__((weak)) void hal_matmul_then(const flm_tensor *w) {
     (void)w;
+}
+
+/* The default: on the calling core. */
+__attribute__((weak)) void hal_parallel(flm_range_fn fn, void *ctx, uint32_t n) {
+    fn(ctx, 0, n);
 }
 
 /* ---- dequantization (the embedding and PLE rows) --------------------------------------------- */
