@@ -399,10 +399,12 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
 
 
 def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampling: str = "greedy",
-                  head: str | int | None = None, experts=None) -> tuple[dict[str, float], dict[str, float]]:
+                  head: str | int | None = None,
+                  experts=None) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """compute_cycles' cycles per phase, and of them per phase the matrix products' rows (their
     multiply-accumulates and per-row scaling: what runs inside hal_matmul, which a board may split
-    across its cores; the activations' quantization before it stays on the calling core)."""
+    across its cores; the activations' quantization before it stays on the calling core), and the
+    element-wise work a board may split across its cores too (hal.h hal_parallel: the FFN's SiLU x up)."""
     cfg = spec.config
     comp = prof.get("compute", {})
     fpu = bool(prof.get("fpu", True))
@@ -413,6 +415,7 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
     by = spec.by_name()
     d, hd, hid = cfg.dim, cfg.head_dim, cfg.hidden_dim
     rows_part = dict.fromkeys(PHASES, 0.0)
+    par_part = dict.fromkeys(PHASES, 0.0)
 
     def matvec(w: TensorSpec, phase: str, share: float = 1.0) -> float:
         """The activation quantization (per element a product and a code rounded on the bits; per
@@ -466,7 +469,9 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
             f += E * d * 2 * cpf + k * E * cpm + k * (FLOPS_EXP + 2) * cpf + FLOPS_DIV * cpf
         for e, pre in enumerate(cfg.ffn_prefixes(li)):
             share = reads[li][e] if E else 1.0
-            one = sum(matvec(by[pre + w], "ffn", share) for w in ("w1", "w3", "w2")) + hid * (FLOPS_EXP + FLOPS_DIV + 3) * cpf
+            silu = hid * (FLOPS_EXP + FLOPS_DIV + 3) * cpf
+            one = sum(matvec(by[pre + w], "ffn", share) for w in ("w1", "w3", "w2")) + silu
+            par_part["ffn"] += share * silu
             if E:   # the gathered input (a copy) and the weighted sum
                 one += d * cpm + 2 * d * cpf
             f += share * one
@@ -477,7 +482,7 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
     mode = head_mode(spec, sampling, head)
     v = cfg.n_out
     if mode == "skip":
-        return out, rows_part
+        return out, rows_part, par_part
     hr = head_rows(spec)
     scan = spec.head_scan
     if mode == "full":
@@ -489,7 +494,7 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
         out["output"] = (rms(d) + d * cpm + FLOPS_SQRT * cpf + matvec(by["head.centroids"], "output")
                          + scan.n_tiles * (2 * cpf + 2 * cpm) + matvec(replace(hr, rows=mode), "output")
                          + (2 * mode + tiles_visited(spec, mode)) * cpm)
-    return out, rows_part
+    return out, rows_part, par_part
 
 
 def match_pattern(pattern: str, name: str) -> bool:

@@ -13,7 +13,8 @@ The bus carries every line once (its floor), each core computes its share, waits
 transfers and, ``bus_wait`` of them [EMU fit, boards/rp2040-emu.toml], for the other core's: the XIP
 block serves one access at a time, so a core's hit waits while the other core's miss holds it
 (host/emu/xip.mjs). Everything else in the phase (the activations' quantization, attention, norms,
-the embedding row) stays on the calling core.
+the embedding row) stays on the calling core, but for the element-wise work a HAL splits too
+(hal.h hal_parallel: the FFN's SiLU x up), of which each core takes its share.
 
 A board that streams a product's rows from flash into SRAM buffers while its cores compute
 (``[flash].stream_chunk_bytes``: the RP2040's stream_rp2040.c, for rows of a stride up to it, any
@@ -61,9 +62,12 @@ class Streamed:
         return Streamed(self.mem_us + o.mem_us, self.bytes + o.bytes, self.products + o.products)
 
 
-def saving(prof: dict, rows_us: float, bus_us: float, ram_us: float, streamed: Streamed = Streamed()) -> float:
+def saving(prof: dict, rows_us: float, bus_us: float, ram_us: float, streamed: Streamed = Streamed(),
+           parallel_us: float = 0.0) -> float:
     """The µs the split (and the streaming) saves in one phase against one core doing all of it,
-    every byte read in place (0 on a one-core board)."""
+    every byte read in place (0 on a one-core board); with the element-wise work split across the
+    cores (parallel_us: hal.h hal_parallel; [compute] parallel_cores, where the HAL defines it), its
+    share on the other cores."""
     k = split_cores(prof)
     if k == 1:
         return 0.0
@@ -74,7 +78,8 @@ def saving(prof: dict, rows_us: float, bus_us: float, ram_us: float, streamed: S
         clock = float(prof.get("clock_mhz", 100))
         per = stream_cycles(prof, stream_stride(prof)) + float(prof["flash"].get("stream_setup_cycles", 0))
         shared = max(shared, stream_cycles(prof, streamed.bytes) / clock) + streamed.products * per / clock
-    return max(0.0, serial - shared)
+    kp = max(1, int(prof.get("compute", {}).get("parallel_cores", 1)))
+    return max(0.0, serial - shared) + parallel_us * (1.0 - 1.0 / kp)
 
 
 def product_tensors(spec: ModelSpec) -> dict[str, str]:

@@ -221,13 +221,14 @@ def predict_pass(pl: Placement, pos: int, n: int, head=HEAD_SKIP, sampling: str 
     clock = float(pl.prof.get("clock_mhz", 100))
     count_mac = {**pl.prof, "compute": {"cycles_per_mac": 1.0, "cycles_per_flop": 0.0}}
     count_flop = {**pl.prof, "compute": {"cycles_per_mac": 0.0, "cycles_per_flop": 1.0}}
-    comp, rows, macs, flops = {}, {}, {}, {}
+    comp, rows, par, macs, flops = {}, {}, {}, {}, {}
     for t, h in enumerate(token_heads(n, head, sampling)):
-        c, r = C.compute_parts(pl.spec, pos + t, pl.prof, pl.kv, sampling, h)
-        comp, rows = _add(comp, c), _add(rows, r)
+        c, r, e = C.compute_parts(pl.spec, pos + t, pl.prof, pl.kv, sampling, h)
+        comp, rows, par = _add(comp, c), _add(rows, r), _add(par, e)
         macs = _add(macs, C.compute_cycles(pl.spec, pos + t, count_mac, pl.kv, sampling, h))
         flops = _add(flops, C.compute_cycles(pl.spec, pos + t, count_flop, pl.kv, sampling, h))
-    saved = {ph: overlap.saving(pl.prof, rows.get(ph, 0.0) / clock, bus[ph], ram[ph], streamed[ph])
+    saved = {ph: overlap.saving(pl.prof, rows.get(ph, 0.0) / clock, bus[ph], ram[ph], streamed[ph],
+                                par.get(ph, 0.0) / clock)
              for ph in C.PHASES}
     return PassPrediction(pos, n, head, bytes_read, traffic, memory,
                           {ph: comp.get(ph, 0.0) / clock for ph in C.PHASES}, _split(macs, C.PHASES),

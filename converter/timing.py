@@ -132,8 +132,9 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
                 else:
                     (bus if model.line_us else ram)[ph] += us
     clock = float(prof.get("clock_mhz", 100))
-    cycles, rows = compute_parts(spec, pos, prof, kv, sampling, head, experts)
+    cycles, rows, par = compute_parts(spec, pos, prof, kv, sampling, head, experts)
     comp = {ph: c / clock for ph, c in cycles.items()}
-    saved = {ph: overlap.saving(prof, rows[ph] / clock, bus[ph], ram[ph], streamed[ph]) for ph in PHASES}
+    saved = {ph: overlap.saving(prof, rows[ph] / clock, bus[ph], ram[ph], streamed[ph], par[ph] / clock)
+             for ph in PHASES}
     return Prediction(pos, bytes_read, {ph: mem[ph] + comp[ph] - saved[ph] for ph in PHASES}, mem, comp, saved, bus,
                       ram, streamed)

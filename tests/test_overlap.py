@@ -21,6 +21,10 @@ def test_saving_hand_checked():
     # reads from SRAM are the cores' own: (20 + 20 + 0) / 2 = 20
     assert overlap.saving(two(0.0), 20.0, 0.0, 20.0) == pytest.approx(20.0)
     assert overlap.split_cores(two(0.0)) == 2 and overlap.split_cores({"compute": {}}) == 1
+    # element-wise work (hal_parallel) halves only where the HAL splits it: parallel_cores
+    par = {"compute": {"split_cores": 2, "bus_wait": 0.0, "parallel_cores": 2}}
+    assert overlap.saving(par, 20.0, 0.0, 20.0, parallel_us=30.0) == pytest.approx(35.0)
+    assert overlap.saving(two(0.0), 20.0, 0.0, 20.0, parallel_us=30.0) == pytest.approx(20.0)
 
 
 def test_products_are_the_matrices_hal_matmul_runs():

@@ -422,13 +422,24 @@ static void ple_block(flm_state *s, uint32_t l, uint32_t n, flm_step_stats *st) 
     for (uint32_t i = 0; i < n * dim; i++) s->x[i] = s->x[i] + s->xb[i];
 }
 
+/* hb[i] = silu(hb[i]) * hb2[i] for i in [i0, i1) (hal_parallel). */
+typedef struct { float *hb; const float *hb2; } silu_job;
+
+static void silu_mul(void *ctx, uint32_t i0, uint32_t i1) {
+    const silu_job *j = ctx;
+    for (uint32_t i = i0; i < i1; i++) j->hb[i] = flm_silu(j->hb[i]) * j->hb2[i];
+}
+
 /* The dense FFN, or one expert (f), for the n tokens whose normed inputs are x [n][dim]: w2 (silu(w1 x) *
  * w3 x) into out [n][dim]. */
 static void swiglu(flm_state *s, const flm_ffn *f, const float *x, uint32_t n, float *out, flm_step_stats *st) {
     const flm_model *m = s->m;
+    hal_matmul_then(&f->w3);
     matmul(s, &f->w1, x, m->dim, n, s->hb, m->hidden, st);
+    hal_matmul_then(&f->w2);
     matmul_same_x(s, &f->w3, &f->w1, x, m->dim, n, s->hb2, m->hidden, st);
-    for (uint32_t i = 0; i < n * m->hidden; i++) s->hb[i] = flm_silu(s->hb[i]) * s->hb2[i];
+    silu_job j = {s->hb, s->hb2};
+    hal_parallel(silu_mul, &j, n * m->hidden);
     matmul(s, &f->w2, s->hb, m->hidden, n, out, m->dim, st);
 }
 
@@ -529,10 +540,13 @@ void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t po
     for (uint32_t l = 0; l < m->n_layers; l++) {
         const flm_layer *L = &m->layers[l];
         rmsnorm(s->xb, s->x, dim, &L->attn_norm, dim, n, m->eps, st);
+        hal_matmul_then(&L->wv);
         matmul(s, &L->wq, s->xb, dim, n, s->q, dim, st);
         /* v, then k, pass through scratch into the cache (an integer KV quantizes into its rows, not xq) */
+        hal_matmul_then(&L->wk);
         matmul_same_x(s, &L->wv, &L->wq, s->xb, dim, n, s->xb2, dim, st);
         for (uint32_t t = 0; t < n; t++) kv_put(s, l, pos + t, s->xb2 + (size_t)t * dim, 0);
+        hal_matmul_then(&L->wo);
         matmul_same_x(s, &L->wk, &L->wv, s->xb, dim, n, s->xb2, dim, st);
         for (uint32_t t = 0; t < n; t++) {
             rope(s->q + (size_t)t * dim, m->n_heads, hd, s->cos + t * half, s->sin + t * half);

@@ -41,6 +41,16 @@ uint8_t *hal_tier_arena(uint32_t tier, size_t *cap);
  * use its SIMD unit for the group dots. A HAL need not define it (kernels.c has a weak default
  * running every row on the calling core with the whole of row_buf). */
 void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes);
+/* A hint: the product after the next hal_matmul is w's (the engine names it where that is certain,
+ * within a layer). A HAL that streams a matrix in may read w's first rows while the next product's
+ * last rows compute. No effect on any result; kernels.c's weak default ignores it. */
+void hal_matmul_then(const flm_tensor *w);
+/* fn(ctx, i0, i1) computes elements [i0, i1) of something whose elements are independent (per-
+ * element work, no shared scratch). hal_parallel has fn cover [0, n): a board with two cores may
+ * run [0, n / 2) and [n / 2, n) at once, bit for bit the same. kernels.c's weak default calls
+ * fn(ctx, 0, n). */
+typedef void (*flm_range_fn)(void *ctx, uint32_t i0, uint32_t i1);
+void hal_parallel(flm_range_fn fn, void *ctx, uint32_t n);
 
 /* For a HAL that splits hal_matmul's rows across two cores: the share of a product the other core
  * computes, and how the rows and row_buf are split. */

@@ -3,6 +3,7 @@
  * headers it includes, so every loop is compiled here, where it is called), and the boot
  * self-check (kernels_check.h, included last). */
 #include "kernels.h"
+#include "hal.h"
 #include "kernel_hooks.h"
 #include "flm_math.h"
 #include <string.h>
@@ -223,6 +224,16 @@ void flm_matmul_rows(const flm_tensor *w, uint32_t r0, uint32_t r1, const flm_ba
 /* The default: every row on the calling core, the whole row buffer its own. */
 __attribute__((weak)) void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes) {
     flm_matmul_rows(w, 0, w->rows, b, row_buf, row_buf_bytes);
+}
+
+/* The default: no hint taken. */
+__attribute__((weak)) void hal_matmul_then(const flm_tensor *w) {
+    (void)w;
+}
+
+/* The default: on the calling core. */
+__attribute__((weak)) void hal_parallel(flm_range_fn fn, void *ctx, uint32_t n) {
+    fn(ctx, 0, n);
 }
 
 /* ---- dequantization (the embedding and PLE rows) --------------------------------------------- */

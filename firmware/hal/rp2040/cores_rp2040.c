@@ -1,5 +1,6 @@
 /* The RP2040's second core: launched from the boot ROM at start-up, it waits for matrix products
- * and computes its half of their rows while core 0 computes the other half.
+ * and computes its half of their rows while core 0 computes the other half (and likewise half of
+ * hal_parallel's elements).
  *
  * The rows of a product are independent and each core runs the same row kernels on its own rows,
  * so any split is bit for bit the one-core result (hal.h hal_matmul). The two cores talk through the
@@ -19,6 +20,7 @@
 #define FIFO_RDY 2u   /* its TX FIFO has room */
 
 #define SPLIT_MIN_ROWS 8u           /* fewer rows: the hand-over costs more than half the rows */
+#define PARALLEL_MIN 8u             /* hal_parallel: fewer elements run on core 0 alone (same reason) */
 #define CORE1_STACK_WORDS 768u      /* 3 KB: the row kernels need 2.6 KB (the q4 lanes of kernels_arch.h 2,240 B) */
 
 extern const uint32_t __vectors_start[];
@@ -96,5 +98,31 @@ void hal_rp2040_matmul_cores(const flm_tensor *w, const flm_batch *b, uint8_t *r
     const uint32_t mid = flm_split_rows(w, b, row_buf, row_buf_bytes, &share, &half);
     hal_rp2040_core1_start(share_run, &share);
     flm_matmul_rows(w, 0, mid, b, row_buf, half);
+    hal_rp2040_core1_join();
+}
+
+/* hal_parallel's second half, for core 1 (fn may be in flash: XIP is on outside the streamed
+ * products) */
+typedef struct {
+    flm_range_fn fn;
+    void *ctx;
+    uint32_t i0, i1;
+} range_job;
+
+static range_job range;
+
+static void range_run(void *r) {
+    const range_job *j = r;
+    j->fn(j->ctx, j->i0, j->i1);
+}
+
+void hal_parallel(flm_range_fn fn, void *ctx, uint32_t n) {
+    if (!core1_up || n < PARALLEL_MIN) {
+        fn(ctx, 0, n);
+        return;
+    }
+    range = (range_job){fn, ctx, n / 2u, n};
+    hal_rp2040_core1_start(range_run, &range);
+    fn(ctx, 0, n / 2u);
     hal_rp2040_core1_join();
 }

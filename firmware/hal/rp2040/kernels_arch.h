@@ -11,6 +11,7 @@
 #ifndef FLM_KERNELS_ARCH_H
 #define FLM_KERNELS_ARCH_H
 #include "softfloat_m0.h"
+#include "rs_lanes_rp2040.h"
 
 /* Each code byte read once (the tuned kernels' tails: the emulator's read counts must equal the
  * engine's, tests/test_rp2040_emu.py). */
@@ -137,8 +138,9 @@ static inline __attribute__((always_inline)) void axpy_m0(int32_t *acc, const in
 /* The row-scaled rows. The q4 kernel's activations (softfloat_m0.s Q4L_WORD), on the stack: per
  * sub-block of 32 columns a start value, minus the share of the codes' offset 8, then per 8 columns
  * (x_j << 16) + x_{j+4}, j = 0..3 (q4's codes are 8-bit: |x| <= 127 keeps the lanes' sums exact).
- * Up to LANE_COLS columns: 2,176 bytes of the RP2040's 8 KB stack floor. */
+ * Up to LANE_COLS columns: FLM_RS_LANE_WORDS words, 2,176 bytes of the RP2040's 8 KB stack floor. */
 #define LANE_COLS 1024u
+_Static_assert(FLM_RS_LANE_WORDS == LANE_COLS / 32u * 17u, "softfloat_m0.h's lanes size");
 
 /* Their shape: whole groups of a multiple of 8 columns (q4: of 32, at most LANE_COLS columns, so
  * that its row sums fit an int32; q8's are int64), word-aligned activations (docs/formats.md). 0:
@@ -150,9 +152,8 @@ static uint32_t rs_geom(const flm_tensor *w, const flm_act *xq) {
     return ok ? w->cols / g | g << 16 : 0u;
 }
 
-static __attribute__((noinline)) void rows_rs_lanes(flm_rs_job *j, uint32_t cols) {
-    uint32_t lanes[LANE_COLS / 32u * 17u], *p = lanes;
-    const flm_act *x = j->x;
+/* The lanes of cols activations x (a multiple of 32, at most LANE_COLS) into lanes[0, cols / 32 * 17). */
+static void lanes_build(const flm_act *x, uint32_t cols, uint32_t *p) {
     for (uint32_t s = 0; s < cols; s += 32u) {
         uint32_t *start = p++, sum = 0;
         for (uint32_t b = s; b < s + 32u; b += 8u)
@@ -163,22 +164,67 @@ static __attribute__((noinline)) void rows_rs_lanes(flm_rs_job *j, uint32_t cols
             }
         *start = 0u - 8u * 0x10001u * sum;
     }
+}
+
+static __attribute__((noinline)) void rows_rs_lanes(flm_rs_job *j, uint32_t cols) {
+    uint32_t lanes[FLM_RS_LANE_WORDS];
+    lanes_build(j->x, cols, lanes);
     j->x = lanes;
     flm_rs_rows_q4_m0(j);
 }
 
-/* q4 for a block of rows only: its lanes cost about a row. */
+/* Per core (SIO CPUID): the lanes a streamed product prepared (flm_rs_lanes_m0), of activations x
+ * (none: x 0). A product of one token calls the rows once per chunk, each chunk a few rows: built
+ * once per product rather than per call, they save about a row's work a chunk. */
+#define CPUID (*(volatile const uint32_t *)0xd0000000u)
+static struct {
+    const flm_act *x;
+    const uint32_t *lanes;
+} lanes_ready[2];
+
+int flm_rs_lanes_fit(const flm_tensor *w, const flm_act *xq) {
+    return w->fmt == FLM_Q4 && w->rowscale && rs_geom(w, xq);
+}
+
+void flm_rs_lanes_m0(const flm_tensor *w, const flm_act *xq, uint32_t *lanes) {
+    const uint32_t core = CPUID & 1u;
+    lanes_ready[core].x = 0;
+    if (!w) return;
+    lanes_build(xq, w->cols, lanes);
+    lanes_ready[core].lanes = lanes;
+    lanes_ready[core].x = xq;
+}
+
+/* q4 for a block of rows only, unless the lanes are prepared: they cost about a row. */
 static inline __attribute__((always_inline)) int rs_rows_m0(const flm_tensor *w, uint32_t r0, uint32_t r1,
                                                             const flm_act *xq, const float *xs, float *out) {
     const uint32_t geom = rs_geom(w, xq);
-    if (geom && (w->fmt == FLM_Q8 || r1 - r0 > 1u)) {
-        flm_rs_job j = {w->data + (size_t)r0 * w->stride, w->stride, r1 - r0, xq, geom, xs[0], out};
-        if (w->fmt == FLM_Q8) flm_rs_rows_q8_m0(&j);
-        else rows_rs_lanes(&j, w->cols);
+    if (!geom) return 0;
+    flm_rs_job j = {w->data + (size_t)r0 * w->stride, w->stride, r1 - r0, xq, geom, xs[0], out};
+    if (w->fmt == FLM_Q8) {
+        flm_rs_rows_q8_m0(&j);
         return 1;
     }
-    return 0;
+    const uint32_t core = CPUID & 1u;
+    if (lanes_ready[core].x == xq) {
+        j.x = lanes_ready[core].lanes;
+        flm_rs_rows_q4_m0(&j);
+        return 1;
+    }
+    if (r1 - r0 < 2u) return 0;
+    rows_rs_lanes(&j, w->cols);
+    return 1;
 }
 #define FLM_RS_ROWS rs_rows_m0
+#else
+/* the portable rows take no lanes */
+int flm_rs_lanes_fit(const flm_tensor *w, const flm_act *xq) {
+    (void)w, (void)xq;
+    return 0;
+}
+
+void flm_rs_lanes_m0(const flm_tensor *w, const flm_act *xq, uint32_t *lanes) {
+    (void)w, (void)xq, (void)lanes;
+}
 #endif
 #endif

@@ -22,6 +22,7 @@
  * in continuous-read mode, and XIP resumes with NDF 0. FLM_RP2040_STREAM=0 builds without it. */
 #include "cores_rp2040.h"
 #include "hal_rp2040.h"
+#include "rs_lanes_rp2040.h"
 
 #ifndef FLM_RP2040_STREAM
 #define FLM_RP2040_STREAM 1
@@ -65,7 +66,12 @@ typedef struct {
     const flm_tensor *w;
     const flm_batch *b;
     uint32_t per, chunks;
-    volatile uint32_t issued;               /* chunks whose read has started */
+    uint32_t lanes;                         /* 1: a q4 product of one token (take_chunks_lanes) */
+    uint32_t base;                          /* chunk j's buffer: (base + j) % STREAM_SLOTS */
+    const uint8_t *ahead;                   /* the next product's matrix (hal_matmul_then), 0: none */
+    uint32_t ahead_words;                   /* its first chunk's words */
+    volatile uint32_t issued;               /* chunks whose read has started (chunks + 1: and the
+                                               next product's first) */
     volatile uint32_t taken;                /* chunks a core has taken */
     volatile uint32_t free[STREAM_SLOTS];   /* per buffer: the chunk that may be read into it next */
     flm_tensor view[2];                     /* per core: its chunk, the data its buffer (set up in
@@ -73,6 +79,14 @@ typedef struct {
 } stream_job;
 
 static stream_job job;
+
+/* The next product's matrix (hal_matmul_then), taken by the product before it (job.ahead). */
+static const uint8_t *then_data;
+static uint32_t then_words;
+/* A chunk read ahead: the first of the matrix at data, whole (its read over before XIP resumed), in
+ * buffer slot; 0: none. */
+static const uint8_t *ready_data;
+static uint32_t ready_words, ready_slot;
 
 /* Interrupts masked while a core holds the lock: core 0's DMA interrupt takes it too. */
 FLM_RAMFUNC static void lock(void) {
@@ -87,21 +101,35 @@ FLM_RAMFUNC static void unlock(void) {
     __asm volatile("cpsie i" ::: "memory");
 }
 
-/* Under the lock: starts the next chunk's read when the last one is over and its buffer is free. */
-FLM_RAMFUNC static void pump(stream_job *s) {
-    const uint32_t j = s->issued;
-    if (j >= s->chunks || REG(DMA_COUNT) || s->free[j % STREAM_SLOTS] != j) return;
-    const uint32_t k = s->w->rows - j * s->per < s->per ? s->w->rows - j * s->per : s->per;
-    const uint32_t words = k * s->w->stride / 4u;
+/* A read of words words from the flash at src into dst (the DMA idle). */
+FLM_RAMFUNC static void start_read(const uint8_t *src, uint32_t words, uint32_t *dst) {
     REG(SSI_SSIENR) = 0u;
     REG(SSI_CTRLR1) = words - 1u;
     REG(SSI_SSIENR) = 1u;
     REG(DMA_READ) = SSI_DR0;
-    REG(DMA_WRITE) = (uint32_t)(uintptr_t)stream_buf[j % STREAM_SLOTS];
+    REG(DMA_WRITE) = (uint32_t)(uintptr_t)dst;
     REG(DMA_COUNT) = words;
     REG(DMA_CTRL_TRIG) = DMA_CTRL;
-    REG(SSI_DR0) = ((uint32_t)(uintptr_t)(s->w->data + (size_t)j * s->per * s->w->stride) - XIP_BASE) << 8 |
-                   MODE_BITS;
+    REG(SSI_DR0) = ((uint32_t)(uintptr_t)src - XIP_BASE) << 8 | MODE_BITS;
+}
+
+/* Under the lock: starts the next chunk's read when the last one is over and its buffer is free;
+ * after the last chunk's, the next product's first chunk into the buffer that follows. */
+FLM_RAMFUNC static void pump(stream_job *s) {
+    const uint32_t j = s->issued;
+    const uint32_t slot = (s->base + j) % STREAM_SLOTS;
+    if (j > s->chunks || REG(DMA_COUNT) || s->free[slot] != j) return;
+    if (j < s->chunks) {
+        const uint32_t k = s->w->rows - j * s->per < s->per ? s->w->rows - j * s->per : s->per;
+        start_read(s->w->data + (size_t)j * s->per * s->w->stride, k * s->w->stride / 4u, stream_buf[slot]);
+    } else if (s->ahead) {
+        start_read(s->ahead, s->ahead_words, stream_buf[slot]);
+        ready_data = s->ahead;
+        ready_words = s->ahead_words;
+        ready_slot = slot;
+    } else {
+        return;
+    }
     s->issued = j + 1u;
 }
 
@@ -124,8 +152,7 @@ FLM_RAMFUNC static int arrived(const stream_job *s, uint32_t j) {
 
 /* Each core's loop: take a chunk, wait for it (starting the next read if the DMA is idle), compute
  * its rows for every token of the batch, free its buffer. */
-FLM_RAMFUNC static void stream_work(void *arg) {
-    stream_job *s = arg;
+FLM_RAMFUNC static void take_chunks(stream_job *s) {
     flm_tensor *v = &s->view[REG(SIO_CPUID) & 1u];
     const flm_batch *b = s->b;
     for (;;) {
@@ -141,15 +168,35 @@ FLM_RAMFUNC static void stream_work(void *arg) {
             unlock();
         }
         const uint32_t r = j * s->per;
-        v->data = (const uint8_t *)stream_buf[j % STREAM_SLOTS];
+        const uint32_t slot = (s->base + j) % STREAM_SLOTS;
+        v->data = (const uint8_t *)stream_buf[slot];
         v->rows = s->w->rows - r < s->per ? s->w->rows - r : s->per;
         v->length = v->rows * v->stride;
         for (uint32_t t = 0; t < b->n; t++)
             flm_matvec_rows(v, 0, v->rows, b->xq + (size_t)t * b->xq_stride, b->xs + (size_t)t * b->xs_stride,
                             b->out + (size_t)t * b->out_stride + r);
         __asm volatile("dmb" ::: "memory");   /* the rows read before the buffer is handed back */
-        s->free[j % STREAM_SLOTS] = j + STREAM_SLOTS;
+        s->free[slot] = j + STREAM_SLOTS;
     }
+}
+
+/* One token's q4 product: the core builds its lanes once, while the first read runs, on its own
+ * stack (in place of the frame the rows would build them in per chunk; noinline keeps them off
+ * the other products' stack). */
+FLM_RAMFUNC static void take_chunks_lanes(stream_job *s) {
+    uint32_t lanes[FLM_RS_LANE_WORDS];
+    lock();
+    pump(s);
+    unlock();
+    flm_rs_lanes_m0(s->w, s->b->xq, lanes);
+    take_chunks(s);
+    flm_rs_lanes_m0(0, 0, 0);
+}
+
+FLM_RAMFUNC static void stream_work(void *arg) {
+    stream_job *s = arg;
+    if (s->lanes) take_chunks_lanes(s);
+    else take_chunks(s);
 }
 
 FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b) {
@@ -158,8 +205,17 @@ FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b) {
     s->b = b;
     s->per = STREAM_CHUNK_BYTES / w->stride;
     s->chunks = (w->rows + s->per - 1u) / s->per;
-    s->issued = s->taken = 0u;
-    for (uint32_t i = 0; i < STREAM_SLOTS; i++) s->free[i] = i;
+    /* its first chunk read ahead by the product before it, or read first */
+    const uint32_t have = ready_data == w->data && ready_words == (w->rows < s->per ? w->rows : s->per) * w->stride / 4u;
+    s->base = have ? ready_slot : 0u;
+    s->issued = have;
+    s->taken = 0u;
+    ready_data = 0;
+    s->ahead = then_data;
+    s->ahead_words = then_words;
+    then_data = 0;
+    s->lanes = b->n == 1u && flm_rs_lanes_fit(w, b->xq);
+    for (uint32_t i = 0; i < STREAM_SLOTS; i++) s->free[(s->base + i) % STREAM_SLOTS] = i;
     s->view[0] = s->view[1] = *w;   /* copied here, while XIP still runs (memcpy) */
     REG(SSI_SSIENR) = 0u;
     REG(SSI_DMARDLR) = 0u;          /* a request while the RX FIFO holds a word */
@@ -169,6 +225,10 @@ FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b) {
     const int both = hal_rp2040_core1_start(stream_work, s);
     stream_work(s);
     if (both) hal_rp2040_core1_join();
+    lock();   /* the next product's first chunk, if no core started it, and its read over */
+    pump(s);
+    unlock();
+    while (REG(DMA_COUNT)) {}
     REG(DMA_INTE0) = 0u;
     REG(DMA_INTR) = 1u;
     REG(NVIC_ICPR) = 1u << DMA_IRQ_0;
@@ -177,16 +237,32 @@ FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b) {
     REG(SSI_CTRLR1) = 0u;           /* XIP: one frame a request */
     REG(SSI_SSIENR) = 1u;
 }
+
+/* A matrix the streamed products take: in flash, word-aligned rows that fit a chunk. */
+static int streams(const flm_tensor *w) {
+    const uintptr_t a = (uintptr_t)w->data;
+    return a >= XIP_BASE && a < XIP_END && !(a & 3u) && !(w->stride & 3u) && w->stride &&
+           w->stride <= STREAM_CHUNK_BYTES;
+}
+
+/* The next streamed product reads w's first chunk once its own reads are all started: while its
+ * last chunks compute rather than after them. Its read is over before the product returns, so
+ * whatever runs between the two runs with XIP on. */
+void hal_matmul_then(const flm_tensor *w) {
+    if (!streams(w)) return;
+    const uint32_t per = STREAM_CHUNK_BYTES / w->stride;
+    then_data = w->data;
+    then_words = (w->rows < per ? w->rows : per) * w->stride / 4u;
+}
 #endif
 
 void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes) {
 #if FLM_RP2040_STREAM
-    const uintptr_t a = (uintptr_t)w->data;
-    if (a >= XIP_BASE && a < XIP_END && !(a & 3u) && !(w->stride & 3u) && w->stride &&
-        w->stride <= STREAM_CHUNK_BYTES) {
+    if (streams(w)) {
         streamed(w, b);
         return;
     }
+    then_data = 0;
 #endif
     hal_rp2040_matmul_cores(w, b, row_buf, row_buf_bytes);
 }
