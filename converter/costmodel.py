@@ -399,8 +399,7 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
 
 
 def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampling: str = "greedy",
-                  head: str | int | None = None,
-                  experts=None) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+                  head: str | int | None = None, experts=None) -> tuple[dict, dict, dict]:
     """compute_cycles' cycles per phase, and of them per phase the matrix products' rows (their
     multiply-accumulates and per-row scaling: what runs inside hal_matmul, which a board may split
     across its cores; the activations' quantization before it stays on the calling core), and the

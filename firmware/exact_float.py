@@ -53,7 +53,8 @@ class SoftFloat:
 # tests/test_exact_float.py checks each list against the compiled objects, and that the engine calls
 # no float helper outside it.
 M0 = SoftFloat((CORE, HAL_DIR / "rp2040" / "softfloat_aeabi.c", HAL_DIR / "rp2040" / "softfloat_m0.s",
-                HAL_DIR / "rp2040" / "softfloat_m0.h", HAL_DIR / "rp2040" / "kernels_arch.h"), "softfloat_m0.h",
+                HAL_DIR / "rp2040" / "softfloat_m0.h", HAL_DIR / "rp2040" / "kernels_arch.h",
+                HAL_DIR / "rp2040" / "rs_lanes_rp2040.h"), "softfloat_m0.h",
                ("__aeabi_fadd", "__aeabi_fsub", "__aeabi_fmul", "__aeabi_fdiv", "__aeabi_i2f", "__aeabi_ui2f",
                 "__aeabi_f2iz", "__aeabi_fcmpeq", "__aeabi_fcmplt", "__aeabi_fcmple", "__aeabi_fcmpgt",
                 "__aeabi_fcmpge"), wrap=False)
