@@ -77,7 +77,7 @@ def headline(r: dict) -> Figures | None:
     for board, models in r.get("predicted", {}).items():
         rows.append([f"{board} (PREDICTED)", "board profile", "profile's tiers, planner's placement"]
                     + [models[m]["tok_per_s"] if models[m]["fits"] else "does not fit" for m in ("default_q8", "default_q4")])
-    return Figures("decode tokens per second, default model (greedy, int8 KV cache, row scales)",
+    return Figures("decode tokens per second, default model (greedy, convert's k12 KV cache, row scales)",
                    ["board", "clock", "memory", "q8 tok/s", "q4 tok/s"], rows) if rows else None
 
 
@@ -110,7 +110,7 @@ def emulated_table(r: dict) -> Figures | None:
         ("emulated Mcycles per wall second (host clock)", "emulated_mcycles_per_wall_s")])
 
 
-XIP_OFF_RUNS = {"rp2040_emu_q8_xip_off": "q8 (row scales, int8 KV)", "rp2040_emu_q4_xip_off": "q4 (row scales, int8 KV)",
+XIP_OFF_RUNS = {"rp2040_emu_q8_xip_off": "q8 (row scales, k12 KV)", "rp2040_emu_q4_xip_off": "q4 (row scales, k12 KV)",
                 "rp2040_emu_q8_f32_kv_xip_off": "q8, f32 KV cache",
                 "rp2040_emu_q8_f32_scales_f32_kv_xip_off": "q8, f32 group scales + f32 KV"}
 
@@ -209,7 +209,7 @@ def esp_tables(r: dict) -> list[Figures]:
         return []
     boards = list(e)
     runs = [(b, fmt, e[b]["decode"][fmt]) for b in boards for fmt in e[b]["decode"]]
-    dec = Figures("instructions per decode token of the default model (convert's defaults: row scales, int8 KV "
+    dec = Figures("instructions per decode token of the default model (convert's defaults: row scales, k12 KV "
                   "cache, head index), medians over the decode steps of one greedy generation",
                   ["phase"] + [f"{b}\n{fmt}" for b, fmt, _ in runs],
                   [[ph] + [x["phase_instructions"][ph] for *_, x in runs] for ph in PHASES if ph != "sampling"]

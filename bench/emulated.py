@@ -18,7 +18,7 @@ and q4, decode and prefill apart, and decode again with the XIP model off.
   decode token and per phase; and so for the default q8 model in the format before row scales too
   (f32 scales per group, f32 KV cache and float attention: the format of the 19.6M cycles per token
   measured before the Cortex-M0+ kernels were tuned),
-  beside convert's default (row scales, int8 KV cache, integer attention), and the default's
+  beside convert's default (row scales, k12 KV cache, integer attention), and the default's
   weights with the f32 KV cache (the attention phase then differs by the attention alone);
 * in those three XIP-off q8 runs, the harness's call profile: the cycles per decode token inside
   the engine's calls of the parts of a layer (PROFILE), so the attention itself (``attention``:
@@ -37,7 +37,7 @@ from converter import costmodel as C
 from converter import timing
 from converter.blob import read_header
 from converter.boards import load_board, stream_stride
-from converter.formats import padding_per_step, row_padding
+from converter.formats import KV_DEFAULT, padding_per_step, row_padding
 from host.link.messages import PHASES, TIERS, Done, Generate, Log, Stop
 from host.boards.emulated import start_emulated_board
 
@@ -108,7 +108,7 @@ def watched_rows(header, names) -> tuple[tuple[tuple[int, int], ...], int]:
             sum(e.rows * (e.row_stride - row_padding(e)) for e in es))
 
 
-def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: str = "int8",
+def emu_run(qm, work: Path, new_tokens: int = 12, xip_model: bool = True, kv: str = KV_DEFAULT,
             profile: bool = False, watch: tuple[str, ...] = ()) -> dict:
     """One generation of the prompt and ``new_tokens`` on the emulated RP2040 (deterministic: one run)
     with the KV cache ``kv``; with the XIP model, after a SELFTEST (every golden step); ``profile``:
@@ -195,20 +195,26 @@ def section(work: Path) -> dict:
     # attention itself (its projections are the same matvecs)
     out["rp2040_emu_q8_f32_kv_xip_off"] = fkv = emu_run(default_quant("q8"), work / "emu-q8-f32kv", xip_model=False,
                                                         kv="f32", profile=True)
+    # the same weights with the int8 KV cache (the default before numerics 4, and boards short of SRAM)
+    out["rp2040_emu_q8_int8_kv"] = i8 = emu_run(default_quant("q8"), work / "emu-q8-int8kv", kv="int8")
     e8, e4, off = out["rp2040_emu_q8"], out["rp2040_emu_q4"], out["rp2040_emu_q8_xip_off"]
     out["ratios"] = {
         "emulated q8 cycles per decode token / the Cortex-M0+ kernels' target (10M), XIP model off":
             off["cycles_per_token"] / 10e6,
-        "emulated q8 cycles per decode token, row scales + int8 KV / f32 scales + f32 KV, XIP model off":
+        f"emulated q8 cycles per decode token, {KV_DEFAULT} KV (default) / int8 KV, XIP model on":
+            e8["cycles_per_token"] / i8["cycles_per_token"],
+        f"emulated q8 flash bytes per decode token, {KV_DEFAULT} KV (default) / int8 KV":
+            e8["bytes_per_token"]["flash"] / i8["bytes_per_token"]["flash"],
+        f"emulated q8 cycles per decode token, row scales + {KV_DEFAULT} KV / f32 scales + f32 KV, XIP model off":
             off["cycles_per_token"] / base["cycles_per_token"],
         "emulated q8 attention phase cycles, default / f32 scales + f32 KV, XIP model off":
             off["phase_cycles_median"]["attention"] / base["phase_cycles_median"]["attention"],
-        "emulated q8 attention phase cycles, int8 KV (integer) / f32 KV (float), row scales, XIP model off":
+        f"emulated q8 attention phase cycles, {KV_DEFAULT} KV (integer) / f32 KV (float), row scales, XIP model off":
             off["phase_cycles_median"]["attention"] / fkv["phase_cycles_median"]["attention"],
         # the attention itself (call profile: the attention function's calls, the same positions)
         "emulated q8 attention itself (call profile), default / f32 scales + f32 KV, XIP model off":
             off["call_profile"]["attention"]["cycles"] / base["call_profile"]["attention"]["cycles"],
-        "emulated q8 attention itself (call profile), int8 KV / f32 KV, row scales, XIP model off":
+        f"emulated q8 attention itself (call profile), {KV_DEFAULT} KV / f32 KV, row scales, XIP model off":
             off["call_profile"]["attention"]["cycles"] / fkv["call_profile"]["attention"]["cycles"],
         "emulated q8 attention itself / attention phase, default, XIP model off":
             off["call_profile"]["attention"]["cycles"] / off["phase_cycles_median"]["attention"],

@@ -4,7 +4,7 @@ counts of executed instructions (QEMU -icount), exact and deterministic, but not
 no pipeline, cache or memory timing) and compiled by this machine's compilers (GCC for rv32, clang-22
 for Xtensa; the real S3's ESP-IDF compiles with GCC).
 
-* per decode token of the default model, q8 and q4 (convert's defaults: row scales, int8 KV cache,
+* per decode token of the default model, q8 and q4 (convert's defaults: row scales, k12 KV cache,
   the head index): instructions per phase and in total, medians over the decode steps of one greedy
   generation, beside the planner's prediction for the board's own profile;
 * a probe image (bench/esp_probe.c in place of main.c: the same engine, HAL, Makefile and flags as

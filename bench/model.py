@@ -10,7 +10,7 @@ import numpy as np
 
 from converter import headcalib
 from converter.blob import write_blob
-from converter.formats import StateTiers
+from converter.formats import KV_DEFAULT, StateTiers
 from converter.ir import ModelConfig, ModelIR
 from converter.llama2c import write_llama2c_v2
 from converter.load import load_model
@@ -81,10 +81,9 @@ def prompt_ids(qm) -> list[int]:
     return encode(qm.tokenizer, PROMPT)
 
 
-def blob_and_firmware(qm, board: str, work: Path, kv: str = "int8", batch: int = 1):
-    """Write the blob (KV cache format ``kv``: int8, the format of the bench's figures — convert's default
-    is k12 since numerics 4; passes of up to ``batch`` tokens) into ``work`` and build ``board``'s
-    firmware for it: (blob path, BuildResult)."""
+def blob_and_firmware(qm, board: str, work: Path, kv: str = KV_DEFAULT, batch: int = 1):
+    """Write the blob (KV cache format ``kv``: convert's default unless a figure says otherwise; passes of
+    up to ``batch`` tokens) into ``work`` and build ``board``'s firmware for it: (blob path, BuildResult)."""
     work.mkdir(parents=True, exist_ok=True)
     blob = work / "model.flmb"
     write_blob(qm, blob, state=StateTiers(kv=kv, batch=batch))
