@@ -164,12 +164,9 @@ static __attribute__((noinline)) void dot2_q12_xt(const int16_t *a, const int16_
                        :
                        : "memory");
     }
-    for (uint32_t i = n8; i < n; i++) {
-        s0 += (int32_t)a[i] * x[i];
-        s1 += (int32_t)b[i] * x[i];
-    }
-    out[0] = s0;
-    out[1] = s1;
+    dot2_q12_scalar(a + n8, b + n8, x + n8, n - n8, out);   /* the tail */
+    out[0] += s0;
+    out[1] += s1;
 }
 #define FLM_DOT2_Q12 dot2_q12_xt
 

@@ -1454,21 +1454,22 @@ __aeabi_fdiv:
     QUANT flm_quant_codes_m0, 1
     QUANT flm_act_codes_m0, 2
 
-@ ---- the int8 attention's integer loops (engine.c attend_int8_head) ------------------------
-
-@ void flm_dot2_q8_m0(const int8_t *a, const int8_t *b, const int16_t *x, uint32_t n, int32_t out[2]):
-@ two dots sharing x (two positions' int8 keys against a query's codes), n a multiple of 8,
-@ word-aligned.
-    FUNC9 flm_dot2_q8_m0, 0
+@ The two dots' function name(a, b, x, n, out): r8, r9 the sums, two steps a turn (each STEP's codes
+@ from a and from b at r1 past it) until a's end, n codes of 2^size bytes.
+    .macro DOT2 name, step, size
+    FUNC9 \name, 0
     subs r1, r1, r0
     subs r1, #4                 @ b's word from a's pointer after its load
+    .if \size
+    lsls r3, r3, #\size
+    .endif
     adds r3, r0, r3
     mov r10, r3                 @ the end of a
     movs r4, #0
     mov r8, r4
     mov r9, r4
-1:  Q8P_STEP
-    Q8P_STEP
+1:  \step
+    \step
     cmp r0, r10
     bne 1b
     ldr r4, [sp, #36]           @ out, the fifth argument (above the 9 saved words)
@@ -1477,7 +1478,15 @@ __aeabi_fdiv:
     mov r5, r9
     str r5, [r4, #4]
     LEAVE9 0
-    .size flm_dot2_q8_m0, . - flm_dot2_q8_m0
+    .size \name, . - \name
+    .endm
+
+@ ---- the int8 attention's integer loops (engine.c attend_int8_head) ------------------------
+
+@ void flm_dot2_q8_m0(const int8_t *a, const int8_t *b, const int16_t *x, uint32_t n, int32_t out[2]):
+@ two dots sharing x (two positions' int8 keys against a query's codes), n a multiple of 8,
+@ word-aligned.
+    DOT2 flm_dot2_q8_m0, Q8P_STEP, 0
 
 @ 2 int16 codes of two rows (words r5, r6) times 2 activations (word r3, low code into r4) into r8
 @ (row a), r9 (row b); r0 = row a's codes (the word after r5), r1 = row b's offset from there;
@@ -1505,26 +1514,7 @@ __aeabi_fdiv:
 @ void flm_dot2_q12_m0(const int16_t *a, const int16_t *b, const int16_t *x, uint32_t n, int32_t out[2]):
 @ the k12 attention's two dots sharing x (two positions' int16 keys against a query's codes; int32
 @ sums: |c| <= 2047, n <= 512), n a multiple of 4, word-aligned.
-    FUNC9 flm_dot2_q12_m0, 0
-    subs r1, r1, r0
-    subs r1, #4                 @ b's word from a's pointer after its load
-    lsls r3, r3, #1
-    adds r3, r0, r3
-    mov r10, r3                 @ the end of a
-    movs r4, #0
-    mov r8, r4
-    mov r9, r4
-1:  Q12P_STEP
-    Q12P_STEP
-    cmp r0, r10
-    bne 1b
-    ldr r4, [sp, #36]           @ out, the fifth argument (above the 9 saved words)
-    mov r5, r8
-    str r5, [r4, #0]
-    mov r5, r9
-    str r5, [r4, #4]
-    LEAVE9 0
-    .size flm_dot2_q12_m0, . - flm_dot2_q12_m0
+    DOT2 flm_dot2_q12_m0, Q12P_STEP, 1
 
 @ void flm_axpy_q8_m0(int32_t *acc, const int8_t *v, int32_t w, uint32_t n): acc[i] += w * v[i],
 @ n a multiple of 4, word-aligned: a word of codes, two sums at a time.
