@@ -67,29 +67,31 @@ static inline __attribute__((always_inline)) int32_t dot_q8_xt(const int8_t *w, 
     "l8ui %[a], %[w], " #o "\n\tl16si %[b], %[x], " #xo "\n\textui %[c], %[a], 0, 4\n\tmula.aa.ll %[c], %[b]\n\t" \
     "l16si %[b], %[x], " #xo "+2\n\textui %[c], %[a], 4, 4\n\tmula.aa.ll %[c], %[b]\n\t"
 
+/* One LOOP of n_turns turns over the code bytes at wp and their activations at xp, each turn 4 code
+ * bytes (XT_TURN4: 8 codes) or 8 (XT_TURN8: 16 codes) by STEP (XT_U4 or XT_S4), the sum from ACC into
+ * sum (its parameters named apart from the operands, which a macro would rename too). */
+#define XT_TURN4(STEP) STEP(0, 0) STEP(1, 4) STEP(2, 8) STEP(3, 12) "addi %[w], %[w], 4\n\taddi %[x], %[x], 16\n"
+#define XT_TURN8(STEP)                                                                                     \
+    STEP(0, 0) STEP(1, 4) STEP(2, 8) STEP(3, 12) STEP(4, 16) STEP(5, 20) STEP(6, 24) STEP(7, 28)              \
+    "addi %[w], %[w], 8\n\taddi %[x], %[x], 32\n"
+#define XT_NIBBLE_LOOP(sum, wp, xp, n_turns, TURN)                                                    \
+    do {                                                                                                  \
+        int32_t a_, b_, c_;                                                                               \
+        __asm volatile("movi %[a], 0\n\twsr %[a], acclo\n\twsr %[a], acchi\n\tloop %[t], 1f\n\t" TURN     \
+                       "1:\n\trsr %[s], acclo"                                                             \
+                       : [s] "=r"(sum), [a] "=&r"(a_), [b] "=&r"(b_), [c] "=&r"(c_), [w] "+r"(wp), [x] "+r"(xp), \
+                         [t] "+r"(n_turns)                                                                \
+                       :                                                                                  \
+                       : "memory");                                                                       \
+    } while (0)
+
 /* sum u x over n codes (nibbles unsigned, low first), n a nonzero multiple of 8: the row-scaled dot
  * less its -8 sum x, which the rows fold in per group. 16 codes a LOOP turn when n allows, else 8. */
 static inline __attribute__((always_inline)) int32_t dot_u4_xt(const uint8_t *w, const flm_act *x, uint32_t n) {
-    int32_t s, a, b, c;
+    int32_t s;
     uint32_t turns = n & 15u ? n / 8u : n / 16u;
-    if (n & 15u) {
-        __asm volatile("movi %[a], 0\n\twsr %[a], acclo\n\twsr %[a], acchi\n\tloop %[t], 1f\n\t"
-                       XT_U4(0, 0) XT_U4(1, 4) XT_U4(2, 8) XT_U4(3, 12) "addi %[w], %[w], 4\n\taddi %[x], %[x], 16\n"
-                       "1:\n\trsr %[s], acclo"
-                       : [s] "=r"(s), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [w] "+r"(w), [x] "+r"(x),
-                         [t] "+r"(turns)
-                       :
-                       : "memory");
-    } else {
-        __asm volatile("movi %[a], 0\n\twsr %[a], acclo\n\twsr %[a], acchi\n\tloop %[t], 1f\n\t"
-                       XT_U4(0, 0) XT_U4(1, 4) XT_U4(2, 8) XT_U4(3, 12) XT_U4(4, 16) XT_U4(5, 20) XT_U4(6, 24)
-                       XT_U4(7, 28) "addi %[w], %[w], 8\n\taddi %[x], %[x], 32\n"
-                       "1:\n\trsr %[s], acclo"
-                       : [s] "=r"(s), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [w] "+r"(w), [x] "+r"(x),
-                         [t] "+r"(turns)
-                       :
-                       : "memory");
-    }
+    if (n & 15u) XT_NIBBLE_LOOP(s, w, x, turns, XT_TURN4(XT_U4));
+    else XT_NIBBLE_LOOP(s, w, x, turns, XT_TURN8(XT_U4));
     return s;
 }
 
@@ -108,28 +110,12 @@ static inline __attribute__((always_inline)) int32_t dot_u4_xt(const uint8_t *w,
 static inline __attribute__((always_inline)) int32_t dot_q4_xt(const uint8_t *restrict w, const flm_act *restrict x,
                                                                uint32_t n) {
     const uint32_t n8 = n & ~7u;
-    int32_t s = 0, a, b, c;
+    int32_t s = 0;
     uint32_t turns = n8 & 15u ? n8 / 8u : n8 / 16u;
     const uint8_t *wp = w;
     const flm_act *xp = x;
-    if (n8 & 15u) {
-        __asm volatile("movi %[a], 0\n\twsr %[a], acclo\n\twsr %[a], acchi\n\tloop %[t], 1f\n\t"
-                       XT_S4(0, 0) XT_S4(1, 4) XT_S4(2, 8) XT_S4(3, 12) "addi %[w], %[w], 4\n\taddi %[x], %[x], 16\n"
-                       "1:\n\trsr %[s], acclo"
-                       : [s] "=r"(s), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [w] "+r"(wp), [x] "+r"(xp),
-                         [t] "+r"(turns)
-                       :
-                       : "memory");
-    } else if (n8) {
-        __asm volatile("movi %[a], 0\n\twsr %[a], acclo\n\twsr %[a], acchi\n\tloop %[t], 1f\n\t"
-                       XT_S4(0, 0) XT_S4(1, 4) XT_S4(2, 8) XT_S4(3, 12) XT_S4(4, 16) XT_S4(5, 20) XT_S4(6, 24)
-                       XT_S4(7, 28) "addi %[w], %[w], 8\n\taddi %[x], %[x], 32\n"
-                       "1:\n\trsr %[s], acclo"
-                       : [s] "=r"(s), [a] "=&r"(a), [b] "=&r"(b), [c] "=&r"(c), [w] "+r"(wp), [x] "+r"(xp),
-                         [t] "+r"(turns)
-                       :
-                       : "memory");
-    }
+    if (n8 & 15u) XT_NIBBLE_LOOP(s, wp, xp, turns, XT_TURN4(XT_S4));
+    else if (n8) XT_NIBBLE_LOOP(s, wp, xp, turns, XT_TURN8(XT_S4));
     for (uint32_t i = n8; i < n; i++) s += ((int32_t)(((uint32_t)w[i >> 1] >> (4u * (i & 1u)) & 15u) ^ 8u) - 8) * x[i];
     return s;
 }
