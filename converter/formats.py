@@ -126,6 +126,13 @@ def row_padding(e) -> int:
     return e.row_stride - (scales + (ng - 1) * f.value_bytes(e.group_size) + f.value_bytes(last))
 
 
+def streams_rows(tier: str, row_stride: int, stream_stride: int) -> bool:
+    """Whether a product of a matrix in ``tier`` with rows of ``row_stride`` bytes is streamed from flash
+    into SRAM whole, padding and all, on a board streaming rows of a stride up to ``stream_stride``
+    (converter/boards.py stream_stride; 0: none; the RP2040's stream_rp2040.c hal_matmul)."""
+    return tier == "flash" and 0 < row_stride <= stream_stride
+
+
 def padding_per_step(h, tied: bool, head_rows: int, tokens: int = 1, scan: bool = True,
                      experts: tuple[int, ...] = (), stream_stride: int = 0) -> dict[str, int]:
     """Per tier, the padding (row_padding) inside the rows a forward pass of ``tokens`` tokens reads
@@ -144,7 +151,7 @@ def padding_per_step(h, tied: bool, head_rows: int, tokens: int = 1, scan: bool 
     unread = {f"{pre}{w}" for layer, mask in enumerate(experts) for e, pre in enumerate(c.ffn_prefixes(layer))
               if not mask >> e & 1 for w in ("w1", "w2", "w3")}
     def streamed(e) -> bool:
-        return e.tier == "flash" and 0 < e.row_stride <= stream_stride
+        return streams_rows(e.tier, e.row_stride, stream_stride)
 
     rows = {e.name: e.rows if tokens == 1 and not streamed(e) else 0
             for e in h.entries if e.fmt in ("q8", "q4") and e.name not in unread}

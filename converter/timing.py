@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from . import overlap
 from .boards import stream_stride
 from .costmodel import PHASES, TIERS, ModelSpec, Use, compute_parts, usage
+from .formats import streams_rows
 from .ir import ModelError
 
 
@@ -127,7 +128,7 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
                 mem[ph] += us
                 if products.get(name) != ph:
                     continue
-                if tier == "flash" and 0 < strides.get(name, 0) <= chunk:   # gathered runs: a product each (head tiles)
+                if streams_rows(tier, strides.get(name, 0), chunk):   # gathered runs: a product each (head tiles)
                     streamed[ph] += overlap.Streamed(us, b, use.rows.get(ph, 0) or 1)
                 else:
                     (bus if model.line_us else ram)[ph] += us
