@@ -148,12 +148,13 @@ FLM_REF void dot2_q12_scalar(const int16_t *a, const int16_t *b, const flm_act *
 
 /* ---- rows ------------------------------------------------------------------------------------ */
 
-/* The reference's float(acc): an integer below 2^40 in magnitude rounded once to binary32 (to
- * nearest, ties to even), with integer operations only, so every board rounds it alike. */
+/* The reference's float(acc): an integer (a row-scaled row's sum is below 2^44 in magnitude,
+ * docs/formats.md) rounded once to binary32 (to nearest, ties to even), with integer operations only,
+ * so every board rounds it alike. */
 static inline float i64_to_f32(int64_t v) {
     uint64_t m = v < 0 ? 0u - (uint64_t)v : (uint64_t)v;
     uint32_t sh = 0;
-    while (m >> sh >= (1u << 24)) sh++;            /* at most 17 steps below 2^41 */
+    while (m >> sh >= (1u << 24)) sh++;            /* at most 20 steps below 2^44 */
     uint64_t q = m >> sh, rest = m - (q << sh), half = sh ? (uint64_t)1 << (sh - 1u) : 0u;
     if (sh && (rest > half || (rest == half && (q & 1u)))) q++;   /* q <= 2^24: exact below */
     float f = (float)(uint32_t)q * flm_f32_from_bits((127u + sh) << 23);   /* times 2^sh: exact */

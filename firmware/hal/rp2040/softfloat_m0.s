@@ -1068,7 +1068,7 @@ flm_rs_finish_slow:
     adcs r3, r4
 41: movs r6, #157               @ E - 1 for a leading one at bit 31 of the low word
     movs r1, #0                 @ sticky
-42: cmp r3, #0                  @ the high word shifted into the low one, at most 9 steps below 2^41
+42: cmp r3, #0                  @ the high word shifted into the low one, at most 12 steps below 2^44
     beq 43f
     lsls r4, r0, #31
     orrs r1, r4
