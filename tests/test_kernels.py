@@ -54,6 +54,27 @@ def test_float_check_sees_a_wrong_bit(probe, monkeypatch):
     assert bad and all(line.startswith("fmul(") for line in bad)
 
 
+
+
+@pytest.mark.emulated
+def test_a_slow_reader_gets_the_uart_bytes_in_order(probe):
+    """The harness writes UART output one write at a time: a host reading a 64 KB reply slowly through
+    a 4 KB pipe gets every byte in order (with several fs.write calls in flight, libuv's threads
+    wrote them interleaved: 1,900 of 16,384 words wrong here, and a CI run's float check failed)."""
+    import fcntl
+    import os
+    import time
+    fd = probe.proc.stdout.fileno()
+    fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 4096)
+    op, n = kernels.OPS.index("fsub"), 16384
+    probe.proc.stdin.write(b"R" + np.array([op, 0, 0, n], "<u4").tobytes())
+    probe.proc.stdin.flush()
+    got = bytearray()
+    while len(got) < 4 * n:
+        time.sleep(0.002)
+        got += os.read(fd, min(1000, 4 * n - len(got)))
+    a, b = kernels.operands(0, 0, n)
+    assert np.array_equal(np.frombuffer(bytes(got), "<u4"), kernels.expected(op, a, b))
 # the rounding of the cores without vectors (on the float's bits: i386 with SSE but not SSE2, kernels.c
 # has no FLM_VECTOR there) and of the cores with them (the float form, vectorised)
 @pytest.mark.native

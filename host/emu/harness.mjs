@@ -178,6 +178,14 @@ let txBacklog = 0;
 let txDropped = 0;
 uart.onByte = (b) => { tx.push(b); };
 
+// One write in flight at a time: fs.write runs on libuv's thread pool, and two writes to the same
+// pipe from two threads may land in either order or interleave past PIPE_BUF (Node's fs.write docs:
+// unsafe without waiting for the callback); a loaded host reading slowly made that happen.
+const txQueue = [];
+let txWriting = false;
+let exiting = false;   // shutdown: the queue is written, then the process exits
+let exitCode = 0;
+
 function flushTx() {
   if (!tx.length) return;
   const buf = Buffer.from(tx);
@@ -188,9 +196,24 @@ function flushTx() {
     return;
   }
   txBacklog += buf.length;
-  fs.write(1, buf, 0, buf.length, null, (err) => {
-    txBacklog -= buf.length;
-    if (err) shutdown(`UART output failed: ${err.code || err.message}`, 1);
+  txQueue.push(buf);
+  if (!txWriting) writeTx();
+}
+
+function writeTx() {
+  const buf = txQueue[0];
+  if (!buf) {
+    txWriting = false;
+    if (exiting) process.exit(exitCode);
+    return;
+  }
+  txWriting = true;
+  fs.write(1, buf, 0, buf.length, null, (err, n) => {
+    if (err) { shutdown(`UART output failed: ${err.code || err.message}`, 1); return; }
+    txBacklog -= n;
+    if (n < buf.length) txQueue[0] = buf.subarray(n);   // a partial write: the rest goes next
+    else txQueue.shift();
+    writeTx();
   });
 }
 
@@ -427,6 +450,7 @@ let now = 0;   // the cycle the clock stands at: the cycle count of the core ahe
 
 function run() {
   scheduled = false;
+  if (exiting) return;
   const sliceEnd = performance.now() + 25;
   for (;;) {
     feedRx();
@@ -466,14 +490,15 @@ function run() {
   if (!idle) schedule();
 }
 
-let exiting = false;
+// The output not yet written goes first, in order; a host that no longer reads gets 2 s.
 function shutdown(msg, code) {
   if (exiting) return;
   exiting = true;
+  exitCode = code;
   if (msg) process.stderr.write(`rp2040-emu: ${msg}\n`);
-  const out = Buffer.from(tx);
-  try { if (out.length) fs.writeSync(1, out); } catch { /* the port is gone */ }
-  process.exit(code);
+  if (tx.length) { txQueue.push(Buffer.from(tx)); tx = []; }
+  if (!txWriting) writeTx();
+  setTimeout(() => process.exit(code), 2000);
 }
 
 process.stderr.write(`rp2040-emu: ready: firmware ${firmware.length} B, blob ${blob.length} B at flash offset `
