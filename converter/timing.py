@@ -78,6 +78,13 @@ def tier_models(prof: dict, line: int | None = None) -> dict[str, TierModel]:
     return out
 
 
+def embed_code_us(prof: dict, tm: dict[str, TierModel]) -> float:
+    """The embed step's code fetched from flash once a step, on a board that runs it from a line-fill
+    tier (the RP2040's XIP cache): ``embed_code_lines`` of [tiers.flash] line fills; the code of every
+    other phase runs in loops long enough that its first fetches are lost in the fitted compute."""
+    return float(prof.get("tiers", {}).get("flash", {}).get("embed_code_lines", 0)) * tm["flash"].line_us
+
+
 @dataclass
 class Prediction:
     """Predicted cost of one token (a prediction, from the board profile's numbers)."""
@@ -132,6 +139,8 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
                     streamed[ph] += overlap.Streamed(us, b, use.rows.get(ph, 0) or 1)
                 else:
                     (bus if model.line_us else ram)[ph] += us
+    if "tok_embeddings" in uses:    # (passcost asks tier by tier: the embedding's tier pays it, once)
+        mem["embed"] += embed_code_us(prof, tm)
     clock = float(prof.get("clock_mhz", 100))
     cycles, rows, par = compute_parts(spec, pos, prof, kv, sampling, head, experts)
     comp = {ph: c / clock for ph, c in cycles.items()}
