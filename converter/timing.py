@@ -2,10 +2,11 @@
 predicted µs per phase (``predict``) from the bytes and rows converter/costmodel.py says it reads
 and the cycles it says it computes. Per tier ``bytes / seq_read_MBps + rows * row_latency_us`` (on
 a tier given by ``line_cycles``, the RP2040's XIP flash: one line fill per ``line_bytes`` read, and
-a gathered row pays the extra lines its alignment makes it touch), plus cycles / clock, less what a
-board's cores save by sharing the products' rows and, where the board streams a product's rows from
-flash into SRAM while they compute, by that overlap (converter/overlap.py). It is a prediction, and
-is labelled as one wherever it is shown.
+a gathered row pays the extra lines its alignment makes it touch; the embed step's code its cold
+lines: ``embed_code_us``), plus cycles / clock, less what a board's cores save by sharing the
+products' rows and, where the board streams a product's rows from flash into SRAM while they
+compute, by that overlap (converter/overlap.py). It is a prediction, and is labelled as one
+wherever it is shown.
 """
 from __future__ import annotations
 
