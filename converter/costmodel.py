@@ -411,6 +411,7 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
     cpm = float(comp.get("cycles_per_mac", d_mac))
     cpf = float(comp.get("cycles_per_flop", d_flop))
     q4f = float(comp.get("q4_mac_factor", d_q4))
+    dq_flops = float(comp.get("dequant_flops", 2.0))
     by = spec.by_name()
     d, hd, hid = cfg.dim, cfg.head_dim, cfg.hidden_dim
     rows_part = dict.fromkeys(PHASES, 0.0)
@@ -436,7 +437,9 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
         return (4 * n + FLOPS_SQRT + FLOPS_DIV) * cpf
 
     def dequant_row(w: TensorSpec) -> float:
-        return 2 * w.cols * cpf + (w.cols * 2 if w.fmt == "q4" else 0)
+        """kernels.c flm_dequant_row: per element an int-to-float and a product (the profile's
+        [compute] dequant_flops in their place, where it measured what the loop around them costs)."""
+        return dq_flops * w.cols * cpf + (w.cols * 2 if w.fmt == "q4" else 0)
 
     out = dict.fromkeys(PHASES, 0.0)
     emb = by["tok_embeddings"]

@@ -2,10 +2,11 @@
 predicted µs per phase (``predict``) from the bytes and rows converter/costmodel.py says it reads
 and the cycles it says it computes. Per tier ``bytes / seq_read_MBps + rows * row_latency_us`` (on
 a tier given by ``line_cycles``, the RP2040's XIP flash: one line fill per ``line_bytes`` read, and
-a gathered row pays the extra lines its alignment makes it touch), plus cycles / clock, less what a
-board's cores save by sharing the products' rows and, where the board streams a product's rows from
-flash into SRAM while they compute, by that overlap (converter/overlap.py). It is a prediction, and
-is labelled as one wherever it is shown.
+a gathered row pays the extra lines its alignment makes it touch; the embed step's code its cold
+lines: ``embed_code_us``), plus cycles / clock, less what a board's cores save by sharing the
+products' rows and, where the board streams a product's rows from flash into SRAM while they
+compute, by that overlap (converter/overlap.py). It is a prediction, and is labelled as one
+wherever it is shown.
 """
 from __future__ import annotations
 
@@ -78,6 +79,13 @@ def tier_models(prof: dict, line: int | None = None) -> dict[str, TierModel]:
     return out
 
 
+def embed_code_us(prof: dict, tm: dict[str, TierModel]) -> float:
+    """The embed step's code fetched from flash once a step, on a board that runs it from a line-fill
+    tier (the RP2040's XIP cache): ``embed_code_lines`` of [tiers.flash] line fills; the code of every
+    other phase runs in loops long enough that its first fetches are lost in the fitted compute."""
+    return float(prof.get("tiers", {}).get("flash", {}).get("embed_code_lines", 0)) * tm["flash"].line_us
+
+
 @dataclass
 class Prediction:
     """Predicted cost of one token (a prediction, from the board profile's numbers)."""
@@ -132,6 +140,8 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
                     streamed[ph] += overlap.Streamed(us, b, use.rows.get(ph, 0) or 1)
                 else:
                     (bus if model.line_us else ram)[ph] += us
+    if "tok_embeddings" in uses:    # (passcost asks tier by tier: the embedding's tier pays it, once)
+        mem["embed"] += embed_code_us(prof, tm)
     clock = float(prof.get("clock_mhz", 100))
     cycles, rows, par = compute_parts(spec, pos, prof, kv, sampling, head, experts)
     comp = {ph: c / clock for ph, c in cycles.items()}
