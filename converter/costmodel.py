@@ -402,8 +402,9 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
                   head: str | int | None = None, experts=None) -> tuple[dict, dict, dict]:
     """compute_cycles' cycles per phase, and of them per phase the matrix products' rows (their
     multiply-accumulates and per-row scaling: what runs inside hal_matmul, which a board may split
-    across its cores; the activations' quantization before it stays on the calling core), and the
-    element-wise work a board may split across its cores too (hal.h hal_parallel: the FFN's SiLU x up)."""
+    across its cores), and the work a board may split across its cores too (hal.h hal_parallel: the
+    activations' codes, the norms' scaling, RoPE, attention's heads, the residuals, the FFN's SiLU x up;
+    the norms' sums (their squares split), the scales' divisions and the KV rows' quantization stay on one core)."""
     cfg = spec.config
     comp = prof.get("compute", {})
     fpu = bool(prof.get("fpu", True))
@@ -431,10 +432,22 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
         else:
             flops = w.rows * groups * 4
         rows_part[phase] += share * (macs * cpm + flops * cpf)
+        par_part[phase] += share * w.cols * 2 * cpf
         return macs * cpm + (flops + w.cols * 2 + act_groups * 2 * FLOPS_DIV) * cpf
 
     def rms(n: int) -> float:
         return (4 * n + FLOPS_SQRT + FLOPS_DIV) * cpf
+
+    def par(phase: str, cycles: float) -> float:
+        """cycles of work hal_parallel splits, in phase."""
+        par_part[phase] += cycles
+        return cycles
+
+    def rms_par(n: int, phase: str, squares: bool = True) -> float:
+        """rms(n), its scaling (2 flops an element) split, and its squares (1) where the output is not
+        the input (engine.c rmsnorm)."""
+        par(phase, (3 if squares else 2) * n * cpf)
+        return rms(n)
 
     def dequant_row(w: TensorSpec) -> float:
         """kernels.c flm_dequant_row: per element an int-to-float and a product (the profile's
@@ -453,20 +466,20 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
     E, k = cfg.n_experts, cfg.moe_top_k
     for li in range(cfg.n_layers):
         p = f"layers.{li}."
-        c = rms(d) + sum(matvec(by[p + w], "attention") for w in ("attn.wq", "attn.wk", "attn.wv", "attn.wo"))
-        c += (d // 2 + cfg.kv_dim // 2) * 6 * cpf                                     # RoPE
+        c = rms_par(d, "attention") + sum(matvec(by[p + w], "attention") for w in ("attn.wq", "attn.wk", "attn.wv", "attn.wo"))
+        c += par("attention", (d // 2 + cfg.kv_dim // 2) * 6 * cpf)                  # RoPE
         if kv == "f32":     # scores, softmax, weighted sum
-            c += cfg.n_heads * (t * hd * 2 + t * (FLOPS_EXP + 4) + FLOPS_DIV + t * hd * 2) * cpf
+            c += par("attention", cfg.n_heads * (t * hd * 2 + t * (FLOPS_EXP + 4) + FLOPS_DIV + t * hd * 2) * cpf)
         else:               # int8 or k12 (engine.c attend_int_head): the query quantized per head; per position
             # an integer dot, its score (a conversion, two products), an integer exp (~8 integer ops),
             # w_t (a product) and its rounding, an int8 row times an integer added; per output a
             # conversion and a product; per head 1 / sum p and its product
-            c += cfg.n_heads * ((2 * t * hd + 8 * t) * cpm
-                                + (hd * 2 + 2 * FLOPS_DIV + t * 4 + hd * 2 + FLOPS_DIV + 1) * cpf)
+            c += par("attention", cfg.n_heads * ((2 * t * hd + 8 * t) * cpm
+                                                 + (hd * 2 + 2 * FLOPS_DIV + t * 4 + hd * 2 + FLOPS_DIV + 1) * cpf))
             c += 2 * cfg.kv_dim * 2 * cpf + 2 * cfg.n_kv_heads * 2 * FLOPS_DIV * cpf  # K, V rows quantized
-        c += d * cpf                                                                  # residual
+        c += par("attention", d * cpf)                                                # residual
         out["attention"] += c
-        f = rms(d) + d * cpf                                                           # norm, residual
+        f = rms_par(d, "ffn") + par("ffn", d * cpf)                                    # norm, residual
         if E:   # the router's f32 dots, the top-k's compares, the softmax of k logits
             f += E * d * 2 * cpf + k * E * cpm + k * (FLOPS_EXP + 2) * cpf + FLOPS_DIV * cpf
         for e, pre in enumerate(cfg.ffn_prefixes(li)):
@@ -480,7 +493,7 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
         out["ffn"] += f
         if P:   # gate, gelu * u, proj, post-norm, residual
             out["ple"] += (matvec(by[p + "ple.gate"], "ple") + matvec(by[p + "ple.proj"], "ple") + P * (FLOPS_GELU + 1) * cpf
-                           + rms(d) + d * cpf)
+                           + rms_par(d, "ple", squares=False) + par("ple", d * cpf))
     mode = head_mode(spec, sampling, head)
     v = cfg.n_out
     if mode == "skip":
@@ -488,12 +501,12 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
     hr = head_rows(spec)
     scan = spec.head_scan
     if mode == "full":
-        out["output"] = rms(d) + matvec(hr, "output")
+        out["output"] = rms_par(d, "output") + matvec(hr, "output")
         out["sampling"] = v * cpf if sampling == "greedy" else v * (FLOPS_EXP + 8) * cpf
     elif scan is None:   # a greedy step without an index: the whole head and its argmax (integer compares)
-        out["output"] = rms(d) + matvec(hr, "output") + v * cpm
+        out["output"] = rms_par(d, "output") + matvec(hr, "output") + v * cpm
     else:   # ||x||^2, centre rows, U per tile (2 flops), k rows; the compares are integer (flm_f32_order)
-        out["output"] = (rms(d) + d * cpm + FLOPS_SQRT * cpf + matvec(by["head.centroids"], "output")
+        out["output"] = (rms_par(d, "output") + d * cpm + FLOPS_SQRT * cpf + matvec(by["head.centroids"], "output")
                          + scan.n_tiles * (2 * cpf + 2 * cpm) + matvec(replace(hr, rows=mode), "output")
                          + (2 * mode + tiles_visited(spec, mode)) * cpm)
     return out, rows_part, par_part

@@ -47,7 +47,9 @@ def region_bytes(cfg: ModelConfig, min_group: int, kv: str = "f32", batch: int =
     ple = cfg.n_layers * cfg.ple_dim * 4                         # per-layer inputs of a token
     t = batch
     # ... and the activation codes, 2 bytes each on every target (kernels.h flm_act), and their scales
-    scratch = [t * cfg.dim * 4] * 4 + [cfg.max_seq_len * 4, t * cfg.hidden_dim * 4, t * cfg.hidden_dim * 4,
+    # attention's scratch, one a core (engine.c att_scratch_bytes): the scores, a query head's codes
+    att = 2 * (_up8(cfg.max_seq_len * 4) + _up8(cfg.head_dim * 2))
+    scratch = [t * cfg.dim * 4] * 4 + [att, t * cfg.hidden_dim * 4, t * cfg.hidden_dim * 4,
                                        t * (cfg.head_dim // 2) * 4, t * (cfg.head_dim // 2) * 4, t * ple,
                                        max(t, cfg.n_layers) * cfg.ple_dim * 4,   # a table row, or the gates
                                        t * 2 * _up8(wide), t * (wide // min_group + 1) * 4]

@@ -12,9 +12,10 @@ cores take::
 The bus carries every line once (its floor), each core computes its share, waits for its own line
 transfers and, ``bus_wait`` of them [EMU fit, boards/rp2040-emu.toml], for the other core's: the XIP
 block serves one access at a time, so a core's hit waits while the other core's miss holds it
-(host/emu/xip.mjs). Everything else in the phase (the activations' quantization, attention, norms,
-the embedding row) stays on the calling core, but for the element-wise work a HAL splits too
-(hal.h hal_parallel: the FFN's SiLU x up), of which each core takes its share.
+(host/emu/xip.mjs). Everything else in the phase stays on the calling core, but for the work a HAL
+splits too (hal.h hal_parallel: attention's heads, RoPE, the activations' codes, the norms' scaling,
+the residuals, the FFN's SiLU x up; costmodel.compute_parts' parallel part), of which each core takes
+its share.
 
 A board that streams a product's rows from flash into SRAM buffers while its cores compute
 (``[flash].stream_chunk_bytes``: the RP2040's stream_rp2040.c, for rows of a stride up to it, any

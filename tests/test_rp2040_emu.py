@@ -207,7 +207,7 @@ def test_call_profile_times_the_engines_parts_and_changes_no_cycle(tmp_path, bui
             got[profile] = toks, {c["step"]: c for c in board.read_counts()}
     (toks, plain), (_, prof) = got[()], got[PROFILE]
     for t in toks:   # (the prompt's steps but its last skip the head and its norm)
-        calls_per_step = dict(attention=L, rope=2 * L, kv_put=2 * L, rmsnorm=2 * L + (t.head_rows > 0))
+        calls_per_step = dict(attention=L, rope=L, kv_put=2 * L, rmsnorm=2 * L + (t.head_rows > 0))
         c = prof[t.step]
         assert "calls" not in plain[t.step] and c["cycles"] == plain[t.step]["cycles"]
         assert set(c["calls"]) == set(PROFILE) and all(cyc > 0 for cyc, _ in c["calls"].values())

@@ -36,6 +36,12 @@ static uint32_t k_row_bytes(const flm_model *m) {
     return m->kv_fmt == FLM_KV_K12 ? 4u + ((2u * m->head_dim + 3u) & ~3u) : v_row_bytes(m);
 }
 
+/* Bytes of one core's attention scratch (hal_parallel runs the heads on up to two at once): the
+ * scores of positions 0..seq_len-1, then a query head's codes (converter/footprint.py). */
+static size_t att_scratch_bytes(const flm_model *m) {
+    return up8((size_t)m->seq_len * 4u) + up8((size_t)m->head_dim * sizeof(flm_act));
+}
+
 typedef struct { uint8_t *p; size_t used, cap; } carver;
 
 static void *carve(carver *c, size_t bytes) {
@@ -66,7 +72,7 @@ static void layout(flm_state *s, const flm_model *m, uint8_t *const base[FLM_N_R
     s->xb = carve(&sc, nt * m->dim * 4u);
     s->xb2 = carve(&sc, nt * m->dim * 4u);
     s->q = carve(&sc, nt * m->dim * 4u);
-    s->att = carve(&sc, m->seq_len * 4u);
+    s->att = carve(&sc, 2u * att_scratch_bytes(m));   /* one a core (attend_heads) */
     s->hb = carve(&sc, nt * m->hidden * 4u);
     s->hb2 = carve(&sc, nt * m->hidden * 4u);
     s->cos = carve(&sc, nt * (m->head_dim / 2u) * 4u);
@@ -131,21 +137,58 @@ int flm_state_init(flm_state *s, const flm_model *m, uint8_t *arena, size_t cap,
     return 0;
 }
 
-/* RMSNorm of n vectors x + t * stride (each of n_dim) into o + t * stride (o may be x). The weights,
- * a few hundred bytes, are read once per vector: one fused loop each, as fast as the one-token
- * engine's (a pass's matrices are what a multi-token pass reads once). */
+/* o[i] = (x[i] * inv) * g[i] for i in [i0, i1) (hal_parallel; o may be x). */
+typedef struct { float *o; const float *x, *g; float inv; } norm_job;
+
+static void norm_scale(void *ctx, uint32_t i0, uint32_t i1) {
+    const norm_job *j = ctx;
+    for (uint32_t i = i0; i < i1; i++) j->o[i] = (j->x[i] * j->inv) * j->g[i];
+}
+
+/* p[i] = x[i] * x[i] for i in [i0, i1) (hal_parallel). */
+typedef struct { float *p; const float *x; } square_job;
+
+static void squares(void *ctx, uint32_t i0, uint32_t i1) {
+    const square_job *j = ctx;
+    for (uint32_t i = i0; i < i1; i++) j->p[i] = j->x[i] * j->x[i];
+}
+
+/* RMSNorm of n vectors x + t * stride (each of n_dim) into o + t * stride (o may be x). The sum of
+ * squares adds in its one order on the calling core (flm_dot_f32's: the first square, then + each
+ * next), its squares made on the board's cores into o first where o is not x; the scaling is
+ * element-wise, on the board's cores (hal_parallel). The weights, a few hundred bytes, are read once
+ * per vector. */
 static PROFILED void rmsnorm(float *o, const float *x, uint32_t stride, const flm_tensor *w, uint32_t n_dim, uint32_t n,
                              float eps, flm_step_stats *st) {
-    const float *g = (const float *)(const void *)w->data;
     for (uint32_t t = 0; t < n; t++) {
         const float *xt = x + (size_t)t * stride;
-        float *ot = o + (size_t)t * stride;
-        float ss = flm_dot_f32(xt, xt, n_dim);
+        float *ot = o + (size_t)t * stride, ss;
+        if (ot != xt) {
+            square_job q = {ot, xt};
+            hal_parallel(squares, &q, n_dim);
+            ss = ot[0];
+            for (uint32_t i = 1; i < n_dim; i++) ss = ss + ot[i];
+        } else {
+            ss = flm_dot_f32(xt, xt, n_dim);
+        }
         ss = ss / (float)n_dim + eps;
-        float inv = 1.0f / flm_sqrtf(ss);
-        for (uint32_t i = 0; i < n_dim; i++) ot[i] = (xt[i] * inv) * g[i];
+        norm_job j = {ot, xt, (const float *)(const void *)w->data, 1.0f / flm_sqrtf(ss)};
+        hal_parallel(norm_scale, &j, n_dim);
     }
     st->bytes[w->tier] += n * n_dim * 4u;
+}
+
+/* x[i] = x[i] + y[i] for i in [i0, i1) (hal_parallel): a residual connection. */
+typedef struct { float *x; const float *y; } add_job;
+
+static void add_range(void *ctx, uint32_t i0, uint32_t i1) {
+    const add_job *j = ctx;
+    for (uint32_t i = i0; i < i1; i++) j->x[i] = j->x[i] + j->y[i];
+}
+
+static void add_into(float *x, const float *y, uint32_t n) {
+    add_job j = {x, y};
+    hal_parallel(add_range, &j, n);
 }
 
 /* out + t * out_stride = w times the quantized x + t * x_stride, for the n tokens t whose codes and
@@ -156,10 +199,25 @@ static PROFILED void product(flm_state *s, const flm_tensor *w, uint32_t n, floa
     st->bytes[w->tier] += w->length;
 }
 
+/* Tokens [t0, t1) of quantize_all's n (hal_parallel). */
+typedef struct { flm_state *s; const flm_tensor *w; const float *x; uint32_t x_stride; } quant_job;
+
+static void quantize_tokens(void *ctx, uint32_t t0, uint32_t t1) {
+    const quant_job *j = ctx;
+    for (uint32_t t = t0; t < t1; t++)
+        flm_quantize_act(j->x + (size_t)t * j->x_stride, j->w->cols, flm_act_group(j->w), flm_act_qmax(j->w),
+                         j->s->xq + (size_t)t * j->s->xq_stride, j->s->xs + (size_t)t * j->s->xs_stride);
+}
+
+/* The codes and scales of the n tokens' inputs to w, on the board's cores: one token's split within
+ * it (flm_quantize_act_parallel), several tokens a share each. */
 static PROFILED void quantize_all(flm_state *s, const flm_tensor *w, const float *x, uint32_t x_stride, uint32_t n) {
-    for (uint32_t t = 0; t < n; t++)
-        flm_quantize_act(x + (size_t)t * x_stride, w->cols, flm_act_group(w), flm_act_qmax(w),
-                         s->xq + (size_t)t * s->xq_stride, s->xs + (size_t)t * s->xs_stride);
+    if (n == 1u) {
+        flm_quantize_act_parallel(x, w->cols, flm_act_group(w), flm_act_qmax(w), s->xq, s->xs);
+        return;
+    }
+    quant_job j = {s, w, x, x_stride};
+    hal_parallel(quantize_tokens, &j, n);
 }
 
 static void matmul(flm_state *s, const flm_tensor *w, const float *x, uint32_t x_stride, uint32_t n, float *out,
@@ -177,15 +235,32 @@ static void matmul_same_x(flm_state *s, const flm_tensor *w, const flm_tensor *p
     product(s, w, n, out, out_stride, st);
 }
 
-static PROFILED void rope(float *v, uint32_t n_heads, uint32_t hd, const float *cos, const float *sin) {
-    for (uint32_t h = 0; h < n_heads; h++) {
-        float *p = v + h * hd;
-        for (uint32_t i = 0; i < hd / 2u; i++) {
-            float a = p[2 * i], b = p[2 * i + 1];
-            p[2 * i] = a * cos[i] - b * sin[i];
-            p[2 * i + 1] = a * sin[i] + b * cos[i];
-        }
+/* Pairs [p0, p1) of the heads at v (head_dim / 2 = half pairs a head): pair p is (v[2p], v[2p + 1])
+ * rotated by angle p % half of the position's RoPE row. */
+static void rope_run(float *v, uint32_t p0, uint32_t p1, uint32_t half, const float *cos, const float *sin) {
+    for (uint32_t p = p0, i = p0 % half; p < p1; p++) {
+        const float a = v[2 * p], b = v[2 * p + 1];
+        v[2 * p] = a * cos[i] - b * sin[i];
+        v[2 * p + 1] = a * sin[i] + b * cos[i];
+        if (++i == half) i = 0;
     }
+}
+
+/* The query's pairs then the key's, [u0, u1) of them (hal_parallel): nq of the query's. */
+typedef struct { float *q, *k; uint32_t nq, half; const float *cos, *sin; } rope_job;
+
+static void rope_pairs(void *ctx, uint32_t u0, uint32_t u1) {
+    const rope_job *j = ctx;
+    if (u0 < j->nq) rope_run(j->q, u0, u1 < j->nq ? u1 : j->nq, j->half, j->cos, j->sin);
+    if (u1 > j->nq) rope_run(j->k, (u0 > j->nq ? u0 : j->nq) - j->nq, u1 - j->nq, j->half, j->cos, j->sin);
+}
+
+/* RoPE of one token's query (n_heads heads) and key (n_kv_heads), every pair independent: on the
+ * board's cores. */
+static PROFILED void rope(const flm_model *m, float *q, float *k, const float *cos, const float *sin) {
+    const uint32_t half = m->head_dim / 2u;
+    rope_job j = {q, k, m->n_heads * half, half, cos, sin};
+    hal_parallel(rope_pairs, &j, (m->n_heads + m->n_kv_heads) * half);
 }
 
 /* Row (layer l, position t, kv head h) of the K or V cache. */
@@ -262,25 +337,27 @@ static float pow2_f32(int32_t e) {
 
 #define LOG2E_F 0x1.715476p+0f
 
-/* Head h's output o[hd] from the layer's rows 0..pos of kv head kh. s->att holds each position's
- * score n_t, then w_t, then wc_t; o holds the integer sums until the last line. The query's codes
- * are the K rows' kind: within +-127 against int8 K codes, +-2047 against k12's int16 ones. */
-static void attend_int_head(flm_state *s, uint32_t l, uint32_t pos, uint32_t kh, const float *q, float kq, float *o) {
+/* Head h's output o[hd] from the layer's rows 0..pos of kv head kh. n (the core's scratch) holds
+ * each position's score n_t, then w_t, then wc_t; o holds the integer sums until the last line. The
+ * query's codes, in qc, are the K rows' kind: within +-127 against int8 K codes, +-2047 against k12's
+ * int16 ones. */
+static void attend_int_head(const flm_state *s, uint32_t l, uint32_t pos, uint32_t kh, const float *q, float kq,
+                            int32_t *n, flm_act *qc, float *o) {
     const flm_model *m = s->m;
     const int k12 = m->kv_fmt == FLM_KV_K12;
     const uint32_t hd = m->head_dim, T = pos + 1u, rk = m->n_kv_heads * s->k_row, rs = m->n_kv_heads * s->v_row;
     const uint8_t *k = k_at(s, l, 0, kh), *v0 = v_at(s, l, 0, kh), *v = v0;   /* rk, rs: row t to t + 1 */
-    int32_t *n = (int32_t *)(void *)s->att, *acc = (int32_t *)(void *)o;
+    int32_t *acc = (int32_t *)(void *)o;
     float qs;
-    flm_quantize_act(q, hd, hd, k12 ? FLM_QMAX_12 : FLM_QMAX_8, s->xq, &qs);
+    flm_quantize_act(q, hd, hd, k12 ? FLM_QMAX_12 : FLM_QMAX_8, qc, &qs);
     const float c = qs * kq;
     for (uint32_t t = 0; t < T; t += 2u, k += 2u * rk) {   /* two keys a pass: the query's codes read once */
         const int16_t *a = (const int16_t *)(const void *)(k + 4);
         int32_t d[2];
-        if (k12 && t + 1u < T) flm_dot2_q12(a, (const int16_t *)(const void *)(k + rk + 4), s->xq, hd, d);
-        else if (k12) d[0] = flm_dot_q12(a, s->xq, hd);
-        else if (t + 1u < T) flm_dot2_q8((const int8_t *)(k + 4), (const int8_t *)(k + rk + 4), s->xq, hd, d);
-        else d[0] = flm_dot_q8((const int8_t *)(k + 4), s->xq, hd);
+        if (k12 && t + 1u < T) flm_dot2_q12(a, (const int16_t *)(const void *)(k + rk + 4), qc, hd, d);
+        else if (k12) d[0] = flm_dot_q12(a, qc, hd);
+        else if (t + 1u < T) flm_dot2_q8((const int8_t *)(k + 4), (const int8_t *)(k + rk + 4), qc, hd, d);
+        else d[0] = flm_dot_q8((const int8_t *)(k + 4), qc, hd);
         n[t] = to_fixed((float)d[0] * (rdf32(k) * c));
         if (t + 1u < T) n[t + 1u] = to_fixed((float)d[1] * (rdf32(k + rk) * c));
     }
@@ -310,42 +387,59 @@ static void attend_int_head(flm_state *s, uint32_t l, uint32_t pos, uint32_t kh,
     for (uint32_t i = 0; i < hd; i++) o[i] = (float)acc[i] * c2;
 }
 
-/* One token's attention: its query qv [n_heads * head_dim] against positions 0..pos, into out. */
-static PROFILED void attention(flm_state *s, uint32_t l, uint32_t pos, const float *qv, float *out, flm_step_stats *st) {
-    const flm_model *m = s->m;
-    const uint32_t hd = m->head_dim, rep = m->n_heads / m->n_kv_heads;
-    const int f32 = m->kv_fmt == FLM_KV_F32;
-    const float scale = 1.0f / flm_sqrtf((float)hd);
-    for (uint32_t h = 0; h < m->n_heads; h++) {
-        const float *q = qv + h * hd;
-        const uint32_t kh = h / rep;
-        float *o = out + h * hd;
-        st->bytes[s->kv_tier] += (pos + 1u) * kv_read_bytes(m);
-        if (!f32) {
-            attend_int_head(s, l, pos, kh, q, (scale * LOG2E_F) * 65536.0f, o);
-            continue;
-        }
-        float mx = 0.0f;
-        for (uint32_t t = 0; t <= pos; t++) {
-            const float d = flm_dot_f32(q, (const float *)(const void *)k_at(s, l, t, kh), hd) * scale;
-            s->att[t] = d;
-            if (t == 0 || d > mx) mx = d;
-        }
-        float sum = 0.0f;
-        for (uint32_t t = 0; t <= pos; t++) {
-            float e = flm_expf(s->att[t] - mx);
-            s->att[t] = e;
-            sum = t == 0 ? e : sum + e;
-        }
-        float inv = 1.0f / sum;
-        for (uint32_t t = 0; t <= pos; t++) s->att[t] = s->att[t] * inv;
-        for (uint32_t t = 0; t <= pos; t++) {
-            const float *v = (const float *)(const void *)v_at(s, l, t, kh);
-            const float a = s->att[t];
-            if (t == 0) for (uint32_t i = 0; i < hd; i++) o[i] = a * v[i];
-            else flm_axpy_f32(o, a, v, hd);
-        }
+/* Head h's output o[hd] from the layer's f32 rows 0..pos of kv head kh; att (the core's scratch)
+ * holds the scores, then the weights. */
+static void attend_f32_head(const flm_state *s, uint32_t l, uint32_t pos, uint32_t kh, const float *q, float scale,
+                            float *att, float *o) {
+    const uint32_t hd = s->m->head_dim;
+    float mx = 0.0f;
+    for (uint32_t t = 0; t <= pos; t++) {
+        const float d = flm_dot_f32(q, (const float *)(const void *)k_at(s, l, t, kh), hd) * scale;
+        att[t] = d;
+        if (t == 0 || d > mx) mx = d;
     }
+    float sum = 0.0f;
+    for (uint32_t t = 0; t <= pos; t++) {
+        float e = flm_expf(att[t] - mx);
+        att[t] = e;
+        sum = t == 0 ? e : sum + e;
+    }
+    float inv = 1.0f / sum;
+    for (uint32_t t = 0; t <= pos; t++) att[t] = att[t] * inv;
+    for (uint32_t t = 0; t <= pos; t++) {
+        const float *v = (const float *)(const void *)v_at(s, l, t, kh);
+        const float a = att[t];
+        if (t == 0) for (uint32_t i = 0; i < hd; i++) o[i] = a * v[i];
+        else flm_axpy_f32(o, a, v, hd);
+    }
+}
+
+/* Heads [h0, h1) of one token's attention (hal_parallel): the range from head 0 on the first of the
+ * two scratch areas at s->att (att_scratch_bytes each), any other on the second. */
+typedef struct { const flm_state *s; uint32_t l, pos; const float *qv; float *out; } att_job;
+
+static void attend_heads(void *ctx, uint32_t h0, uint32_t h1) {
+    const att_job *j = ctx;
+    const flm_model *m = j->s->m;
+    const uint32_t hd = m->head_dim, rep = m->n_heads / m->n_kv_heads;
+    const float scale = 1.0f / flm_sqrtf((float)hd);
+    uint8_t *scratch = (uint8_t *)(void *)j->s->att + (h0 ? att_scratch_bytes(m) : 0u);
+    float *att = (float *)(void *)scratch;
+    flm_act *qc = (flm_act *)(void *)(scratch + up8((size_t)m->seq_len * 4u));
+    for (uint32_t h = h0; h < h1; h++) {
+        const float *q = j->qv + h * hd;
+        float *o = j->out + h * hd;
+        if (m->kv_fmt == FLM_KV_F32) attend_f32_head(j->s, j->l, j->pos, h / rep, q, scale, att, o);
+        else attend_int_head(j->s, j->l, j->pos, h / rep, q, (scale * LOG2E_F) * 65536.0f, (int32_t *)(void *)att, qc, o);
+    }
+}
+
+/* One token's attention: its query qv [n_heads * head_dim] against positions 0..pos, into out; the
+ * heads are independent: on the board's cores. */
+static PROFILED void attention(flm_state *s, uint32_t l, uint32_t pos, const float *qv, float *out, flm_step_stats *st) {
+    const att_job j = {s, l, pos, qv, out};
+    hal_parallel(attend_heads, (void *)&j, s->m->n_heads);
+    st->bytes[s->kv_tier] += s->m->n_heads * (pos + 1u) * kv_read_bytes(s->m);
 }
 
 void flm_slide(flm_state *s, uint32_t n_drop, flm_step_stats *st) {
@@ -419,7 +513,7 @@ static void ple_block(flm_state *s, uint32_t l, uint32_t n, flm_step_stats *st) 
     }
     matmul(s, &L->ple_proj, s->pt, P, n, s->xb, dim, st);
     rmsnorm(s->xb, s->xb, dim, &L->ple_norm, dim, n, m->eps, st);
-    for (uint32_t i = 0; i < n * dim; i++) s->x[i] = s->x[i] + s->xb[i];
+    add_into(s->x, s->xb, n * dim);
 }
 
 /* hb[i] = silu(hb[i]) * hb2[i] for i in [i0, i1) (hal_parallel). */
@@ -431,8 +525,9 @@ static void silu_mul(void *ctx, uint32_t i0, uint32_t i1) {
 }
 
 /* The dense FFN, or one expert (f), for the n tokens whose normed inputs are x [n][dim]: w2 (silu(w1 x) *
- * w3 x) into out [n][dim]. */
-static void swiglu(flm_state *s, const flm_ffn *f, const float *x, uint32_t n, float *out, flm_step_stats *st) {
+ * w3 x) into out [n][dim]; after: the product after w2's where it is certain (hal_matmul_then), or 0. */
+static void swiglu(flm_state *s, const flm_ffn *f, const float *x, uint32_t n, float *out, const flm_tensor *after,
+                   flm_step_stats *st) {
     const flm_model *m = s->m;
     hal_matmul_then(&f->w3);
     matmul(s, &f->w1, x, m->dim, n, s->hb, m->hidden, st);
@@ -440,6 +535,7 @@ static void swiglu(flm_state *s, const flm_ffn *f, const float *x, uint32_t n, f
     matmul_same_x(s, &f->w3, &f->w1, x, m->dim, n, s->hb2, m->hidden, st);
     silu_job j = {s->hb, s->hb2};
     hal_parallel(silu_mul, &j, n * m->hidden);
+    if (after) hal_matmul_then(after);
     matmul(s, &f->w2, s->hb, m->hidden, n, out, m->dim, st);
 }
 
@@ -498,7 +594,7 @@ static void experts(flm_state *s, uint32_t l, uint32_t n, flm_step_stats *st) {
                 if (flm_route(s, l, t)[j] == e) { sel[ne] = (uint8_t)t; rank[ne++] = (uint8_t)j; }
         if (!ne) continue;
         for (uint32_t i = 0; i < ne; i++) memcpy(s->xb2 + (size_t)i * dim, s->xb + (size_t)sel[i] * dim, dim * 4u);
-        swiglu(s, &m->layers[l].ffn[e], s->xb2, ne, s->q, st);
+        swiglu(s, &m->layers[l].ffn[e], s->xb2, ne, s->q, 0, st);
         for (uint32_t i = 0; i < ne; i++) {
             const uint8_t *c = flm_route(s, l, sel[i]);
             const float w = s->mweight[sel[i] * k + rank[i]], *y = s->q + (size_t)i * dim;
@@ -509,7 +605,7 @@ static void experts(flm_state *s, uint32_t l, uint32_t n, flm_step_stats *st) {
             else for (uint32_t d = 0; d < dim; d++) a[d] = a[d] + w * y[d];
         }
     }
-    for (uint32_t i = 0; i < n * dim; i++) s->x[i] = s->x[i] + s->macc[i];
+    add_into(s->x, s->macc, n * dim);
 }
 
 void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t pos, flm_step_stats *st) {
@@ -549,15 +645,15 @@ void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t po
         hal_matmul_then(&L->wo);
         matmul_same_x(s, &L->wk, &L->wv, s->xb, dim, n, s->xb2, dim, st);
         for (uint32_t t = 0; t < n; t++) {
-            rope(s->q + (size_t)t * dim, m->n_heads, hd, s->cos + t * half, s->sin + t * half);
-            rope(s->xb2 + (size_t)t * dim, m->n_kv_heads, hd, s->cos + t * half, s->sin + t * half);
+            rope(m, s->q + (size_t)t * dim, s->xb2 + (size_t)t * dim, s->cos + t * half, s->sin + t * half);
             kv_put(s, l, pos + t, s->xb2 + (size_t)t * dim, 1);   /* read only in attention */
         }
         /* in order, causal: token t reads the rows of positions up to its own (its K row was stored
          * above); its output replaces its K values in xb2, which the cache holds now */
         for (uint32_t t = 0; t < n; t++) attention(s, l, pos + t, s->q + (size_t)t * dim, s->xb2 + (size_t)t * dim, st);
+        if (!m->n_experts) hal_matmul_then(&L->ffn[0].w1);   /* the dense FFN's w1 follows wo */
         matmul(s, &L->wo, s->xb2, dim, n, s->xb, dim, st);
-        for (uint32_t i = 0; i < n * dim; i++) s->x[i] = s->x[i] + s->xb[i];
+        add_into(s->x, s->xb, n * dim);
         uint64_t t2 = hal_time_us();
         st->us[FLM_PH_ATTN] += (uint32_t)(t2 - t1);
 
@@ -565,8 +661,9 @@ void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t po
         if (m->n_experts) {
             experts(s, l, n, st);
         } else {
-            swiglu(s, &L->ffn[0], s->xb, n, s->xb, st);
-            for (uint32_t i = 0; i < n * dim; i++) s->x[i] = s->x[i] + s->xb[i];
+            /* the next layer's wq follows w2 (PLE's gate would come between) */
+            swiglu(s, &L->ffn[0], s->xb, n, s->xb, l + 1u < m->n_layers && !m->ple_dim ? &m->layers[l + 1u].wq : 0, st);
+            add_into(s->x, s->xb, n * dim);
         }
         t1 = hal_time_us();
         st->us[FLM_PH_FFN] += (uint32_t)(t1 - t2);

@@ -19,7 +19,8 @@ typedef struct {
 typedef struct {
     const flm_model *m;
     /* activations of up to m->batch tokens, token i's at i times one token's length (dim, hidden,
-     * L*P, head_dim/2, ...); att and probs/idx serve one token at a time */
+     * L*P, head_dim/2, ...); att (two cores' attention scratch: engine.c att_scratch_bytes) and
+     * probs/idx serve one token at a time */
     float *x, *xb, *xb2, *q, *att, *hb, *hb2, *logits, *cos, *sin, *xs, *probs;
     float *pu, *pt;                 /* PLE: per-layer inputs u [L*P] per token; the table row [L*P], then the gates [P] per token */
     /* experts (n_experts > 0): the FFN outputs being summed [dim] per token, a token's router logits

@@ -46,9 +46,10 @@ void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_
  * last rows compute. No effect on any result; kernels.c's weak default ignores it. */
 void hal_matmul_then(const flm_tensor *w);
 /* fn(ctx, i0, i1) computes elements [i0, i1) of something whose elements are independent (per-
- * element work, no shared scratch). hal_parallel has fn cover [0, n): a board with two cores may
- * run [0, n / 2) and [n / 2, n) at once, bit for bit the same. kernels.c's weak default calls
- * fn(ctx, 0, n). */
+ * element work). hal_parallel has fn cover [0, n): a board with two cores may run [0, n / 2) and
+ * [n / 2, n) at once (n >= 2), bit for bit the same; so at most two calls run at once, one with
+ * i0 == 0 and one without, and a fn that needs scratch keeps one for each (the engine's attention
+ * heads: engine.c att_scratch_bytes). kernels.c's weak default calls fn(ctx, 0, n). */
 typedef void (*flm_range_fn)(void *ctx, uint32_t i0, uint32_t i1);
 void hal_parallel(flm_range_fn fn, void *ctx, uint32_t n);
 

@@ -40,6 +40,53 @@ void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int32_t qmax, flm_
 
 void flm_quantize_i8(const float *x, uint32_t n, uint32_t g, int8_t *q, float *xs) { quantize(x, n, g, 127, q, 1u, xs); }
 
+/* flm_quantize_act on the board's cores (hal_parallel): whole groups a core, or one group's largest
+ * |x| by halves (the larger of the two halves' is the whole's) and then its codes by halves (each
+ * code depends on its element and the scale only): the same scales and codes. */
+typedef struct {
+    const float *x;
+    uint32_t n, g;
+    int32_t qmax;
+    flm_act *xq;
+    float *xs, inv;
+    uint32_t amax[2];   /* one group: each range's largest |x| (its bits) */
+} quant_job;
+
+static void quant_groups(void *ctx, uint32_t g0, uint32_t g1) {
+    const quant_job *j = ctx;
+    const uint32_t a = g0 * j->g, z = g1 * j->g < j->n ? g1 * j->g : j->n;
+    flm_quantize_act(j->x + a, z - a, j->g, j->qmax, j->xq + a, j->xs + g0);
+}
+
+static void quant_amax(void *ctx, uint32_t i0, uint32_t i1) {
+    quant_job *j = ctx;
+    j->amax[i0 != 0u] = FLM_AMAX_BITS(j->x + i0, i1 - i0);
+}
+
+static void quant_codes(void *ctx, uint32_t i0, uint32_t i1) {
+    const quant_job *j = ctx;
+    FLM_ACT_CODES_Q(j->x + i0, i1 - i0, j->inv, j->qmax, j->xq + i0);
+}
+
+void flm_quantize_act_parallel(const float *x, uint32_t n, uint32_t g, int32_t qmax, flm_act *xq, float *xs) {
+    quant_job j = {x, n, g, qmax, xq, xs, 0.0f, {0u, 0u}};
+    if (g < n) {
+        hal_parallel(quant_groups, &j, (n + g - 1u) / g);
+        return;
+    }
+    hal_parallel(quant_amax, &j, n);
+    const uint32_t amax_bits = j.amax[0] > j.amax[1] ? j.amax[0] : j.amax[1];
+    if (amax_bits == 0u) {
+        xs[0] = 0.0f;
+        memset(xq, 0, n * sizeof *xq);
+        return;
+    }
+    const float qf = (float)qmax, amax = flm_f32_from_bits(amax_bits);
+    xs[0] = amax / qf;
+    j.inv = qf / amax;
+    hal_parallel(quant_codes, &j, n);
+}
+
 /* ---- group dot products -------------------------------------------------------------------- */
 
 int32_t flm_dot_q8(const int8_t *w, const flm_act *x, uint32_t n) { return FLM_DOT_Q8(w, x, n); }

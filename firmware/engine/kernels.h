@@ -26,6 +26,8 @@ static inline int32_t flm_act_qmax(const flm_tensor *w) { return w->fmt == FLM_Q
 void flm_quantize_act(const float *x, uint32_t n, uint32_t g, int32_t qmax, flm_act *xq, float *xs);
 /* or, with qmax 127, into int8_t codes (the int8 KV cache's rows, k12's V rows): the same codes. */
 void flm_quantize_i8(const float *x, uint32_t n, uint32_t g, int8_t *q, float *xs);
+/* flm_quantize_act's scales and codes, computed on the board's cores (hal.h hal_parallel). */
+void flm_quantize_act_parallel(const float *x, uint32_t n, uint32_t g, int32_t qmax, flm_act *xq, float *xs);
 /* The group of the activation quantization a tensor's matvec takes (flm_quantize_act's g): its group
  * size, or for a row-scaled tensor its columns (one scale for the whole input). */
 uint32_t flm_act_group(const flm_tensor *w);

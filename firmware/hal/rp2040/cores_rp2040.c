@@ -20,7 +20,6 @@
 #define FIFO_RDY 2u   /* its TX FIFO has room */
 
 #define SPLIT_MIN_ROWS 8u           /* fewer rows: the hand-over costs more than half the rows */
-#define PARALLEL_MIN 8u             /* hal_parallel: fewer elements run on core 0 alone (same reason) */
 #define CORE1_STACK_WORDS 768u      /* 3 KB: the row kernels need 2.6 KB (the q4 lanes of kernels_arch.h 2,240 B) */
 
 extern const uint32_t __vectors_start[];
@@ -117,7 +116,7 @@ static void range_run(void *r) {
 }
 
 void hal_parallel(flm_range_fn fn, void *ctx, uint32_t n) {
-    if (!core1_up || n < PARALLEL_MIN) {
+    if (!core1_up || n < 2u) {   /* the engine's every call is worth a hand-over (~100 cycles) */
         fn(ctx, 0, n);
         return;
     }
