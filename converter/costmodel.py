@@ -399,12 +399,13 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
 
 
 def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampling: str = "greedy",
-                  head: str | int | None = None, experts=None) -> tuple[dict, dict, dict]:
+                  head: str | int | None = None, experts=None, pass_n: int = 1) -> tuple[dict, dict, dict]:
     """compute_cycles' cycles per phase, and of them per phase the matrix products' rows (their
     multiply-accumulates and per-row scaling: what runs inside hal_matmul, which a board may split
     across its cores), and the work a board may split across its cores too (hal.h hal_parallel: the
     activations' codes, the norms' scaling, RoPE, attention's heads, the residuals, the FFN's SiLU x up;
-    the norms' sums (their squares split), the scales' divisions and the KV rows' quantization stay on one core)."""
+    the norms' sums (their squares split), the scales' divisions and the KV rows' quantization stay on one core).
+    ``pass_n``: the tokens of the forward pass this token is one of (a board's multi-token rows)."""
     cfg = spec.config
     comp = prof.get("compute", {})
     fpu = bool(prof.get("fpu", True))
@@ -413,10 +414,22 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
     cpf = float(comp.get("cycles_per_flop", d_flop))
     q4f = float(comp.get("q4_mac_factor", d_q4))
     dq_flops = float(comp.get("dequant_flops", 2.0))
+    quad = float(comp.get("q8_quad_mac_factor", 1.0))
+    stage = int(comp.get("pass_stage_words", 0))
     by = spec.by_name()
     d, hd, hid = cfg.dim, cfg.head_dim, cfg.hidden_dim
     rows_part = dict.fromkeys(PHASES, 0.0)
     par_part = dict.fromkeys(PHASES, 0.0)
+
+    def q8_factor(w: TensorSpec) -> float:
+        """A q8 row-scaled product's multiply-accumulates in a pass of four tokens or more on a board
+        with four-token rows (kernels_arch.h flm_rs_staged_rows: groups of 16 or 32 codes, as many
+        quads as its stage of ``pass_stage_words`` holds at 2 words a column): the quads' tokens at
+        ``q8_quad_mac_factor`` of a single token's cost."""
+        if quad == 1.0 or pass_n < 4 or not w.rowscale or w.group not in (16, 32):
+            return 1.0
+        staged = 4 * min(pass_n // 4, stage // (2 * w.cols))
+        return 1.0 - (1.0 - quad) * staged / pass_n
 
     def matvec(w: TensorSpec, phase: str, share: float = 1.0) -> float:
         """The activation quantization (per element a product and a code rounded on the bits; per
@@ -425,7 +438,7 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
         three float operations per row (kernels_ref.h row_rs)."""
         groups = -(-w.cols // w.group)
         act_groups = 1 if w.rowscale else groups
-        macs = w.rows * w.cols * (q4f if w.fmt == "q4" else 1.0)
+        macs = w.rows * w.cols * (q4f if w.fmt == "q4" else q8_factor(w))
         if w.rowscale:
             macs += w.rows * groups
             flops = w.rows * 3

@@ -25,6 +25,9 @@ MODELS = {
     "q8-row-k12kv": (lambda: random_model(seed=5, dim=64, n_heads=4, n_kv_heads=2, hidden_dim=128)[1],
                      "q8", 16, [], "row", "k12"),
     "q4-row-untied": (lambda: random_model(seed=6, tied=False, dim=64, n_heads=4, hidden_dim=96)[1], "q4", 32, [], "row", "f32"),
+    # w2's 512 columns: a pass of 4 stages its activations as int16 pairs on the RP2040 (kernels_arch.h)
+    "q8-row-wide-ffn": (lambda: random_model(seed=7, dim=64, n_heads=4, n_kv_heads=2, hidden_dim=512)[1],
+                        "q8", 16, [], "row", "k12"),
 }
 
 
@@ -156,7 +159,7 @@ def test_prefill_bytes_fall_with_the_batch(tmp_path, build_root):
 @pytest.mark.cross
 @pytest.mark.emulated
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["q8-gqa", "ple-q8-mqa-int8kv", "q8-row-k12kv", "q4-row-untied"])
+@pytest.mark.parametrize("name", ["q8-gqa", "ple-q8-mqa-int8kv", "q8-row-k12kv", "q4-row-untied", "q8-row-wide-ffn"])
 def test_batched_passes_on_the_emulated_rp2040(name, tmp_path):
     """The Cortex-M0+ build: prefill passes of T tokens give every step's logits bit for bit (the
     HAL's row-scaled q8 and q4 kernels on blocks of copied rows included), speculative decoding

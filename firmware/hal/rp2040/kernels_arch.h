@@ -216,6 +216,80 @@ static inline __attribute__((always_inline)) int rs_rows_m0(const flm_tensor *w,
     return 1;
 }
 #define FLM_RS_ROWS rs_rows_m0
+
+/* A pass's staged activations (rs_lanes_rp2040.h): q8, quad q at stage + q * words, per column
+ * four int32 (x_4q .. x_4q+3) where every quad of the pass fits so, else two words (x_4q | x_4q+1
+ * << 16), (x_4q+2 | x_4q+3 << 16); q4, token t's lanes at stage + t * words. */
+static uint32_t q8_wide(const flm_tensor *w, const flm_batch *b) {
+    return b->n / 4u * 4u * w->cols <= FLM_RS_STAGE_WORDS;
+}
+
+static uint32_t stage_words(const flm_tensor *w, const flm_batch *b) {
+    return w->fmt == FLM_Q8 ? (2u + 2u * q8_wide(w, b)) * w->cols : w->cols / 32u * 17u;
+}
+
+int flm_rs_stage_fit(const flm_tensor *w, const flm_batch *b) {
+    if (w->fmt == FLM_Q8)
+        return b->n >= 4u && w->rowscale && (w->group == 16u || w->group == 32u) && rs_geom(w, b->xq) &&
+               2u * w->cols <= FLM_RS_STAGE_WORDS;
+    /* q4: every token (the rest would build its lanes per chunk on the stack beside the stage) */
+    return b->n >= 2u && flm_rs_lanes_fit(w, b->xq) && b->n * stage_words(w, b) <= FLM_RS_STAGE_WORDS;
+}
+
+uint32_t flm_rs_staged(const flm_tensor *w, const flm_batch *b) {
+    const uint32_t fit = FLM_RS_STAGE_WORDS / stage_words(w, b);   /* quads (q8) or tokens (q4) */
+    if (w->fmt != FLM_Q8) return b->n < fit ? b->n : fit;
+    return (b->n / 4u < fit ? b->n / 4u : fit) * 4u;
+}
+
+void flm_rs_stage(const flm_tensor *w, const flm_batch *b, uint32_t *stage, uint32_t t0, uint32_t t1) {
+    const uint32_t cols = w->cols, words = stage_words(w, b);
+    if (w->fmt != FLM_Q8) {
+        for (uint32_t t = t0; t < t1; t++)
+            lanes_build(b->xq + (size_t)t * b->xq_stride, cols, stage + (size_t)t * words);
+        return;
+    }
+    if (q8_wide(w, b)) {
+        for (uint32_t t = t0; t < t1; t++) {
+            const flm_act *x = b->xq + (size_t)t * b->xq_stride;
+            uint32_t *p = stage + (size_t)t / 4u * words + t % 4u;
+            for (uint32_t c = 0; c < cols; c++, p += 4) *p = (uint32_t)(int32_t)x[c];
+        }
+        return;
+    }
+    for (uint32_t t = t0; t < t1; t += 2u) {
+        const flm_act *lo = b->xq + (size_t)t * b->xq_stride, *hi = lo + b->xq_stride;
+        uint32_t *p = stage + (size_t)t / 4u * words + (t / 2u & 1u);
+        for (uint32_t c = 0; c < cols; c++, p += 2) *p = (uint16_t)lo[c] | (uint32_t)(uint16_t)hi[c] << 16;
+    }
+}
+
+/* (the q8 job filled field by field: a zeroing initializer calls memset, which runs from flash) */
+void flm_rs_staged_rows(const flm_tensor *w, const flm_batch *b, uint32_t n, const uint32_t *stage, uint32_t r) {
+    const uint32_t geom = rs_geom(w, b->xq), words = stage_words(w, b);
+    if (w->fmt != FLM_Q8) {
+        for (uint32_t t = 0; t < n; t++) {
+            flm_rs_job j = {w->data, w->stride, w->rows, stage + (size_t)t * words, geom,
+                            b->xs[(size_t)t * b->xs_stride], b->out + (size_t)t * b->out_stride + r};
+            flm_rs_rows_q4_m0(&j);
+        }
+        return;
+    }
+    const uint32_t wide = q8_wide(w, b);
+    flm_rs_job4 j;
+    for (uint32_t t = 0; t < n; t += 4u) {
+        j.row = w->data;
+        j.stride = w->stride;
+        j.n = w->rows;
+        j.x = stage + (size_t)t / 4u * words;
+        j.geom = geom;
+        for (uint32_t k = 0; k < 4u; k++) {
+            j.xs[k] = b->xs[(size_t)(t + k) * b->xs_stride];
+            j.out[k] = b->out + (size_t)(t + k) * b->out_stride + r;
+        }
+        (wide ? flm_rs_rows4w_q8_m0 : flm_rs_rows4_q8_m0)(&j);
+    }
+}
 #else
 /* the portable rows take no lanes */
 int flm_rs_lanes_fit(const flm_tensor *w, const flm_act *xq) {
@@ -225,6 +299,25 @@ int flm_rs_lanes_fit(const flm_tensor *w, const flm_act *xq) {
 
 void flm_rs_lanes_m0(const flm_tensor *w, const flm_act *xq, uint32_t *lanes) {
     (void)w, (void)xq, (void)lanes;
+}
+
+/* nor staged activations */
+int flm_rs_stage_fit(const flm_tensor *w, const flm_batch *b) {
+    (void)w, (void)b;
+    return 0;
+}
+
+uint32_t flm_rs_staged(const flm_tensor *w, const flm_batch *b) {
+    (void)w, (void)b;
+    return 0;
+}
+
+void flm_rs_stage(const flm_tensor *w, const flm_batch *b, uint32_t *stage, uint32_t t0, uint32_t t1) {
+    (void)w, (void)b, (void)stage, (void)t0, (void)t1;
+}
+
+void flm_rs_staged_rows(const flm_tensor *w, const flm_batch *b, uint32_t n, const uint32_t *stage, uint32_t r) {
+    (void)w, (void)b, (void)n, (void)stage, (void)r;
 }
 #endif
 #endif

@@ -36,6 +36,20 @@ typedef struct {
 } flm_rs_job;
 void flm_rs_rows_q8_m0(flm_rs_job *j);
 void flm_rs_rows_q4_m0(flm_rs_job *j);
+/* Four tokens' q8 rows at once (a pass of several tokens): x their activation codes staged per
+ * column as two words (tokens 0 | 1 << 16, 2 | 3 << 16: kernels_arch.h), or for the w form as four
+ * int32; xs[t] and out[t] each token's X and outputs, out[t] advanced; each token's out[] bit for bit
+ * flm_rs_rows_q8_m0's. Groups of 16 or 32 codes. */
+typedef struct {
+    const uint8_t *row;
+    uint32_t stride, n;
+    const uint32_t *x;
+    uint32_t geom;
+    float xs[4];
+    float *out[4];
+} flm_rs_job4;
+void flm_rs_rows4_q8_m0(flm_rs_job4 *j);
+void flm_rs_rows4w_q8_m0(flm_rs_job4 *j);
 float flm_rs_scale(int32_t acc, float s, float x);   /* the drivers' float(acc) * (s * x) of an int32 acc */
 
 /* The attention's integer loops (kernel_hooks.h FLM_DOT2_Q8, FLM_DOT2_Q12, FLM_AXPY_Q8; n a multiple

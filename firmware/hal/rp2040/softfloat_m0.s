@@ -1152,6 +1152,188 @@ flm_rs_finish_slow:
     .ltorg
     .size flm_rs_rows_q4_m0, . - flm_rs_rows_q4_m0
 
+@ ---- four tokens' row-scaled q8 rows (a pass of several tokens: kernels_arch.h rs4_rows): each
+@ code word loaded and each code sign-extended once for four tokens, whose activation codes are
+@ staged interleaved (kernels_arch.h flm_rs_stage: per column two words, token 0 | token 1 << 16 and
+@ token 2 | token 3 << 16). Per token the sums are Q8S_BODY's (the same group sums, each group's term
+@ k * isum added with the overflow test to an int64 kept as an int32 and a high word), the finish
+@ RS_FINISH's: each token's out[] is bit for bit flm_rs_rows_q8_m0's. Groups of 16 or 32 codes (16
+@ a turn of the loop; a term fits an int32). Where the single-token loop takes 41 cycles for 8
+@ products, this one takes 68 for 16, and 60 from a stage of int32 activations (four words a
+@ column: flm_rs_rows4w_q8_m0, where twice the stage fits).
+@ void flm_rs_rows4_q8_m0(flm_rs_job4 *j), flm_rs_rows4w_q8_m0: softfloat_m0.h's job: row 0,
+@ stride 4, n 8, x 12, geom 16, xs[4] at 20, out[4] at 36.
+
+@ One column's four activations times the code in r7 into r8-r11: \wide 0, two words at r2 (int16
+@ pairs), 1, four (int32: no sign extension, twice the stage); clobbers r3-r6
+    .macro Q8Q_COL wide
+    .if \wide
+    ldm r2!, {r3, r4, r5, r6}
+    muls r3, r7
+    add r8, r3
+    muls r4, r7
+    add r9, r4
+    muls r5, r7
+    add r10, r5
+    muls r6, r7
+    add r11, r6
+    .else
+    ldm r2!, {r3, r4}
+    sxth r5, r3
+    asrs r3, r3, #16
+    sxth r6, r4
+    asrs r4, r4, #16
+    muls r5, r7
+    add r8, r5
+    muls r3, r7
+    add r9, r3
+    muls r6, r7
+    add r10, r6
+    muls r4, r7
+    add r11, r4
+    .endif
+    .endm
+
+    .macro Q8Q_WORD wide
+    ldm r0!, {r1}
+    sxtb r7, r1
+    Q8Q_COL \wide
+    lsrs r7, r1, #8
+    sxtb r7, r7
+    Q8Q_COL \wide
+    lsrs r7, r1, #16
+    sxtb r7, r7
+    Q8Q_COL \wide
+    asrs r7, r1, #24
+    Q8Q_COL \wide
+    .endm
+
+@ Token \t's group term, the k in r7 times its group sum (\isum, a high register), added to its sum
+@ at [sp, #4 * \t] (an overflow steps its high word at [sp, #16 + 4 * \t]: label 5\t out of line,
+@ Q8Q_OVF); clobbers r3, r4
+    .macro Q8Q_ACC isum, t
+    mov r3, \isum
+    muls r3, r7
+    ldr r4, [sp, #(4 * \t)]
+    adds r4, r4, r3
+    bvs 5\t\()f
+6\t\():
+    str r4, [sp, #(4 * \t)]
+    .endm
+
+    .macro Q8Q_OVF t
+5\t\():
+    asrs r3, r3, #31
+    lsls r3, r3, #1
+    adds r3, #1                 @ the term's sign, -1 or +1
+    ldr r5, [sp, #(16 + 4 * \t)]
+    adds r5, r5, r3
+    str r5, [sp, #(16 + 4 * \t)]
+    b 6\t\()b
+    .endm
+
+@ Locals: [sp, #0..12] the four sums' low words, [sp, #16..28] their high words, [sp, #32] the job,
+@ [sp, #36] the row, [sp, #40] its next k, [sp, #44] its codes' end, [sp, #48] g, 15 words with
+@ ENTER9's 9 keep sp 8-byte aligned.
+    .macro ROWS4 name, wide
+    FUNC9 \name, 15
+    str r0, [sp, #32]
+20: ldr r4, [sp, #32]
+    ldr r5, [r4, #8]            @ rows left
+    cmp r5, #0
+    bne 21f
+    LEAVE9 15
+21: subs r5, #1
+    str r5, [r4, #8]
+    ldr r0, [r4, #0]            @ the row
+    ldr r6, [r4, #4]
+    adds r6, r0, r6
+    str r6, [r4, #0]
+    str r0, [sp, #36]
+    ldr r2, [r4, #12]           @ the staged activations
+    ldr r3, [r4, #16]           @ geom
+    adds r0, #4
+    str r0, [sp, #40]           @ k[]
+    CODES_OF r0, r3, r4
+    lsrs r4, r3, #16            @ g
+    str r4, [sp, #48]
+    uxth r5, r3
+    muls r5, r4
+    adds r5, r0, r5
+    str r5, [sp, #44]           @ the end of the row's codes
+    movs r4, #0
+    str r4, [sp, #0]
+    str r4, [sp, #4]
+    str r4, [sp, #8]
+    str r4, [sp, #12]
+    str r4, [sp, #16]
+    str r4, [sp, #20]
+    str r4, [sp, #24]
+    str r4, [sp, #28]
+22: ldr r4, [sp, #48]           @ a group: its codes' end, its sums
+    adds r4, r0, r4
+    mov r12, r4
+    movs r4, #0
+    mov r8, r4
+    mov r9, r4
+    mov r10, r4
+    mov r11, r4
+23: Q8Q_WORD \wide
+    Q8Q_WORD \wide
+    Q8Q_WORD \wide
+    Q8Q_WORD \wide
+    cmp r0, r12
+    beq 24f
+    b 23b                       @ (the loop is beyond a conditional branch's reach)
+24: ldr r1, [sp, #40]
+    ldrb r7, [r1]               @ the group's k
+    adds r1, #1
+    str r1, [sp, #40]
+    Q8Q_ACC r8, 0
+    Q8Q_ACC r9, 1
+    Q8Q_ACC r10, 2
+    Q8Q_ACC r11, 3
+    ldr r1, [sp, #44]
+    cmp r0, r1
+    beq 26f
+    b 22b
+    Q8Q_OVF 0
+    Q8Q_OVF 1
+    Q8Q_OVF 2
+    Q8Q_OVF 3
+26: ldr r1, [sp, #36]           @ the row's four outputs: r8 = the job + 4t, r9 = &sum[t],
+    ldr r1, [r1]                @ r10 = S, r11 = the job + 16 (RS_FINISH keeps r8-r11)
+    mov r10, r1
+    ldr r6, [sp, #32]
+    mov r8, r6
+    adds r6, #16
+    mov r11, r6
+    mov r5, sp
+    mov r9, r5
+25: mov r5, r9
+    ldm r5!, {r0}               @ the sum's low word
+    ldr r3, [r5, #12]           @ its high word
+    mov r9, r5
+    mov r1, r10
+    mov r6, r8
+    ldr r2, [r6, #20]           @ the token's X
+    RS_FINISH
+    mov r6, r8
+    ldr r5, [r6, #36]
+    stm r5!, {r0}
+    str r5, [r6, #36]
+    adds r6, #4
+    mov r8, r6
+    cmp r6, r11
+    beq 27f
+    b 25b
+27: b 20b
+    .size \name, . - \name
+    .endm
+
+    ROWS4 flm_rs_rows4_q8_m0, 0
+    ROWS4 flm_rs_rows4w_q8_m0, 1
+
 @ ---- float __aeabi_fdiv(float a, float b) -----------------------------------------------
 @ Normal operands and a normal quotient: 25 quotient bits by restoring division (the carry of
 @ each compare-and-subtract is the next bit), the remainder as the sticky bit; the rest goes to

@@ -67,6 +67,8 @@ typedef struct {
     const flm_batch *b;
     uint32_t per, chunks;
     uint32_t lanes;                         /* 1: a q4 product of one token (take_chunks_lanes) */
+    const uint32_t *stage;                  /* tokens [0, staged) of a pass, their activations staged */
+    uint32_t staged;
     uint32_t base;                          /* chunk j's buffer: (base + j) % STREAM_SLOTS */
     const uint8_t *ahead;                   /* the next product's matrix (hal_matmul_then), 0: none */
     uint32_t ahead_words;                   /* its first chunk's words */
@@ -172,7 +174,8 @@ FLM_RAMFUNC static void take_chunks(stream_job *s) {
         v->data = (const uint8_t *)stream_buf[slot];
         v->rows = s->w->rows - r < s->per ? s->w->rows - r : s->per;
         v->length = v->rows * v->stride;
-        for (uint32_t t = 0; t < b->n; t++)
+        if (s->staged) flm_rs_staged_rows(v, b, s->staged, s->stage, r);
+        for (uint32_t t = s->staged; t < b->n; t++)
             flm_matvec_rows(v, 0, v->rows, b->xq + (size_t)t * b->xq_stride, b->xs + (size_t)t * b->xs_stride,
                             b->out + (size_t)t * b->out_stride + r);
         __asm volatile("dmb" ::: "memory");   /* the rows read before the buffer is handed back */
@@ -199,10 +202,12 @@ FLM_RAMFUNC static void stream_work(void *arg) {
     else take_chunks(s);
 }
 
-FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b) {
+FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b, const uint32_t *stage, uint32_t staged) {
     stream_job *s = &job;
     s->w = w;
     s->b = b;
+    s->stage = stage;
+    s->staged = staged;
     s->per = STREAM_CHUNK_BYTES / w->stride;
     s->chunks = (w->rows + s->per - 1u) / s->per;
     /* its first chunk read ahead by the product before it, or read first */
@@ -238,6 +243,31 @@ FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b) {
     REG(SSI_SSIENR) = 1u;
 }
 
+typedef struct {
+    const flm_tensor *w;
+    const flm_batch *b;
+    uint32_t *stage;
+    uint32_t t0, t1;
+} stage_part;
+
+static void stage_run(void *arg) {
+    const stage_part *p = arg;
+    flm_rs_stage(p->w, p->b, p->stage, p->t0, p->t1);
+}
+
+/* A pass's product: its tokens' activations staged once, half by each core (with XIP on: core 1
+ * joins before the product streams), on this frame only (a token's product builds its q4 lanes on
+ * the stack instead: take_chunks_lanes). */
+static __attribute__((noinline)) void streamed_staged(const flm_tensor *w, const flm_batch *b) {
+    uint32_t stage[FLM_RS_STAGE_WORDS];
+    const uint32_t n = flm_rs_staged(w, b), half = n / 8u * 4u;   /* core 1: whole quads */
+    stage_part hi = {w, b, stage, half, n};
+    const int both = half && hal_rp2040_core1_start(stage_run, &hi);
+    flm_rs_stage(w, b, stage, 0u, both ? half : n);
+    if (both) hal_rp2040_core1_join();
+    streamed(w, b, stage, n);
+}
+
 /* A matrix the streamed products take: in flash, word-aligned rows that fit a chunk. */
 static int streams(const flm_tensor *w) {
     const uintptr_t a = (uintptr_t)w->data;
@@ -259,7 +289,8 @@ void hal_matmul_then(const flm_tensor *w) {
 void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes) {
 #if FLM_RP2040_STREAM
     if (streams(w)) {
-        streamed(w, b);
+        if (flm_rs_stage_fit(w, b)) streamed_staged(w, b);
+        else streamed(w, b, 0, 0u);
         return;
     }
     then_data = 0;
