@@ -14,7 +14,8 @@ from converter.load import load_model
 from .model import MODEL, ROOT
 
 STORIES = "stories260K"
-DEFAULT_RECIPES = tuple(r for r in RECIPES if r.label in ("q8 default", "q8, int8 KV", "q8, GPTQ", "q4 default", "q4, GPTQ"))
+DEFAULT_RECIPES = tuple(r for r in RECIPES if r.label in ("q8 default", "q8, int8 KV", "q8, nearest rounding", "q4 default",
+                                                       "q4, GPTQ"))
 
 
 def shared_stories() -> Path | None:
@@ -43,9 +44,9 @@ def section(work: Path) -> dict:
             g = row["greedy"]
             ratios[f"fidelity {name} {label}: greedy tokens equal to fp32's / {g['tokens']}, median of "
                    f"{g['prompts']} prompts"] = g["median"] / g["tokens"]
-        for fmt in ("q8", "q4"):
+        for fmt, gptq, nearest in (("q8", "q8 default", "q8, nearest rounding"), ("q4", "q4, GPTQ", "q4 default")):
             ratios[f"fidelity {name} {fmt}: mean KL(fp32 || q), GPTQ / nearest rounding"] = \
-                rows[f"{fmt}, GPTQ"]["kl_mean"] / rows[f"{fmt} default"]["kl_mean"]
+                rows[gptq]["kl_mean"] / rows[nearest]["kl_mean"]
     return {"fidelity": out, "ratios": ratios}
 
 
