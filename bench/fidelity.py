@@ -1,7 +1,7 @@
 """make bench's fidelity section: every recipe of converter/fidelity_recipes.py against fp32 with the
 device's numerics (the NumPy reference, bit-exact with every board) on stories260K (the real llama2.c model
 shared beside the project, ../shared/models/stories260K, or one folder further up from a git worktree;
-left out where absent) and, convert's defaults and GPTQ only (its reference takes several times longer a token), on the
+left out where absent) and, convert's defaults and a few variants only (its reference takes several times longer a token), on the
 shipped default model: teacher-forced top-1 agreement, mean KL and ΔCE over 2,000 positions of fp32's own
 sampled text, greedy agreement over 16 prompts x 200 tokens (or to the context's end)."""
 from __future__ import annotations

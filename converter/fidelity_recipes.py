@@ -9,7 +9,7 @@ from .calibrate import input_moments, resolve as resolve_calibration
 from .fidelity import fp32_greedy, greedy_agreement, sample_text, teacher_forced
 from .formats import KV_DEFAULT, row_stride
 from .ir import ModelIR, QTensor, QuantModel
-from .quantize import quantize
+from .quantize import HEAD_GROUP_Q8, quantize
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,8 @@ class Recipe:
         return resolve_calibration(self.calibrate, self.fmt)
 
     def describe(self) -> str:
-        return (f"{self.fmt} g{self.group_size}, {self.scales or 'row'} scales, {self.kv} KV"
+        head = f" (head g{min(self.group_size, HEAD_GROUP_Q8)})" if self.fmt == "q8" else ""
+        return (f"{self.fmt} g{self.group_size}{head}, {self.scales or 'row'} scales, {self.kv} KV"
                 + (f", {self.rounding}" if self.rounding != "none" else ""))
 
 
