@@ -28,9 +28,9 @@ from .formats import FORMATS, MAX_GROUP, MAX_GROUP_ROW, MULT_MAX
 from .ir import ModelConfig, ModelError, ModelIR, QTensor, QuantModel
 
 SCALES = ("row", "f32", "f16")
-# q8's output layer at most this group: its rounding flips the near-ties greedy decoding meets (stories260K:
-# fp32's greedy text followed for a median 174 tokens of 200 against 112 at group 32, with GPTQ both;
-# the default model's head rows grow 136 -> 148 bytes)
+# q8's output layer at most this group: its rounding flips the near-ties greedy decoding meets (stories260K,
+# GPTQ: fp32's greedy text followed for a median 161.5 tokens of 200 against 124 at group 32; the default
+# model's head rows grow 136 -> 148 bytes, its decode token 1.01x in flash bytes and emulated RP2040 cycles)
 HEAD_GROUP_Q8 = 8
 
 
