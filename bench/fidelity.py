@@ -1,7 +1,7 @@
 """make bench's fidelity section: every recipe of converter/fidelity_recipes.py against fp32 with the
 device's numerics (the NumPy reference, bit-exact with every board) on stories260K (the real llama2.c model
 shared beside the project, ../shared/models/stories260K, or one folder further up from a git worktree;
-left out where absent) and, convert's defaults and GPTQ only (its reference takes several times longer a token), on the
+left out where absent) and, convert's defaults and a few variants only (its reference takes several times longer a token), on the
 shipped default model: teacher-forced top-1 agreement, mean KL and ΔCE over 2,000 positions of fp32's own
 sampled text, greedy agreement over 16 prompts x 200 tokens (or to the context's end)."""
 from __future__ import annotations
@@ -14,7 +14,8 @@ from converter.load import load_model
 from .model import MODEL, ROOT
 
 STORIES = "stories260K"
-DEFAULT_RECIPES = tuple(r for r in RECIPES if r.label in ("q8 default", "q8, int8 KV", "q8, GPTQ", "q4 default", "q4, GPTQ"))
+DEFAULT_RECIPES = tuple(r for r in RECIPES if r.label in ("q8 default", "q8, int8 KV", "q8, nearest rounding", "q4 default",
+                                                       "q4, GPTQ"))
 
 
 def shared_stories() -> Path | None:
@@ -43,9 +44,9 @@ def section(work: Path) -> dict:
             g = row["greedy"]
             ratios[f"fidelity {name} {label}: greedy tokens equal to fp32's / {g['tokens']}, median of "
                    f"{g['prompts']} prompts"] = g["median"] / g["tokens"]
-        for fmt in ("q8", "q4"):
+        for fmt, gptq, nearest in (("q8", "q8 default", "q8, nearest rounding"), ("q4", "q4, GPTQ", "q4 default")):
             ratios[f"fidelity {name} {fmt}: mean KL(fp32 || q), GPTQ / nearest rounding"] = \
-                rows[f"{fmt}, GPTQ"]["kl_mean"] / rows[f"{fmt} default"]["kl_mean"]
+                rows[gptq]["kl_mean"] / rows[nearest]["kl_mean"]
     return {"fidelity": out, "ratios": ratios}
 
 

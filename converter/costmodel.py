@@ -33,7 +33,7 @@ from .blob import sections
 from .footprint import prompt_bytes, region_bytes
 from .formats import REGIONS, HeadScan, blob_size, row_stride
 from .ir import ModelConfig, ModelError
-from .quantize import check_scales, default_spec, is_router, parse_overrides, resolve_head
+from .quantize import check_scales, default_spec, head_name, is_router, parse_overrides, resolve_head
 
 PHASES = ("embed", "attention", "ffn", "ple", "output", "sampling")
 TIERS = ("flash", "psram", "sram")
@@ -172,7 +172,7 @@ class ModelSpec:
                 rows, cols = (1, shape[0]) if len(shape) == 1 else shape
                 ts.append(TensorSpec(name, "f32", rows, cols, 0, rows * cols * 4, cols * 4))
                 continue
-            f, g = default_spec(name, fmt, group_size)
+            f, g = default_spec(name, fmt, group_size, head_name(cfg.tied))
             for o in reversed(ovs):
                 if o.matches(name):
                     f, g = o.fmt, (o.group_size or g)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import headcalib
-from .calibrate import input_moments
+from .calibrate import input_moments, resolve as resolve_calibration
 from .fidelity import fp32_greedy, greedy_agreement, sample_text, teacher_forced
 from .formats import KV_DEFAULT, row_stride
 from .ir import ModelIR, QTensor, QuantModel
-from .quantize import quantize
+from .quantize import HEAD_GROUP_Q8, quantize
 
 
 @dataclass(frozen=True)
@@ -19,11 +19,16 @@ class Recipe:
     group_size: int = 32
     scales: str | None = None       # None: convert's default (row scales)
     kv: str = KV_DEFAULT              # convert's default (k12)
-    calibrate: str = "none"         # convert's --calibrate
+    calibrate: str = "auto"         # convert's --calibrate (auto: gptq for q8, none for q4)
+
+    @property
+    def rounding(self) -> str:
+        return resolve_calibration(self.calibrate, self.fmt)
 
     def describe(self) -> str:
-        return (f"{self.fmt} g{self.group_size}, {self.scales or 'row'} scales, {self.kv} KV"
-                + (f", {self.calibrate}" if self.calibrate != "none" else ""))
+        head = f" (head g{min(self.group_size, HEAD_GROUP_Q8)})" if self.fmt == "q8" else ""
+        return (f"{self.fmt} g{self.group_size}{head}, {self.scales or 'row'} scales, {self.kv} KV"
+                + (f", {self.rounding}" if self.rounding != "none" else ""))
 
 
 # convert's defaults first, then the variants that show where each one's error comes from
@@ -31,8 +36,8 @@ RECIPES = (
     Recipe("q8 default", "q8"),
     Recipe("q8, int8 KV", "q8", kv="int8"),
     Recipe("q8, f32 KV", "q8", kv="f32"),
-    Recipe("q8, f32 scales, f32 KV", "q8", scales="f32", kv="f32"),
-    Recipe("q8, GPTQ", "q8", calibrate="gptq"),
+    Recipe("q8, nearest rounding", "q8", calibrate="none"),
+    Recipe("q8, nearest rounding, f32 scales, f32 KV", "q8", scales="f32", kv="f32", calibrate="none"),
     Recipe("q4 default", "q4"),
     Recipe("q4, int8 KV", "q4", kv="int8"),
     Recipe("q4, GPTQ", "q4", calibrate="gptq"),
@@ -61,9 +66,9 @@ def measure(ir: ModelIR, recipes=RECIPES, positions: int = 2000, prompts: int = 
     rows = []
     for r in recipes:
         say(f"{r.label} ({r.describe()})")
-        if r.calibrate == "gptq" and moments is None:
+        if r.rounding == "gptq" and moments is None:
             moments = input_moments(ir)
-        qm = quantize(ir, r.fmt, r.group_size, scales=r.scales, moments=moments if r.calibrate == "gptq" else None)
+        qm = quantize(ir, r.fmt, r.group_size, scales=r.scales, moments=moments if r.rounding == "gptq" else None)
         qm.head_index = headcalib.calibrate(qm)[0]
         rows.append(dict(label=r.label, recipe=r.describe(), bits_per_weight=bits_per_weight(qm),
                          **teacher_forced(qm, r.kv, probe), greedy=greedy_agreement(qm, r.kv, probe)))

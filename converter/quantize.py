@@ -2,7 +2,7 @@
 
 Recipe: every matrix gets the default format and group size; the token embedding and an untied
 output head stay q8 when the default is q4 (they are the tensors whose error reaches the logits
-directly); the PLE table (``ple.table``, most of a PLE model, read one row per token) is q4
+directly), and with q8 the output layer's group is at most HEAD_GROUP_Q8; the PLE table (``ple.table``, most of a PLE model, read one row per token) is q4
 whatever the default; norms and the experts' routers (``layers.*.ffn.router``: their top-k choices
 should not move with quantization error of their own) stay f32.  Overrides ``PATTERN=FMT[:GROUP]`` (fnmatch on tensor
 names; a pattern also matches everything below it, so ``layers.*.ffn=q4`` covers
@@ -28,6 +28,10 @@ from .formats import FORMATS, MAX_GROUP, MAX_GROUP_ROW, MULT_MAX
 from .ir import ModelConfig, ModelError, ModelIR, QTensor, QuantModel
 
 SCALES = ("row", "f32", "f16")
+# q8's output layer at most this group: its rounding flips the near-ties greedy decoding meets (stories260K,
+# GPTQ: fp32's greedy text followed for a median 161.5 tokens of 200 against 124 at group 32; the default
+# model's head rows grow 136 -> 148 bytes, its decode token 1.01x in flash bytes and emulated RP2040 cycles)
+HEAD_GROUP_Q8 = 8
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ def parse_overrides(items) -> list[Override]:
 
 def resolve_head(ovs: list[Override], tied: bool) -> list[Override]:
     """Overrides with the alias ``head`` replaced by the output layer's name."""
-    head = "tok_embeddings" if tied else "output"
+    head = head_name(tied)
     return [replace(o, pattern=head) if o.pattern == "head" else o for o in ovs]
 
 
@@ -138,9 +142,17 @@ def is_router(name: str) -> bool:
     return name.endswith(".ffn.router")
 
 
-def default_spec(name: str, default_format: str, group_size: int) -> tuple[str, int]:
+def head_name(tied: bool) -> str:
+    """The tensor that is the output layer."""
+    return "tok_embeddings" if tied else "output"
+
+
+def default_spec(name: str, default_format: str, group_size: int, head: str) -> tuple[str, int]:
+    """A tensor's format and group before overrides; ``head``: head_name(config.tied)."""
     if name == "ple.table":
         return "q4", group_size
+    if name == head and default_format == "q8":
+        return "q8", min(group_size, HEAD_GROUP_Q8)
     if name in ("tok_embeddings", "output") and default_format == "q4":
         return "q8", group_size
     return default_format, group_size
@@ -159,7 +171,8 @@ def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, over
              scales: str | None = None, moments: dict | None = None) -> QuantModel:
     """``scales`` None: row scales, and a tensor that arrived quantized stays as it is (unless an
     override names it). ``moments`` (converter/calibrate.py): per matrix its inputs' sum x x^T, whose
-    matrices get GPTQ's codes (not the token embedding: rows it looks up are used alone too)."""
+    matrices get GPTQ's codes; a tied token embedding's are the head's inputs (an untied one has none:
+    it is only looked up), and GPTQ's damping keeps the error of the rows it looks up small."""
     if default_format not in ("q8", "q4"):
         raise ModelError(f"format must be q8 or q4, got {default_format!r}")
     scheme = scales or "row"
@@ -186,7 +199,7 @@ def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, over
             tensors[name] = np.asarray(t.dequantize() if isinstance(t, QTensor) else t, np.float32)
             recipe[name] = "f32"
             continue
-        fmt, g = default_spec(name, default_format, group_size)
+        fmt, g = default_spec(name, default_format, group_size, head_name(cfg.tied))
         named = [o for o in reversed(ovs) if o.matches(name)]
         if isinstance(t, QTensor) and scales is None and not named:
             tensors[name] = t                 # arrived quantized: keep it unless told otherwise
@@ -199,7 +212,7 @@ def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, over
         else:
             w = t.dequantize() if isinstance(t, QTensor) else np.asarray(t, np.float32)
             try:
-                h = (moments or {}).get(name) if name != "tok_embeddings" else None
+                h = (moments or {}).get(name)
                 tensors[name] = quantize_matrix(w, fmt, g, scheme == "f16", scheme == "row", h)
             except ModelError as e:
                 raise ModelError(f"tensor {name}: {e}") from None

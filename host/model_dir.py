@@ -183,7 +183,7 @@ class ModelDir:
         if rec.get("tokenizer_given") and self._manifest.get("tokenizer"):    # the copy convert kept here
             args += ["--tokenizer", str(self.path / self._manifest["tokenizer"])]
         defaults = {"format": "q8", "group_size": 32, "scales": None, "kv": KV_DEFAULT, "ctx": None,
-                    "batch": DEFAULT_BATCH, "head_index": "auto", "calibrate": "none"}
+                    "batch": DEFAULT_BATCH, "head_index": "auto", "calibrate": "auto"}
         for key, default in defaults.items():
             if o.get(key) != default and o.get(key) is not None:
                 args += [f"--{key.replace('_', '-')}", str(o[key])]

@@ -54,16 +54,23 @@ def test_dead_columns_round_plainly():
     assert np.isfinite(q.dequantize()).all()
 
 
-def test_moments_are_each_matrixs_inputs_and_quantize_uses_them_but_for_the_embedding():
-    _, ir = random_model(seed=4)
+@pytest.mark.parametrize("tied", [True, False])
+def test_moments_are_each_matrixs_inputs_and_a_tied_embedding_takes_the_heads(tied):
+    _, ir = random_model(seed=4, tied=tied)
     m = calibrate.input_moments(ir, positions=20)
     c = ir.config
     assert m["layers.0.attn.wq"].shape == (c.dim, c.dim) and m["layers.1.ffn.w2"].shape == (c.hidden_dim,) * 2
     assert np.allclose(m["layers.0.attn.wq"], m["layers.0.attn.wv"])      # one input, three matrices
-    plain, tuned = quantize(ir, "q4", 32), quantize(ir, "q4", 32, moments=m)
-    assert np.array_equal(plain.tensors["tok_embeddings"].codes, tuned.tensors["tok_embeddings"].codes)
-    assert not np.array_equal(plain.tensors["layers.0.ffn.w1"].codes, tuned.tensors["layers.0.ffn.w1"].codes)
+    assert ("tok_embeddings" in m) == tied and ("output" in m) == (not tied)   # an untied embedding is only looked up
+    plain, tuned = quantize(ir, "q8", 32), quantize(ir, "q8", 32, moments=m)
+    same = {n: np.array_equal(plain.tensors[n].codes, tuned.tensors[n].codes) for n in ("tok_embeddings", "layers.0.ffn.w1")}
+    assert same == {"tok_embeddings": not tied, "layers.0.ffn.w1": False}
     assert gptq.inverse_factor(np.zeros((3, 3))).tolist() == np.eye(3).tolist()
+
+
+def test_convert_rounds_q8_by_gptq_and_q4_to_the_nearest_code_by_default():
+    assert [calibrate.resolve("auto", f) for f in ("q8", "q4")] == ["gptq", "none"]
+    assert [calibrate.resolve(c, "q8") for c in ("none", "gptq")] == ["none", "gptq"]
 
 
 @pytest.mark.native
@@ -87,3 +94,7 @@ def test_convert_calibrate_gptq_records_it_and_its_command(tmp_path, capsys):
     md = ModelDir.open(tmp_path / "out")
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["convert"]["calibrate"] == "gptq"
     assert "--calibrate gptq" in md.convert_command()
+    assert main(["convert", str(tmp_path / "m.bin"), "-o", str(tmp_path / "q8")]) == 0      # q8's default: auto
+    assert "GPTQ rounding" in capsys.readouterr().out
+    assert json.loads((tmp_path / "q8" / "manifest.json").read_text())["convert"]["calibrate"] == "auto"
+    assert "--calibrate" not in ModelDir.open(tmp_path / "q8").convert_command()

@@ -85,12 +85,12 @@ def test_recipe_table_int4_head_alias_and_fp16_scales():
     qm = quantize(ir, "q8", 16)
     assert qm.recipe["ple.table"] == "q4:16" and qm.recipe["ple.proj"] == "q8:16"
     assert qm.recipe["layers.1.ple.gate"] == "q8:16" and qm.recipe["ple.norm"] == "f32"
-    assert qm.recipe["layers.0.ple.norm"] == "f32" and qm.recipe["output"] == "q8:16"
+    assert qm.recipe["layers.0.ple.norm"] == "f32" and qm.recipe["output"] == "q8:8"     # q8's head: group 8
     qm = quantize(ir, "q8", 16, ["head=q4:8", "ple.table=q8"])             # overrides still win
     assert qm.recipe["output"] == "q4:8" and qm.recipe["tok_embeddings"] == "q8:16"
     assert qm.recipe["ple.table"] == "q8:16"
     tied = quantize(random_ple_model(seed=1), "q8", 16, ["head=q4"])
-    assert tied.recipe["tok_embeddings"] == "q4:16"
+    assert tied.recipe["tok_embeddings"] == "q4:8"          # an override without a group keeps the default one
     qm = quantize(ir, "q4", 16, scales="f16")
     assert qm.recipe["ple.table"] == "q4:16:f16" and qm.tensors["ple.table"].scale16
     with pytest.raises(ModelError, match="scales must be row, f32 or f16"):

@@ -63,9 +63,12 @@ def test_default_recipe_and_overrides():
     qm = quantize(ir, "q4", 32)
     assert qm.recipe["tok_embeddings"] == "q8:32" and qm.recipe["output"] == "q8:32"
     assert qm.recipe["layers.0.ffn.w1"] == "q4:32" and qm.recipe["norm"] == "f32"
+    # q8's output layer (an untied head here) at group 8, the embedding at the default group; an override
+    # without a group keeps the tensor's default one
+    assert quantize(ir, "q8", 32).recipe["output"] == "q8:8" and quantize(ir, "q8", 4).recipe["output"] == "q8:4"
     qm = quantize(ir, "q8", 32, ["layers.*.ffn=q4:16", "layers.1.ffn.w2=q8", "output=q4"])
     assert qm.recipe["layers.0.ffn.w3"] == "q4:16" and qm.recipe["layers.1.ffn.w2"] == "q8:32"
-    assert qm.recipe["layers.1.ffn.w1"] == "q4:16" and qm.recipe["output"] == "q4:32"
+    assert qm.recipe["layers.1.ffn.w1"] == "q4:16" and qm.recipe["output"] == "q4:8" and qm.recipe["tok_embeddings"] == "q8:32"
     assert qm.recipe["layers.0.attn.wq"] == "q8:32"
     assert isinstance(qm.tensors["layers.0.attn_norm"], np.ndarray)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from converter import expertuse, headcalib
 from converter import quantize as Q
 from converter.blob import read_golden, write_blob
-from converter.calibrate import POSITIONS as CAL_POSITIONS, input_moments
+from converter.calibrate import POSITIONS as CAL_POSITIONS, input_moments, resolve as resolve_calibration
 from converter.draft import attach
 from converter.fidelity import quality_report
 from converter.formats import StateTiers
@@ -48,13 +48,13 @@ def _write_tokenizer(ir, tokenizer_arg, outdir: Path) -> str | None:
 
 
 def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=None, report=True, kv=KV_DEFAULT,
-            context=None, batch=DEFAULT_BATCH, draft=None, head_index="auto", calibrate="none") -> ModelDir:
+            context=None, batch=DEFAULT_BATCH, draft=None, head_index="auto", calibrate="auto") -> ModelDir:
     """Checkpoint (or a model name, host/commands/pull.py) -> OUTDIR/{model.flmb, tokenizer.*,
     manifest.json, quality.json}, quantized as
     ``recipe`` says. ``context``: the positions the converted model holds (default: the
     checkpoint's); ``batch``: the most tokens one forward pass runs (recorded in the blob);
     ``draft``: a small model carried for speculative decoding; ``head_index``: auto, on or off (the
-    greedy head's tile index, see _head_index); ``calibrate``: none or gptq (converter/calibrate.py)."""
+    greedy head's tile index, see _head_index); ``calibrate``: auto (gptq for q8, none for q4), none or gptq (converter/calibrate.py)."""
     name = str(checkpoint) if is_model_name(checkpoint) else None
     tokenizer_given = tokenizer is not None
     checkpoint, tokenizer = resolve_model(console, checkpoint, tokenizer)
@@ -79,11 +79,12 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
                   + (f", {c.n_experts} experts a layer, {c.moe_top_k} read per token" if c.n_experts else "")
                   + f", context {c.max_seq_len}, "
                   f"{c.n_params():,} parameters" + (f" ({split['table']:,} in the PLE table)" if split["table"] else ""))
+    rounding = resolve_calibration(calibrate, fmt)
     step(console, f"quantizing to {fmt} (group {group_size}, {scales or 'row'} scales"
-          + (", GPTQ rounding)" if calibrate == "gptq" else ")")
+          + (", GPTQ rounding)" if rounding == "gptq" else ")")
           + (f" with {len(overrides)} override(s)" if overrides else ""))
     moments = None
-    if calibrate == "gptq":
+    if rounding == "gptq":
         with console.status(f"calibrating: fp32 on {CAL_POSITIONS} positions of its own sampled text"):
             moments = input_moments(ir)
     with console.status("quantizing"):
