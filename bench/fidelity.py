@@ -46,6 +46,9 @@ def section(work: Path) -> dict:
         for fmt in ("q8", "q4"):
             ratios[f"fidelity {name} {fmt}: mean KL(fp32 || q), GPTQ / nearest rounding"] = \
                 rows[f"{fmt}, GPTQ"]["kl_mean"] / rows[f"{fmt} default"]["kl_mean"]
+        if "q4 g16, QAT, q4 embedding" in rows:
+            ratios[f"fidelity {name} q4: mean KL(fp32 || q), QAT g16 with a q4 embedding / q4 default"] = \
+                rows["q4 g16, QAT, q4 embedding"]["kl_mean"] / rows["q4 default"]["kl_mean"]
     return {"fidelity": out, "ratios": ratios}
 
 
