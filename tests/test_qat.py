@@ -87,7 +87,7 @@ def test_qat_model_runs_bit_exact_on_the_native_board(tmp_path):
         assert_matches_reference(toks, logits, ref)
 
 
-def test_convert_calibrate_qat_records_it_and_refuses_float_scales(tmp_path, capsys, monkeypatch):
+def test_convert_calibrate_qat_records_it_writes_the_same_blob_twice_and_refuses_float_scales(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(qat, "STEPS", 3)
     monkeypatch.setattr(qat, "POSITIONS", 60)
     write_llama2c(random_model(seed=1, vocab_size=64)[1], tmp_path / "m.bin", version=1)
@@ -96,6 +96,12 @@ def test_convert_calibrate_qat_records_it_and_refuses_float_scales(tmp_path, cap
     out = capsys.readouterr().out
     assert "quantization-aware training" in out and "trained 3 steps on 60 positions" in out
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["convert"]["calibrate"] == "qat"
+    args2 = [a if a != str(tmp_path / "out") else str(tmp_path / "again") for a in args]
+    assert main(args2 + ["--no-report"]) == 0                # the same blob twice
+    assert (tmp_path / "out" / "model.flmb").read_bytes() == (tmp_path / "again" / "model.flmb").read_bytes()
+    plain = [a if a != "qat" else "none" for a in args2]
+    assert main(plain + ["-o", str(tmp_path / "plain"), "--no-report"]) == 0
+    assert (tmp_path / "out" / "model.flmb").read_bytes() != (tmp_path / "plain" / "model.flmb").read_bytes()
     assert main(args + ["--scales", "f32"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["flashlm: error: --calibrate qat trains against row scales, not --scales f32"], err
