@@ -26,10 +26,12 @@ from .ir import ModelError, ModelIR, QTensor, QuantModel
 from .numerics import act_qmax
 from .torch_import import ir_to_module
 
-STEPS = 800            # optimizer steps
+# measured on stories260K with a q4 embedding, KL to fp32 on the fidelity probe (2,000 positions, k12 KV):
+# g16 0.139 rounded to nearest, 0.041 after 500 steps at 3e-4; g32 0.183, 0.048 after 800 steps at 1e-4
+STEPS = 500            # optimizer steps
 POSITIONS = 16384      # fp32 predictions the student learns from (whole sequences from BOS)
 BATCH = 4              # sequences a step
-LR = 1e-4              # Adam's peak learning rate; the cosine schedule takes it to 0
+LR = 3e-4              # Adam's peak learning rate; the cosine schedule takes it to 0
 SEED = 2               # the training text's (the fidelity probe samples with 0, GPTQ's moments with 1)
 
 
