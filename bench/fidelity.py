@@ -47,6 +47,9 @@ def section(work: Path) -> dict:
         for fmt, gptq, nearest in (("q8", "q8 default", "q8, nearest rounding"), ("q4", "q4, GPTQ", "q4 default")):
             ratios[f"fidelity {name} {fmt}: mean KL(fp32 || q), GPTQ / nearest rounding"] = \
                 rows[gptq]["kl_mean"] / rows[nearest]["kl_mean"]
+        if "q4 g16, QAT, q4 embedding" in rows:
+            ratios[f"fidelity {name} q4: mean KL(fp32 || q), QAT g16 with a q4 embedding / q4 default"] = \
+                rows["q4 g16, QAT, q4 embedding"]["kl_mean"] / rows["q4 default"]["kl_mean"]
     return {"fidelity": out, "ratios": ratios}
 
 

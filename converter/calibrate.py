@@ -8,7 +8,7 @@ import numpy as np
 from .fidelity import fp32_model, sample_text
 from .ir import ModelIR
 
-CALIBRATIONS = ("auto", "none", "gptq")
+CALIBRATIONS = ("auto", "none", "gptq", "qat")
 
 
 def resolve(calibrate: str, fmt: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import headcalib
+from . import headcalib, qat
 from .calibrate import input_moments, resolve as resolve_calibration
 from .fidelity import fp32_greedy, greedy_agreement, sample_text, teacher_forced
 from .formats import KV_DEFAULT, row_stride
@@ -20,6 +20,7 @@ class Recipe:
     scales: str | None = None       # None: convert's default (row scales)
     kv: str = KV_DEFAULT              # convert's default (k12)
     calibrate: str = "auto"         # convert's --calibrate (auto: gptq for q8, none for q4)
+    quant: tuple[str, ...] = ()     # convert's --quant overrides
 
     @property
     def rounding(self) -> str:
@@ -28,7 +29,8 @@ class Recipe:
     def describe(self) -> str:
         head = f" (head g{min(self.group_size, HEAD_GROUP_Q8)})" if self.fmt == "q8" else ""
         return (f"{self.fmt} g{self.group_size}{head}, {self.scales or 'row'} scales, {self.kv} KV"
-                + (f", {self.rounding}" if self.rounding != "none" else ""))
+                + (f", {self.rounding}" if self.rounding != "none" else "")
+                + "".join(f", {q}" for q in self.quant))
 
 
 # convert's defaults first, then the variants that show where each one's error comes from
@@ -42,6 +44,7 @@ RECIPES = (
     Recipe("q4, int8 KV", "q4", kv="int8"),
     Recipe("q4, GPTQ", "q4", calibrate="gptq"),
     Recipe("q4 g16, GPTQ", "q4", group_size=16, calibrate="gptq"),
+    Recipe("q4 g16, QAT, q4 embedding", "q4", group_size=16, calibrate="qat", quant=("tok_embeddings=q4",)),
     Recipe("q4, f32 scales g8, f32 KV", "q4", group_size=8, scales="f32", kv="f32"),
 )
 
@@ -68,7 +71,10 @@ def measure(ir: ModelIR, recipes=RECIPES, positions: int = 2000, prompts: int = 
         say(f"{r.label} ({r.describe()})")
         if r.rounding == "gptq" and moments is None:
             moments = input_moments(ir)
-        qm = quantize(ir, r.fmt, r.group_size, scales=r.scales, moments=moments if r.rounding == "gptq" else None)
+        qm = quantize(ir, r.fmt, r.group_size, r.quant, scales=r.scales,
+                      moments=moments if r.rounding == "gptq" else None)
+        if r.rounding == "qat":
+            qm = quantize(qat.train(ir, qm), r.fmt, r.group_size, r.quant, scales=r.scales)
         qm.head_index = headcalib.calibrate(qm)[0]
         rows.append(dict(label=r.label, recipe=r.describe(), bits_per_weight=bits_per_weight(qm),
                          **teacher_forced(qm, r.kv, probe), greedy=greedy_agreement(qm, r.kv, probe)))

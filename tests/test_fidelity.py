@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bench import docs_page, fidelity as bench_fidelity
-from converter import calibrate, fidelity
+from converter import calibrate, fidelity, qat
 from converter.fidelity_recipes import RECIPES, bits_per_weight, measure
 from converter.llama2c import write_llama2c
 from converter.load import load_model
@@ -84,7 +84,9 @@ def test_bits_per_weight_count_the_blob_bytes_of_codes_and_scales():
     assert 8 + 32 / 32 < q8 < 8 + 2 * 32 / 32 and 4 + 32 / 32 < q4 < q8
 
 
-def test_eval_fidelity_writes_every_recipe(tmp_path, capsys):
+def test_eval_fidelity_writes_every_recipe(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(qat, "STEPS", 2)          # the QAT recipe's training, cut to what a test affords
+    monkeypatch.setattr(qat, "POSITIONS", 48)
     write_llama2c(random_model(seed=1, vocab_size=64)[1], tmp_path / "m.bin", version=1)
     out = tmp_path / "f.json"
     assert main(["eval", "--fidelity", str(tmp_path / "m.bin"), "--positions", "30", "--prompts", "2",

@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from converter import expertuse, headcalib
+from converter import expertuse, headcalib, qat
 from converter import quantize as Q
 from converter.blob import read_golden, write_blob
 from converter.calibrate import POSITIONS as CAL_POSITIONS, input_moments, resolve as resolve_calibration
@@ -54,7 +54,8 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
     ``recipe`` says. ``context``: the positions the converted model holds (default: the
     checkpoint's); ``batch``: the most tokens one forward pass runs (recorded in the blob);
     ``draft``: a small model carried for speculative decoding; ``head_index``: auto, on or off (the
-    greedy head's tile index, see _head_index); ``calibrate``: auto (gptq for q8, none for q4), none or gptq (converter/calibrate.py)."""
+    greedy head's tile index, see _head_index); ``calibrate``: auto (gptq for q8, none for q4), none, gptq
+    (converter/calibrate.py) or qat (converter/qat.py)."""
     name = str(checkpoint) if is_model_name(checkpoint) else None
     tokenizer_given = tokenizer is not None
     checkpoint, tokenizer = resolve_model(console, checkpoint, tokenizer)
@@ -66,6 +67,8 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
     fmt, group_size, scales = recipe.fmt, recipe.group_size, recipe.scales
     overrides = Q.parse_overrides(list(recipe.quant))          # fail fast, before the slow part
     Q.check_group_size(group_size, scales or "row")
+    if calibrate == "qat" and scales not in (None, "row"):
+        raise UserError(f"--calibrate qat trains against row scales, not --scales {scales}")
 
     outdir = Path(outdir)
     step(console, f"loading {ckpt}")
@@ -81,7 +84,7 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
                   f"{c.n_params():,} parameters" + (f" ({split['table']:,} in the PLE table)" if split["table"] else ""))
     rounding = resolve_calibration(calibrate, fmt)
     step(console, f"quantizing to {fmt} (group {group_size}, {scales or 'row'} scales"
-          + (", GPTQ rounding)" if rounding == "gptq" else ")")
+          + {"gptq": ", GPTQ rounding", "qat": ", quantization-aware training"}.get(rounding, "") + ")"
           + (f" with {len(overrides)} override(s)" if overrides else ""))
     moments = None
     if rounding == "gptq":
@@ -90,6 +93,8 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
     with console.status("quantizing"):
         qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=overrides, scales=scales,
                         moments=moments)
+    if calibrate == "qat":
+        qm = _trained(console, ir, qm, fmt, group_size, overrides, scales)
     rep = None
     if report:
         step(console, f"measuring quality (quantized with the {kv} KV cache vs fp32 logits)")
@@ -138,6 +143,19 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
     console.print(f"[green]wrote[/] {outdir}/ ({BLOB_NAME}, {tok_name or 'no tokenizer'}, {MANIFEST}"
                   + (", quality.json)" if rep is not None else ")"))
     return model
+
+
+def _trained(console, ir, nearest, fmt, group_size, overrides, scales):
+    """The model quantized from weights qat.train distilled from fp32 against ``nearest``'s recipe."""
+    t0 = time.monotonic()
+    with console.status(f"quantization-aware training: fp32 sampling {qat.POSITIONS:,} positions of its own text") as st:
+        def say(i, n, loss):
+            st.update(f"quantization-aware training: step {i}/{n}, KL to fp32 {loss:.4f} "
+                      f"({time.monotonic() - t0:.0f} s)")
+        trained = qat.train(ir, nearest, say=say)
+        qm = Q.quantize(trained, default_format=fmt, group_size=group_size, overrides=overrides, scales=scales)
+    console.print(f"  trained {qat.STEPS} steps on {qat.POSITIONS:,} positions in {time.monotonic() - t0:.0f} s")
+    return qm
 
 
 def _head_index(console, qm, mode: str) -> dict:
