@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from converter import computecost as K
 from converter import costmodel as C
 from converter.blob import read_header
 from converter.boards import load_board
@@ -245,10 +246,10 @@ def decode(board: str, fmt: str, work: Path, new_tokens: int = 12) -> dict:
 def _counts(spec, prof: dict, pos: int, kv: str, head: int) -> tuple[dict, dict]:
     """(MACs, float operations) per phase of one step as the cost model counts them: its compute
     with one instruction a MAC and none a float operation, and the other way round."""
-    q4 = float(prof.get("compute", {}).get("q4_mac_factor", C.Q4_MAC_FACTOR))
+    q4 = float(prof.get("compute", {}).get("q4_mac_factor", K.Q4_MAC_FACTOR))
     mac = dict(prof, compute={"cycles_per_mac": 1.0, "cycles_per_flop": 0.0, "q4_mac_factor": q4})
     flop = dict(prof, compute={"cycles_per_mac": 0.0, "cycles_per_flop": 1.0, "q4_mac_factor": q4})
-    return (C.compute_cycles(spec, pos, mac, kv, head=head), C.compute_cycles(spec, pos, flop, kv, head=head))
+    return (K.compute_cycles(spec, pos, mac, kv, head=head), K.compute_cycles(spec, pos, flop, kv, head=head))
 
 
 def fit(runs: dict, per_flop: float) -> dict:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import headprune as hp
-from .costmodel import CHIP_COMPUTE, Q4_MAC_FACTOR
+from .computecost import CHIP_COMPUTE, Q4_MAC_FACTOR
 from .formats import row_stride
 from .reference import Reference
 

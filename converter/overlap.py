@@ -3,7 +3,7 @@
 A HAL that splits each product's rows across its cores (``[compute] split_cores`` in the board
 profile: firmware/hal/rp2040/cores_rp2040.c on the RP2040) runs the rows' arithmetic on every core
 at once, while the rows' bytes still come over one memory path. Per phase, of the time one core
-would take (costmodel.compute_parts' rows part ``rows_us``, the products' reads from a tier behind
+would take (computecost.compute_parts' rows part ``rows_us``, the products' reads from a tier behind
 a shared line-fill bus ``bus_us`` — the RP2040's XIP flash — and from other tiers ``ram_us``), the
 cores take::
 
@@ -14,7 +14,7 @@ transfers and, ``bus_wait`` of them [EMU fit, boards/rp2040-emu.toml], for the o
 block serves one access at a time, so a core's hit waits while the other core's miss holds it
 (host/emu/xip.mjs). Everything else in the phase stays on the calling core, but for the work a HAL
 splits too (hal.h hal_parallel: attention's heads, RoPE, the activations' codes, the norms' scaling,
-the residuals, the FFN's SiLU x up; costmodel.compute_parts' parallel part), of which each core takes
+the residuals, the FFN's SiLU x up; computecost.compute_parts' parallel part), of which each core takes
 its share.
 
 A board that streams a product's rows from flash into SRAM buffers while its cores compute

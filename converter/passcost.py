@@ -16,7 +16,7 @@ The engine's multi-token pass (firmware/engine/engine.c ``flm_body_many``, kerne
   gathers, the RoPE rows, the norms' weights (the engine reads them once per vector), its attention
   over the KV cache up to its own position, the activations it moves, and all of its arithmetic.
 
-So a pass is assembled from ``costmodel.usage`` / ``costmodel.compute_cycles`` of its tokens (one
+So a pass is assembled from ``costmodel.usage`` / ``computecost.compute_cycles`` of its tokens (one
 way of counting a token's traffic and arithmetic) with the matrices' reads taken once, and timed by
 ``timing.predict`` per tier. Nothing here adds a physical constant: bandwidths, line fills and the
 compute calibration are the board profile's (boards/*.toml) and costmodel's. The row copies are
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import computecost as K
 from . import costmodel as C
 from . import overlap
 from .ir import ModelError
@@ -100,7 +101,7 @@ class PassPrediction:
     traffic: dict             # phase -> tier -> bytes moved (counted, plus activations and row copies)
     memory_us: dict           # phase -> tier -> µs
     compute_us: dict          # phase -> µs
-    macs: dict                # phase -> multiply-accumulates (a q4 one counts costmodel.Q4_MAC_FACTOR)
+    macs: dict                # phase -> multiply-accumulates (a q4 one counts computecost.Q4_MAC_FACTOR)
     flops: dict               # phase -> float operations
     steps: int = 1            # tokens it produces (a verification: the accepted drafts + 1)
     parts: list = field(default_factory=list, repr=False)
@@ -223,10 +224,10 @@ def predict_pass(pl: Placement, pos: int, n: int, head=HEAD_SKIP, sampling: str 
     count_flop = {**pl.prof, "compute": {"cycles_per_mac": 0.0, "cycles_per_flop": 1.0}}
     comp, rows, par, macs, flops = {}, {}, {}, {}, {}
     for t, h in enumerate(token_heads(n, head, sampling)):
-        c, r, e = C.compute_parts(pl.spec, pos + t, pl.prof, pl.kv, sampling, h, pass_n=n)
+        c, r, e = K.compute_parts(pl.spec, pos + t, pl.prof, pl.kv, sampling, h, pass_n=n)
         comp, rows, par = _add(comp, c), _add(rows, r), _add(par, e)
-        macs = _add(macs, C.compute_cycles(pl.spec, pos + t, count_mac, pl.kv, sampling, h))
-        flops = _add(flops, C.compute_cycles(pl.spec, pos + t, count_flop, pl.kv, sampling, h))
+        macs = _add(macs, K.compute_cycles(pl.spec, pos + t, count_mac, pl.kv, sampling, h))
+        flops = _add(flops, K.compute_cycles(pl.spec, pos + t, count_flop, pl.kv, sampling, h))
     saved = {ph: overlap.saving(pl.prof, rows.get(ph, 0.0) / clock, bus[ph], ram[ph], streamed[ph],
                                 par.get(ph, 0.0) / clock)
              for ph in C.PHASES}

@@ -5,7 +5,7 @@ passcost / costmodel and the board profile) or measurements (a run's device-cloc
 pass, its operations and bytes counted from the model's shape — the engine's byte counters equal
 them, docs/formats.md 2.4).
 
-An operation is an int8 multiply-accumulate (a q4 one counts costmodel.Q4_MAC_FACTOR: its nibble
+An operation is an int8 multiply-accumulate (a q4 one counts computecost.Q4_MAC_FACTOR: its nibble
 unpacking) or a float operation. A board has two compute ceilings, from its profile's [compute]
 calibration: clock / cycles_per_mac int8 MACs a second and clock / cycles_per_flop float
 operations a second (the RP2040's soft-float makes the second 25 times lower); a phase's own
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import computecost as K
 from . import costmodel as C
 from .ir import ModelConfig
 from .passcost import PassPrediction
@@ -97,7 +98,7 @@ def roofs(prof: dict, line: int | None = None) -> Roofs:
 
 
 def cycles_per_op(prof: dict) -> tuple[float, float]:
-    """(cycles per int8 MAC, cycles per float operation) as costmodel.compute_cycles charges them on
+    """(cycles per int8 MAC, cycles per float operation) as computecost.compute_cycles charges them on
     ``prof`` (its [compute] calibration, or costmodel's default for its chip), read back from
     compute_cycles with the other kind of operation made free, so no constant is copied here."""
     cfg = ModelConfig(dim=32, n_layers=1, n_heads=1, n_kv_heads=1, vocab_size=32, hidden_dim=32, max_seq_len=2)
@@ -105,7 +106,7 @@ def cycles_per_op(prof: dict) -> tuple[float, float]:
     comp = prof.get("compute", {})
 
     def cycles(**kw) -> float:
-        return sum(C.compute_cycles(spec, 0, {**prof, "compute": {**comp, **kw}}, head="full").values())
+        return sum(K.compute_cycles(spec, 0, {**prof, "compute": {**comp, **kw}}, head="full").values())
     macs, flops = cycles(cycles_per_mac=1.0, cycles_per_flop=0.0), cycles(cycles_per_mac=0.0, cycles_per_flop=1.0)
     return cycles(cycles_per_flop=0.0) / macs, cycles(cycles_per_mac=0.0) / flops
 

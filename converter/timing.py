@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from . import overlap
 from .boards import stream_stride
-from .costmodel import PHASES, TIERS, ModelSpec, Use, compute_parts, usage
+from .computecost import compute_parts
+from .costmodel import PHASES, TIERS, ModelSpec, Use, usage
 from .formats import streams_rows
 from .ir import ModelError
 

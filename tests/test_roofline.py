@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from converter import computecost as K
 from converter import costmodel as C
 from converter import passcost as P
 from converter import roofline as R
@@ -127,7 +128,7 @@ def test_roofs_come_from_the_profile_and_the_cost_model():
         prof = board(name)
         cpm, cpf = R.cycles_per_op(prof)
         comp = prof.get("compute", {})
-        want = C.CHIP_COMPUTE.get(prof.get("chip"), (4.0, 2.0 if prof.get("fpu", True) else 50.0))
+        want = K.CHIP_COMPUTE.get(prof.get("chip"), (4.0, 2.0 if prof.get("fpu", True) else 50.0))
         assert (cpm, cpf) == pytest.approx((comp.get("cycles_per_mac", want[0]), comp.get("cycles_per_flop", want[1])))
         roofs = R.roofs(prof)
         assert roofs.mac_per_s == pytest.approx(prof["clock_mhz"] * 1e6 / cpm)

@@ -3,6 +3,7 @@ element of the dequantized embedding row at [compute] dequant_flops float operat
 flash the embed step's code fetched once a step ([tiers.flash] embed_code_lines)."""
 import pytest
 
+from converter import computecost as K
 from converter import costmodel as C
 from converter import passcost, timing
 from converter.boards import load_board
@@ -22,7 +23,7 @@ def without(prof: dict) -> dict:
 def test_rp2040_embed_is_its_elements_row_and_code_lines():
     prof = load_board("rp2040-emu")
     clock = float(prof["clock_mhz"])
-    cpf = float(prof["compute"].get("cycles_per_flop", C.CHIP_COMPUTE[prof["chip"]][1]))
+    cpf = float(prof["compute"].get("cycles_per_flop", K.CHIP_COMPUTE[prof["chip"]][1]))
     dq, lines = float(prof["compute"]["dequant_flops"]), int(prof["tiers"]["flash"]["embed_code_lines"])
     assert dq > 2 and lines > 0
     got = timing.predict(SPEC, prof, TIERS, REGIONS, 3, "int8", head="skip")

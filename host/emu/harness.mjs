@@ -59,6 +59,7 @@ import { RP2040 } from 'rp2040js';
 import { DualCore } from './cores.mjs';
 import { XIP_CTRL_BASE, XipCache, XipCtrl, describe, followSsi, picoBoot2 } from './xip.mjs';
 import { SsiDirect, connectDma } from './ssidirect.mjs';
+import { UartPort } from './uart.mjs';
 
 console.log = console.error;   // stdout is the UART: nothing else may ever write there
 
@@ -70,7 +71,6 @@ const WD_SCRATCH3 = 0x18;
 const FLASH_BASE = 0x10000000;
 const SRAM_BASE = 0x20000000, SRAM_BYTES = 264 * 1024;
 const VECTORS = FLASH_BASE + 0x100;
-const TX_BACKLOG_MAX = 1 << 20;   // bytes the host has not read yet before the "UART" drops
 
 function parseArgs(argv) {
   const a = { flashSize: 2 * 1024 * 1024, counts: null, xipModel: true, profile: new Map(), watch: [] };
@@ -172,65 +172,11 @@ cache.onBadTransfer = (addr, directRead) => {
 };
 
 // ---- UART0 <-> stdin/stdout -------------------------------------------------------------
-const uart = mcu.uart[0];
-let tx = [];
-let txBacklog = 0;
-let txDropped = 0;
-uart.onByte = (b) => { tx.push(b); };
-
-// One write in flight at a time: fs.write runs on libuv's thread pool, and two writes to the same
-// pipe from two threads may land in either order or interleave past PIPE_BUF (Node's fs.write docs:
-// unsafe without waiting for the callback); a loaded host reading slowly made that happen.
-const txQueue = [];
-let txWriting = false;
-let exiting = false;   // shutdown: the queue is written, then the process exits
-let exitCode = 0;
-
-function flushTx() {
-  if (!tx.length) return;
-  const buf = Buffer.from(tx);
-  tx = [];
-  if (txBacklog + buf.length > TX_BACKLOG_MAX) {   // nobody reads the port: drop, as a UART would
-    if (!txDropped) process.stderr.write('rp2040-emu: host is not reading; dropping UART output\n');
-    txDropped += buf.length;
-    return;
-  }
-  txBacklog += buf.length;
-  txQueue.push(buf);
-  if (!txWriting) writeTx();
-}
-
-function writeTx() {
-  const buf = txQueue[0];
-  if (!buf) {
-    txWriting = false;
-    if (exiting) process.exit(exitCode);
-    return;
-  }
-  txWriting = true;
-  fs.write(1, buf, 0, buf.length, null, (err, n) => {
-    if (err) { shutdown(`UART output failed: ${err.code || err.message}`, 1); return; }
-    txBacklog -= n;
-    if (n < buf.length) txQueue[0] = buf.subarray(n);   // a partial write: the rest goes next
-    else txQueue.shift();
-    writeTx();
-  });
-}
-
-const rx = [];   // bytes from the host not yet in the 32-entry RX FIFO
-let rxHead = 0;
-function feedRx() {
-  while (rxHead < rx.length && !uart.rxFIFO.full) uart.feedByte(rx[rxHead++]);
-  if (rxHead === rx.length && rxHead) { rx.length = 0; rxHead = 0; }
-}
-
-const input = fs.createReadStream(null, { fd: 0, highWaterMark: 4096, autoClose: false });
-input.on('data', (chunk) => {
-  for (const b of chunk) rx.push(b);
-  if (idle) schedule();
+const port = new UartPort(mcu.uart[0], {
+  onInput: () => { if (idle) schedule(); },
+  onEnd: () => shutdown(null, 0),
+  onError: (msg, code) => shutdown(msg, code),
 });
-input.on('end', () => shutdown(null, 0));
-input.on('error', (e) => shutdown(e.code === 'EIO' ? null : `UART input failed: ${e.code || e.message}`, 0));
 
 // ---- step marks and read counting ---------------------------------------------------------
 const countsFd = args.counts ? fs.openSync(args.counts, 'a') : null;
@@ -453,9 +399,9 @@ function run() {
   if (exiting) return;
   const sliceEnd = performance.now() + 25;
   for (;;) {
-    feedRx();
+    port.feed();
     if (core.waiting && (core1.waiting || !dual.launched)) {   // WFI / WFE with nothing pending
-      if (rxHead < rx.length) continue;
+      if (port.hasInput()) continue;
       idle = true;
       break;
     }
@@ -481,7 +427,7 @@ function run() {
     if (fault) break;
     if (performance.now() > sliceEnd) break;
   }
-  flushTx();
+  port.flush();
   if (fault) {
     shutdown(`firmware fault: ${fault}`, 3);
     return;
@@ -491,13 +437,12 @@ function run() {
 }
 
 // The output not yet written goes first, in order; a host that no longer reads gets 2 s.
+let exiting = false;
 function shutdown(msg, code) {
   if (exiting) return;
   exiting = true;
-  exitCode = code;
   if (msg) process.stderr.write(`rp2040-emu: ${msg}\n`);
-  if (tx.length) { txQueue.push(Buffer.from(tx)); tx = []; }
-  if (!txWriting) writeTx();
+  port.close(() => process.exit(code));
   setTimeout(() => process.exit(code), 2000);
 }
 
