@@ -82,6 +82,12 @@ typedef struct {
 
 static stream_job job;
 
+/* The rows of w's chunk j, chunks of per rows (the last may hold fewer). */
+FLM_RAMFUNC static uint32_t chunk_rows(const flm_tensor *w, uint32_t per, uint32_t j) {
+    const uint32_t left = w->rows - j * per;
+    return left < per ? left : per;
+}
+
 /* The next product's matrix (hal_matmul_then), taken by the product before it (job.ahead). */
 static const uint8_t *then_data;
 static uint32_t then_words;
@@ -122,8 +128,8 @@ FLM_RAMFUNC static void pump(stream_job *s) {
     const uint32_t slot = (s->base + j) % STREAM_SLOTS;
     if (j > s->chunks || REG(DMA_COUNT) || s->free[slot] != j) return;
     if (j < s->chunks) {
-        const uint32_t k = s->w->rows - j * s->per < s->per ? s->w->rows - j * s->per : s->per;
-        start_read(s->w->data + (size_t)j * s->per * s->w->stride, k * s->w->stride / 4u, stream_buf[slot]);
+        start_read(s->w->data + (size_t)j * s->per * s->w->stride, chunk_rows(s->w, s->per, j) * s->w->stride / 4u,
+                   stream_buf[slot]);
     } else if (s->ahead) {
         start_read(s->ahead, s->ahead_words, stream_buf[slot]);
         ready_data = s->ahead;
@@ -172,7 +178,7 @@ FLM_RAMFUNC static void take_chunks(stream_job *s) {
         const uint32_t r = j * s->per;
         const uint32_t slot = (s->base + j) % STREAM_SLOTS;
         v->data = (const uint8_t *)stream_buf[slot];
-        v->rows = s->w->rows - r < s->per ? s->w->rows - r : s->per;
+        v->rows = chunk_rows(s->w, s->per, j);
         v->length = v->rows * v->stride;
         if (s->staged) flm_rs_staged_rows(v, b, s->staged, s->stage, r);
         for (uint32_t t = s->staged; t < b->n; t++)
@@ -211,7 +217,7 @@ FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b, const 
     s->per = STREAM_CHUNK_BYTES / w->stride;
     s->chunks = (w->rows + s->per - 1u) / s->per;
     /* its first chunk read ahead by the product before it, or read first */
-    const uint32_t have = ready_data == w->data && ready_words == (w->rows < s->per ? w->rows : s->per) * w->stride / 4u;
+    const uint32_t have = ready_data == w->data && ready_words == chunk_rows(w, s->per, 0u) * w->stride / 4u;
     s->base = have ? ready_slot : 0u;
     s->issued = have;
     s->taken = 0u;
@@ -280,9 +286,8 @@ static int streams(const flm_tensor *w) {
  * whatever runs between the two runs with XIP on. */
 void hal_matmul_then(const flm_tensor *w) {
     if (!streams(w)) return;
-    const uint32_t per = STREAM_CHUNK_BYTES / w->stride;
     then_data = w->data;
-    then_words = (w->rows < per ? w->rows : per) * w->stride / 4u;
+    then_words = chunk_rows(w, STREAM_CHUNK_BYTES / w->stride, 0u) * w->stride / 4u;
 }
 #endif
 
