@@ -100,7 +100,7 @@ class FakeBoard:
                  board="fakeboard", fw="fake-0.1", clock=2, image_ok=True,
                  image_error="tensor table out of bounds", boot_junk=b"", ignore_pings=0,
                  drop_steps=(), corrupt_steps=(), silent_after=None, generate_error=None,
-                 step_delay=0.0, proto=4, ple=False, out_vocab=None, golden=(2, 2, 4, 0xFFFF),
+                 step_delay=0.0, proto=5, ple=False, out_vocab=None, golden=(2, 2, 4, 0xFFFF),
                  selftest_golden=None):
         self.vocab, self.max_seq_len = vocab, max_seq_len
         # HELLO's golden check (state, checked, total, first step that differs), and after a SELFTEST
@@ -274,7 +274,7 @@ class FakeBoard:
         self._stop_gen = False
         self._send(0x83, struct.pack("<IIBQ", steps, gen, REASONS[reason], sum(totals))
                    + struct.pack("<7Q", *totals) + struct.pack("<4I", steps, 0, 0, 0) + struct.pack("<3Q", *nbytes)
-                   + struct.pack("<3Q", 0, 0, 0))
+                   + struct.pack("<3Q", 0, 0, 0) + struct.pack("<2I", 0, 0))   # its stack: not measured
 
     def _log(self, text: str) -> None:
         raw = text.encode()

@@ -82,7 +82,7 @@ EXAMPLES = [
     Token(9, 9, 17, 99, (10, 20, 30, 35, 40, 50, 300), (7, 0, 8), 512, 0xDEADBEEF, b"x", 1, 4, 2, "verify"),
     Generate([1, 2, 3], 5, batch=4, speculate="lookup", draft_k=3),
     Done(10, 6, "context_full", 2**40, (1, 2, 3, 4, 5, 2**35, 0)),
-    Done(10, 6, "eos", 2**40, (1, 2, 3, 4, 5, 2**35, 77), 7, 2, 6, 3, (2**40, 0, 9), (1, 2, 3)),
+    Done(10, 6, "eos", 2**40, (1, 2, 3, 4, 5, 2**35, 77), 7, 2, 6, 3, (2**40, 0, 9), (1, 2, 3), 7420, 9468),
     Error(4, "prompt of 300 ids > max_seq_len 256"),
     Error(99, ""),
     Logits(5, np.array([0.0, -1.5, 3.25, 0.0, 0.0, 1e-30], dtype=np.float32)),
@@ -204,8 +204,8 @@ def test_wire_layout():
     assert moe[-12:] == b"\x02ab" + bytes([2, 2, 4, 1, 3, 2, 0, 0x0e, 0x05])   # layers, k, E, choices, pass masks
     assert p[56:64] == struct.pack("<II", 9, 7)                       # head_rows, logits_crc
     assert p[64:68] == bytes([1, 3, 2, 2])                            # the pass: place, tokens, steps, kind
-    d = encode_payload(Done(1, 2, "stopped", 3, (0,) * 7, 4, 1, 3, 2, (9, 0, 8), (6, 0, 0)))[1]
-    assert len(d) == 137 and d[73:137] == struct.pack("<4I3Q3Q", 4, 1, 3, 2, 9, 0, 8, 6, 0, 0)
+    d = encode_payload(Done(1, 2, "stopped", 3, (0,) * 7, 4, 1, 3, 2, (9, 0, 8), (6, 0, 0), 7420, 9468))[1]
+    assert len(d) == 145 and d[73:145] == struct.pack("<4I3Q3Q2I", 4, 1, 3, 2, 9, 0, 8, 6, 0, 0, 7420, 9468)
     assert encode_payload(Done(1, 2, "stopped", 3, (0,) * 7))[1][8] == 3
     h = encode_payload(Hello(2, True, bytes(16), 5, 300, 200, 64, 1, "", ""))[1]
     assert h[20:37] == struct.pack("<IIIIB", 5, 300, 200, 64, 1)      # out_vocab after vocab_size
@@ -246,6 +246,9 @@ def test_decode_payload_errors():
     bad_reason[8] = 9
     with pytest.raises(ProtocolError):
         decode_payload(MsgType.DONE, bytes(bad_reason))
+    deeper = encode_payload(Done(1, 1, "eos", 0, (0,) * 7, stack_peak=9469, stack_size=9468))[1]
+    with pytest.raises(ProtocolError, match="stack peak"):     # deeper than the stack: a corrupt frame
+        decode_payload(MsgType.DONE, deeper)
 
 
 @pytest.mark.parametrize("msg", [

@@ -82,3 +82,8 @@ def test_demo_by_name_on_the_emulated_rp2040_fits_its_context(tmp_path):
     ctx = int(re.search(r"context (\d+) of the model's 512 tokens: the longest that fits rp2040-emu's RAM", out)[1])
     assert 256 <= ctx < 512
     assert f"context {ctx}" in out and "bit-exact with the reference: yes" in out
+    # with the SRAM full, the stack has little more than the link's 8 KB floor: the board's own measure
+    # (a stack painted at reset) says the deepest prompt pass and decode step left some of it untouched
+    peak, size = (int(x.replace(",", "")) for x in
+                  re.search(r"stack: deepest ([\d,]+) B of the main stack's ([\d,]+) B since boot", out).groups())
+    assert 8192 <= size < 12 * 1024 and 0 < peak < size

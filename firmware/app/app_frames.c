@@ -133,6 +133,8 @@ static void send_done(void) {
     flm_tx_u32(&flm_dev.tx, d->accepted);
     for (int i = 0; i < FLM_N_TIERS; i++) flm_tx_u64(&flm_dev.tx, d->bytes[i]);
     for (int i = 0; i < FLM_N_TIERS; i++) flm_tx_u64(&flm_dev.tx, d->draft_bytes[i]);
+    flm_tx_u32(&flm_dev.tx, d->stack_peak);
+    flm_tx_u32(&flm_dev.tx, d->stack_size);
     flm_tx_end(&flm_dev.tx);
 }
 
@@ -192,8 +194,14 @@ void app_ring_begin(void) {
     K.steps = 0;
 }
 
+__attribute__((weak)) uint32_t hal_stack_peak(uint32_t *size) {
+    *size = 0;
+    return 0;
+}
+
 void app_ring_end(const flm_done *d) {
     K.done = *d;
+    K.done.stack_peak = hal_stack_peak(&K.done.stack_size);
     K.state = GEN_ENDED;
     send_done();
 }

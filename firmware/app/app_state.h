@@ -97,6 +97,7 @@ typedef struct {
     uint32_t steps, generated, passes, verify_passes, drafted, accepted;
     uint8_t reason;
     uint64_t total_us, phase_us[FLM_N_PHASES], bytes[FLM_N_TIERS], draft_bytes[FLM_N_TIERS];
+    uint32_t stack_peak, stack_size;   /* hal_stack_peak when the generation ended */
 } flm_done;
 
 #endif

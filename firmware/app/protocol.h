@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FLM_PROTO_VERSION 4u
+#define FLM_PROTO_VERSION 5u
 
 enum flm_msg {
     FLM_PING = 0x01, FLM_GENERATE = 0x02, FLM_LAYOUT = 0x03, FLM_STOP = 0x04, FLM_RESEND = 0x05,

@@ -26,6 +26,10 @@ uint64_t hal_time_us(void);
 uint8_t hal_clock_kind(void);
 /* Board name reported in HELLO. */
 const char *hal_board_name(void);
+/* The main stack's deepest use since boot in bytes, and its size in *size (DONE fields): a board
+ * that paints its stack at reset reads back the first word the stack overwrote. Both 0 where the
+ * HAL does not measure it (app_frames.c has a weak default). */
+uint32_t hal_stack_peak(uint32_t *size);
 /* Staging space in a RAM tier (FLM_TIER_PSRAM or FLM_TIER_SRAM, blob.h): the app copies the
  * tensors a layout places in that tier out of flash into it (at boot and on LAYOUT), and carves the
  * state regions placed there from it unless main()'s arena is in that tier (the state's home).

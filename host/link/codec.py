@@ -126,7 +126,8 @@ def _enc_done(m: Done) -> bytes:
             + struct.pack(f"<{len(PHASES)}Q", *_fixed(m.phase_us, len(PHASES), "DONE phase_us"))
             + struct.pack("<4I", m.passes, m.verify_passes, m.drafted, m.accepted)
             + struct.pack("<3Q", *_fixed(m.bytes_read, len(TIERS), "DONE bytes_read"))
-            + struct.pack("<3Q", *_fixed(m.draft_bytes, len(TIERS), "DONE draft_bytes")))
+            + struct.pack("<3Q", *_fixed(m.draft_bytes, len(TIERS), "DONE draft_bytes"))
+            + struct.pack("<2I", m.stack_peak, m.stack_size))
 
 
 def _enc_logits(m: Logits) -> bytes:
@@ -317,11 +318,14 @@ def _dec_done(r: _Reader) -> Done:
     passes, verify, drafted, accepted = r.unpack("4I")
     bytes_read = r.unpack("3Q")
     draft_bytes = r.unpack("3Q")
+    stack_peak, stack_size = r.unpack("2I")
     r.end()
     if reason >= len(STOP_REASONS):
         raise ProtocolError(f"DONE reason code {reason} is unknown")
+    if stack_peak > stack_size:
+        raise ProtocolError(f"DONE stack peak {stack_peak} B is past the stack's {stack_size} B")
     return Done(steps, generated, STOP_REASONS[reason], total, phase_us, passes, verify, drafted, accepted, bytes_read,
-                draft_bytes)
+                draft_bytes, stack_peak, stack_size)
 
 
 def _dec_error(r: _Reader) -> Error:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-PROTO_VERSION = 4
+PROTO_VERSION = 5
 
 
 class MsgType(enum.IntEnum):
@@ -230,6 +230,9 @@ class Done:
     accepted: int = 0
     bytes_read: tuple[int, ...] = (0, 0, 0)
     draft_bytes: tuple[int, ...] = (0, 0, 0)
+    # version 5: the main stack's deepest use since boot and its size, bytes (0, 0: not measured)
+    stack_peak: int = 0
+    stack_size: int = 0
 
 
 @dataclass(frozen=True)

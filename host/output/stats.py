@@ -248,6 +248,9 @@ def summarize(result: RunResult) -> dict:
         "unit": unit(result.clock),
         "bytes_per_token": gs["bytes"],
         "device_total_us": int(done.total_us) if done is not None else None,
+        # the board's own measure (a stack painted at reset); None where it does not measure it
+        "stack": ({"peak": done.stack_peak, "size": done.stack_size}
+                  if done is not None and done.stack_size else None),
         "device_steps_us": int(sum(step_total(t) for t in result.tokens)),
         "host_wall_s": result.wall_s,
         "passes": pass_summary(result),

@@ -13,8 +13,6 @@ from .labels import fmt, phase_header, shown_phases, where
 from .stats import summarize
 
 def summary_renderables(result: RunResult) -> list:
-    from rich.text import Text
-
     s = summarize(result)
     at = where(result)
     u = s["unit"]
@@ -85,6 +83,8 @@ def summary_renderables(result: RunResult) -> list:
         lines.append(f"device total (DONE): {s['device_total_us']:,} {u}, stop reason {s['reason']}  [{at}]")
     lines.append(f"host wall time: {s['host_wall_s']:.3f} s (host clock, includes the serial link)")
     out.extend(Text(line) for line in lines)
+    if s["stack"] is not None:
+        out.append(stack_line(s["stack"]))
     if result.hello is not None:
         out.append(bit_exact_line(result.hello))
     if h is not None and h["mismatch_steps"]:
@@ -131,6 +131,17 @@ def pass_lines(pa: dict, at: str, u: str = "µs") -> list[str]:
                    + (f" (drafting {tiers(dec['draft_bytes_per_token']) or '0'})" if dec["draft_bytes_per_token"] else "")
                    + f"  [{at}]")
     return out
+
+
+def stack_line(st: dict) -> Text:
+    """The main stack's deepest use since boot (the board paints it at reset): loud when the paint is
+    gone, as then the stack ran into the RAM below it (the KV cache, the arena)."""
+    peak, size = st["peak"], st["size"]
+    if peak >= size:
+        return Text(f"stack: all {size:,} B of the main stack used since boot — it may have overflowed into the "
+                    f"RAM below it (KV cache, arena): results after that are not to be trusted", style="bold red")
+    return Text(f"stack: deepest {peak:,} B of the main stack's {size:,} B since boot ({100 * peak / size:.0f} %; "
+                f"{size - peak:,} B never touched)  [board's own measure: stack painted at reset]")
 
 
 def bit_exact_line(hello):

@@ -1,6 +1,7 @@
 /* RP2040 start-up: the vector table at the start of the image (flash 0x10000100, after the
- * 256-byte boot2 slot), the reset handler (.data copy, .bss clear, VTOR, main) and a fault
- * handler that reports the exception over the watchdog scratch registers (hal_rp2040.h).
+ * 256-byte boot2 slot), the reset handler (.data copy, .bss clear, stack paint, VTOR, main), a fault
+ * handler that reports the exception over the watchdog scratch registers (hal_rp2040.h), and
+ * hal_stack_peak, which reads the paint back.
  *
  * On the emulated board the harness does what the boot ROM and boot2 do on a chip: it sets VTOR
  * to the table and loads SP and PC from its first two words. */
@@ -16,6 +17,12 @@ void flm_dma0_irq(void);   /* stream_rp2040.c (a fault in a build without stream
 #define REG(addr) (*(volatile uint32_t *)(addr))
 #define PPB_VTOR 0xe000ed08u
 
+/* The main stack is the RAM between .bss's end and the top (rp2040.ld; the link guarantees 8 KB of it).
+ * Reset fills what the reset handler's own frame does not use with this word; the deepest the stack
+ * ever went is where the first word that differs from it sits, reading up from .bss's end. */
+#define STACK_PAINT 0x5354434bu   /* "KCTS" */
+#define PAINT_MARGIN 64u          /* bytes kept clear below the reset handler's stack pointer */
+
 typedef void (*vector)(void);
 #define N_VECTORS (16 + 26)   /* 16 system exceptions, then the RP2040's 26 interrupt lines */
 
@@ -29,10 +36,20 @@ void flm_reset(void) {
     uint32_t *src = __data_lma, *dst = __data_start;
     while (dst < __data_end) *dst++ = *src++;
     for (dst = __bss_start; dst < __bss_end; dst++) *dst = 0;
+    uint8_t *sp;
+    __asm volatile("mov %0, sp" : "=r"(sp));
+    for (dst = __bss_end; (uint8_t *)dst < sp - PAINT_MARGIN; dst++) *dst = STACK_PAINT;
     for (uint32_t i = 0; i < N_VECTORS; i++) ram_vectors[i] = ((const vector *)(const void *)__vectors_start)[i];
     REG(PPB_VTOR) = (uint32_t)(uintptr_t)ram_vectors;
     main();
     for (;;) __asm volatile("wfi");
+}
+
+uint32_t hal_stack_peak(uint32_t *size) {
+    const uint32_t *p = __bss_end;
+    while (p < __stack_top && *p == STACK_PAINT) p++;
+    *size = (uint32_t)((uintptr_t)__stack_top - (uintptr_t)__bss_end);
+    return (uint32_t)((uintptr_t)__stack_top - (uintptr_t)p);
 }
 
 /* frame: the registers the core stacked on exception entry (r0-r3, r12, lr, pc, xpsr) */
