@@ -155,7 +155,8 @@ static uint32_t rs_geom(const flm_tensor *w, const flm_act *xq) {
 /* The lanes of cols activations x (a multiple of 32, at most LANE_COLS): cols / 32 * 17 words, one
  * every step words from p on (step 4: one token of four interleaved, flm_rs_rows4_q4_m0's stage),
  * each start value plus bias (that kernel's 2^15: its high lanes without the low ones' SXTH). */
-static void lanes_build(const flm_act *x, uint32_t cols, uint32_t *p, uint32_t step, uint32_t bias) {
+static inline __attribute__((always_inline)) void lanes_into(const flm_act *x, uint32_t cols, uint32_t *p,
+                                                             uint32_t step, uint32_t bias) {
     for (uint32_t s = 0; s < cols; s += 32u) {
         uint32_t *start = p, sum = 0;
         p += step;
@@ -169,9 +170,14 @@ static void lanes_build(const flm_act *x, uint32_t cols, uint32_t *p, uint32_t s
     }
 }
 
+/* One token's lanes, contiguous (a constant step: the one-token products build them per product) */
+static __attribute__((noinline)) void lanes_build(const flm_act *x, uint32_t cols, uint32_t *p) {
+    lanes_into(x, cols, p, 1u, 0u);
+}
+
 static __attribute__((noinline)) void rows_rs_lanes(flm_rs_job *j, uint32_t cols) {
     uint32_t lanes[FLM_RS_LANE_WORDS];
-    lanes_build(j->x, cols, lanes, 1u, 0u);
+    lanes_build(j->x, cols, lanes);
     j->x = lanes;
     flm_rs_rows_q4_m0(j);
 }
@@ -193,7 +199,7 @@ void flm_rs_lanes_m0(const flm_tensor *w, const flm_act *xq, uint32_t *lanes) {
     const uint32_t core = CPUID & 1u;
     lanes_ready[core].x = 0;
     if (!w) return;
-    lanes_build(xq, w->cols, lanes, 1u, 0u);
+    lanes_build(xq, w->cols, lanes);
     lanes_ready[core].lanes = lanes;
     lanes_ready[core].x = xq;
 }
@@ -252,8 +258,8 @@ void flm_rs_stage(const flm_tensor *w, const flm_batch *b, uint32_t *stage, uint
         const uint32_t quads = flm_rs_staged(w, b) / 4u * 4u;
         for (uint32_t t = t0; t < t1; t++) {
             const flm_act *x = b->xq + (size_t)t * b->xq_stride;
-            if (t < quads) lanes_build(x, cols, stage + (size_t)t / 4u * 4u * words + t % 4u, 4u, 0x8000u);
-            else lanes_build(x, cols, stage + (size_t)t * words, 1u, 0u);
+            if (t < quads) lanes_into(x, cols, stage + (size_t)t / 4u * 4u * words + t % 4u, 4u, 0x8000u);
+            else lanes_build(x, cols, stage + (size_t)t * words);
         }
         return;
     }
@@ -272,16 +278,16 @@ void flm_rs_stage(const flm_tensor *w, const flm_batch *b, uint32_t *stage, uint
     }
 }
 
-/* Rows [0, w->rows) of w for tokens [t, t + 4) of b, their activations staged at x, by fn (the job
- * filled field by field: a zeroing initializer calls memset, which runs from flash). */
-static void rows4(void (*fn)(flm_rs_job4 *), const flm_tensor *w, const flm_batch *b, uint32_t t,
+/* Rows [0, w->rows) of w (geom: rs_geom's) for tokens [t, t + 4) of b, their activations staged at x,
+ * by fn (the job filled field by field: a zeroing initializer calls memset, which runs from flash). */
+static void rows4(void (*fn)(flm_rs_job4 *), const flm_tensor *w, uint32_t geom, const flm_batch *b, uint32_t t,
                   const uint32_t *x, uint32_t r) {
     flm_rs_job4 j;
     j.row = w->data;
     j.stride = w->stride;
     j.n = w->rows;
     j.x = x;
-    j.geom = rs_geom(w, b->xq);
+    j.geom = geom;
     for (uint32_t k = 0; k < 4u; k++) {
         j.xs[k] = b->xs[(size_t)(t + k) * b->xs_stride];
         j.out[k] = b->out + (size_t)(t + k) * b->out_stride + r;
@@ -290,19 +296,19 @@ static void rows4(void (*fn)(flm_rs_job4 *), const flm_tensor *w, const flm_batc
 }
 
 void flm_rs_staged_rows(const flm_tensor *w, const flm_batch *b, uint32_t n, const uint32_t *stage, uint32_t r) {
-    const uint32_t words = stage_words(w, b);
+    const uint32_t geom = rs_geom(w, b->xq), words = stage_words(w, b);
     if (w->fmt != FLM_Q8) {
         uint32_t t = 0;
-        for (; t + 4u <= n; t += 4u) rows4(flm_rs_rows4_q4_m0, w, b, t, stage + (size_t)t * words, r);
+        for (; t + 4u <= n; t += 4u) rows4(flm_rs_rows4_q4_m0, w, geom, b, t, stage + (size_t)t * words, r);
         for (; t < n; t++) {
-            flm_rs_job j = {w->data, w->stride, w->rows, stage + (size_t)t * words, rs_geom(w, b->xq),
+            flm_rs_job j = {w->data, w->stride, w->rows, stage + (size_t)t * words, geom,
                             b->xs[(size_t)t * b->xs_stride], b->out + (size_t)t * b->out_stride + r};
             flm_rs_rows_q4_m0(&j);
         }
         return;
     }
     void (*const q8)(flm_rs_job4 *) = q8_wide(w, b) ? flm_rs_rows4w_q8_m0 : flm_rs_rows4_q8_m0;
-    for (uint32_t t = 0; t < n; t += 4u) rows4(q8, w, b, t, stage + (size_t)t / 4u * words, r);
+    for (uint32_t t = 0; t < n; t += 4u) rows4(q8, w, geom, b, t, stage + (size_t)t / 4u * words, r);
 }
 
 /* The boot self-check's pass (kernel_hooks.h FLM_PASS_ROWS_AGREE): the staged rows of FLM_CHECK_TOKENS

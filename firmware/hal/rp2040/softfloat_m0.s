@@ -1152,7 +1152,7 @@ flm_rs_finish_slow:
     .ltorg
     .size flm_rs_rows_q4_m0, . - flm_rs_rows_q4_m0
 
-@ ---- four tokens' row-scaled q8 rows (a pass of several tokens: kernels_arch.h rs4_rows): each
+@ ---- four tokens' row-scaled q8 rows (a pass of several tokens: kernels_arch.h flm_rs_staged_rows): each
 @ code word loaded and each code sign-extended once for four tokens, whose activation codes are
 @ staged interleaved (kernels_arch.h flm_rs_stage: per column two words, token 0 | token 1 << 16 and
 @ token 2 | token 3 << 16). Per token the sums are Q8S_BODY's (the same group sums, each group's term
