@@ -51,18 +51,28 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
     q4f = float(comp.get("q4_mac_factor", d_q4))
     dq_flops = float(comp.get("dequant_flops", 2.0))
     quad = float(comp.get("q8_quad_mac_factor", 1.0))
+    quad4 = float(comp.get("q4_quad_mac_factor", 1.0))
     stage = int(comp.get("pass_stage_words", 0))
     by = spec.by_name()
     d, hd, hid = cfg.dim, cfg.head_dim, cfg.hidden_dim
     rows_part = dict.fromkeys(PHASES, 0.0)
     par_part = dict.fromkeys(PHASES, 0.0)
 
-    def q8_factor(w: TensorSpec) -> float:
-        """A q8 row-scaled product's multiply-accumulates in a pass of four tokens or more on a board
-        with four-token rows (kernels_arch.h flm_rs_staged_rows: groups of 16 or 32 codes, as many
-        quads as its stage of ``pass_stage_words`` holds at 2 words a column): the quads' tokens at
-        ``q8_quad_mac_factor`` of a single token's cost."""
-        if quad == 1.0 or pass_n < 4 or not w.rowscale or w.group not in (16, 32):
+    def quad_factor(w: TensorSpec) -> float:
+        """A row-scaled product's multiply-accumulates in a pass of four tokens or more on a board
+        with four-token rows (kernels_arch.h flm_rs_staged_rows), the quads' tokens at
+        ``q8_quad_mac_factor`` / ``q4_quad_mac_factor`` of a single token's cost: q8, groups of 16
+        or 32 codes, as many quads as its stage of ``pass_stage_words`` holds at 2 words a column;
+        q4, groups of a multiple of 32 codes and at most 1,024 columns, every token's lanes (17
+        words per 32 columns) staged or none."""
+        if pass_n < 4 or not w.rowscale:
+            return 1.0
+        if w.fmt == "q4":
+            lanes = w.cols // 32 * 17
+            if quad4 == 1.0 or w.group % 32 or w.cols % w.group or w.cols > 1024 or pass_n * lanes > stage:
+                return 1.0
+            return 1.0 - (1.0 - quad4) * (pass_n // 4 * 4) / pass_n
+        if quad == 1.0 or w.group not in (16, 32):
             return 1.0
         staged = 4 * min(pass_n // 4, stage // (2 * w.cols))
         return 1.0 - (1.0 - quad) * staged / pass_n
@@ -74,7 +84,7 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
         three float operations per row (kernels_ref.h row_rs)."""
         groups = -(-w.cols // w.group)
         act_groups = 1 if w.rowscale else groups
-        macs = w.rows * w.cols * (q4f if w.fmt == "q4" else q8_factor(w))
+        macs = w.rows * w.cols * (q4f if w.fmt == "q4" else 1.0) * quad_factor(w)
         if w.rowscale:
             macs += w.rows * groups
             flops = w.rows * 3

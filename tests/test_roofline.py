@@ -3,6 +3,7 @@ speculation.py, roofline.py; `flashlm plan --roofline`): the structure of the pr
 each weight once and computes every token, so bytes per token fall about T-fold while arithmetic does
 not; speculation pays on a bandwidth-bound board and not on a compute-bound one — and the prediction
 beside the emulated RP2040's deterministic cycles (a loose band: the sizes are bench.passes')."""
+import copy
 import json
 from pathlib import Path
 
@@ -200,6 +201,28 @@ def test_the_best_batch_is_the_smallest_near_the_lowest_within_ram():
     low = min(q.us_per_token for q in ok)
     assert best.us_per_token <= low * (1 + P.BEST_T_TOLERANCE)
     assert all(q.us_per_token > low * (1 + P.BEST_T_TOLERANCE) for q in ok if q.batch < best.batch)
+
+
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+def test_four_token_rows_cost_their_factor_of_a_mac(fmt):
+    """rp2040-emu's four-token rows ([compute] q8_quad_mac_factor, q4_quad_mac_factor): a token of a pass of
+    8 costs the row-scaled products' MACs at its format's factor, linearly; a pass of 3 (no quad) and a
+    factor of 1 cost what one token costs. (The other format's factor is 1 here: q4's head is q8.)"""
+    qm = quantize(random_model(seed=3, dim=64, n_heads=4, hidden_dim=128)[1], fmt, 32)
+    spec = C.ModelSpec.from_quant(qm)
+    assert all(t.rowscale for t in spec.tensors if t.fmt == fmt and t.name != "tok_embeddings")
+    key = f"{fmt}_quad_mac_factor"
+    f = board("rp2040-emu")["compute"][key]
+    assert f < 1.0
+
+    def rows(x, n):
+        prof = copy.deepcopy(board("rp2040-emu"))
+        prof["compute"].update({"q8_quad_mac_factor": 1.0, "q4_quad_mac_factor": 1.0, key: x})
+        return sum(K.compute_parts(spec, 5, prof, pass_n=n)[1].values())
+
+    assert rows(f, 3) == rows(f, 1) == rows(1.0, 8)
+    saved = rows(f, 1) - rows(f, 8)
+    assert saved > 0 and saved == pytest.approx((rows(0.5, 1) - rows(0.5, 8)) * (1 - f) / 0.5, rel=1e-9)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@
  * them by its weight format's rule in the reference's order. */
 #define ISUM_BLOCK 32u
 #define KIND_Q4O 2
+#define FLM_CHECK_TOKENS 5u   /* the boot self-check's pass (FLM_PASS_ROWS_AGREE) */
 static inline __attribute__((always_inline)) void isums(const uint8_t *codes, size_t step, const flm_act *x, uint32_t g,
                                                         uint32_t ng, int kind, int32_t *isum);
 typedef void (*isums_fn)(const uint8_t *codes, size_t step, const flm_act *x, uint32_t ng, int32_t *isum);
@@ -179,6 +180,12 @@ static inline __attribute__((always_inline)) float row_whole(const uint8_t *p, c
 
 /* hal_matmul (hal.h) is the board's hook for a whole matrix product: it may split rows across its
  * cores; kernels.c's weak default runs them all on the calling core. */
+
+/* FLM_PASS_ROWS_AGREE(w, x, stride, xs) -> int, for the boot self-check only: a HAL's own rows for
+ * several tokens at once (a pass's product outside kernels.c, e.g. the RP2040's staged rows) on the
+ * row-scaled w against row_rs token by token, FLM_CHECK_TOKENS tokens (codes at x + t * stride, X
+ * at xs[t]): 1 when bit for bit the same or when it has none for w's shape. No fallback: without
+ * it the check has nothing more to compare. */
 
 #ifdef FLM_FAULT_TUNED_KERNEL
 #include "kernels_fault.h"

@@ -15,7 +15,8 @@
  * with SIMD the group sizes of the vectorised rows (64, 128); pseudo-random codes, activations as the
  * engine passes them (q8: 12-bit, -2047 and 2047 among them; q4: 8-bit, -127 and 127 among them),
  * multipliers up to 255. Every row alone (flm_matvec_row) and all three at once (flm_matvec_rows)
- * against the scalar kernels, bit for bit. Then the int8 and k12 attention's loops and the
+ * against the scalar kernels, bit for bit; the row-scaled ones also in a pass of several tokens where
+ * the core has rows of its own for that (kernel_hooks.h FLM_PASS_ROWS_AGREE). Then the int8 and k12 attention's loops and the
  * activation codes of a HAL (qmax 127 into int8 and flm_act, qmax 2047). */
 #define SC_ROWS 3u
 #define SC_NG 3u
@@ -126,6 +127,22 @@ static int sc_codes_agree(void) {
     return 1;
 }
 
+/* A pass's rows (kernel_hooks.h FLM_PASS_ROWS_AGREE) on the row-scaled w: FLM_CHECK_TOKENS tokens
+ * whose codes are x's turned by 7 columns a token, each its own X (1 where the core has none). */
+static int sc_pass_agree(const flm_tensor *w, const flm_act *x) {
+#ifdef FLM_PASS_ROWS_AGREE
+    const uint32_t n = SC_NG * SC_GMAX;
+    flm_act xt[FLM_CHECK_TOKENS * SC_NG * SC_GMAX] __attribute__((aligned(4)));
+    static const float xs[FLM_CHECK_TOKENS] = {0.25f, -0.0078125f, 3.0f, 1.5f, -0.5f};
+    for (uint32_t t = 0; t < FLM_CHECK_TOKENS; t++)
+        for (uint32_t i = 0; i < n; i++) xt[t * n + i] = x[(i + 7u * t) % n];
+    return FLM_PASS_ROWS_AGREE(w, xt, n, xs);
+#else
+    (void)w, (void)x;
+    return 1;
+#endif
+}
+
 int flm_kernels_self_check(void) {   /* (its buffers on the stack: no SRAM kept for a boot-time check) */
     uint8_t buf[SC_ROWS * SC_NG * (4u + SC_GMAX)] __attribute__((aligned(4)));
     flm_act xq8[SC_NG * SC_GMAX] __attribute__((aligned(4))), xq4[SC_NG * SC_GMAX] __attribute__((aligned(4)));
@@ -143,6 +160,7 @@ int flm_kernels_self_check(void) {   /* (its buffers on the stack: no SRAM kept 
                 for (uint32_t kind = 0; kind < 3u; kind++) {
                     const flm_tensor w = sc_tensor(buf, g, fmt, kind, cols);
                     if (!sc_rows_agree(&w, fmt == FLM_Q8 ? xq8 : xq4, xs)) return -1;
+                    if (kind == 2u && !sc_pass_agree(&w, fmt == FLM_Q8 ? xq8 : xq4)) return -1;
                 }
             }
         }

@@ -152,18 +152,27 @@ static uint32_t rs_geom(const flm_tensor *w, const flm_act *xq) {
     return ok ? w->cols / g | g << 16 : 0u;
 }
 
-/* The lanes of cols activations x (a multiple of 32, at most LANE_COLS) into lanes[0, cols / 32 * 17). */
-static void lanes_build(const flm_act *x, uint32_t cols, uint32_t *p) {
+/* The lanes of cols activations x (a multiple of 32, at most LANE_COLS): cols / 32 * 17 words, one
+ * every step words from p on (step 4: one token of four interleaved, flm_rs_rows4_q4_m0's stage),
+ * each start value plus bias (that kernel's 2^15: its high lanes without the low ones' SXTH). */
+static inline __attribute__((always_inline)) void lanes_into(const flm_act *x, uint32_t cols, uint32_t *p,
+                                                             uint32_t step, uint32_t bias) {
     for (uint32_t s = 0; s < cols; s += 32u) {
-        uint32_t *start = p++, sum = 0;
+        uint32_t *start = p, sum = 0;
+        p += step;
         for (uint32_t b = s; b < s + 32u; b += 8u)
-            for (uint32_t i = 0; i < 4u; i++) {
+            for (uint32_t i = 0; i < 4u; i++, p += step) {
                 const uint32_t v = ((uint32_t)(int32_t)x[b + i] << 16) + (uint32_t)(int32_t)x[b + i + 4u];
-                *p++ = v;
+                *p = v;
                 sum += v;
             }
-        *start = 0u - 8u * 0x10001u * sum;
+        *start = bias - 8u * 0x10001u * sum;
     }
+}
+
+/* One token's lanes, contiguous (a constant step: the one-token products build them per product) */
+static __attribute__((noinline)) void lanes_build(const flm_act *x, uint32_t cols, uint32_t *p) {
+    lanes_into(x, cols, p, 1u, 0u);
 }
 
 static __attribute__((noinline)) void rows_rs_lanes(flm_rs_job *j, uint32_t cols) {
@@ -219,7 +228,8 @@ static inline __attribute__((always_inline)) int rs_rows_m0(const flm_tensor *w,
 
 /* A pass's staged activations (rs_lanes_rp2040.h): q8, quad q at stage + q * words, per column
  * four int32 (x_4q .. x_4q+3) where every quad of the pass fits so, else two words (x_4q | x_4q+1
- * << 16), (x_4q+2 | x_4q+3 << 16); q4, token t's lanes at stage + t * words. */
+ * << 16), (x_4q+2 | x_4q+3 << 16); q4, token t's lanes at stage + t * words, those of a whole quad
+ * interleaved there (token t's lane words at stage + t / 4 * 4 * words + t % 4, every fourth). */
 static uint32_t q8_wide(const flm_tensor *w, const flm_batch *b) {
     return b->n / 4u * 4u * w->cols <= FLM_RS_STAGE_WORDS;
 }
@@ -245,8 +255,12 @@ uint32_t flm_rs_staged(const flm_tensor *w, const flm_batch *b) {
 void flm_rs_stage(const flm_tensor *w, const flm_batch *b, uint32_t *stage, uint32_t t0, uint32_t t1) {
     const uint32_t cols = w->cols, words = stage_words(w, b);
     if (w->fmt != FLM_Q8) {
-        for (uint32_t t = t0; t < t1; t++)
-            lanes_build(b->xq + (size_t)t * b->xq_stride, cols, stage + (size_t)t * words);
+        const uint32_t quads = flm_rs_staged(w, b) / 4u * 4u;
+        for (uint32_t t = t0; t < t1; t++) {
+            const flm_act *x = b->xq + (size_t)t * b->xq_stride;
+            if (t < quads) lanes_into(x, cols, stage + (size_t)t / 4u * 4u * words + t % 4u, 4u, 0x8000u);
+            else lanes_build(x, cols, stage + (size_t)t * words);
+        }
         return;
     }
     if (q8_wide(w, b)) {
@@ -264,32 +278,60 @@ void flm_rs_stage(const flm_tensor *w, const flm_batch *b, uint32_t *stage, uint
     }
 }
 
-/* (the q8 job filled field by field: a zeroing initializer calls memset, which runs from flash) */
+/* Rows [0, w->rows) of w (geom: rs_geom's) for tokens [t, t + 4) of b, their activations staged at x,
+ * by fn (the job filled field by field: a zeroing initializer calls memset, which runs from flash). */
+static void rows4(void (*fn)(flm_rs_job4 *), const flm_tensor *w, uint32_t geom, const flm_batch *b, uint32_t t,
+                  const uint32_t *x, uint32_t r) {
+    flm_rs_job4 j;
+    j.row = w->data;
+    j.stride = w->stride;
+    j.n = w->rows;
+    j.x = x;
+    j.geom = geom;
+    for (uint32_t k = 0; k < 4u; k++) {
+        j.xs[k] = b->xs[(size_t)(t + k) * b->xs_stride];
+        j.out[k] = b->out + (size_t)(t + k) * b->out_stride + r;
+    }
+    fn(&j);
+}
+
 void flm_rs_staged_rows(const flm_tensor *w, const flm_batch *b, uint32_t n, const uint32_t *stage, uint32_t r) {
     const uint32_t geom = rs_geom(w, b->xq), words = stage_words(w, b);
     if (w->fmt != FLM_Q8) {
-        for (uint32_t t = 0; t < n; t++) {
+        uint32_t t = 0;
+        for (; t + 4u <= n; t += 4u) rows4(flm_rs_rows4_q4_m0, w, geom, b, t, stage + (size_t)t * words, r);
+        for (; t < n; t++) {
             flm_rs_job j = {w->data, w->stride, w->rows, stage + (size_t)t * words, geom,
                             b->xs[(size_t)t * b->xs_stride], b->out + (size_t)t * b->out_stride + r};
             flm_rs_rows_q4_m0(&j);
         }
         return;
     }
-    const uint32_t wide = q8_wide(w, b);
-    flm_rs_job4 j;
-    for (uint32_t t = 0; t < n; t += 4u) {
-        j.row = w->data;
-        j.stride = w->stride;
-        j.n = w->rows;
-        j.x = stage + (size_t)t / 4u * words;
-        j.geom = geom;
-        for (uint32_t k = 0; k < 4u; k++) {
-            j.xs[k] = b->xs[(size_t)(t + k) * b->xs_stride];
-            j.out[k] = b->out + (size_t)(t + k) * b->out_stride + r;
-        }
-        (wide ? flm_rs_rows4w_q8_m0 : flm_rs_rows4_q8_m0)(&j);
-    }
+    void (*const q8)(flm_rs_job4 *) = q8_wide(w, b) ? flm_rs_rows4w_q8_m0 : flm_rs_rows4_q8_m0;
+    for (uint32_t t = 0; t < n; t += 4u) rows4(q8, w, geom, b, t, stage + (size_t)t / 4u * words, r);
 }
+
+/* The boot self-check's pass (kernel_hooks.h FLM_PASS_ROWS_AGREE): the staged rows of FLM_CHECK_TOKENS
+ * tokens (q8: a quad, q4: a quad and one alone) against row_rs, for a w of at most 3 rows and 96
+ * columns they take. */
+#define CHECK_ROWS 3u
+#define CHECK_STAGE_WORDS 384u   /* q8's quad of 96 columns, four words a column */
+static int pass_rows_agree(const flm_tensor *w, const flm_act *x, uint32_t stride, const float *xs) {
+    float out[FLM_CHECK_TOKENS * CHECK_ROWS];
+    uint32_t stage[CHECK_STAGE_WORDS];
+    const flm_batch b = {FLM_CHECK_TOKENS, x, xs, out, stride, 1u, CHECK_ROWS};
+    if (w->rows > CHECK_ROWS || w->cols > 96u || !flm_rs_stage_fit(w, &b)) return 1;
+    const uint32_t n = flm_rs_staged(w, &b);
+    flm_rs_stage(w, &b, stage, 0u, n);
+    flm_rs_staged_rows(w, &b, n, stage, 0u);
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t r = 0; r < w->rows; r++) {
+            const float ref = row_rs(w, r, x + (size_t)t * stride, xs + t, dot_q8_scalar, dot_q4o_scalar);
+            if (memcmp(&ref, &out[t * CHECK_ROWS + r], 4)) return 0;
+        }
+    return 1;
+}
+#define FLM_PASS_ROWS_AGREE pass_rows_agree
 #else
 /* the portable rows take no lanes */
 int flm_rs_lanes_fit(const flm_tensor *w, const flm_act *xq) {

@@ -14,9 +14,10 @@ int flm_rs_lanes_fit(const flm_tensor *w, const flm_act *xq);
 void flm_rs_lanes_m0(const flm_tensor *w, const flm_act *xq, uint32_t *lanes);
 
 /* A pass's products (several tokens) on staged activations, built once per product, not per
- * chunk and token: q8's four tokens at a time (softfloat_m0.s flm_rs_rows4_q8_m0: a code loaded
- * and sign-extended once for four tokens), their activation codes interleaved per column; q4's one
- * token at a time, each token's lanes. */
+ * chunk and token, four tokens at a time: q8's (softfloat_m0.s flm_rs_rows4_q8_m0: a code loaded
+ * and sign-extended once for four tokens) from their activation codes interleaved per column, q4's
+ * (flm_rs_rows4_q4_m0: a code word's nibble pairs masked once for four tokens) from their lanes
+ * interleaved word by word; the rest of the pass one token at a time (q4: each token's lanes). */
 #define FLM_RS_STAGE_WORDS 1536u   /* 6 KB of the streaming core's stack: q8, 2 quads of 352
                                       columns; q4, the lanes of 8 tokens of 352 */
 /* 1 if the rows of w against b's tokens take staged activations (row-scaled, the assembly's shape;

@@ -1152,7 +1152,7 @@ flm_rs_finish_slow:
     .ltorg
     .size flm_rs_rows_q4_m0, . - flm_rs_rows_q4_m0
 
-@ ---- four tokens' row-scaled q8 rows (a pass of several tokens: kernels_arch.h rs4_rows): each
+@ ---- four tokens' row-scaled q8 rows (a pass of several tokens: kernels_arch.h flm_rs_staged_rows): each
 @ code word loaded and each code sign-extended once for four tokens, whose activation codes are
 @ staged interleaved (kernels_arch.h flm_rs_stage: per column two words, token 0 | token 1 << 16 and
 @ token 2 | token 3 << 16). Per token the sums are Q8S_BODY's (the same group sums, each group's term
@@ -1233,9 +1233,13 @@ flm_rs_finish_slow:
     .endm
 
 @ Locals: [sp, #0..12] the four sums' low words, [sp, #16..28] their high words, [sp, #32] the job,
-@ [sp, #36] the row, [sp, #40] its next k, [sp, #44] its codes' end, [sp, #48] g, 15 words with
-@ ENTER9's 9 keep sp 8-byte aligned.
-    .macro ROWS4 name, wide
+@ [sp, #36] the row, [sp, #40] its next k, [sp, #44] its codes' end, [sp, #48] a group's code bytes,
+@ 15 words with ENTER9's 9 keep sp 8-byte aligned (flm_rs_rows4_q4_m0's too).
+@ A four-token driver's entry and its row: \name entered with 15 words of locals, the job at [sp, #32];
+@ label 20 takes the job's next row (none left: returns) -> r0 = its codes, r2 = the staged
+@ activations, the locals set for it ([sp, #48] = a group's code bytes: g, or g / 2 for \q4), the
+@ sums 0; clobbers r3-r6
+    .macro ROWS4_ROW name, q4
     FUNC9 \name, 15
     str r0, [sp, #32]
 20: ldr r4, [sp, #32]
@@ -1255,7 +1259,7 @@ flm_rs_finish_slow:
     adds r0, #4
     str r0, [sp, #40]           @ k[]
     CODES_OF r0, r3, r4
-    lsrs r4, r3, #16            @ g
+    lsrs r4, r3, #(16 + \q4)     @ a group's code bytes
     str r4, [sp, #48]
     uxth r5, r3
     muls r5, r4
@@ -1270,6 +1274,42 @@ flm_rs_finish_slow:
     str r4, [sp, #20]
     str r4, [sp, #24]
     str r4, [sp, #28]
+    .endm
+
+@ The row's four outputs from its sums (low words [sp, #0..12], high words [sp, #16..28]), then the
+@ next row (label 20)
+    .macro ROWS4_OUT
+    ldr r1, [sp, #36]           @ r8 = the job + 4t, r9 = &sum[t],
+    ldr r1, [r1]                @ r10 = S, r11 = the job + 16 (RS_FINISH keeps r8-r11)
+    mov r10, r1
+    ldr r6, [sp, #32]
+    mov r8, r6
+    adds r6, #16
+    mov r11, r6
+    mov r5, sp
+    mov r9, r5
+25: mov r5, r9
+    ldm r5!, {r0}               @ the sum's low word
+    ldr r3, [r5, #12]           @ its high word
+    mov r9, r5
+    mov r1, r10
+    mov r6, r8
+    ldr r2, [r6, #20]           @ the token's X
+    RS_FINISH
+    mov r6, r8
+    ldr r5, [r6, #36]
+    stm r5!, {r0}
+    str r5, [r6, #36]
+    adds r6, #4
+    mov r8, r6
+    cmp r6, r11
+    beq 27f
+    b 25b
+27: b 20b
+    .endm
+
+    .macro ROWS4 name, wide
+    ROWS4_ROW \name, 0
 22: ldr r4, [sp, #48]           @ a group: its codes' end, its sums
     adds r4, r0, r4
     mov r12, r4
@@ -1301,38 +1341,99 @@ flm_rs_finish_slow:
     Q8Q_OVF 1
     Q8Q_OVF 2
     Q8Q_OVF 3
-26: ldr r1, [sp, #36]           @ the row's four outputs: r8 = the job + 4t, r9 = &sum[t],
-    ldr r1, [r1]                @ r10 = S, r11 = the job + 16 (RS_FINISH keeps r8-r11)
-    mov r10, r1
-    ldr r6, [sp, #32]
-    mov r8, r6
-    adds r6, #16
-    mov r11, r6
-    mov r5, sp
-    mov r9, r5
-25: mov r5, r9
-    ldm r5!, {r0}               @ the sum's low word
-    ldr r3, [r5, #12]           @ its high word
-    mov r9, r5
-    mov r1, r10
-    mov r6, r8
-    ldr r2, [r6, #20]           @ the token's X
-    RS_FINISH
-    mov r6, r8
-    ldr r5, [r6, #36]
-    stm r5!, {r0}
-    str r5, [r6, #36]
-    adds r6, #4
-    mov r8, r6
-    cmp r6, r11
-    beq 27f
-    b 25b
-27: b 20b
+26: ROWS4_OUT
     .size \name, . - \name
     .endm
 
     ROWS4 flm_rs_rows4_q8_m0, 0
     ROWS4 flm_rs_rows4w_q8_m0, 1
+
+@ ---- four tokens' row-scaled q4 rows (a pass of several tokens): each code word loaded and each
+@ nibble pair masked once for four tokens, whose lanes (Q4L_WORD's X_j) are staged interleaved
+@ (kernels_arch.h flm_rs_stage: per sub-block of 32 columns the four tokens' start values, then per
+@ lane word the four tokens' words). A token's sub-block sum is Q4L_WORD's, its start value biased by
+@ 2^15 so that the high lane is (sum + 2^15) >> 16 without the low one's SXTH (|low lane| < 2^15);
+@ each group's k times it added to the token's int32 row sum, the finish RS_FINISH's: each token's
+@ out[] is bit for bit flm_rs_rows_q4_m0's. 66 cycles per code word for four tokens where the one-token
+@ loop takes 24 for one. void flm_rs_rows4_q4_m0(flm_rs_job4 *j): as flm_rs_rows4_q8_m0's job.
+
+@ Nibbles j and j + 4 of the code word r4 (\sh = 4j: r2 = them masked by r3 = 0x000F000F) times the
+@ four tokens' X_j (at r1) into r8-r11; clobbers r2, r5-r7
+    .macro Q4Q_PAIR sh
+    .if \sh
+    lsrs r2, r4, #\sh
+    ands r2, r3
+    .else
+    movs r2, r3
+    ands r2, r4
+    .endif
+    ldm r1!, {r5, r6, r7}
+    muls r5, r2
+    add r8, r5
+    muls r6, r2
+    add r9, r6
+    muls r7, r2
+    add r10, r7
+    ldm r1!, {r5}
+    muls r5, r2
+    add r11, r5
+    .endm
+
+    .macro Q4Q_WORD
+    ldm r0!, {r4}
+    Q4Q_PAIR 0
+    Q4Q_PAIR 4
+    Q4Q_PAIR 8
+    Q4Q_PAIR 12
+    .endm
+
+@ Token \t's sub-block sum (the high lane of \acc) times the group's k (r2) added to its row sum at
+@ [sp, #4 * \t]; clobbers r4, r5
+    .macro Q4Q_ACC acc, t
+    mov r4, \acc
+    asrs r4, r4, #16
+    muls r4, r2
+    ldr r5, [sp, #(4 * \t)]
+    adds r5, r5, r4
+    str r5, [sp, #(4 * \t)]
+    .endm
+
+    ROWS4_ROW flm_rs_rows4_q4_m0, 1
+    mov r1, r2
+    movs r3, #15
+    lsls r4, r3, #16
+    orrs r3, r4                 @ 0x000F000F
+22: ldr r4, [sp, #40]           @ a group: its k (lr), its codes' end (r12)
+    ldrb r2, [r4]
+    adds r4, #1
+    str r4, [sp, #40]
+    mov lr, r2
+    ldr r4, [sp, #48]
+    adds r4, r0, r4
+    mov r12, r4
+23: ldm r1!, {r4, r5, r6, r7}   @ a sub-block: the tokens' start values
+    mov r8, r4
+    mov r9, r5
+    mov r10, r6
+    mov r11, r7
+    Q4Q_WORD
+    Q4Q_WORD
+    Q4Q_WORD
+    Q4Q_WORD
+    mov r2, lr
+    Q4Q_ACC r8, 0
+    Q4Q_ACC r9, 1
+    Q4Q_ACC r10, 2
+    Q4Q_ACC r11, 3
+    cmp r0, r12
+    beq 24f
+    b 23b                       @ (the loop is beyond a conditional branch's reach)
+24: ldr r4, [sp, #44]
+    cmp r0, r4
+    beq 26f
+    b 22b
+26: ROWS4_OUT
+    .size flm_rs_rows4_q4_m0, . - flm_rs_rows4_q4_m0
 
 @ ---- float __aeabi_fdiv(float a, float b) -----------------------------------------------
 @ Normal operands and a normal quotient: 25 quotient bits by restoring division (the carry of
