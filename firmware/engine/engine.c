@@ -726,16 +726,42 @@ static uint32_t first_max(const float *v, uint32_t n) {
     return best;
 }
 
-/* Rows [a, z) of w for the pass's last token into out[a, z): hal_matmul on a view of just those
- * rows, so a board that splits a product's rows across its cores splits a tile too (rows are
- * independent: bit for bit flm_matvec_rows). */
-static void tile_rows(flm_state *s, const flm_tensor *w, uint32_t a, uint32_t z, float *out) {
+/* Rows [a, z) of w: a view of just those rows. */
+static flm_tensor rows_view(const flm_tensor *w, uint32_t a, uint32_t z) {
     flm_tensor v = *w;
     v.data = w->data + (size_t)a * w->stride;
     v.rows = z - a;
     v.length = (z - a) * w->stride;
+    return v;
+}
+
+/* Rows [a, z) of w for the pass's last token into out[a, z): hal_matmul on a view of just those
+ * rows, so a board that splits a product's rows across its cores splits a tile too (rows are
+ * independent: bit for bit flm_matvec_rows). */
+static void tile_rows(flm_state *s, const flm_tensor *w, uint32_t a, uint32_t z, float *out) {
+    const flm_tensor v = rows_view(w, a, z);
     const flm_batch b = {1u, s->xq, s->xs, out + a, s->xq_stride, s->xs_stride, 0u};
     hal_matmul(&v, &b, s->row_buf, s->row_buf_bytes);
+}
+
+/* Tile t is skipped by the scan once best is known: its bound is finite and below best (best
+ * only grows, so a tile skipped now stays skipped). */
+static int tile_skipped(const flm_state *s, uint32_t t, float best) {
+    return flm_f32_finite(s->probs[t]) && flm_f32_gt(best, s->probs[t]);
+}
+
+/* The scan's likely next product (hal_matmul_then), named before step k's: the first tile from k on
+ * in stored order that is not the first one and not skipped with best as it stands (at step 0 best
+ * is not known yet). A guess: best may grow and skip it, which costs a board only that read. */
+static void tile_ahead(const flm_state *s, uint32_t k, uint32_t first, float best) {
+    const flm_model *m = s->m;
+    const uint32_t nt = m->n_tiles;
+    for (uint32_t t = k; t < nt; t++) {
+        if (t == first || (k && tile_skipped(s, t, best))) continue;
+        const flm_tensor v = rows_view(&m->head, s->idx[t], t + 1u < nt ? s->idx[t + 1u] : m->n_out);
+        hal_matmul_then(&v);
+        return;
+    }
 }
 
 /* The tile scan (docs/formats.md section 3): U_t = C_t + R_t * Xm for every tile (C_t its centre
@@ -763,8 +789,9 @@ static uint32_t tile_scan(flm_state *s, float xm, flm_step_stats *st) {
     for (uint32_t k = 0; k <= nt; k++) {
         const uint32_t t = k ? k - 1u : first;
         /* skipped only on a finite bound (an overflowed one proves nothing) */
-        if (k && (t == first || (flm_f32_finite(s->probs[t]) && flm_f32_gt(best, s->probs[t])))) continue;
+        if (k && (t == first || tile_skipped(s, t, best))) continue;
         const uint32_t a = s->idx[t], z = t + 1u < nt ? s->idx[t + 1u] : n;
+        tile_ahead(s, k, first, best);
         tile_rows(s, &m->head, a, z, s->logits);   /* logits indexed by stored row here */
         for (uint32_t i = a; i < z; i++) {
             const uint8_t *p = perm + mb * i;
