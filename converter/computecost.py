@@ -35,13 +35,17 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
 
 
 def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampling: str = "greedy",
-                  head: str | int | None = None, experts=None, pass_n: int = 1) -> tuple[dict, dict, dict]:
+                  head: str | int | None = None, experts=None, pass_n: int = 1,
+                  rows_after: frozenset = frozenset()) -> tuple[dict, dict, dict]:
     """compute_cycles' cycles per phase, and of them per phase the matrix products' rows (their
     multiply-accumulates and per-row scaling: what runs inside hal_matmul, which a board may split
     across its cores), and the work a board may split across its cores too (hal.h hal_parallel: the
     activations' codes, the norms' scaling, RoPE, attention's heads, the residuals, the FFN's SiLU x up;
     the norms' sums (their squares split), the scales' divisions and the KV rows' quantization stay on one core).
-    ``pass_n``: the tokens of the forward pass this token is one of (a board's multi-token rows)."""
+    ``pass_n``: the tokens of the forward pass this token is one of (a board's multi-token rows).
+    ``rows_after``: the phases whose products take the work on their output rows (hal.h
+    hal_matmul_each: a board that streams them; the residuals after wo and w2, the FFN's SiLU and its
+    product with w3's rows), which then counts with the products' rows instead of hal_parallel's."""
     cfg = spec.config
     comp = prof.get("compute", {})
     fpu = bool(prof.get("fpu", True))
@@ -92,6 +96,11 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
         par_part[phase] += cycles
         return cycles
 
+    def after(phase: str, cycles: float) -> float:
+        """cycles of work on a product's output rows, in phase: in the products where they take it."""
+        (rows_part if phase in rows_after else par_part)[phase] += cycles
+        return cycles
+
     def rms_par(n: int, phase: str, squares: bool = True) -> float:
         """rms(n), its scaling (2 flops an element) split, and its squares (1) where the output is not
         the input (engine.c rmsnorm)."""
@@ -126,16 +135,16 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
             c += par("attention", cfg.n_heads * ((2 * t * hd + 8 * t) * cpm
                                                  + (hd * 2 + 2 * FLOPS_DIV + t * 4 + hd * 2 + FLOPS_DIV + 1) * cpf))
             c += 2 * cfg.kv_dim * 2 * cpf + 2 * cfg.n_kv_heads * 2 * FLOPS_DIV * cpf  # K, V rows quantized
-        c += par("attention", d * cpf)                                                # residual
+        c += after("attention", d * cpf)                                              # residual (wo's rows)
         out["attention"] += c
-        f = rms_par(d, "ffn") + par("ffn", d * cpf)                                    # norm, residual
+        f = rms_par(d, "ffn") + after("ffn", d * cpf)                                  # norm, residual (w2's rows)
         if E:   # the router's f32 dots, the top-k's compares, the softmax of k logits
             f += E * d * 2 * cpf + k * E * cpm + k * (FLOPS_EXP + 2) * cpf + FLOPS_DIV * cpf
         for e, pre in enumerate(cfg.ffn_prefixes(li)):
             share = reads[li][e] if E else 1.0
             silu = hid * (FLOPS_EXP + FLOPS_DIV + 3) * cpf
             one = sum(matvec(by[pre + w], "ffn", share) for w in ("w1", "w3", "w2")) + silu
-            par_part["ffn"] += share * silu
+            after("ffn", share * silu)
             if E:   # the gathered input (a copy) and the weighted sum
                 one += d * cpm + 2 * d * cpf
             f += share * one

@@ -25,7 +25,9 @@ the SSI's direct reads (``stream_cycles``) while the cores compute, so the strea
     max(stream, rows / split_cores) + products * (first chunk + stream_setup_cycles)
 
 — the bytes overlapped with the rows, then per product the first chunk the cores wait for before
-any row and the set-up and hand-over ([flash].stream_setup_cycles, [EMU fit])."""
+any row and the set-up and hand-over ([flash].stream_setup_cycles, [EMU fit]). Their rows include
+the work the streamed products do on their output rows (``rows_after``: hal.h hal_matmul_each), which
+fills the cores' waits for the stream rather than following the product."""
 from __future__ import annotations
 
 import math
@@ -81,6 +83,13 @@ def saving(prof: dict, rows_us: float, bus_us: float, ram_us: float, streamed: S
         shared = max(shared, stream_cycles(prof, streamed.bytes) / clock) + streamed.products * per / clock
     kp = max(1, int(prof.get("compute", {}).get("parallel_cores", 1)))
     return max(0.0, serial - shared) + parallel_us * (1.0 - 1.0 / kp)
+
+
+def rows_after(streamed: dict[str, Streamed]) -> frozenset:
+    """The phases whose products take the work on their output rows (hal.h hal_matmul_each: the
+    residuals, the FFN's SiLU and gate; computecost.compute_parts counts it with their rows): those a
+    board streams (stream_rp2040.c runs it on each chunk's rows as they are done)."""
+    return frozenset(ph for ph, s in streamed.items() if s.products)
 
 
 def product_tensors(spec: ModelSpec) -> dict[str, str]:

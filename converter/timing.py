@@ -144,7 +144,8 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
     if "tok_embeddings" in uses:    # (passcost asks tier by tier: the embedding's tier pays it, once)
         mem["embed"] += embed_code_us(prof, tm)
     clock = float(prof.get("clock_mhz", 100))
-    cycles, rows, par = compute_parts(spec, pos, prof, kv, sampling, head, experts)
+    cycles, rows, par = compute_parts(spec, pos, prof, kv, sampling, head, experts,
+                                      rows_after=overlap.rows_after(streamed))
     comp = {ph: c / clock for ph, c in cycles.items()}
     saved = {ph: overlap.saving(prof, rows[ph] / clock, bus[ph], ram[ph], streamed[ph], par[ph] / clock)
              for ph in PHASES}

@@ -178,24 +178,47 @@ static PROFILED void rmsnorm(float *o, const float *x, uint32_t stride, const fl
     st->bytes[w->tier] += n * n_dim * 4u;
 }
 
-/* x[i] = x[i] + y[i] for i in [i0, i1) (hal_parallel): a residual connection. */
-typedef struct { float *x; const float *y; } add_job;
+/* Element-wise work on elements [r0, r1) of n vectors, vector t at x + t * stride (and y + t *
+ * stride): hal_parallel's ranges, or a product's output rows (hal_matmul_each). */
+typedef struct { float *x; const float *y; uint32_t stride, n; } rows_job;
 
-static void add_range(void *ctx, uint32_t i0, uint32_t i1) {
-    const add_job *j = ctx;
-    for (uint32_t i = i0; i < i1; i++) j->x[i] = j->x[i] + j->y[i];
+/* x = x + y: a residual connection. */
+static void add_rows(void *ctx, uint32_t r0, uint32_t r1) {
+    const rows_job *j = ctx;
+    for (uint32_t t = 0; t < j->n; t++)
+        for (uint32_t i = r0 + t * j->stride; i < r1 + t * j->stride; i++) j->x[i] = j->x[i] + j->y[i];
+}
+
+/* x = silu(x): the FFN's gate. */
+static void silu_rows(void *ctx, uint32_t r0, uint32_t r1) {
+    const rows_job *j = ctx;
+    for (uint32_t t = 0; t < j->n; t++)
+        for (uint32_t i = r0 + t * j->stride; i < r1 + t * j->stride; i++) j->x[i] = flm_silu(j->x[i]);
+}
+
+/* x = x * y: the gate times the FFN's up projection. */
+static void mul_rows(void *ctx, uint32_t r0, uint32_t r1) {
+    const rows_job *j = ctx;
+    for (uint32_t t = 0; t < j->n; t++)
+        for (uint32_t i = r0 + t * j->stride; i < r1 + t * j->stride; i++) j->x[i] = j->x[i] * j->y[i];
 }
 
 static void add_into(float *x, const float *y, uint32_t n) {
-    add_job j = {x, y};
-    hal_parallel(add_range, &j, n);
+    rows_job j = {x, y, 0u, 1u};
+    hal_parallel(add_rows, &j, n);
 }
+
+/* Per-row work on a product's output (hal_matmul_each), or none (0). */
+typedef struct { flm_range_fn fn; rows_job *job; } rows_after;
 
 /* out + t * out_stride = w times the quantized x + t * x_stride, for the n tokens t whose codes and
  * scales sit in s->xq / s->xs: the matrix read once (hal_matmul). */
-static PROFILED void product(flm_state *s, const flm_tensor *w, uint32_t n, float *out, uint32_t out_stride, flm_step_stats *st) {
+static PROFILED void product(flm_state *s, const flm_tensor *w, uint32_t n, float *out, uint32_t out_stride,
+                             const rows_after *after, flm_step_stats *st) {
     const flm_batch b = {n, s->xq, s->xs, out, s->xq_stride, s->xs_stride, out_stride};
+    const int taken = after && hal_matmul_each(w, after->fn, after->job);
     hal_matmul(w, &b, s->row_buf, s->row_buf_bytes);
+    if (after && !taken) hal_parallel(after->fn, after->job, w->rows);
     st->bytes[w->tier] += w->length;
 }
 
@@ -221,18 +244,18 @@ static PROFILED void quantize_all(flm_state *s, const flm_tensor *w, const float
 }
 
 static void matmul(flm_state *s, const flm_tensor *w, const float *x, uint32_t x_stride, uint32_t n, float *out,
-                   uint32_t out_stride, flm_step_stats *st) {
+                   uint32_t out_stride, const rows_after *after, flm_step_stats *st) {
     quantize_all(s, w, x, x_stride, n);
-    product(s, w, n, out, out_stride, st);
+    product(s, w, n, out, out_stride, after, st);
 }
 
 /* matmul of the same inputs x as the matmul of prev just before: their codes are reused when the
  * activation group and the largest code are the same (the same codes and scales: quantization
  * depends on x and these only). */
 static void matmul_same_x(flm_state *s, const flm_tensor *w, const flm_tensor *prev, const float *x, uint32_t x_stride,
-                          uint32_t n, float *out, uint32_t out_stride, flm_step_stats *st) {
+                          uint32_t n, float *out, uint32_t out_stride, const rows_after *after, flm_step_stats *st) {
     if (flm_act_group(w) != flm_act_group(prev) || flm_act_qmax(w) != flm_act_qmax(prev)) quantize_all(s, w, x, x_stride, n);
-    product(s, w, n, out, out_stride, st);
+    product(s, w, n, out, out_stride, after, st);
 }
 
 /* Pairs [p0, p1) of the heads at v (head_dim / 2 = half pairs a head): pair p is (v[2p], v[2p + 1])
@@ -489,7 +512,7 @@ static void ple_inputs(flm_state *s, const uint32_t *tokens, uint32_t n, flm_ste
     const uint32_t P = m->ple_dim, lp = m->n_layers * P;
     const float inv_sqrt_d = 1.0f / flm_sqrtf((float)m->dim), sqrt_p = flm_sqrtf((float)P);
     const float inv_sqrt2 = 1.0f / flm_sqrtf(2.0f);
-    matmul(s, &m->ple_proj, s->x, m->dim, n, s->pu, lp, st);
+    matmul(s, &m->ple_proj, s->x, m->dim, n, s->pu, lp, 0, st);
     for (uint32_t i = 0; i < n * lp; i++) s->pu[i] = s->pu[i] * inv_sqrt_d;
     for (uint32_t l = 0; l < m->n_layers; l++) rmsnorm(s->pu + l * P, s->pu + l * P, lp, &m->ple_norm, P, n, m->eps, st);
     for (uint32_t t = 0; t < n; t++) {
@@ -505,38 +528,32 @@ static void ple_block(flm_state *s, uint32_t l, uint32_t n, flm_step_stats *st) 
     const flm_model *m = s->m;
     const flm_layer *L = &m->layers[l];
     const uint32_t P = m->ple_dim, lp = m->n_layers * P, dim = m->dim;
-    matmul(s, &L->ple_gate, s->x, dim, n, s->pt, P, st);
+    matmul(s, &L->ple_gate, s->x, dim, n, s->pt, P, 0, st);
     for (uint32_t t = 0; t < n; t++) {
         const float *u = s->pu + (size_t)t * lp + l * P;
         float *g = s->pt + (size_t)t * P;
         for (uint32_t i = 0; i < P; i++) g[i] = flm_gelu(g[i]) * u[i];
     }
-    matmul(s, &L->ple_proj, s->pt, P, n, s->xb, dim, st);
+    matmul(s, &L->ple_proj, s->pt, P, n, s->xb, dim, 0, st);
     rmsnorm(s->xb, s->xb, dim, &L->ple_norm, dim, n, m->eps, st);
     add_into(s->x, s->xb, n * dim);
 }
 
-/* hb[i] = silu(hb[i]) * hb2[i] for i in [i0, i1) (hal_parallel). */
-typedef struct { float *hb; const float *hb2; } silu_job;
-
-static void silu_mul(void *ctx, uint32_t i0, uint32_t i1) {
-    const silu_job *j = ctx;
-    for (uint32_t i = i0; i < i1; i++) j->hb[i] = flm_silu(j->hb[i]) * j->hb2[i];
-}
-
 /* The dense FFN, or one expert (f), for the n tokens whose normed inputs are x [n][dim]: w2 (silu(w1 x) *
- * w3 x) into out [n][dim]; after: the product after w2's where it is certain (hal_matmul_then), or 0. */
-static void swiglu(flm_state *s, const flm_ffn *f, const float *x, uint32_t n, float *out, const flm_tensor *after,
-                   flm_step_stats *st) {
+ * w3 x) into out [n][dim], and added into residual [n][dim] unless that is 0 (the gate's SiLU, the
+ * product with w3's and the residual each on a product's output rows: hal_matmul_each); after: the
+ * product after w2's where it is certain (hal_matmul_then), or 0. */
+static void swiglu(flm_state *s, const flm_ffn *f, const float *x, uint32_t n, float *out, float *residual,
+                   const flm_tensor *after, flm_step_stats *st) {
     const flm_model *m = s->m;
+    rows_job h = {s->hb, s->hb2, m->hidden, n}, r = {residual, out, m->dim, n};
+    const rows_after silu = {silu_rows, &h}, mul = {mul_rows, &h}, add = {add_rows, &r};
     hal_matmul_then(&f->w3);
-    matmul(s, &f->w1, x, m->dim, n, s->hb, m->hidden, st);
+    matmul(s, &f->w1, x, m->dim, n, s->hb, m->hidden, &silu, st);
     hal_matmul_then(&f->w2);
-    matmul_same_x(s, &f->w3, &f->w1, x, m->dim, n, s->hb2, m->hidden, st);
-    silu_job j = {s->hb, s->hb2};
-    hal_parallel(silu_mul, &j, n * m->hidden);
+    matmul_same_x(s, &f->w3, &f->w1, x, m->dim, n, s->hb2, m->hidden, &mul, st);
     if (after) hal_matmul_then(after);
-    matmul(s, &f->w2, s->hb, m->hidden, n, out, m->dim, st);
+    matmul(s, &f->w2, s->hb, m->hidden, n, out, m->dim, residual ? &add : 0, st);
 }
 
 const uint8_t *flm_route(const flm_state *s, uint32_t l, uint32_t i) {
@@ -594,7 +611,7 @@ static void experts(flm_state *s, uint32_t l, uint32_t n, flm_step_stats *st) {
                 if (flm_route(s, l, t)[j] == e) { sel[ne] = (uint8_t)t; rank[ne++] = (uint8_t)j; }
         if (!ne) continue;
         for (uint32_t i = 0; i < ne; i++) memcpy(s->xb2 + (size_t)i * dim, s->xb + (size_t)sel[i] * dim, dim * 4u);
-        swiglu(s, &m->layers[l].ffn[e], s->xb2, ne, s->q, 0, st);
+        swiglu(s, &m->layers[l].ffn[e], s->xb2, ne, s->q, 0, 0, st);
         for (uint32_t i = 0; i < ne; i++) {
             const uint8_t *c = flm_route(s, l, sel[i]);
             const float w = s->mweight[sel[i] * k + rank[i]], *y = s->q + (size_t)i * dim;
@@ -637,13 +654,13 @@ void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t po
         const flm_layer *L = &m->layers[l];
         rmsnorm(s->xb, s->x, dim, &L->attn_norm, dim, n, m->eps, st);
         hal_matmul_then(&L->wv);
-        matmul(s, &L->wq, s->xb, dim, n, s->q, dim, st);
+        matmul(s, &L->wq, s->xb, dim, n, s->q, dim, 0, st);
         /* v, then k, pass through scratch into the cache (an integer KV quantizes into its rows, not xq) */
         hal_matmul_then(&L->wk);
-        matmul_same_x(s, &L->wv, &L->wq, s->xb, dim, n, s->xb2, dim, st);
+        matmul_same_x(s, &L->wv, &L->wq, s->xb, dim, n, s->xb2, dim, 0, st);
         for (uint32_t t = 0; t < n; t++) kv_put(s, l, pos + t, s->xb2 + (size_t)t * dim, 0);
         hal_matmul_then(&L->wo);
-        matmul_same_x(s, &L->wk, &L->wv, s->xb, dim, n, s->xb2, dim, st);
+        matmul_same_x(s, &L->wk, &L->wv, s->xb, dim, n, s->xb2, dim, 0, st);
         for (uint32_t t = 0; t < n; t++) {
             rope(m, s->q + (size_t)t * dim, s->xb2 + (size_t)t * dim, s->cos + t * half, s->sin + t * half);
             kv_put(s, l, pos + t, s->xb2 + (size_t)t * dim, 1);   /* read only in attention */
@@ -652,8 +669,9 @@ void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t po
          * above); its output replaces its K values in xb2, which the cache holds now */
         for (uint32_t t = 0; t < n; t++) attention(s, l, pos + t, s->q + (size_t)t * dim, s->xb2 + (size_t)t * dim, st);
         if (!m->n_experts) hal_matmul_then(&L->ffn[0].w1);   /* the dense FFN's w1 follows wo */
-        matmul(s, &L->wo, s->xb2, dim, n, s->xb, dim, st);
-        add_into(s->x, s->xb, n * dim);
+        rows_job res = {s->x, s->xb, dim, n};   /* the residual, on wo's output rows */
+        const rows_after add = {add_rows, &res};
+        matmul(s, &L->wo, s->xb2, dim, n, s->xb, dim, &add, st);
         uint64_t t2 = hal_time_us();
         st->us[FLM_PH_ATTN] += (uint32_t)(t2 - t1);
 
@@ -662,8 +680,8 @@ void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t po
             experts(s, l, n, st);
         } else {
             /* the next layer's wq follows w2 (PLE's gate would come between) */
-            swiglu(s, &L->ffn[0], s->xb, n, s->xb, l + 1u < m->n_layers && !m->ple_dim ? &m->layers[l + 1u].wq : 0, st);
-            add_into(s->x, s->xb, n * dim);
+            swiglu(s, &L->ffn[0], s->xb, n, s->xb, s->x, l + 1u < m->n_layers && !m->ple_dim ? &m->layers[l + 1u].wq : 0,
+                   st);
         }
         t1 = hal_time_us();
         st->us[FLM_PH_FFN] += (uint32_t)(t1 - t2);
@@ -692,7 +710,7 @@ static void head_input(flm_state *s, uint32_t first, uint32_t n, flm_step_stats 
  * each token's go through s->probs and the row -> token map). */
 static void whole_head(flm_state *s, uint32_t n, flm_step_stats *st) {
     const flm_model *m = s->m;
-    product(s, &m->head, n, s->logits, m->n_out, st);
+    product(s, &m->head, n, s->logits, m->n_out, 0, st);
     if (m->n_tiles) {
         for (uint32_t t = 0; t < n; t++) {
             float *lg = s->logits + (size_t)t * m->n_out;
@@ -774,7 +792,7 @@ static uint32_t tile_scan(flm_state *s, float xm, flm_step_stats *st) {
     const flm_model *m = s->m;
     const uint32_t nt = m->n_tiles, n = m->n_out, mb = m->map_bytes;
     const uint8_t *rec = m->head_tiles.data + 32u, *perm = rec + 8u * nt;
-    product(s, &m->head_centroids, 1u, s->probs, 0u, st);
+    product(s, &m->head_centroids, 1u, s->probs, 0u, 0, st);
     uint32_t first = 0;
     for (uint32_t t = 0; t < nt; t++) {   /* U into probs, each tile's first row into idx: records read once */
         float r;

@@ -70,6 +70,8 @@ typedef struct {
     const uint32_t *stage;                  /* tokens [0, staged) of a pass, their activations staged */
     uint32_t staged;
     uint32_t base;                          /* chunk j's buffer: (base + j) % STREAM_SLOTS */
+    flm_range_fn each;                      /* per-row work on the output (hal_matmul_each), 0: none */
+    void *each_ctx;
     const uint8_t *ahead;                   /* the next product's matrix (hal_matmul_then), 0: none */
     uint32_t ahead_words;                   /* its first chunk's words */
     volatile uint32_t issued;               /* chunks whose read has started (chunks + 1: and the
@@ -91,6 +93,9 @@ FLM_RAMFUNC static uint32_t chunk_rows(const flm_tensor *w, uint32_t per, uint32
 /* The next product's matrix (hal_matmul_then), taken by the product before it (job.ahead). */
 static const uint8_t *then_data;
 static uint32_t then_words;
+/* The next product's per-row work (hal_matmul_each). */
+static flm_range_fn each_fn;
+static void *each_ctx;
 /* A chunk read ahead: the first of the matrix at data, whole (its read over before XIP resumed), in
  * buffer slot; 0: none. */
 static const uint8_t *ready_data;
@@ -186,6 +191,12 @@ FLM_RAMFUNC static void take_chunks(stream_job *s) {
                             b->out + (size_t)t * b->out_stride + r);
         __asm volatile("dmb" ::: "memory");   /* the rows read before the buffer is handed back */
         s->free[slot] = j + STREAM_SLOTS;
+        if (s->each) {   /* the buffer's next read first: the work needs only the outputs */
+            lock();
+            pump(s);
+            unlock();
+            s->each(s->each_ctx, r, r + v->rows);
+        }
     }
 }
 
@@ -225,6 +236,9 @@ FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b, const 
     s->ahead = then_data;
     s->ahead_words = then_words;
     then_data = 0;
+    s->each = each_fn;
+    s->each_ctx = each_ctx;
+    each_fn = 0;
     s->lanes = b->n == 1u && flm_rs_lanes_fit(w, b->xq);
     for (uint32_t i = 0; i < STREAM_SLOTS; i++) s->free[(s->base + i) % STREAM_SLOTS] = i;
     s->view[0] = s->view[1] = *w;   /* copied here, while XIP still runs (memcpy) */
@@ -289,6 +303,15 @@ void hal_matmul_then(const flm_tensor *w) {
     then_data = w->data;
     then_words = chunk_rows(w, STREAM_CHUNK_BYTES / w->stride, 0u) * w->stride / 4u;
 }
+
+/* A streamed product runs fn on each chunk's rows, on the core that computed them, once the chunk's
+ * buffer is free again (fn in SRAM: rp2040.ld). */
+int hal_matmul_each(const flm_tensor *w, flm_range_fn fn, void *ctx) {
+    if (!streams(w)) return 0;
+    each_fn = fn;
+    each_ctx = ctx;
+    return 1;
+}
 #endif
 
 void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes) {
@@ -299,6 +322,7 @@ void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_
         return;
     }
     then_data = 0;
+    each_fn = 0;
 #endif
     hal_rp2040_matmul_cores(w, b, row_buf, row_buf_bytes);
 }
