@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .costmodel import PHASES, ModelSpec, TensorSpec, expert_reads, head_mode, head_rows, tiles_visited
+from .overlap import split_cores, stream_cycles
 
 # Float operations per call of the engine's own functions (flm_math.c), in units of an add or a
 # multiply: expf is one multiply, then integers (a rounding on the bits, a table entry interpolated,
@@ -71,22 +72,28 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
         staged = 4 * min(pass_n // 4, stage // (2 * w.cols))
         return 1.0 - (1.0 - quad) * staged / pass_n
 
-    def matvec(w: TensorSpec, phase: str, share: float = 1.0) -> float:
-        """The activation quantization (per element a product and a code rounded on the bits; per
-        group two divisions), the rows' multiply-accumulates, per row the scaling: per group a term
-        (conversion, two products) and an add, or row-scaled one integer multiply-add per group and
-        three float operations per row (kernels_ref.h row_rs)."""
+    def rows_cycles(w: TensorSpec) -> float:
+        """The rows' multiply-accumulates, per row the scaling: per group a term (conversion, two
+        products) and an add, or row-scaled one integer multiply-add per group and three float
+        operations per row (kernels_ref.h row_rs)."""
         groups = -(-w.cols // w.group)
-        act_groups = 1 if w.rowscale else groups
         macs = w.rows * w.cols * (q4f if w.fmt == "q4" else q8_factor(w))
         if w.rowscale:
-            macs += w.rows * groups
-            flops = w.rows * 3
-        else:
-            flops = w.rows * groups * 4
-        rows_part[phase] += share * (macs * cpm + flops * cpf)
+            return (macs + w.rows * groups) * cpm + w.rows * 3 * cpf
+        return macs * cpm + w.rows * groups * 4 * cpf
+
+    def matvec(w: TensorSpec, phase: str, share: float = 1.0) -> float:
+        """The activation quantization (per element a product and a code rounded on the bits; per
+        group two divisions) and the rows (rows_cycles)."""
+        act_groups = 1 if w.rowscale else -(-w.cols // w.group)
+        rows_part[phase] += share * rows_cycles(w)
         par_part[phase] += share * w.cols * 2 * cpf
-        return macs * cpm + (flops + w.cols * 2 + act_groups * 2 * FLOPS_DIV) * cpf
+        return rows_cycles(w) + (w.cols * 2 + act_groups * 2 * FLOPS_DIV) * cpf
+
+    def slack(w: TensorSpec) -> float:
+        """Core cycles free in w's streamed product while its cores wait for the flash: the cores'
+        time at the stream's rate (this token's share of a pass's read) less its rows."""
+        return max(0.0, split_cores(prof) * stream_cycles(prof, w.row_stride * w.rows) / pass_n - rows_cycles(w))
 
     def rms(n: int) -> float:
         return (4 * n + FLOPS_SQRT + FLOPS_DIV) * cpf
@@ -144,7 +151,11 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
             share = reads[li][e] if E else 1.0
             silu = hid * (FLOPS_EXP + FLOPS_DIV + 3) * cpf
             one = sum(matvec(by[pre + w], "ffn", share) for w in ("w1", "w3", "w2")) + silu
-            after("ffn", share * silu)
+            # on w1's rows where its product takes it: what fits the cores' wait there overlaps the
+            # stream, the rest lengthens the product on both cores (hal_parallel's share)
+            fits = min(silu, slack(by[pre + "w1"])) if "ffn" in rows_after else 0.0
+            rows_part["ffn"] += share * fits
+            par_part["ffn"] += share * (silu - fits)
             if E:   # the gathered input (a copy) and the weighted sum
                 one += d * cpm + 2 * d * cpf
             f += share * one

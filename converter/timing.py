@@ -138,7 +138,8 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
                 if products.get(name) != ph:
                     continue
                 if streams_rows(tier, strides.get(name, 0), chunk):   # gathered runs: a product each (head tiles)
-                    streamed[ph] += overlap.Streamed(us, b, use.rows.get(ph, 0) or 1)
+                    n = use.rows.get(ph, 0) or 1
+                    streamed[ph] += overlap.Streamed(us, b, n, overlap.read_ahead(spec, name, n))
                 else:
                     (bus if model.line_us else ram)[ph] += us
     if "tok_embeddings" in uses:    # (passcost asks tier by tier: the embedding's tier pays it, once)
