@@ -155,17 +155,17 @@ static void squares(void *ctx, uint32_t i0, uint32_t i1) {
 
 /* RMSNorm of n vectors x + t * stride (each of n_dim) into o + t * stride (o may be x). The sum of
  * squares adds in its one order on the calling core (flm_dot_f32's: the first square, then + each
- * next), its squares made on the board's cores into o first where o is not x; the scaling is
- * element-wise, on the board's cores (hal_parallel). The weights, a few hundred bytes, are read once
- * per vector. */
+ * next), its squares made on the board's cores into o first where o is not x (squared: o holds them
+ * already, made with the residual before it: add_sq_rows); the scaling is element-wise, on the
+ * board's cores (hal_parallel). The weights, a few hundred bytes, are read once per vector. */
 static PROFILED void rmsnorm(float *o, const float *x, uint32_t stride, const flm_tensor *w, uint32_t n_dim, uint32_t n,
-                             float eps, flm_step_stats *st) {
+                             int squared, float eps, flm_step_stats *st) {
     for (uint32_t t = 0; t < n; t++) {
         const float *xt = x + (size_t)t * stride;
         float *ot = o + (size_t)t * stride, ss;
         if (ot != xt) {
             square_job q = {ot, xt};
-            hal_parallel(squares, &q, n_dim);
+            if (!squared) hal_parallel(squares, &q, n_dim);
             ss = ot[0];
             for (uint32_t i = 1; i < n_dim; i++) ss = ss + ot[i];
         } else {
@@ -180,13 +180,24 @@ static PROFILED void rmsnorm(float *o, const float *x, uint32_t stride, const fl
 
 /* Element-wise work on elements [r0, r1) of n vectors, vector t at x + t * stride (and y + t *
  * stride): hal_parallel's ranges, or a product's output rows (hal_matmul_each). */
-typedef struct { float *x; const float *y; uint32_t stride, n; } rows_job;
+typedef struct { float *x, *y; uint32_t stride, n; } rows_job;
 
 /* x = x + y: a residual connection. */
 static void add_rows(void *ctx, uint32_t r0, uint32_t r1) {
     const rows_job *j = ctx;
     for (uint32_t t = 0; t < j->n; t++)
         for (uint32_t i = r0 + t * j->stride; i < r1 + t * j->stride; i++) j->x[i] = j->x[i] + j->y[i];
+}
+
+/* x = x + y, then y = x * x: a residual connection and the squares of the RMSNorm after it (the
+ * squares job's products). */
+static void add_sq_rows(void *ctx, uint32_t r0, uint32_t r1) {
+    const rows_job *j = ctx;
+    for (uint32_t t = 0; t < j->n; t++)
+        for (uint32_t i = r0 + t * j->stride; i < r1 + t * j->stride; i++) {
+            j->x[i] = j->x[i] + j->y[i];
+            j->y[i] = j->x[i] * j->x[i];
+        }
 }
 
 /* x = silu(x): the FFN's gate. */
@@ -203,7 +214,7 @@ static void mul_rows(void *ctx, uint32_t r0, uint32_t r1) {
         for (uint32_t i = r0 + t * j->stride; i < r1 + t * j->stride; i++) j->x[i] = j->x[i] * j->y[i];
 }
 
-static void add_into(float *x, const float *y, uint32_t n) {
+static void add_into(float *x, float *y, uint32_t n) {
     rows_job j = {x, y, 0u, 1u};
     hal_parallel(add_rows, &j, n);
 }
@@ -514,7 +525,7 @@ static void ple_inputs(flm_state *s, const uint32_t *tokens, uint32_t n, flm_ste
     const float inv_sqrt2 = 1.0f / flm_sqrtf(2.0f);
     matmul(s, &m->ple_proj, s->x, m->dim, n, s->pu, lp, 0, st);
     for (uint32_t i = 0; i < n * lp; i++) s->pu[i] = s->pu[i] * inv_sqrt_d;
-    for (uint32_t l = 0; l < m->n_layers; l++) rmsnorm(s->pu + l * P, s->pu + l * P, lp, &m->ple_norm, P, n, m->eps, st);
+    for (uint32_t l = 0; l < m->n_layers; l++) rmsnorm(s->pu + l * P, s->pu + l * P, lp, &m->ple_norm, P, n, 0, m->eps, st);
     for (uint32_t t = 0; t < n; t++) {
         flm_dequant_row(&m->ple_table, tokens[t], s->pt);
         st->bytes[m->ple_table.tier] += m->ple_table.stride;
@@ -535,25 +546,25 @@ static void ple_block(flm_state *s, uint32_t l, uint32_t n, flm_step_stats *st) 
         for (uint32_t i = 0; i < P; i++) g[i] = flm_gelu(g[i]) * u[i];
     }
     matmul(s, &L->ple_proj, s->pt, P, n, s->xb, dim, 0, st);
-    rmsnorm(s->xb, s->xb, dim, &L->ple_norm, dim, n, m->eps, st);
+    rmsnorm(s->xb, s->xb, dim, &L->ple_norm, dim, n, 0, m->eps, st);
     add_into(s->x, s->xb, n * dim);
 }
 
 /* The dense FFN, or one expert (f), for the n tokens whose normed inputs are x [n][dim]: w2 (silu(w1 x) *
- * w3 x) into out [n][dim], and added into residual [n][dim] unless that is 0 (the gate's SiLU, the
- * product with w3's and the residual each on a product's output rows: hal_matmul_each); after: the
- * product after w2's where it is certain (hal_matmul_then), or 0. */
-static void swiglu(flm_state *s, const flm_ffn *f, const float *x, uint32_t n, float *out, float *residual,
+ * w3 x) into out [n][dim], then tail on out's rows (or 0: none); the gate's SiLU and the product with
+ * w3's each on a product's output rows too (hal_matmul_each); after: the product after w2's where it
+ * is certain (hal_matmul_then), or 0. */
+static void swiglu(flm_state *s, const flm_ffn *f, const float *x, uint32_t n, float *out, const rows_after *tail,
                    const flm_tensor *after, flm_step_stats *st) {
     const flm_model *m = s->m;
-    rows_job h = {s->hb, s->hb2, m->hidden, n}, r = {residual, out, m->dim, n};
-    const rows_after silu = {silu_rows, &h}, mul = {mul_rows, &h}, add = {add_rows, &r};
+    rows_job h = {s->hb, s->hb2, m->hidden, n};
+    const rows_after silu = {silu_rows, &h}, mul = {mul_rows, &h};
     hal_matmul_then(&f->w3);
     matmul(s, &f->w1, x, m->dim, n, s->hb, m->hidden, &silu, st);
     hal_matmul_then(&f->w2);
     matmul_same_x(s, &f->w3, &f->w1, x, m->dim, n, s->hb2, m->hidden, &mul, st);
     if (after) hal_matmul_then(after);
-    matmul(s, &f->w2, s->hb, m->hidden, n, out, m->dim, residual ? &add : 0, st);
+    matmul(s, &f->w2, s->hb, m->hidden, n, out, m->dim, tail, st);
 }
 
 const uint8_t *flm_route(const flm_state *s, uint32_t l, uint32_t i) {
@@ -652,7 +663,8 @@ void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t po
 
     for (uint32_t l = 0; l < m->n_layers; l++) {
         const flm_layer *L = &m->layers[l];
-        rmsnorm(s->xb, s->x, dim, &L->attn_norm, dim, n, m->eps, st);
+        /* after a dense FFN (no PLE) xb holds x's squares: made with the residual on w2's rows */
+        rmsnorm(s->xb, s->x, dim, &L->attn_norm, dim, n, l && !m->n_experts && !m->ple_dim, m->eps, st);
         hal_matmul_then(&L->wv);
         matmul(s, &L->wq, s->xb, dim, n, s->q, dim, 0, st);
         /* v, then k, pass through scratch into the cache (an integer KV quantizes into its rows, not xq) */
@@ -669,19 +681,21 @@ void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t po
          * above); its output replaces its K values in xb2, which the cache holds now */
         for (uint32_t t = 0; t < n; t++) attention(s, l, pos + t, s->q + (size_t)t * dim, s->xb2 + (size_t)t * dim, st);
         if (!m->n_experts) hal_matmul_then(&L->ffn[0].w1);   /* the dense FFN's w1 follows wo */
-        rows_job res = {s->x, s->xb, dim, n};   /* the residual, on wo's output rows */
-        const rows_after add = {add_rows, &res};
+        rows_job res = {s->x, s->xb, dim, n};   /* the residual and the next norm's squares, on wo's output rows */
+        rows_after add = {add_sq_rows, &res};
         matmul(s, &L->wo, s->xb2, dim, n, s->xb, dim, &add, st);
         uint64_t t2 = hal_time_us();
         st->us[FLM_PH_ATTN] += (uint32_t)(t2 - t1);
 
-        rmsnorm(s->xb, s->x, dim, &L->ffn_norm, dim, n, m->eps, st);
+        rmsnorm(s->xb, s->x, dim, &L->ffn_norm, dim, n, 1, m->eps, st);
         if (m->n_experts) {
             experts(s, l, n, st);
         } else {
-            /* the next layer's wq follows w2 (PLE's gate would come between) */
-            swiglu(s, &L->ffn[0], s->xb, n, s->xb, s->x, l + 1u < m->n_layers && !m->ple_dim ? &m->layers[l + 1u].wq : 0,
-                   st);
+            /* the next layer's wq follows w2 (PLE's gate would come between), and its norm's squares are
+             * made with the residual */
+            const int next = l + 1u < m->n_layers && !m->ple_dim;
+            add.fn = next ? add_sq_rows : add_rows;
+            swiglu(s, &L->ffn[0], s->xb, n, s->xb, &add, next ? &m->layers[l + 1u].wq : 0, st);
         }
         t1 = hal_time_us();
         st->us[FLM_PH_FFN] += (uint32_t)(t1 - t2);
@@ -701,7 +715,7 @@ void flm_body(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st) { 
  * and scales at its strides in s->xq / s->xs. */
 static void head_input(flm_state *s, uint32_t first, uint32_t n, flm_step_stats *st) {
     const flm_model *m = s->m;
-    rmsnorm(s->xb, s->x + (size_t)first * m->dim, m->dim, &m->norm, m->dim, n, m->eps, st);
+    rmsnorm(s->xb, s->x + (size_t)first * m->dim, m->dim, &m->norm, m->dim, n, 0, m->eps, st);
     quantize_all(s, &m->head, s->xb, m->dim, n);
 }
 
@@ -768,14 +782,19 @@ static int tile_skipped(const flm_state *s, uint32_t t, float best) {
     return flm_f32_finite(s->probs[t]) && flm_f32_gt(best, s->probs[t]);
 }
 
-/* The scan's likely next product (hal_matmul_then), named before step k's: the first tile from k on
- * in stored order that is not the first one and not skipped with best as it stands (at step 0 best
- * is not known yet). A guess: best may grow and skip it, which costs a board only that read. */
-static void tile_ahead(const flm_state *s, uint32_t k, uint32_t first, float best) {
+/* The scan's next product where it is certain before step k's tile c is computed (hal_matmul_then,
+ * which reads what it names): the first tile from k on in stored order that is not the first one and
+ * not skipped with best as it stands (best only grows; at step 0 it is not known yet), if best cannot
+ * grow past that tile's bound U_t: c's logits are at most U_c, so best after c is at most
+ * max(best, U_c), and best <= U_t already (not skipped) or is c's (step 0). An unbounded U_t is
+ * visited whatever best is; an unbounded U_c bounds nothing. */
+static void tile_ahead(const flm_state *s, uint32_t k, uint32_t c, uint32_t first, float best) {
     const flm_model *m = s->m;
     const uint32_t nt = m->n_tiles;
+    const float *U = s->probs;
     for (uint32_t t = k; t < nt; t++) {
         if (t == first || (k && tile_skipped(s, t, best))) continue;
+        if (flm_f32_finite(U[t]) && (!flm_f32_finite(U[c]) || flm_f32_gt(U[c], U[t]))) return;
         const flm_tensor v = rows_view(&m->head, s->idx[t], t + 1u < nt ? s->idx[t + 1u] : m->n_out);
         hal_matmul_then(&v);
         return;
@@ -809,7 +828,7 @@ static uint32_t tile_scan(flm_state *s, float xm, flm_step_stats *st) {
         /* skipped only on a finite bound (an overflowed one proves nothing) */
         if (k && (t == first || tile_skipped(s, t, best))) continue;
         const uint32_t a = s->idx[t], z = t + 1u < nt ? s->idx[t + 1u] : n;
-        tile_ahead(s, k, first, best);
+        tile_ahead(s, k, t, first, best);
         tile_rows(s, &m->head, a, z, s->logits);   /* logits indexed by stored row here */
         for (uint32_t i = a; i < z; i++) {
             const uint8_t *p = perm + mb * i;
