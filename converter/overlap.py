@@ -62,7 +62,7 @@ class Streamed:
     mem_us: float = 0.0
     bytes: float = 0.0
     products: int = 0
-    ahead: int = 0       # of them, those whose first chunk the product before read (read_ahead)
+    ahead: float = 0.0   # of them, those whose first chunk the product before read (read_ahead)
 
     def __add__(self, o: Streamed) -> Streamed:
         return Streamed(self.mem_us + o.mem_us, self.bytes + o.bytes, self.products + o.products,
@@ -91,15 +91,16 @@ def saving(prof: dict, rows_us: float, bus_us: float, ram_us: float, streamed: S
     return max(0.0, serial - shared) + parallel_us * (1.0 - 1.0 / kp)
 
 
-def read_ahead(spec: ModelSpec, name: str, products: int) -> int:
+def read_ahead(spec: ModelSpec, name: str, products: int) -> float:
     """Of a step's streamed products of tensor ``name``, those whose first chunk the product before
     read (engine.c's hal_matmul_then hints): within a layer each product names the next (wq after the
-    norm does not, nor does a layer's wq after PLE or a mixture of experts, nor an expert's w1); the
-    head's tiles each name the next (tile_ahead: all but the first visited, a guess that holds unless
-    best grows past it), its centroids and a whole head's one product none."""
+    norm does not, nor does a layer's wq after PLE or a mixture of experts, nor an expert's w1); a
+    head scan's tile names the next one only where it is certain (tile_ahead: that tile's bound at
+    least the current one's), for tiles in stored order about every other one [EST]; the centroids
+    and a whole head's one product none."""
     cfg = spec.config
     if name == head_rows(spec).name:
-        return max(0, products - 1)
+        return max(0, products - 1) / 2
     if name.endswith(("attn.wv", "attn.wk", "attn.wo", "w3", "w2")):
         return products
     if name.endswith("w1"):
