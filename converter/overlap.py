@@ -113,7 +113,8 @@ def read_ahead(spec: ModelSpec, name: str, products: int) -> float:
 def rows_after(streamed: dict[str, Streamed]) -> frozenset:
     """The phases whose products take the work on their output rows (hal.h hal_matmul_each: the
     residuals, the FFN's SiLU and gate; computecost.compute_parts counts it with their rows): those a
-    board streams (stream_rp2040.c runs it on each chunk's rows as they are done)."""
+    board streams (stream_rp2040.c runs it on each chunk's rows as they are done, for one token; a
+    pass's products, compute-bound, are followed by it: passcost asks for none)."""
     return frozenset(ph for ph, s in streamed.items() if s.products)
 
 

@@ -214,6 +214,13 @@ static void mul_rows(void *ctx, uint32_t r0, uint32_t r1) {
         for (uint32_t i = r0 + t * j->stride; i < r1 + t * j->stride; i++) j->x[i] = j->x[i] * j->y[i];
 }
 
+/* x = silu(x) * y: both in one pass. */
+static void silu_mul_rows(void *ctx, uint32_t r0, uint32_t r1) {
+    const rows_job *j = ctx;
+    for (uint32_t t = 0; t < j->n; t++)
+        for (uint32_t i = r0 + t * j->stride; i < r1 + t * j->stride; i++) j->x[i] = flm_silu(j->x[i]) * j->y[i];
+}
+
 static void add_into(float *x, float *y, uint32_t n) {
     rows_job j = {x, y, 0u, 1u};
     hal_parallel(add_rows, &j, n);
@@ -557,10 +564,12 @@ static void ple_block(flm_state *s, uint32_t l, uint32_t n, flm_step_stats *st) 
 static void swiglu(flm_state *s, const flm_ffn *f, const float *x, uint32_t n, float *out, const rows_after *tail,
                    const flm_tensor *after, flm_step_stats *st) {
     const flm_model *m = s->m;
+    /* one token: the SiLU on w1's rows, its product on w3's; a pass (n > 1), whose products have no
+     * wait for the flash to fill, both on w3's rows in one pass */
     rows_job h = {s->hb, s->hb2, m->hidden, n};
-    const rows_after silu = {silu_rows, &h}, mul = {mul_rows, &h};
+    const rows_after silu = {silu_rows, &h}, mul = {n > 1u ? silu_mul_rows : mul_rows, &h};
     hal_matmul_then(&f->w3);
-    matmul(s, &f->w1, x, m->dim, n, s->hb, m->hidden, &silu, st);
+    matmul(s, &f->w1, x, m->dim, n, s->hb, m->hidden, n > 1u ? 0 : &silu, st);
     hal_matmul_then(&f->w2);
     matmul_same_x(s, &f->w3, &f->w1, x, m->dim, n, s->hb2, m->hidden, &mul, st);
     if (after) hal_matmul_then(after);

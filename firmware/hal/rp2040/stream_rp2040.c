@@ -321,8 +321,8 @@ void hal_matmul_then(const flm_tensor *w) {
     then_words = chunk_rows(w, STREAM_CHUNK_BYTES / w->stride, 0u) * w->stride / 4u;
 }
 
-/* A streamed product runs fn on each chunk's rows, on the core that computed them, once the chunk's
- * buffer is free again (fn in SRAM: rp2040.ld). */
+/* A streamed product of one token runs fn on each chunk's rows, on the core that computed them, once
+ * the chunk's buffer is free again (fn in SRAM: rp2040.ld); one of a pass after it (hal_matmul). */
 int hal_matmul_each(const flm_tensor *w, flm_range_fn fn, void *ctx) {
     if (!streams(w)) return 0;
     each_fn = fn;
@@ -334,8 +334,13 @@ int hal_matmul_each(const flm_tensor *w, flm_range_fn fn, void *ctx) {
 void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes) {
 #if FLM_RP2040_STREAM
     if (streams(w)) {
+        /* a pass's products are compute-bound, with no wait to fill: there the per-row work follows
+         * the product on both cores by halves, not a chunk's on one core at its end */
+        const flm_range_fn fn = b->n > 1u ? each_fn : 0;
+        if (fn) each_fn = 0;
         if (flm_rs_stage_fit(w, b)) streamed_staged(w, b);
         else streamed(w, b, 0, 0u);
+        if (fn) hal_parallel(fn, each_ctx, w->rows);
         return;
     }
     then_data = 0;
