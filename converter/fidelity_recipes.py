@@ -74,7 +74,8 @@ def measure(ir: ModelIR, recipes=RECIPES, positions: int = 2000, prompts: int = 
         qm = quantize(ir, r.fmt, r.group_size, r.quant, scales=r.scales,
                       moments=moments if r.rounding == "gptq" else None)
         if r.rounding == "qat":
-            qm = quantize(qat.train(ir, qm), r.fmt, r.group_size, r.quant, scales=r.scales)
+            trained, grids = qat.train(ir, qm)
+            qm = quantize(trained, r.fmt, r.group_size, r.quant, scales=r.scales, grids=grids)
         qm.head_index = headcalib.calibrate(qm)[0]
         rows.append(dict(label=r.label, recipe=r.describe(), bits_per_weight=bits_per_weight(qm),
                          **teacher_forced(qm, r.kv, probe), greedy=greedy_agreement(qm, r.kv, probe)))

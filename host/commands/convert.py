@@ -152,8 +152,9 @@ def _trained(console, ir, nearest, fmt, group_size, overrides, scales):
         def say(i, n, loss):
             st.update(f"quantization-aware training: step {i}/{n}, KL to fp32 {loss:.4f} "
                       f"({time.monotonic() - t0:.0f} s)")
-        trained = qat.train(ir, nearest, say=say)
-        qm = Q.quantize(trained, default_format=fmt, group_size=group_size, overrides=overrides, scales=scales)
+        trained, grids = qat.train(ir, nearest, say=say)
+        qm = Q.quantize(trained, default_format=fmt, group_size=group_size, overrides=overrides, scales=scales,
+                        grids=grids)
     console.print(f"  trained {qat.STEPS} steps on {qat.POSITIONS:,} positions in {time.monotonic() - t0:.0f} s")
     return qm
 
