@@ -4,9 +4,11 @@ ends with round to codes that track fp32's distributions rather than each weight
 
 The student's forward pass is torch_model's with, for every matrix the recipe quantizes, the weight
 replaced by exactly what converter/quantize.py's row scales give back (per row a power-of-two scale S,
-per group a multiplier k = ceil(group scale / S), codes round(w / (k S)) within the format's range;
-the rounding passes gradients straight through), and every product's input quantized as the device
-quantizes it (one scale over the whole input vector, codes within +-127 for q4 and +-2047 for q8).
+per group a multiplier k, codes round(w / (k S)) within the format's range; the rounding passes
+gradients straight through), and every product's input quantized as the device quantizes it (one
+scale over the whole input vector, codes within +-127 for q4 and +-2047 for q8). k starts at
+quantize's ceil(group scale / S) and is learned with the weights (LearnedGrid; clipping allowed):
+quantize(grids=...) then rounds the trained weights against the learned k, the codes the student saw.
 The loss is KL(fp32 || student) over the teacher's full next-token distributions on text the fp32
 model sampled itself (converter/fidelity.py's sampler, a seed apart from the fidelity probe's), Adam
 with a cosine schedule. The result is an fp32 ModelIR: quantize() turns it into the blob's codes as it
@@ -28,8 +30,8 @@ from .quantize import quantize_matrix
 from .torch_import import ir_to_module
 
 # measured on stories260K with a q4 embedding, KL to fp32 on the fidelity probe (2,000 positions, k12 KV):
-# g16 0.139 rounded to nearest, 0.041 after 500 steps at 3e-4 (0.055 at 1e-3, 0.044 after 800 steps at 3e-4);
-# g32 0.183, 0.048 after 800 steps at 1e-4
+# g16 0.139 rounded to nearest, 0.041 after 500 steps at 3e-4 with ceil's k (0.055 at 1e-3, 0.044 after 800
+# steps at 3e-4), 0.034 with k learned at 1e-3; g32 0.183, 0.048 after 800 steps at 1e-4 with ceil's k
 STEPS = 500            # optimizer steps
 POSITIONS = 16384      # fp32 predictions the student learns from (whole sequences from BOS)
 BATCH = 4              # sequences a step

@@ -249,7 +249,7 @@ def test_bytes_read_formula_matches_engine_test(tied):
 # does not fit
 
 def test_15m_llama2c_shape_fits_esp32s3_n16r8_and_not_pico():
-    q4 = ModelSpec.from_config(LLAMA15M, "q4", 32)      # convert --format q4: embedding stays q8
+    q4 = ModelSpec.from_config(LLAMA15M, "q4", 32)      # convert --format q4: the embedding q4 in groups of 16
     pl = plan(q4, "esp32s3-n16r8")
     assert pl.need["flash"] <= pl.budget["flash"] and pl.regions["kv"] == "psram"
     assert pl.prediction.tok_s > 0 and pl.prediction.bytes_read["psram"] > 0
