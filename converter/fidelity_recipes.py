@@ -9,14 +9,14 @@ from .calibrate import input_moments, resolve as resolve_calibration
 from .fidelity import fp32_greedy, greedy_agreement, sample_text, teacher_forced
 from .formats import KV_DEFAULT, row_stride
 from .ir import ModelIR, QTensor, QuantModel
-from .quantize import HEAD_GROUP_Q4, HEAD_GROUP_Q8, quantize
+from .quantize import DEFAULT_GROUP, HEAD_GROUP_Q4, HEAD_GROUP_Q8, quantize
 
 
 @dataclass(frozen=True)
 class Recipe:
     label: str
     fmt: str
-    group_size: int = 32
+    group_size: int = 32            # q8's default (convert's for q4 is DEFAULT_GROUP["q4"])
     scales: str | None = None       # None: convert's default (row scales)
     kv: str = KV_DEFAULT              # convert's default (k12)
     calibrate: str = "auto"         # convert's --calibrate (auto: gptq for q8, qat for q4)
@@ -41,12 +41,12 @@ RECIPES = (
     Recipe("q8, f32 KV", "q8", kv="f32"),
     Recipe("q8, nearest rounding", "q8", calibrate="none"),
     Recipe("q8, nearest rounding, f32 scales, f32 KV", "q8", scales="f32", kv="f32", calibrate="none"),
-    Recipe("q4 default", "q4"),
-    Recipe("q4, nearest rounding", "q4", calibrate="none"),
-    Recipe("q4, nearest rounding, int8 KV", "q4", kv="int8", calibrate="none"),
-    Recipe("q4, GPTQ", "q4", calibrate="gptq"),
-    Recipe("q4 g16, QAT", "q4", group_size=16, calibrate="qat"),
-    Recipe("q4, q8 embedding, nearest rounding (the default until stop 29)", "q4", calibrate="none",
+    Recipe("q4 default", "q4", DEFAULT_GROUP["q4"]),
+    Recipe("q4, nearest rounding", "q4", DEFAULT_GROUP["q4"], calibrate="none"),
+    Recipe("q4, nearest rounding, int8 KV", "q4", DEFAULT_GROUP["q4"], kv="int8", calibrate="none"),
+    Recipe("q4, GPTQ", "q4", DEFAULT_GROUP["q4"], calibrate="gptq"),
+    Recipe("q4 g32, QAT", "q4", 32, calibrate="qat"),
+    Recipe("q4 g32, q8 embedding, nearest rounding (the default until stop 29)", "q4", 32, calibrate="none",
            quant=("tok_embeddings=q8", "head=q8")),
     Recipe("q4, f32 scales g8, f32 KV", "q4", group_size=8, scales="f32", kv="f32", calibrate="none"),
 )

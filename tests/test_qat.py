@@ -13,6 +13,7 @@ from converter import qat
 from converter.blob import read_blob
 from converter.fidelity import sample_text, teacher_forced
 from converter.fidelity_recipes import bits_per_weight
+from host.model_dir import ModelDir
 from converter.ir import ModelError
 from converter.numerics import quantize_activation
 from converter.quantize import quantize, quantize_matrix
@@ -159,12 +160,15 @@ def test_convert_calibrate_qat_records_it_writes_the_same_blob_twice_and_refuses
 def test_convert_format_q4_trains_by_default_within_5_bits_and_none_skips_it(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(qat, "STEPS", 2)
     monkeypatch.setattr(qat, "POSITIONS", 40)
-    write_llama2c(random_model(seed=2, vocab_size=64)[1], tmp_path / "m.bin", version=1)
+    _, ir = random_model(seed=2, vocab_size=64, dim=64, n_heads=4, n_kv_heads=2, hidden_dim=128)   # no ragged group
+    write_llama2c(ir, tmp_path / "m.bin", version=1)
     base = ["convert", str(tmp_path / "m.bin"), "--format", "q4", "--no-report"]
     assert main(base + ["-o", str(tmp_path / "auto")]) == 0
     assert "trained 2 steps on 40 positions" in capsys.readouterr().out
     manifest = json.loads((tmp_path / "auto" / "manifest.json").read_text())
-    assert manifest["convert"]["calibrate"] == "auto" and manifest["recipe"]["tok_embeddings"] == "q4:16"
+    assert manifest["convert"]["calibrate"] == "auto" and manifest["convert"]["group_size"] == 16
+    assert manifest["recipe"]["tok_embeddings"] == "q4:16" and manifest["recipe"]["layers.0.ffn.w1"] == "q4:16"
+    assert "--group-size" not in ModelDir.open(tmp_path / "auto").convert_command()
     assert bits_per_weight(read_blob(tmp_path / "auto" / "model.flmb")) <= 5
     assert main(base + ["-o", str(tmp_path / "none"), "--calibrate", "none"]) == 0
     assert "quantization-aware training" not in capsys.readouterr().out
