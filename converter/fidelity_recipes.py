@@ -21,6 +21,7 @@ class Recipe:
     kv: str = KV_DEFAULT              # convert's default (k12)
     calibrate: str = "auto"         # convert's --calibrate (auto: gptq for q8, qat for q4)
     quant: tuple[str, ...] = ()     # convert's --quant overrides
+    qat_text: int = 1               # QAT's training text in qat.POSITIONS (convert's: 1)
 
     @property
     def rounding(self) -> str:
@@ -30,6 +31,7 @@ class Recipe:
         head = f" (head g{min(self.group_size, HEAD_GROUP_Q8 if self.fmt == 'q8' else HEAD_GROUP_Q4)})"
         return (f"{self.fmt} g{self.group_size}{head}, {self.scales or 'row'} scales, {self.kv} KV"
                 + (f", {self.rounding}" if self.rounding != "none" else "")
+                + (f" on {self.qat_text}x the text" if self.qat_text != 1 else "")
                 + "".join(f", {q}" for q in self.quant))
 
 
@@ -45,7 +47,7 @@ RECIPES = (
     Recipe("q4, nearest rounding", "q4", DEFAULT_GROUP["q4"], calibrate="none"),
     Recipe("q4, nearest rounding, int8 KV", "q4", DEFAULT_GROUP["q4"], kv="int8", calibrate="none"),
     Recipe("q4, GPTQ", "q4", DEFAULT_GROUP["q4"], calibrate="gptq"),
-    Recipe("q4 g32, QAT", "q4", 32, calibrate="qat"),
+    Recipe("q4 default, QAT on twice the text", "q4", DEFAULT_GROUP["q4"], qat_text=2),
     Recipe("q4 g32, q8 embedding, nearest rounding (the default until stop 29)", "q4", 32, calibrate="none",
            quant=("tok_embeddings=q8", "head=q8")),
     Recipe("q4, f32 scales g8, f32 KV", "q4", group_size=8, scales="f32", kv="f32", calibrate="none"),
@@ -77,7 +79,7 @@ def measure(ir: ModelIR, recipes=RECIPES, positions: int = 2000, prompts: int = 
         qm = quantize(ir, r.fmt, r.group_size, r.quant, scales=r.scales,
                       moments=moments if r.rounding == "gptq" else None)
         if r.rounding == "qat":
-            trained, grids = qat.train(ir, qm)
+            trained, grids = qat.train(ir, qm, positions=qat.POSITIONS * r.qat_text)
             qm = quantize(trained, r.fmt, r.group_size, r.quant, scales=r.scales, grids=grids)
         qm.head_index = headcalib.calibrate(qm)[0]
         rows.append(dict(label=r.label, recipe=r.describe(), bits_per_weight=bits_per_weight(qm),
