@@ -15,7 +15,7 @@ from .model import MODEL, ROOT
 
 STORIES = "stories260K"
 DEFAULT_RECIPES = tuple(r for r in RECIPES if r.label in ("q8 default", "q8, int8 KV", "q8, nearest rounding", "q4 default",
-                                                       "q4, GPTQ"))
+                                                       "q4, nearest rounding", "q4, GPTQ"))
 
 
 def shared_stories() -> Path | None:
@@ -44,12 +44,12 @@ def section(work: Path) -> dict:
             g = row["greedy"]
             ratios[f"fidelity {name} {label}: greedy tokens equal to fp32's / {g['tokens']}, median of "
                    f"{g['prompts']} prompts"] = g["median"] / g["tokens"]
-        for fmt, gptq, nearest in (("q8", "q8 default", "q8, nearest rounding"), ("q4", "q4, GPTQ", "q4 default")):
+        for fmt, gptq, nearest in (("q8", "q8 default", "q8, nearest rounding"),
+                                   ("q4", "q4, GPTQ", "q4, nearest rounding")):
             ratios[f"fidelity {name} {fmt}: mean KL(fp32 || q), GPTQ / nearest rounding"] = \
                 rows[gptq]["kl_mean"] / rows[nearest]["kl_mean"]
-        if "q4 g16, QAT, q4 embedding" in rows:
-            ratios[f"fidelity {name} q4: mean KL(fp32 || q), QAT g16 with a q4 embedding / q4 default"] = \
-                rows["q4 g16, QAT, q4 embedding"]["kl_mean"] / rows["q4 default"]["kl_mean"]
+        ratios[f"fidelity {name} q4: mean KL(fp32 || q), the default (QAT) / nearest rounding"] = \
+            rows["q4 default"]["kl_mean"] / rows["q4, nearest rounding"]["kl_mean"]
     return {"fidelity": out, "ratios": ratios}
 
 

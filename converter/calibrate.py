@@ -11,12 +11,17 @@ from .ir import ModelIR
 CALIBRATIONS = ("auto", "none", "gptq", "qat")
 
 
-def resolve(calibrate: str, fmt: str) -> str:
+def resolve(calibrate: str, fmt: str, scales: str | None = None) -> str:
     """``auto`` (convert's default) as ``fmt`` takes it: GPTQ for q8 (measured with q8's defaults, k12 KV:
     stories260K's greedy text follows fp32's for a median 161.5 of 200 tokens, 115 with nearest rounding;
-    the default model's 105 of 112, 85), nearest rounding (none) for q4, where GPTQ lowers the KL but not
-    the greedy agreement (docs/bench.md "Fidelity")."""
-    return ("gptq" if fmt == "q8" else "none") if calibrate == "auto" else calibrate
+    the default model's 105 of 112, 85), quantization-aware training for q4 (stories260K at q4's default
+    recipe, 4.97 bits a weight: KL to fp32 0.034 against 0.139 rounded to nearest, docs/bench.md "Fidelity";
+    minutes of convert time; with float group scales, which it does not train against, nearest)."""
+    if calibrate != "auto":
+        return calibrate
+    return "gptq" if fmt == "q8" else "qat" if scales in (None, "row") else "none"
+
+
 POSITIONS = 1024         # fp32 predictions the moments are summed over (256 were too few on stories260K)
 
 

@@ -1,8 +1,8 @@
 """Symmetric group-wise int8/int4 weight quantization with a per-tensor recipe.
 
 Recipe: every matrix gets the default format and group size; the token embedding and an untied
-output head stay q8 when the default is q4 (they are the tensors whose error reaches the logits
-directly), and with q8 the output layer's group is at most HEAD_GROUP_Q8; the PLE table (``ple.table``, most of a PLE model, read one row per token) is q4
+output head (the tensors whose error reaches the logits directly) take groups of at most HEAD_GROUP_Q8
+with q8 (the output layer) and HEAD_GROUP_Q4 with q4 (both); the PLE table (``ple.table``, most of a PLE model, read one row per token) is q4
 whatever the default; norms and the experts' routers (``layers.*.ffn.router``: their top-k choices
 should not move with quantization error of their own) stay f32.  Overrides ``PATTERN=FMT[:GROUP]`` (fnmatch on tensor
 names; a pattern also matches everything below it, so ``layers.*.ffn=q4`` covers
@@ -32,6 +32,12 @@ SCALES = ("row", "f32", "f16")
 # GPTQ: fp32's greedy text followed for a median 161.5 tokens of 200 against 124 at group 32; the default
 # model's head rows grow 136 -> 148 bytes, its decode token 1.01x in flash bytes and emulated RP2040 cycles)
 HEAD_GROUP_Q8 = 8
+# q4's token embedding and output layer at most this group (q4 instead of q8, as they were until stop 29: the
+# q4 default within 5 bits a weight, stories260K's 4.97 against 5.43)
+HEAD_GROUP_Q4 = 16
+# convert's group when --group-size is not given: q4's default trains at 16 (stories260K QAT: KL 0.034 at 4.97
+# bits a weight against 0.045 at group 32's 4.93; its rows of 64 weights take as many bytes either way)
+DEFAULT_GROUP = {"q8": 32, "q4": 16}
 
 
 @dataclass(frozen=True)
@@ -93,12 +99,15 @@ def pow2_at_least(v: np.ndarray) -> np.ndarray:
 
 
 def quantize_matrix(w: np.ndarray, fmt: str, group_size: int, scale16: bool = False,
-                    rowscale: bool = False, moments: np.ndarray | None = None) -> QTensor:
+                    rowscale: bool = False, moments: np.ndarray | None = None,
+                    grid: tuple[np.ndarray, np.ndarray] | None = None) -> QTensor:
     """Per row, per group of ``group_size`` columns: scale = max|w| / qmax, code = round(w / scale).
     ``scale16``: the scale is first rounded to fp16 (nearest even), and the codes use that scale.
     ``rowscale``: one power-of-two scale per row, S = the smallest >= (largest group scale) / 255,
     and per group the multiplier k = ceil(scale / S) (0 for an all-zero group), codes round(w / (k S)).
-    ``moments``: the inputs' sum x x^T [cols, cols]: the same scales, the codes by GPTQ's rounding."""
+    ``moments``: the inputs' sum x x^T [cols, cols]: the same scales, the codes by GPTQ's rounding.
+    ``grid`` (row scales only): the row scales [rows] and multipliers [rows, groups] to round against
+    instead of the ones the weights give (converter/qat.py learns them; clipping allowed)."""
     rows, cols = w.shape
     ng = -(-cols // group_size)
     wp = np.zeros((rows, ng * group_size), np.float32)
@@ -108,11 +117,16 @@ def quantize_matrix(w: np.ndarray, fmt: str, group_size: int, scale16: bool = Fa
     qmax = FORMATS[fmt].qmax
     scales = (amax / np.float32(qmax)).astype(np.float32)
     mult = None
+    if grid is not None and not rowscale:
+        raise ModelError("a given grid (row scales and multipliers) needs row scales")
     if rowscale:
-        smax = scales.max(axis=1)
-        row = np.where(smax > 0, pow2_at_least(smax / np.float64(MULT_MAX)), np.float32(0))
-        safe_row = np.where(row > 0, row, np.float32(1)).astype(np.float64)
-        mult = np.ceil(scales.astype(np.float64) / safe_row[:, None]).astype(np.uint8)   # exact quotient
+        if grid is not None:
+            row, mult = grid_of(grid, rows, ng)
+        else:
+            smax = scales.max(axis=1)
+            row = np.where(smax > 0, pow2_at_least(smax / np.float64(MULT_MAX)), np.float32(0))
+            safe_row = np.where(row > 0, row, np.float32(1)).astype(np.float64)
+            mult = np.ceil(scales.astype(np.float64) / safe_row[:, None]).astype(np.uint8)   # exact quotient
         eff = mult.astype(np.float64) * row.astype(np.float64)[:, None]                   # exact
         safe = np.where(eff > 0, eff, 1.0)
         codes = np.clip(np.rint(wg / safe[:, :, None]), -qmax, qmax).astype(np.int8)
@@ -137,6 +151,19 @@ def quantize_matrix(w: np.ndarray, fmt: str, group_size: int, scale16: bool = Fa
     return QTensor(fmt, codes.copy(), scales, group_size, scale16)
 
 
+def grid_of(grid: tuple[np.ndarray, np.ndarray], rows: int, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """A given grid as quantize_matrix keeps it: row scales float32 [rows] (powers of two or 0), multipliers
+    uint8 [rows, groups]; refused when its shape or a value does not fit the format."""
+    row, mult = np.asarray(grid[0], np.float32).reshape(-1), np.asarray(grid[1])
+    if row.shape != (rows,) or mult.shape != (rows, groups):
+        raise ModelError(f"a grid of {row.shape[0]} row scales and {mult.shape} multipliers for a matrix of "
+                         f"{rows} rows of {groups} groups")
+    m, _ = np.frexp(row)
+    if np.any((row < 0) | ((row > 0) & (m != 0.5))) or np.any((mult < 0) | (mult > MULT_MAX)):
+        raise ModelError(f"a grid's row scales must be powers of two and its multipliers within 0..{MULT_MAX}")
+    return row, mult.astype(np.uint8)
+
+
 def is_router(name: str) -> bool:
     """A mixture of experts' router (kept f32 whatever the recipe)."""
     return name.endswith(".ffn.router")
@@ -154,7 +181,7 @@ def default_spec(name: str, default_format: str, group_size: int, head: str) -> 
     if name == head and default_format == "q8":
         return "q8", min(group_size, HEAD_GROUP_Q8)
     if name in ("tok_embeddings", "output") and default_format == "q4":
-        return "q8", group_size
+        return "q4", min(group_size, HEAD_GROUP_Q4)
     return default_format, group_size
 
 
@@ -168,11 +195,12 @@ def recipe_entry(fmt: str, g: int, scales: str) -> str:
 
 
 def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, overrides=(),
-             scales: str | None = None, moments: dict | None = None) -> QuantModel:
+             scales: str | None = None, moments: dict | None = None, grids: dict | None = None) -> QuantModel:
     """``scales`` None: row scales, and a tensor that arrived quantized stays as it is (unless an
     override names it). ``moments`` (converter/calibrate.py): per matrix its inputs' sum x x^T, whose
     matrices get GPTQ's codes; a tied token embedding's are the head's inputs (an untied one has none:
-    it is only looked up), and GPTQ's damping keeps the error of the rows it looks up small."""
+    it is only looked up), and GPTQ's damping keeps the error of the rows it looks up small. ``grids``
+    (converter/qat.py): per matrix the row scales and multipliers its codes are rounded against."""
     if default_format not in ("q8", "q4"):
         raise ModelError(f"format must be q8 or q4, got {default_format!r}")
     scheme = scales or "row"
@@ -213,7 +241,7 @@ def quantize(ir: ModelIR, default_format: str = "q8", group_size: int = 32, over
             w = t.dequantize() if isinstance(t, QTensor) else np.asarray(t, np.float32)
             try:
                 h = (moments or {}).get(name)
-                tensors[name] = quantize_matrix(w, fmt, g, scheme == "f16", scheme == "row", h)
+                tensors[name] = quantize_matrix(w, fmt, g, scheme == "f16", scheme == "row", h, (grids or {}).get(name))
             except ModelError as e:
                 raise ModelError(f"tensor {name}: {e}") from None
         recipe[name] = recipe_entry(fmt, g, scheme)

@@ -14,7 +14,7 @@ SHAPES = {
                     "PLE dim 128), int4 g128 fp16 scales",
         config=ModelConfig(dim=96, n_layers=6, n_heads=4, n_kv_heads=4, vocab_size=32768, hidden_dim=66,
                            max_seq_len=256, tied=True, rope_theta=10000.0, ple_dim=128, out_vocab=25353),
-        recipe=dict(fmt="q4", group_size=128, overrides=("head=q4",), scales="f16"),
+        recipe=dict(fmt="q4", group_size=128, overrides=("head=q4:128",), scales="f16"),
         # the published per-token breakdown of the baseline build of this model on the ESP32-S3 (ms):
         # "input" is our embed phase, "head" our output phase; sampling was not broken out. best_ms: the
         # best published build of the same model on the chip (no phase breakdown published)

@@ -14,6 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from converter.quantize import DEFAULT_GROUP
 from converter.tokenizer import load_tokenizer
 
 from .defaults import DEFAULT_BATCH, KV_DEFAULT
@@ -182,7 +183,7 @@ class ModelDir:
         args = ["flashlm", "convert", _shown(ckpt) if not rec.get("named") else ckpt, "-o", str(self.path)]
         if rec.get("tokenizer_given") and self._manifest.get("tokenizer"):    # the copy convert kept here
             args += ["--tokenizer", str(self.path / self._manifest["tokenizer"])]
-        defaults = {"format": "q8", "group_size": 32, "scales": None, "kv": KV_DEFAULT, "ctx": None,
+        defaults = {"format": "q8", "group_size": DEFAULT_GROUP.get(o.get("format"), 32), "scales": None, "kv": KV_DEFAULT, "ctx": None,
                     "batch": DEFAULT_BATCH, "head_index": "auto", "calibrate": "auto"}
         for key, default in defaults.items():
             if o.get(key) != default and o.get(key) is not None:

@@ -68,8 +68,8 @@ def test_moments_are_each_matrixs_inputs_and_a_tied_embedding_takes_the_heads(ti
     assert gptq.inverse_factor(np.zeros((3, 3))).tolist() == np.eye(3).tolist()
 
 
-def test_convert_rounds_q8_by_gptq_and_q4_to_the_nearest_code_by_default():
-    assert [calibrate.resolve("auto", f) for f in ("q8", "q4")] == ["gptq", "none"]
+def test_convert_rounds_q8_by_gptq_and_trains_q4_by_default():
+    assert [calibrate.resolve("auto", f) for f in ("q8", "q4")] == ["gptq", "qat"]
     assert [calibrate.resolve(c, "q8") for c in ("none", "gptq")] == ["none", "gptq"]
 
 

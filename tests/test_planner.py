@@ -249,7 +249,7 @@ def test_bytes_read_formula_matches_engine_test(tied):
 # does not fit
 
 def test_15m_llama2c_shape_fits_esp32s3_n16r8_and_not_pico():
-    q4 = ModelSpec.from_config(LLAMA15M, "q4", 32)      # convert --format q4: embedding stays q8
+    q4 = ModelSpec.from_config(LLAMA15M, "q4", 32)      # convert --format q4: the embedding q4 in groups of 16
     pl = plan(q4, "esp32s3-n16r8")
     assert pl.need["flash"] <= pl.budget["flash"] and pl.regions["kv"] == "psram"
     assert pl.prediction.tok_s > 0 and pl.prediction.bytes_read["psram"] > 0
@@ -329,8 +329,8 @@ def test_ple_seed_shape_fits_esp32s3_n16r8_with_the_table_in_flash():
         assert ms / 3 < ph[k] / 1000 < ms * 3, k
     # f32 scales do not fit the 15.66 MB blob partition; fp16 (or row) scales are what makes it fit
     with pytest.raises(NoFit, match="flash short by"):
-        plan(ModelSpec.from_config(c, "q4", 128, ["head=q4"], scales="f32"), "esp32s3-n16r8", suggest=False)
-    plan(ModelSpec.from_config(c, "q4", 128, ["head=q4"], scales="row"), "esp32s3-n16r8", suggest=False)
+        plan(ModelSpec.from_config(c, "q4", 128, ["head=q4:128"], scales="f32"), "esp32s3-n16r8", suggest=False)
+    plan(ModelSpec.from_config(c, "q4", 128, ["head=q4:128"], scales="row"), "esp32s3-n16r8", suggest=False)
     for place in ("ple.table=psram", "ple.*=sram"):
         with pytest.raises(PlanError, match="ple.table stays in flash") as e:
             plan(spec, "esp32s3-n16r8", overrides=[place])

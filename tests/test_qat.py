@@ -10,7 +10,10 @@ import pytest
 import torch
 
 from converter import qat
+from converter.blob import read_blob
 from converter.fidelity import sample_text, teacher_forced
+from converter.fidelity_recipes import bits_per_weight
+from host.model_dir import ModelDir
 from converter.ir import ModelError
 from converter.numerics import quantize_activation
 from converter.quantize import quantize, quantize_matrix
@@ -46,22 +49,66 @@ def test_activation_fake_quant_is_the_devices_whole_vector_quantization():
     assert not qat.act_fake_quant(torch.zeros(3, 8), 127).any()
 
 
-def trained(ir, steps=60, positions=192, seed=qat.SEED):
-    return qat.train(ir, quantize(ir, "q4", 32), steps=steps, positions=positions, seed=seed)
+def test_a_learned_grid_is_the_quantizer_with_that_grid_given_bit_for_bit():
+    rng = np.random.default_rng(2)
+    for shape, g, fmt in (((20, 70), 16, "q4"), ((33, 172), 32, "q4"), ((8, 64), 8, "q8")):
+        w = (rng.standard_normal(shape) * rng.uniform(1e-3, 3, (shape[0], 1))).astype(np.float32)
+        w[0, :g] = 0
+        w[1] = 0
+        grid = qat.LearnedGrid(torch.from_numpy(w), fmt, g)
+        assert np.array_equal(grid(torch.from_numpy(w)).detach().numpy(),
+                              quantize_matrix(w, fmt, g, rowscale=True).dequantize()), (shape, g, fmt)
+        with torch.no_grad():
+            grid.log_k.add_(torch.from_numpy(rng.normal(0, 0.3, grid.log_k.shape)).float())
+        mult = grid.multipliers().numpy().astype(np.uint8)
+        assert (mult != grid.k0.numpy()).any() and mult[0, 0] == 0 and mult.max() <= 255
+        got = quantize_matrix(w, fmt, g, rowscale=True, grid=(grid.row.float().numpy()[:, 0], mult))
+        assert np.array_equal(got.mult, mult)
+        assert np.array_equal(grid(torch.from_numpy(w)).detach().numpy(), got.dequantize()), (shape, g, fmt)
 
 
-def test_qat_lowers_kl_to_fp32_below_nearest_rounding():
+def test_a_learned_multiplier_gets_the_lsq_gradient():
+    w = torch.tensor([[0.5, -1.0, 0.25, 2.0]])
+    grid = qat.LearnedGrid(w, "q4", 4)
+    with torch.no_grad():
+        grid.log_k.fill_(-0.5)                              # below ceil: 2.0 clips
+    grid(w).sum().backward()
+    eff = float(grid.multipliers()[0, 0] * grid.row[0, 0])
+    x = [float(v) / eff for v in w[0]]       # in range: d/d eff of round(x) eff is round(x) - x; clipped: +-7
+    expect = sum(round(v) - v if abs(round(v)) <= 7 else 7.0 * np.sign(v) for v in x)
+    k = float(grid.k0[0, 0] * np.exp(-0.5))                 # d k / d log_k = k, d eff / d k = row
+    assert grid.log_k.grad[0, 0].item() == pytest.approx(expect * k * float(grid.row[0, 0]), rel=1e-5)
+
+
+def test_quantize_refuses_a_grid_that_does_not_fit_in_one_line():
+    w = np.ones((4, 32), np.float32)
+    with pytest.raises(ModelError, match="a grid of 4 row scales and \\(4, 2\\) multipliers for a matrix of 4 rows of 1 groups"):
+        quantize_matrix(w, "q4", 32, rowscale=True, grid=(np.ones(4), np.ones((4, 2), np.uint8)))
+    with pytest.raises(ModelError, match="powers of two"):
+        quantize_matrix(w, "q4", 32, rowscale=True, grid=(np.full(4, 0.3), np.ones((4, 1), np.uint8)))
+
+
+def trained(ir, steps=60, positions=192, seed=qat.SEED, quant=(), **kw):
+    """The QAT model of ``ir`` at q4 g32 (``quant``: the recipe's overrides) and its grids."""
+    return qat.train(ir, quantize(ir, "q4", 32, quant), steps=steps, positions=positions, seed=seed, **kw)
+
+
+def test_qat_lowers_kl_to_fp32_below_nearest_rounding_with_fixed_and_learned_grids():
     _, ir = random_model(seed=3, vocab_size=64)
     probe = sample_text(ir, 150, seed=0)
     plain = teacher_forced(quantize(ir, "q4", 32), "k12", probe)
-    tuned = teacher_forced(quantize(trained(ir), "q4", 32), "k12", probe)
-    assert tuned["kl_mean"] < 0.8 * plain["kl_mean"], (plain, tuned)
+    for lr_grid in (None, qat.LR_GRID):
+        tir, grids = trained(ir, lr_grid=lr_grid)
+        assert bool(grids) == (lr_grid is not None)
+        tuned = teacher_forced(quantize(tir, "q4", 32, grids=grids), "k12", probe)
+        assert tuned["kl_mean"] < 0.8 * plain["kl_mean"], (lr_grid, plain, tuned)
 
 
 def test_qat_is_deterministic_for_a_seed_and_changes_with_it():
     _, ir = random_model(seed=4, vocab_size=64)
-    a, b, c = trained(ir, steps=5), trained(ir, steps=5), trained(ir, steps=5, seed=9)
+    (a, ga), (b, gb), (c, _) = trained(ir, steps=5), trained(ir, steps=5), trained(ir, steps=5, seed=9)
     assert all(np.array_equal(a.tensors[n], b.tensors[n]) for n in ir.tensors)
+    assert ga.keys() == gb.keys() and all(np.array_equal(ga[n][1], gb[n][1]) for n in ga)
     assert not np.array_equal(a.tensors["layers.0.ffn.w1"], c.tensors["layers.0.ffn.w1"])
     assert a.tokenizer is ir.tokenizer and a.config == ir.config
 
@@ -70,6 +117,8 @@ def test_qat_refuses_what_it_cannot_train_in_one_line():
     _, ir = random_model(seed=5, vocab_size=64)
     with pytest.raises(ModelError, match="trains against row scales; tok_embeddings has f32 scales"):
         qat.train(ir, quantize(ir, "q4", 32, scales="f32"), steps=1, positions=10)
+    with pytest.raises(ModelError, match="grid"):
+        quantize(ir, "q4", 32, scales="f32", grids={"layers.0.ffn.w1": (np.ones(1), np.ones((1, 1)))})
     with pytest.raises(ModelError, match="at least 1"):
         qat.train(ir, quantize(ir, "q4", 32), steps=0)
 
@@ -79,7 +128,8 @@ def test_qat_refuses_what_it_cannot_train_in_one_line():
 def test_qat_model_runs_bit_exact_on_the_native_board(tmp_path):
     """QAT changes only the weights quantize() is given: the engine reproduces the reference."""
     _, ir = random_model(seed=6)
-    qm = quantize(trained(ir, steps=20), "q4", 32, ["tok_embeddings=q4"])
+    tir, grids = trained(ir, steps=20, quant=["tok_embeddings=q4"])
+    qm = quantize(tir, "q4", 32, ["tok_embeddings=q4"], grids=grids)
     with native_link(qm, tmp_path, tmp_path / "builds", kv="k12") as (link, _):
         ref = generate(qm, [1, 7, 3], 20, flags=FLAG_LOGITS, kv="k12")
         toks, logits, done = run(link, [1, 7, 3], 20)
@@ -105,3 +155,20 @@ def test_convert_calibrate_qat_records_it_writes_the_same_blob_twice_and_refuses
     assert main(args + ["--scales", "f32"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["flashlm: error: --calibrate qat trains against row scales, not --scales f32"], err
+
+
+def test_convert_format_q4_trains_by_default_within_5_bits_and_none_skips_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(qat, "STEPS", 2)
+    monkeypatch.setattr(qat, "POSITIONS", 40)
+    _, ir = random_model(seed=2, vocab_size=64, dim=64, n_heads=4, n_kv_heads=2, hidden_dim=128)   # no ragged group
+    write_llama2c(ir, tmp_path / "m.bin", version=1)
+    base = ["convert", str(tmp_path / "m.bin"), "--format", "q4", "--no-report"]
+    assert main(base + ["-o", str(tmp_path / "auto")]) == 0
+    assert "trained 2 steps on 40 positions" in capsys.readouterr().out
+    manifest = json.loads((tmp_path / "auto" / "manifest.json").read_text())
+    assert manifest["convert"]["calibrate"] == "auto" and manifest["convert"]["group_size"] == 16
+    assert manifest["recipe"]["tok_embeddings"] == "q4:16" and manifest["recipe"]["layers.0.ffn.w1"] == "q4:16"
+    assert "--group-size" not in ModelDir.open(tmp_path / "auto").convert_command()
+    assert bits_per_weight(read_blob(tmp_path / "auto" / "model.flmb")) <= 5
+    assert main(base + ["-o", str(tmp_path / "none"), "--calibrate", "none"]) == 0
+    assert "quantization-aware training" not in capsys.readouterr().out

@@ -60,8 +60,9 @@ def test_row_scaled_group_size_limit():
 
 def test_default_recipe_and_overrides():
     _, ir = random_model(seed=0, tied=False)
-    qm = quantize(ir, "q4", 32)
-    assert qm.recipe["tok_embeddings"] == "q8:32" and qm.recipe["output"] == "q8:32"
+    qm = quantize(ir, "q4", 32)          # q4's embedding and head: q4 at group 16 at most
+    assert qm.recipe["tok_embeddings"] == "q4:16" and qm.recipe["output"] == "q4:16"
+    assert quantize(ir, "q4", 8).recipe["output"] == "q4:8"
     assert qm.recipe["layers.0.ffn.w1"] == "q4:32" and qm.recipe["norm"] == "f32"
     # q8's output layer (an untied head here) at group 8, the embedding at the default group; an override
     # without a group keeps the tensor's default one

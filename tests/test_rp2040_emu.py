@@ -283,7 +283,7 @@ def test_cli_run_board_rp2040_emu(tmp_path, build_root, capsys):
     write_llama2c(ir, tmp_path / "model.bin", version=1)
     out = tmp_path / "model"
     assert main(["convert", str(tmp_path / "model.bin"), "-o", str(out), "--format", "q4",
-                 "--group-size", "16", "--no-report"]) == 0
+                 "--group-size", "16", "--calibrate", "none", "--no-report"]) == 0
     prompt = [1, 10, 20]
     rc = main(["run", "--board", BOARD, "--model", str(out), "--prompt-ids", ",".join(map(str, prompt)),
                "--max-tokens", "8", "--csv", str(tmp_path / "run.csv"), "--json", str(tmp_path / "run.json"),

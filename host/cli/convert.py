@@ -29,10 +29,12 @@ def add_parser(sub) -> None:
                    help="the greedy head's tile index: auto keeps it when calibration shows it pays, on always, off never")
     c.add_argument("--calibrate", choices=("auto", "none", "gptq", "qat"), default="auto",
                    help="gptq: each matrix's codes rounded GPTQ-style against its inputs' second moments on 1024 "
-                        "positions of text the fp32 model samples itself; qat: the weights first trained (minutes) to "
-                        "match fp32's next-token distributions through the quantizer, on text fp32 samples itself "
+                        "positions of text the fp32 model samples itself; qat: the weights and each group's scale "
+                        "multiplier first trained (minutes) to match fp32's next-token distributions through the "
+                        "quantizer, on text fp32 samples itself "
                         "(both: the same scales and blob format; flashlm eval --fidelity shows what they gain); "
-                        "none: each weight to its nearest code; auto (default): gptq for q8, none for q4")
+                        "none: each weight to its nearest code; auto (default): gptq for q8, qat for q4 "
+                        "(none with float group scales)")
     c.add_argument("--no-report", action="store_true", help="skip the quality report")
     c.set_defaults(func=cmd_convert)
 

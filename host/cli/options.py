@@ -9,7 +9,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from ..commands.recipe import Recipe
+from ..commands.recipe import DEFAULT_GROUP, Recipe
 
 
 # placeholders an option's help may hold, filled with the board profiles' names when help is shown
@@ -136,7 +136,8 @@ def add_recipe(p: argparse.ArgumentParser, title: str | None = None) -> None:
     g = p.add_argument_group(title) if title else p
     g.add_argument("--format", choices=("q8", "q4"), default="q8",
                    help="weight format of the tensors no --quant names (default %(default)s)")
-    add_group_size(g)
+    g.add_argument("--group-size", type=positive_int, default=None, metavar="N",
+                   help="quantization group size (default 32 for q8, 16 for q4)")
     g.add_argument("--quant", action="append", default=[], metavar="PATTERN=FMT[:G]",
                    help="per-tensor override, e.g. 'layers.*.ffn=q4:32', 'head=q4' (repeatable)")
     g.add_argument("--scales", choices=("row", "f32", "f16"), default=None,
@@ -153,7 +154,7 @@ def add_group_size(p) -> None:
 
 def recipe_of(args) -> Recipe:
     """The Recipe the --format/--group-size/--quant/--scales options name."""
-    return Recipe(args.format, args.group_size, tuple(args.quant), args.scales)
+    return Recipe(args.format, args.group_size or DEFAULT_GROUP[args.format], tuple(args.quant), args.scales)
 
 
 def add_generation_args(p: argparse.ArgumentParser, max_tokens: int) -> None:

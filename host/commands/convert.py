@@ -67,7 +67,8 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
     fmt, group_size, scales = recipe.fmt, recipe.group_size, recipe.scales
     overrides = Q.parse_overrides(list(recipe.quant))          # fail fast, before the slow part
     Q.check_group_size(group_size, scales or "row")
-    if calibrate == "qat" and scales not in (None, "row"):
+    rounding = resolve_calibration(calibrate, fmt, scales)
+    if rounding == "qat" and scales not in (None, "row"):
         raise UserError(f"--calibrate qat trains against row scales, not --scales {scales}")
 
     outdir = Path(outdir)
@@ -82,7 +83,6 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
                   + (f", {c.n_experts} experts a layer, {c.moe_top_k} read per token" if c.n_experts else "")
                   + f", context {c.max_seq_len}, "
                   f"{c.n_params():,} parameters" + (f" ({split['table']:,} in the PLE table)" if split["table"] else ""))
-    rounding = resolve_calibration(calibrate, fmt)
     step(console, f"quantizing to {fmt} (group {group_size}, {scales or 'row'} scales"
           + {"gptq": ", GPTQ rounding", "qat": ", quantization-aware training"}.get(rounding, "") + ")"
           + (f" with {len(overrides)} override(s)" if overrides else ""))
@@ -93,7 +93,7 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
     with console.status("quantizing"):
         qm = Q.quantize(ir, default_format=fmt, group_size=group_size, overrides=overrides, scales=scales,
                         moments=moments)
-    if calibrate == "qat":
+    if rounding == "qat":
         qm = _trained(console, ir, qm, fmt, group_size, overrides, scales)
     rep = None
     if report:
@@ -149,11 +149,13 @@ def _trained(console, ir, nearest, fmt, group_size, overrides, scales):
     """The model quantized from weights qat.train distilled from fp32 against ``nearest``'s recipe."""
     t0 = time.monotonic()
     with console.status(f"quantization-aware training: fp32 sampling {qat.POSITIONS:,} positions of its own text") as st:
-        def say(i, n, loss):
-            st.update(f"quantization-aware training: step {i}/{n}, KL to fp32 {loss:.4f} "
-                      f"({time.monotonic() - t0:.0f} s)")
-        trained = qat.train(ir, nearest, say=say)
-        qm = Q.quantize(trained, default_format=fmt, group_size=group_size, overrides=overrides, scales=scales)
+        def say(i, n, loss):     # a line every 50 steps too: a log without the live status sees it working
+            text = f"step {i}/{n}, KL to fp32 {loss:.4f} ({time.monotonic() - t0:.0f} s)"
+            st.update(f"quantization-aware training: {text}")
+            console.print(f"  {text}")
+        trained, grids = qat.train(ir, nearest, say=say)
+        qm = Q.quantize(trained, default_format=fmt, group_size=group_size, overrides=overrides, scales=scales,
+                        grids=grids)
     console.print(f"  trained {qat.STEPS} steps on {qat.POSITIONS:,} positions in {time.monotonic() - t0:.0f} s")
     return qm
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from converter.quantize import DEFAULT_GROUP   # --group-size when not given, per format (re-exported for the CLI)
+
 
 @dataclass(frozen=True)
 class Recipe:
