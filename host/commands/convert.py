@@ -148,9 +148,16 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
 def _trained(console, ir, nearest, fmt, group_size, overrides, scales):
     """The model quantized from weights qat.train distilled from fp32 against ``nearest``'s recipe."""
     t0 = time.monotonic()
+    console.print("  quantization-aware training takes minutes (--calibrate gptq: seconds, at KL ~3x higher on q4)")
+    first = []                   # when step 1 ended: the steps' rate from then on gives the time left
     with console.status(f"quantization-aware training: fp32 sampling {qat.POSITIONS:,} positions of its own text") as st:
         def say(i, n, loss):     # a line every 50 steps too: a log without the live status sees it working
-            text = f"step {i}/{n}, KL to fp32 {loss:.4f} ({time.monotonic() - t0:.0f} s)"
+            now = time.monotonic()
+            if not first:
+                first.append((i, now))
+            i0, t1 = first[0]
+            left = f", about {(now - t1) / (i - i0) * (n - i) / 60:.0f} min left" if i > i0 and i < n else ""
+            text = f"step {i}/{n}, KL to fp32 {loss:.4f} ({now - t0:.0f} s{left})"
             st.update(f"quantization-aware training: {text}")
             console.print(f"  {text}")
         trained, grids = qat.train(ir, nearest, say=say)
