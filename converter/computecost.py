@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .costmodel import PHASES, ModelSpec, TensorSpec, expert_reads, head_mode, head_rows, tiles_visited
+from .overlap import split_cores, stream_cycles
 
 # Float operations per call of the engine's own functions (flm_math.c), in units of an add or a
 # multiply: expf is one multiply, then integers (a rounding on the bits, a table entry interpolated,
@@ -35,13 +36,17 @@ def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
 
 
 def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampling: str = "greedy",
-                  head: str | int | None = None, experts=None, pass_n: int = 1) -> tuple[dict, dict, dict]:
+                  head: str | int | None = None, experts=None, pass_n: int = 1,
+                  rows_after: frozenset = frozenset()) -> tuple[dict, dict, dict]:
     """compute_cycles' cycles per phase, and of them per phase the matrix products' rows (their
     multiply-accumulates and per-row scaling: what runs inside hal_matmul, which a board may split
     across its cores), and the work a board may split across its cores too (hal.h hal_parallel: the
     activations' codes, the norms' scaling, RoPE, attention's heads, the residuals, the FFN's SiLU x up;
     the norms' sums (their squares split), the scales' divisions and the KV rows' quantization stay on one core).
-    ``pass_n``: the tokens of the forward pass this token is one of (a board's multi-token rows)."""
+    ``pass_n``: the tokens of the forward pass this token is one of (a board's multi-token rows).
+    ``rows_after``: the phases whose products take the work on their output rows (hal.h
+    hal_matmul_each: a board that streams them; the residuals after wo and w2, the FFN's SiLU and its
+    product with w3's rows), which then counts with the products' rows instead of hal_parallel's."""
     cfg = spec.config
     comp = prof.get("compute", {})
     fpu = bool(prof.get("fpu", True))
@@ -77,22 +82,28 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
         staged = 4 * min(pass_n // 4, stage // (2 * w.cols))
         return 1.0 - (1.0 - quad) * staged / pass_n
 
-    def matvec(w: TensorSpec, phase: str, share: float = 1.0) -> float:
-        """The activation quantization (per element a product and a code rounded on the bits; per
-        group two divisions), the rows' multiply-accumulates, per row the scaling: per group a term
-        (conversion, two products) and an add, or row-scaled one integer multiply-add per group and
-        three float operations per row (kernels_ref.h row_rs)."""
+    def rows_cycles(w: TensorSpec) -> float:
+        """The rows' multiply-accumulates, per row the scaling: per group a term (conversion, two
+        products) and an add, or row-scaled one integer multiply-add per group and three float
+        operations per row (kernels_ref.h row_rs)."""
         groups = -(-w.cols // w.group)
-        act_groups = 1 if w.rowscale else groups
         macs = w.rows * w.cols * (q4f if w.fmt == "q4" else 1.0) * quad_factor(w)
         if w.rowscale:
-            macs += w.rows * groups
-            flops = w.rows * 3
-        else:
-            flops = w.rows * groups * 4
-        rows_part[phase] += share * (macs * cpm + flops * cpf)
+            return (macs + w.rows * groups) * cpm + w.rows * 3 * cpf
+        return macs * cpm + w.rows * groups * 4 * cpf
+
+    def matvec(w: TensorSpec, phase: str, share: float = 1.0) -> float:
+        """The activation quantization (per element a product and a code rounded on the bits; per
+        group two divisions) and the rows (rows_cycles)."""
+        act_groups = 1 if w.rowscale else -(-w.cols // w.group)
+        rows_part[phase] += share * rows_cycles(w)
         par_part[phase] += share * w.cols * 2 * cpf
-        return macs * cpm + (flops + w.cols * 2 + act_groups * 2 * FLOPS_DIV) * cpf
+        return rows_cycles(w) + (w.cols * 2 + act_groups * 2 * FLOPS_DIV) * cpf
+
+    def slack(w: TensorSpec) -> float:
+        """Core cycles free in w's streamed product while its cores wait for the flash: the cores'
+        time at the stream's rate (this token's share of a pass's read) less its rows."""
+        return max(0.0, split_cores(prof) * stream_cycles(prof, w.row_stride * w.rows) / pass_n - rows_cycles(w))
 
     def rms(n: int) -> float:
         return (4 * n + FLOPS_SQRT + FLOPS_DIV) * cpf
@@ -100,6 +111,11 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
     def par(phase: str, cycles: float) -> float:
         """cycles of work hal_parallel splits, in phase."""
         par_part[phase] += cycles
+        return cycles
+
+    def after(phase: str, cycles: float) -> float:
+        """cycles of work on a product's output rows, in phase: in the products where they take it."""
+        (rows_part if phase in rows_after else par_part)[phase] += cycles
         return cycles
 
     def rms_par(n: int, phase: str, squares: bool = True) -> float:
@@ -136,16 +152,20 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
             c += par("attention", cfg.n_heads * ((2 * t * hd + 8 * t) * cpm
                                                  + (hd * 2 + 2 * FLOPS_DIV + t * 4 + hd * 2 + FLOPS_DIV + 1) * cpf))
             c += 2 * cfg.kv_dim * 2 * cpf + 2 * cfg.n_kv_heads * 2 * FLOPS_DIV * cpf  # K, V rows quantized
-        c += par("attention", d * cpf)                                                # residual
+        c += after("attention", d * cpf)                                              # residual (wo's rows)
         out["attention"] += c
-        f = rms_par(d, "ffn") + par("ffn", d * cpf)                                    # norm, residual
+        f = rms_par(d, "ffn") + after("ffn", d * cpf)                                  # norm, residual (w2's rows)
         if E:   # the router's f32 dots, the top-k's compares, the softmax of k logits
             f += E * d * 2 * cpf + k * E * cpm + k * (FLOPS_EXP + 2) * cpf + FLOPS_DIV * cpf
         for e, pre in enumerate(cfg.ffn_prefixes(li)):
             share = reads[li][e] if E else 1.0
             silu = hid * (FLOPS_EXP + FLOPS_DIV + 3) * cpf
             one = sum(matvec(by[pre + w], "ffn", share) for w in ("w1", "w3", "w2")) + silu
-            par_part["ffn"] += share * silu
+            # on w1's rows where its product takes it: what fits the cores' wait there overlaps the
+            # stream, the rest lengthens the product on both cores (hal_parallel's share)
+            fits = min(silu, slack(by[pre + "w1"])) if "ffn" in rows_after else 0.0
+            rows_part["ffn"] += share * fits
+            par_part["ffn"] += share * (silu - fits)
             if E:   # the gathered input (a copy) and the weighted sum
                 one += d * cpm + 2 * d * cpf
             f += share * one

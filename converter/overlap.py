@@ -22,10 +22,14 @@ A board that streams a product's rows from flash into SRAM buffers while its cor
 number of tokens) does not take those bytes through the line-fill bus: they come at the rate of
 the SSI's direct reads (``stream_cycles``) while the cores compute, so the streamed products take::
 
-    max(stream, rows / split_cores) + products * (first chunk + stream_setup_cycles)
+    max(stream, rows / split_cores) + cold * first chunk + products * stream_setup_cycles
 
-— the bytes overlapped with the rows, then per product the first chunk the cores wait for before
-any row and the set-up and hand-over ([flash].stream_setup_cycles, [EMU fit])."""
+— the bytes overlapped with the rows, then the first chunk the cores wait for before any row in each
+product whose first chunk the product before did not read (``read_ahead``: the engine's
+hal_matmul_then hints), and per product the set-up and hand-over ([flash].stream_setup_cycles, [EMU
+fit]). Their rows include
+the work the streamed products do on their output rows (``rows_after``: hal.h hal_matmul_each), which
+fills the cores' waits for the stream rather than following the product."""
 from __future__ import annotations
 
 import math
@@ -58,9 +62,11 @@ class Streamed:
     mem_us: float = 0.0
     bytes: float = 0.0
     products: int = 0
+    ahead: float = 0.0   # of them, those whose first chunk the product before read (read_ahead)
 
     def __add__(self, o: Streamed) -> Streamed:
-        return Streamed(self.mem_us + o.mem_us, self.bytes + o.bytes, self.products + o.products)
+        return Streamed(self.mem_us + o.mem_us, self.bytes + o.bytes, self.products + o.products,
+                        self.ahead + o.ahead)
 
 
 def saving(prof: dict, rows_us: float, bus_us: float, ram_us: float, streamed: Streamed = Streamed(),
@@ -77,10 +83,38 @@ def saving(prof: dict, rows_us: float, bus_us: float, ram_us: float, streamed: S
     shared = max(bus_us, (rows_us + ram_us + bus_us * (1.0 + w)) / k)
     if streamed.products:
         clock = float(prof.get("clock_mhz", 100))
-        per = stream_cycles(prof, stream_stride(prof)) + float(prof["flash"].get("stream_setup_cycles", 0))
-        shared = max(shared, stream_cycles(prof, streamed.bytes) / clock) + streamed.products * per / clock
+        first = stream_cycles(prof, stream_stride(prof))
+        setup = float(prof["flash"].get("stream_setup_cycles", 0))
+        shared = (max(shared, stream_cycles(prof, streamed.bytes) / clock)
+                  + ((streamed.products - streamed.ahead) * first + streamed.products * setup) / clock)
     kp = max(1, int(prof.get("compute", {}).get("parallel_cores", 1)))
     return max(0.0, serial - shared) + parallel_us * (1.0 - 1.0 / kp)
+
+
+def read_ahead(spec: ModelSpec, name: str, products: int) -> float:
+    """Of a step's streamed products of tensor ``name``, those whose first chunk the product before
+    read (engine.c's hal_matmul_then hints): within a layer each product names the next (wq after the
+    norm does not, nor does a layer's wq after PLE or a mixture of experts, nor an expert's w1); a
+    head scan's tile names the next one only where it is certain (tile_ahead: that tile's bound at
+    least the current one's), for tiles in stored order about every other one [EST]; the centroids
+    and a whole head's one product none."""
+    cfg = spec.config
+    if name == head_rows(spec).name:
+        return max(0, products - 1) / 2
+    if name.endswith(("attn.wv", "attn.wk", "attn.wo", "w3", "w2")):
+        return products
+    if name.endswith("w1"):
+        return 0 if cfg.n_experts else products
+    if name.endswith("attn.wq") and not name.startswith("layers.0.") and not cfg.ple_dim and not cfg.n_experts:
+        return products
+    return 0
+
+
+def rows_after(streamed: dict[str, Streamed]) -> frozenset:
+    """The phases whose products take the work on their output rows (hal.h hal_matmul_each: the
+    residuals, the FFN's SiLU and gate; computecost.compute_parts counts it with their rows): those a
+    board streams (stream_rp2040.c runs it on each chunk's rows as they are done)."""
+    return frozenset(ph for ph, s in streamed.items() if s.products)
 
 
 def product_tensors(spec: ModelSpec) -> dict[str, str]:

@@ -224,7 +224,8 @@ def predict_pass(pl: Placement, pos: int, n: int, head=HEAD_SKIP, sampling: str 
     count_flop = {**pl.prof, "compute": {"cycles_per_mac": 0.0, "cycles_per_flop": 1.0}}
     comp, rows, par, macs, flops = {}, {}, {}, {}, {}
     for t, h in enumerate(token_heads(n, head, sampling)):
-        c, r, e = K.compute_parts(pl.spec, pos + t, pl.prof, pl.kv, sampling, h, pass_n=n)
+        c, r, e = K.compute_parts(pl.spec, pos + t, pl.prof, pl.kv, sampling, h, pass_n=n,
+                                  rows_after=overlap.rows_after(streamed))
         comp, rows, par = _add(comp, c), _add(rows, r), _add(par, e)
         macs = _add(macs, K.compute_cycles(pl.spec, pos + t, count_mac, pl.kv, sampling, h))
         flops = _add(flops, K.compute_cycles(pl.spec, pos + t, count_flop, pl.kv, sampling, h))

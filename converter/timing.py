@@ -138,13 +138,15 @@ def predict(spec: ModelSpec, prof: dict, tiers: dict[str, str], regions: dict[st
                 if products.get(name) != ph:
                     continue
                 if streams_rows(tier, strides.get(name, 0), chunk):   # gathered runs: a product each (head tiles)
-                    streamed[ph] += overlap.Streamed(us, b, use.rows.get(ph, 0) or 1)
+                    n = use.rows.get(ph, 0) or 1
+                    streamed[ph] += overlap.Streamed(us, b, n, overlap.read_ahead(spec, name, n))
                 else:
                     (bus if model.line_us else ram)[ph] += us
     if "tok_embeddings" in uses:    # (passcost asks tier by tier: the embedding's tier pays it, once)
         mem["embed"] += embed_code_us(prof, tm)
     clock = float(prof.get("clock_mhz", 100))
-    cycles, rows, par = compute_parts(spec, pos, prof, kv, sampling, head, experts)
+    cycles, rows, par = compute_parts(spec, pos, prof, kv, sampling, head, experts,
+                                      rows_after=overlap.rows_after(streamed))
     comp = {ph: c / clock for ph, c in cycles.items()}
     saved = {ph: overlap.saving(prof, rows[ph] / clock, bus[ph], ram[ph], streamed[ph], par[ph] / clock)
              for ph in PHASES}

@@ -155,17 +155,17 @@ static void squares(void *ctx, uint32_t i0, uint32_t i1) {
 
 /* RMSNorm of n vectors x + t * stride (each of n_dim) into o + t * stride (o may be x). The sum of
  * squares adds in its one order on the calling core (flm_dot_f32's: the first square, then + each
- * next), its squares made on the board's cores into o first where o is not x; the scaling is
- * element-wise, on the board's cores (hal_parallel). The weights, a few hundred bytes, are read once
- * per vector. */
+ * next), its squares made on the board's cores into o first where o is not x (squared: o holds them
+ * already, made with the residual before it: add_sq_rows); the scaling is element-wise, on the
+ * board's cores (hal_parallel). The weights, a few hundred bytes, are read once per vector. */
 static PROFILED void rmsnorm(float *o, const float *x, uint32_t stride, const flm_tensor *w, uint32_t n_dim, uint32_t n,
-                             float eps, flm_step_stats *st) {
+                             int squared, float eps, flm_step_stats *st) {
     for (uint32_t t = 0; t < n; t++) {
         const float *xt = x + (size_t)t * stride;
         float *ot = o + (size_t)t * stride, ss;
         if (ot != xt) {
             square_job q = {ot, xt};
-            hal_parallel(squares, &q, n_dim);
+            if (!squared) hal_parallel(squares, &q, n_dim);
             ss = ot[0];
             for (uint32_t i = 1; i < n_dim; i++) ss = ss + ot[i];
         } else {
@@ -178,24 +178,58 @@ static PROFILED void rmsnorm(float *o, const float *x, uint32_t stride, const fl
     st->bytes[w->tier] += n * n_dim * 4u;
 }
 
-/* x[i] = x[i] + y[i] for i in [i0, i1) (hal_parallel): a residual connection. */
-typedef struct { float *x; const float *y; } add_job;
+/* Element-wise work on elements [r0, r1) of n vectors, vector t at x + t * stride (and y + t *
+ * stride): hal_parallel's ranges, or a product's output rows (hal_matmul_each). */
+typedef struct { float *x, *y; uint32_t stride, n; } rows_job;
 
-static void add_range(void *ctx, uint32_t i0, uint32_t i1) {
-    const add_job *j = ctx;
-    for (uint32_t i = i0; i < i1; i++) j->x[i] = j->x[i] + j->y[i];
+/* x = x + y: a residual connection. */
+static void add_rows(void *ctx, uint32_t r0, uint32_t r1) {
+    const rows_job *j = ctx;
+    for (uint32_t t = 0; t < j->n; t++)
+        for (uint32_t i = r0 + t * j->stride; i < r1 + t * j->stride; i++) j->x[i] = j->x[i] + j->y[i];
 }
 
-static void add_into(float *x, const float *y, uint32_t n) {
-    add_job j = {x, y};
-    hal_parallel(add_range, &j, n);
+/* x = x + y, then y = x * x: a residual connection and the squares of the RMSNorm after it (the
+ * squares job's products). */
+static void add_sq_rows(void *ctx, uint32_t r0, uint32_t r1) {
+    const rows_job *j = ctx;
+    for (uint32_t t = 0; t < j->n; t++)
+        for (uint32_t i = r0 + t * j->stride; i < r1 + t * j->stride; i++) {
+            j->x[i] = j->x[i] + j->y[i];
+            j->y[i] = j->x[i] * j->x[i];
+        }
 }
+
+/* x = silu(x): the FFN's gate. */
+static void silu_rows(void *ctx, uint32_t r0, uint32_t r1) {
+    const rows_job *j = ctx;
+    for (uint32_t t = 0; t < j->n; t++)
+        for (uint32_t i = r0 + t * j->stride; i < r1 + t * j->stride; i++) j->x[i] = flm_silu(j->x[i]);
+}
+
+/* x = x * y: the gate times the FFN's up projection. */
+static void mul_rows(void *ctx, uint32_t r0, uint32_t r1) {
+    const rows_job *j = ctx;
+    for (uint32_t t = 0; t < j->n; t++)
+        for (uint32_t i = r0 + t * j->stride; i < r1 + t * j->stride; i++) j->x[i] = j->x[i] * j->y[i];
+}
+
+static void add_into(float *x, float *y, uint32_t n) {
+    rows_job j = {x, y, 0u, 1u};
+    hal_parallel(add_rows, &j, n);
+}
+
+/* Per-row work on a product's output (hal_matmul_each), or none (0). */
+typedef struct { flm_range_fn fn; rows_job *job; } rows_after;
 
 /* out + t * out_stride = w times the quantized x + t * x_stride, for the n tokens t whose codes and
  * scales sit in s->xq / s->xs: the matrix read once (hal_matmul). */
-static PROFILED void product(flm_state *s, const flm_tensor *w, uint32_t n, float *out, uint32_t out_stride, flm_step_stats *st) {
+static PROFILED void product(flm_state *s, const flm_tensor *w, uint32_t n, float *out, uint32_t out_stride,
+                             const rows_after *after, flm_step_stats *st) {
     const flm_batch b = {n, s->xq, s->xs, out, s->xq_stride, s->xs_stride, out_stride};
+    const int taken = after && hal_matmul_each(w, after->fn, after->job);
     hal_matmul(w, &b, s->row_buf, s->row_buf_bytes);
+    if (after && !taken) hal_parallel(after->fn, after->job, w->rows);
     st->bytes[w->tier] += w->length;
 }
 
@@ -221,18 +255,18 @@ static PROFILED void quantize_all(flm_state *s, const flm_tensor *w, const float
 }
 
 static void matmul(flm_state *s, const flm_tensor *w, const float *x, uint32_t x_stride, uint32_t n, float *out,
-                   uint32_t out_stride, flm_step_stats *st) {
+                   uint32_t out_stride, const rows_after *after, flm_step_stats *st) {
     quantize_all(s, w, x, x_stride, n);
-    product(s, w, n, out, out_stride, st);
+    product(s, w, n, out, out_stride, after, st);
 }
 
 /* matmul of the same inputs x as the matmul of prev just before: their codes are reused when the
  * activation group and the largest code are the same (the same codes and scales: quantization
  * depends on x and these only). */
 static void matmul_same_x(flm_state *s, const flm_tensor *w, const flm_tensor *prev, const float *x, uint32_t x_stride,
-                          uint32_t n, float *out, uint32_t out_stride, flm_step_stats *st) {
+                          uint32_t n, float *out, uint32_t out_stride, const rows_after *after, flm_step_stats *st) {
     if (flm_act_group(w) != flm_act_group(prev) || flm_act_qmax(w) != flm_act_qmax(prev)) quantize_all(s, w, x, x_stride, n);
-    product(s, w, n, out, out_stride, st);
+    product(s, w, n, out, out_stride, after, st);
 }
 
 /* Pairs [p0, p1) of the heads at v (head_dim / 2 = half pairs a head): pair p is (v[2p], v[2p + 1])
@@ -489,9 +523,9 @@ static void ple_inputs(flm_state *s, const uint32_t *tokens, uint32_t n, flm_ste
     const uint32_t P = m->ple_dim, lp = m->n_layers * P;
     const float inv_sqrt_d = 1.0f / flm_sqrtf((float)m->dim), sqrt_p = flm_sqrtf((float)P);
     const float inv_sqrt2 = 1.0f / flm_sqrtf(2.0f);
-    matmul(s, &m->ple_proj, s->x, m->dim, n, s->pu, lp, st);
+    matmul(s, &m->ple_proj, s->x, m->dim, n, s->pu, lp, 0, st);
     for (uint32_t i = 0; i < n * lp; i++) s->pu[i] = s->pu[i] * inv_sqrt_d;
-    for (uint32_t l = 0; l < m->n_layers; l++) rmsnorm(s->pu + l * P, s->pu + l * P, lp, &m->ple_norm, P, n, m->eps, st);
+    for (uint32_t l = 0; l < m->n_layers; l++) rmsnorm(s->pu + l * P, s->pu + l * P, lp, &m->ple_norm, P, n, 0, m->eps, st);
     for (uint32_t t = 0; t < n; t++) {
         flm_dequant_row(&m->ple_table, tokens[t], s->pt);
         st->bytes[m->ple_table.tier] += m->ple_table.stride;
@@ -505,38 +539,32 @@ static void ple_block(flm_state *s, uint32_t l, uint32_t n, flm_step_stats *st) 
     const flm_model *m = s->m;
     const flm_layer *L = &m->layers[l];
     const uint32_t P = m->ple_dim, lp = m->n_layers * P, dim = m->dim;
-    matmul(s, &L->ple_gate, s->x, dim, n, s->pt, P, st);
+    matmul(s, &L->ple_gate, s->x, dim, n, s->pt, P, 0, st);
     for (uint32_t t = 0; t < n; t++) {
         const float *u = s->pu + (size_t)t * lp + l * P;
         float *g = s->pt + (size_t)t * P;
         for (uint32_t i = 0; i < P; i++) g[i] = flm_gelu(g[i]) * u[i];
     }
-    matmul(s, &L->ple_proj, s->pt, P, n, s->xb, dim, st);
-    rmsnorm(s->xb, s->xb, dim, &L->ple_norm, dim, n, m->eps, st);
+    matmul(s, &L->ple_proj, s->pt, P, n, s->xb, dim, 0, st);
+    rmsnorm(s->xb, s->xb, dim, &L->ple_norm, dim, n, 0, m->eps, st);
     add_into(s->x, s->xb, n * dim);
 }
 
-/* hb[i] = silu(hb[i]) * hb2[i] for i in [i0, i1) (hal_parallel). */
-typedef struct { float *hb; const float *hb2; } silu_job;
-
-static void silu_mul(void *ctx, uint32_t i0, uint32_t i1) {
-    const silu_job *j = ctx;
-    for (uint32_t i = i0; i < i1; i++) j->hb[i] = flm_silu(j->hb[i]) * j->hb2[i];
-}
-
 /* The dense FFN, or one expert (f), for the n tokens whose normed inputs are x [n][dim]: w2 (silu(w1 x) *
- * w3 x) into out [n][dim]; after: the product after w2's where it is certain (hal_matmul_then), or 0. */
-static void swiglu(flm_state *s, const flm_ffn *f, const float *x, uint32_t n, float *out, const flm_tensor *after,
-                   flm_step_stats *st) {
+ * w3 x) into out [n][dim], then tail on out's rows (or 0: none); the gate's SiLU and the product with
+ * w3's each on a product's output rows too (hal_matmul_each); after: the product after w2's where it
+ * is certain (hal_matmul_then), or 0. */
+static void swiglu(flm_state *s, const flm_ffn *f, const float *x, uint32_t n, float *out, const rows_after *tail,
+                   const flm_tensor *after, flm_step_stats *st) {
     const flm_model *m = s->m;
+    rows_job h = {s->hb, s->hb2, m->hidden, n};
+    const rows_after silu = {silu_rows, &h}, mul = {mul_rows, &h};
     hal_matmul_then(&f->w3);
-    matmul(s, &f->w1, x, m->dim, n, s->hb, m->hidden, st);
+    matmul(s, &f->w1, x, m->dim, n, s->hb, m->hidden, &silu, st);
     hal_matmul_then(&f->w2);
-    matmul_same_x(s, &f->w3, &f->w1, x, m->dim, n, s->hb2, m->hidden, st);
-    silu_job j = {s->hb, s->hb2};
-    hal_parallel(silu_mul, &j, n * m->hidden);
+    matmul_same_x(s, &f->w3, &f->w1, x, m->dim, n, s->hb2, m->hidden, &mul, st);
     if (after) hal_matmul_then(after);
-    matmul(s, &f->w2, s->hb, m->hidden, n, out, m->dim, st);
+    matmul(s, &f->w2, s->hb, m->hidden, n, out, m->dim, tail, st);
 }
 
 const uint8_t *flm_route(const flm_state *s, uint32_t l, uint32_t i) {
@@ -594,7 +622,7 @@ static void experts(flm_state *s, uint32_t l, uint32_t n, flm_step_stats *st) {
                 if (flm_route(s, l, t)[j] == e) { sel[ne] = (uint8_t)t; rank[ne++] = (uint8_t)j; }
         if (!ne) continue;
         for (uint32_t i = 0; i < ne; i++) memcpy(s->xb2 + (size_t)i * dim, s->xb + (size_t)sel[i] * dim, dim * 4u);
-        swiglu(s, &m->layers[l].ffn[e], s->xb2, ne, s->q, 0, st);
+        swiglu(s, &m->layers[l].ffn[e], s->xb2, ne, s->q, 0, 0, st);
         for (uint32_t i = 0; i < ne; i++) {
             const uint8_t *c = flm_route(s, l, sel[i]);
             const float w = s->mweight[sel[i] * k + rank[i]], *y = s->q + (size_t)i * dim;
@@ -635,15 +663,16 @@ void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t po
 
     for (uint32_t l = 0; l < m->n_layers; l++) {
         const flm_layer *L = &m->layers[l];
-        rmsnorm(s->xb, s->x, dim, &L->attn_norm, dim, n, m->eps, st);
+        /* after a dense FFN (no PLE) xb holds x's squares: made with the residual on w2's rows */
+        rmsnorm(s->xb, s->x, dim, &L->attn_norm, dim, n, l && !m->n_experts && !m->ple_dim, m->eps, st);
         hal_matmul_then(&L->wv);
-        matmul(s, &L->wq, s->xb, dim, n, s->q, dim, st);
+        matmul(s, &L->wq, s->xb, dim, n, s->q, dim, 0, st);
         /* v, then k, pass through scratch into the cache (an integer KV quantizes into its rows, not xq) */
         hal_matmul_then(&L->wk);
-        matmul_same_x(s, &L->wv, &L->wq, s->xb, dim, n, s->xb2, dim, st);
+        matmul_same_x(s, &L->wv, &L->wq, s->xb, dim, n, s->xb2, dim, 0, st);
         for (uint32_t t = 0; t < n; t++) kv_put(s, l, pos + t, s->xb2 + (size_t)t * dim, 0);
         hal_matmul_then(&L->wo);
-        matmul_same_x(s, &L->wk, &L->wv, s->xb, dim, n, s->xb2, dim, st);
+        matmul_same_x(s, &L->wk, &L->wv, s->xb, dim, n, s->xb2, dim, 0, st);
         for (uint32_t t = 0; t < n; t++) {
             rope(m, s->q + (size_t)t * dim, s->xb2 + (size_t)t * dim, s->cos + t * half, s->sin + t * half);
             kv_put(s, l, pos + t, s->xb2 + (size_t)t * dim, 1);   /* read only in attention */
@@ -652,18 +681,21 @@ void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t po
          * above); its output replaces its K values in xb2, which the cache holds now */
         for (uint32_t t = 0; t < n; t++) attention(s, l, pos + t, s->q + (size_t)t * dim, s->xb2 + (size_t)t * dim, st);
         if (!m->n_experts) hal_matmul_then(&L->ffn[0].w1);   /* the dense FFN's w1 follows wo */
-        matmul(s, &L->wo, s->xb2, dim, n, s->xb, dim, st);
-        add_into(s->x, s->xb, n * dim);
+        rows_job res = {s->x, s->xb, dim, n};   /* the residual and the next norm's squares, on wo's output rows */
+        rows_after add = {add_sq_rows, &res};
+        matmul(s, &L->wo, s->xb2, dim, n, s->xb, dim, &add, st);
         uint64_t t2 = hal_time_us();
         st->us[FLM_PH_ATTN] += (uint32_t)(t2 - t1);
 
-        rmsnorm(s->xb, s->x, dim, &L->ffn_norm, dim, n, m->eps, st);
+        rmsnorm(s->xb, s->x, dim, &L->ffn_norm, dim, n, 1, m->eps, st);
         if (m->n_experts) {
             experts(s, l, n, st);
         } else {
-            /* the next layer's wq follows w2 (PLE's gate would come between) */
-            swiglu(s, &L->ffn[0], s->xb, n, s->xb, l + 1u < m->n_layers && !m->ple_dim ? &m->layers[l + 1u].wq : 0, st);
-            add_into(s->x, s->xb, n * dim);
+            /* the next layer's wq follows w2 (PLE's gate would come between), and its norm's squares are
+             * made with the residual */
+            const int next = l + 1u < m->n_layers && !m->ple_dim;
+            add.fn = next ? add_sq_rows : add_rows;
+            swiglu(s, &L->ffn[0], s->xb, n, s->xb, &add, next ? &m->layers[l + 1u].wq : 0, st);
         }
         t1 = hal_time_us();
         st->us[FLM_PH_FFN] += (uint32_t)(t1 - t2);
@@ -683,7 +715,7 @@ void flm_body(flm_state *s, uint32_t token, uint32_t pos, flm_step_stats *st) { 
  * and scales at its strides in s->xq / s->xs. */
 static void head_input(flm_state *s, uint32_t first, uint32_t n, flm_step_stats *st) {
     const flm_model *m = s->m;
-    rmsnorm(s->xb, s->x + (size_t)first * m->dim, m->dim, &m->norm, m->dim, n, m->eps, st);
+    rmsnorm(s->xb, s->x + (size_t)first * m->dim, m->dim, &m->norm, m->dim, n, 0, m->eps, st);
     quantize_all(s, &m->head, s->xb, m->dim, n);
 }
 
@@ -692,7 +724,7 @@ static void head_input(flm_state *s, uint32_t first, uint32_t n, flm_step_stats 
  * each token's go through s->probs and the row -> token map). */
 static void whole_head(flm_state *s, uint32_t n, flm_step_stats *st) {
     const flm_model *m = s->m;
-    product(s, &m->head, n, s->logits, m->n_out, st);
+    product(s, &m->head, n, s->logits, m->n_out, 0, st);
     if (m->n_tiles) {
         for (uint32_t t = 0; t < n; t++) {
             float *lg = s->logits + (size_t)t * m->n_out;
@@ -726,16 +758,47 @@ static uint32_t first_max(const float *v, uint32_t n) {
     return best;
 }
 
-/* Rows [a, z) of w for the pass's last token into out[a, z): hal_matmul on a view of just those
- * rows, so a board that splits a product's rows across its cores splits a tile too (rows are
- * independent: bit for bit flm_matvec_rows). */
-static void tile_rows(flm_state *s, const flm_tensor *w, uint32_t a, uint32_t z, float *out) {
+/* Rows [a, z) of w: a view of just those rows. */
+static flm_tensor rows_view(const flm_tensor *w, uint32_t a, uint32_t z) {
     flm_tensor v = *w;
     v.data = w->data + (size_t)a * w->stride;
     v.rows = z - a;
     v.length = (z - a) * w->stride;
+    return v;
+}
+
+/* Rows [a, z) of w for the pass's last token into out[a, z): hal_matmul on a view of just those
+ * rows, so a board that splits a product's rows across its cores splits a tile too (rows are
+ * independent: bit for bit flm_matvec_rows). */
+static void tile_rows(flm_state *s, const flm_tensor *w, uint32_t a, uint32_t z, float *out) {
+    const flm_tensor v = rows_view(w, a, z);
     const flm_batch b = {1u, s->xq, s->xs, out + a, s->xq_stride, s->xs_stride, 0u};
     hal_matmul(&v, &b, s->row_buf, s->row_buf_bytes);
+}
+
+/* Tile t is skipped by the scan once best is known: its bound is finite and below best (best
+ * only grows, so a tile skipped now stays skipped). */
+static int tile_skipped(const flm_state *s, uint32_t t, float best) {
+    return flm_f32_finite(s->probs[t]) && flm_f32_gt(best, s->probs[t]);
+}
+
+/* The scan's next product where it is certain before step k's tile c is computed (hal_matmul_then,
+ * which reads what it names): the first tile from k on in stored order that is not the first one and
+ * not skipped with best as it stands (best only grows; at step 0 it is not known yet), if best cannot
+ * grow past that tile's bound U_t: c's logits are at most U_c, so best after c is at most
+ * max(best, U_c), and best <= U_t already (not skipped) or is c's (step 0). An unbounded U_t is
+ * visited whatever best is; an unbounded U_c bounds nothing. */
+static void tile_ahead(const flm_state *s, uint32_t k, uint32_t c, uint32_t first, float best) {
+    const flm_model *m = s->m;
+    const uint32_t nt = m->n_tiles;
+    const float *U = s->probs;
+    for (uint32_t t = k; t < nt; t++) {
+        if (t == first || (k && tile_skipped(s, t, best))) continue;
+        if (flm_f32_finite(U[t]) && (!flm_f32_finite(U[c]) || flm_f32_gt(U[c], U[t]))) return;
+        const flm_tensor v = rows_view(&m->head, s->idx[t], t + 1u < nt ? s->idx[t + 1u] : m->n_out);
+        hal_matmul_then(&v);
+        return;
+    }
 }
 
 /* The tile scan (docs/formats.md section 3): U_t = C_t + R_t * Xm for every tile (C_t its centre
@@ -748,7 +811,7 @@ static uint32_t tile_scan(flm_state *s, float xm, flm_step_stats *st) {
     const flm_model *m = s->m;
     const uint32_t nt = m->n_tiles, n = m->n_out, mb = m->map_bytes;
     const uint8_t *rec = m->head_tiles.data + 32u, *perm = rec + 8u * nt;
-    product(s, &m->head_centroids, 1u, s->probs, 0u, st);
+    product(s, &m->head_centroids, 1u, s->probs, 0u, 0, st);
     uint32_t first = 0;
     for (uint32_t t = 0; t < nt; t++) {   /* U into probs, each tile's first row into idx: records read once */
         float r;
@@ -763,8 +826,9 @@ static uint32_t tile_scan(flm_state *s, float xm, flm_step_stats *st) {
     for (uint32_t k = 0; k <= nt; k++) {
         const uint32_t t = k ? k - 1u : first;
         /* skipped only on a finite bound (an overflowed one proves nothing) */
-        if (k && (t == first || (flm_f32_finite(s->probs[t]) && flm_f32_gt(best, s->probs[t])))) continue;
+        if (k && (t == first || tile_skipped(s, t, best))) continue;
         const uint32_t a = s->idx[t], z = t + 1u < nt ? s->idx[t + 1u] : n;
+        tile_ahead(s, k, t, first, best);
         tile_rows(s, &m->head, a, z, s->logits);   /* logits indexed by stored row here */
         for (uint32_t i = a; i < z; i++) {
             const uint8_t *p = perm + mb * i;

@@ -56,6 +56,14 @@ void hal_matmul_then(const flm_tensor *w);
  * heads: engine.c att_scratch_bytes). kernels.c's weak default calls fn(ctx, 0, n). */
 typedef void (*flm_range_fn)(void *ctx, uint32_t i0, uint32_t i1);
 void hal_parallel(flm_range_fn fn, void *ctx, uint32_t n);
+/* Per-row work on the next hal_matmul's output (w's): fn(ctx, r0, r1) for output rows [r0, r1) of
+ * every token, needing only those rows of the product (and nothing another call changes), so it
+ * may run on a share of rows as soon as that share is computed, on the core that computed it: in
+ * a product whose reads outrun its rows that work fills the cores' wait. Returns 1 if the HAL
+ * takes it (its calls then cover [0, w->rows) once, within the product), 0 if not: the caller runs
+ * fn after the product. kernels.c's weak default takes none. On the RP2040 fn and what it calls
+ * run while the flash is out of XIP mode: rp2040.ld places them in SRAM. */
+int hal_matmul_each(const flm_tensor *w, flm_range_fn fn, void *ctx);
 
 /* For a HAL that splits hal_matmul's rows across two cores: the share of a product the other core
  * computes, and how the rows and row_buf are split. */

@@ -278,6 +278,14 @@ __attribute__((weak)) void hal_matmul_then(const flm_tensor *w) {
     (void)w;
 }
 
+/* The default: no per-row work taken (the engine runs it after the product). */
+__attribute__((weak)) int hal_matmul_each(const flm_tensor *w, flm_range_fn fn, void *ctx) {
+    (void)w;
+    (void)fn;
+    (void)ctx;
+    return 0;
+}
+
 /* The default: on the calling core. */
 __attribute__((weak)) void hal_parallel(flm_range_fn fn, void *ctx, uint32_t n) {
     fn(ctx, 0, n);

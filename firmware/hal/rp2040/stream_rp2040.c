@@ -66,10 +66,14 @@ typedef struct {
     const flm_tensor *w;
     const flm_batch *b;
     uint32_t per, chunks;
+    const uint8_t *next;                    /* the flash of chunk issued (its reads run in order) */
+    uint32_t chunk_words, last_words;       /* a chunk's words, the last chunk's */
     uint32_t lanes;                         /* 1: a q4 product of one token (take_chunks_lanes) */
     const uint32_t *stage;                  /* tokens [0, staged) of a pass, their activations staged */
     uint32_t staged;
     uint32_t base;                          /* chunk j's buffer: (base + j) % STREAM_SLOTS */
+    flm_range_fn each;                      /* per-row work on the output (hal_matmul_each), 0: none */
+    void *each_ctx;
     const uint8_t *ahead;                   /* the next product's matrix (hal_matmul_then), 0: none */
     uint32_t ahead_words;                   /* its first chunk's words */
     volatile uint32_t issued;               /* chunks whose read has started (chunks + 1: and the
@@ -91,34 +95,47 @@ FLM_RAMFUNC static uint32_t chunk_rows(const flm_tensor *w, uint32_t per, uint32
 /* The next product's matrix (hal_matmul_then), taken by the product before it (job.ahead). */
 static const uint8_t *then_data;
 static uint32_t then_words;
+/* The next product's per-row work (hal_matmul_each). */
+static flm_range_fn each_fn;
+static void *each_ctx;
 /* A chunk read ahead: the first of the matrix at data, whole (its read over before XIP resumed), in
  * buffer slot; 0: none. */
 static const uint8_t *ready_data;
 static uint32_t ready_words, ready_slot;
 
-/* Interrupts masked while a core holds the lock: core 0's DMA interrupt takes it too. */
-FLM_RAMFUNC static void lock(void) {
+/* Interrupts masked while a core holds the lock: core 0's DMA interrupt takes it too. Inlined into
+ * the SRAM code that takes it (the interrupt's path between two reads the shortest). */
+static inline __attribute__((always_inline)) void lock(void) {
     __asm volatile("cpsid i" ::: "memory");
     while (!REG(SIO_LOCK)) {}
     __asm volatile("dmb" ::: "memory");
 }
 
-FLM_RAMFUNC static void unlock(void) {
+static inline __attribute__((always_inline)) void unlock(void) {
     __asm volatile("dmb" ::: "memory");
     REG(SIO_LOCK) = 1u;
     __asm volatile("cpsie i" ::: "memory");
 }
 
-/* A read of words words from the flash at src into dst (the DMA idle). */
+/* The frames a read takes as the SSI stands (CTRLR1 + 1, written only while the SSI is off), 0: the
+ * SSI is off (a product's set-up). */
+static uint32_t ssi_frames;
+
+/* A read of words words from the flash at src into dst (the DMA idle): the address first, the DMA
+ * set up while the flash sends the header (the first word waits in the RX FIFO, DREQ raised), so
+ * the bus idles the least between two reads. */
 FLM_RAMFUNC static void start_read(const uint8_t *src, uint32_t words, uint32_t *dst) {
-    REG(SSI_SSIENR) = 0u;
-    REG(SSI_CTRLR1) = words - 1u;
-    REG(SSI_SSIENR) = 1u;
+    if (ssi_frames != words) {
+        REG(SSI_SSIENR) = 0u;
+        REG(SSI_CTRLR1) = words - 1u;
+        REG(SSI_SSIENR) = 1u;
+        ssi_frames = words;
+    }
+    REG(SSI_DR0) = ((uint32_t)(uintptr_t)src - XIP_BASE) << 8 | MODE_BITS;
     REG(DMA_READ) = SSI_DR0;
     REG(DMA_WRITE) = (uint32_t)(uintptr_t)dst;
     REG(DMA_COUNT) = words;
     REG(DMA_CTRL_TRIG) = DMA_CTRL;
-    REG(SSI_DR0) = ((uint32_t)(uintptr_t)src - XIP_BASE) << 8 | MODE_BITS;
 }
 
 /* Under the lock: starts the next chunk's read when the last one is over and its buffer is free;
@@ -128,8 +145,9 @@ FLM_RAMFUNC static void pump(stream_job *s) {
     const uint32_t slot = (s->base + j) % STREAM_SLOTS;
     if (j > s->chunks || REG(DMA_COUNT) || s->free[slot] != j) return;
     if (j < s->chunks) {
-        start_read(s->w->data + (size_t)j * s->per * s->w->stride, chunk_rows(s->w, s->per, j) * s->w->stride / 4u,
-                   stream_buf[slot]);
+        const uint32_t words = j + 1u < s->chunks ? s->chunk_words : s->last_words;
+        start_read(s->next, words, stream_buf[slot]);
+        s->next += words * 4u;
     } else if (s->ahead) {
         start_read(s->ahead, s->ahead_words, stream_buf[slot]);
         ready_data = s->ahead;
@@ -186,6 +204,12 @@ FLM_RAMFUNC static void take_chunks(stream_job *s) {
                             b->out + (size_t)t * b->out_stride + r);
         __asm volatile("dmb" ::: "memory");   /* the rows read before the buffer is handed back */
         s->free[slot] = j + STREAM_SLOTS;
+        if (s->each) {   /* the buffer's next read first: the work needs only the outputs */
+            lock();
+            pump(s);
+            unlock();
+            s->each(s->each_ctx, r, r + v->rows);
+        }
     }
 }
 
@@ -220,15 +244,22 @@ FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b, const 
     const uint32_t have = ready_data == w->data && ready_words == chunk_rows(w, s->per, 0u) * w->stride / 4u;
     s->base = have ? ready_slot : 0u;
     s->issued = have;
+    s->chunk_words = s->per * w->stride / 4u;
+    s->last_words = chunk_rows(w, s->per, s->chunks - 1u) * w->stride / 4u;
+    s->next = w->data + (have ? s->chunk_words * 4u : 0u);
     s->taken = 0u;
     ready_data = 0;
     s->ahead = then_data;
     s->ahead_words = then_words;
     then_data = 0;
+    s->each = each_fn;
+    s->each_ctx = each_ctx;
+    each_fn = 0;
     s->lanes = b->n == 1u && flm_rs_lanes_fit(w, b->xq);
     for (uint32_t i = 0; i < STREAM_SLOTS; i++) s->free[(s->base + i) % STREAM_SLOTS] = i;
     s->view[0] = s->view[1] = *w;   /* copied here, while XIP still runs (memcpy) */
     REG(SSI_SSIENR) = 0u;
+    ssi_frames = 0u;
     REG(SSI_DMARDLR) = 0u;          /* a request while the RX FIFO holds a word */
     REG(SSI_DMACR) = 1u;            /* RDMAE */
     REG(DMA_INTR) = 1u;
@@ -289,6 +320,15 @@ void hal_matmul_then(const flm_tensor *w) {
     then_data = w->data;
     then_words = chunk_rows(w, STREAM_CHUNK_BYTES / w->stride, 0u) * w->stride / 4u;
 }
+
+/* A streamed product runs fn on each chunk's rows, on the core that computed them, once the chunk's
+ * buffer is free again (fn in SRAM: rp2040.ld). */
+int hal_matmul_each(const flm_tensor *w, flm_range_fn fn, void *ctx) {
+    if (!streams(w)) return 0;
+    each_fn = fn;
+    each_ctx = ctx;
+    return 1;
+}
 #endif
 
 void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_t row_buf_bytes) {
@@ -299,6 +339,7 @@ void hal_matmul(const flm_tensor *w, const flm_batch *b, uint8_t *row_buf, size_
         return;
     }
     then_data = 0;
+    each_fn = 0;
 #endif
     hal_rp2040_matmul_cores(w, b, row_buf, row_buf_bytes);
 }
