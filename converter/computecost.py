@@ -42,7 +42,9 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
     multiply-accumulates and per-row scaling: what runs inside hal_matmul, which a board may split
     across its cores), and the work a board may split across its cores too (hal.h hal_parallel: the
     activations' codes, the norms' scaling, RoPE, attention's heads, the residuals, the FFN's SiLU x up;
-    the norms' sums (their squares split), the scales' divisions and the KV rows' quantization stay on one core).
+    the norms' sums (their squares split), the scales' divisions and the KV rows' quantization stay on one
+    core, except in a pass of several tokens, whose tokens' sums and KV rows the cores share: engine.c
+    rmsnorm, kv_put_all).
     ``pass_n``: the tokens of the forward pass this token is one of (a board's multi-token rows).
     ``rows_after``: the phases whose products take the work on their output rows (hal.h
     hal_matmul_each: a board that streams them; the residuals after wo and w2, the FFN's SiLU and its
@@ -120,8 +122,8 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
 
     def rms_par(n: int, phase: str, squares: bool = True) -> float:
         """rms(n), its scaling (2 flops an element) split, and its squares (1) where the output is not
-        the input (engine.c rmsnorm)."""
-        par(phase, (3 if squares else 2) * n * cpf)
+        the input; in a pass of several tokens all of it (engine.c rmsnorm: a token's sum on one core)."""
+        par(phase, rms(n) if pass_n > 1 else (3 if squares else 2) * n * cpf)
         return rms(n)
 
     def dequant_row(w: TensorSpec) -> float:
@@ -151,7 +153,8 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
             # conversion and a product; per head 1 / sum p and its product
             c += par("attention", cfg.n_heads * ((2 * t * hd + 8 * t) * cpm
                                                  + (hd * 2 + 2 * FLOPS_DIV + t * 4 + hd * 2 + FLOPS_DIV + 1) * cpf))
-            c += 2 * cfg.kv_dim * 2 * cpf + 2 * cfg.n_kv_heads * 2 * FLOPS_DIV * cpf  # K, V rows quantized
+            kvq = 2 * cfg.kv_dim * 2 * cpf + 2 * cfg.n_kv_heads * 2 * FLOPS_DIV * cpf   # K, V rows quantized
+            c += par("attention", kvq) if pass_n > 1 else kvq
         c += after("attention", d * cpf)                                              # residual (wo's rows)
         out["attention"] += c
         f = rms_par(d, "ffn") + after("ffn", d * cpf)                                  # norm, residual (w2's rows)

@@ -137,42 +137,76 @@ int flm_state_init(flm_state *s, const flm_model *m, uint8_t *arena, size_t cap,
     return 0;
 }
 
-/* o[i] = (x[i] * inv) * g[i] for i in [i0, i1) (hal_parallel; o may be x). */
-typedef struct { float *o; const float *x, *g; float inv; } norm_job;
+/* RMSNorm of up to NORM_BLOCK vectors at once: n vectors x + t * stride (each of n_dim) into
+ * o + t * stride (o may be x), vector t's scale inv[t]. Their squares, sums and scaling each one
+ * hal_parallel for all of them: a pass's sums on both cores too, a share of its tokens each. */
+#define NORM_BLOCK 8u
+typedef struct {
+    float *o;
+    const float *x, *g;
+    uint32_t stride, n, n_dim;
+    float eps, inv[NORM_BLOCK];
+} norm_job;
 
+/* o[i] = (x[i] * inv) * g[i] for i in [i0, i1) of every vector (hal_parallel). */
 static void norm_scale(void *ctx, uint32_t i0, uint32_t i1) {
     const norm_job *j = ctx;
-    for (uint32_t i = i0; i < i1; i++) j->o[i] = (j->x[i] * j->inv) * j->g[i];
+    for (uint32_t t = 0; t < j->n; t++) {
+        float *o = j->o + (size_t)t * j->stride;
+        const float *x = j->x + (size_t)t * j->stride, *g = j->g, inv = j->inv[t];
+        for (uint32_t i = i0; i < i1; i++) o[i] = (x[i] * inv) * g[i];
+    }
 }
 
-/* p[i] = x[i] * x[i] for i in [i0, i1) (hal_parallel). */
-typedef struct { float *p; const float *x; } square_job;
-
+/* o[i] = x[i] * x[i] for i in [i0, i1) of every vector (hal_parallel). */
 static void squares(void *ctx, uint32_t i0, uint32_t i1) {
-    const square_job *j = ctx;
-    for (uint32_t i = i0; i < i1; i++) j->p[i] = j->x[i] * j->x[i];
+    const norm_job *j = ctx;
+    for (uint32_t t = 0; t < j->n; t++) {
+        float *o = j->o + (size_t)t * j->stride;
+        const float *x = j->x + (size_t)t * j->stride;
+        for (uint32_t i = i0; i < i1; i++) o[i] = x[i] * x[i];
+    }
 }
 
-/* RMSNorm of n vectors x + t * stride (each of n_dim) into o + t * stride (o may be x). The sum of
- * squares adds in its one order on the calling core (flm_dot_f32's: the first square, then + each
- * next), its squares made on the board's cores into o first where o is not x (squared: o holds them
- * already, made with the residual before it: add_sq_rows); the scaling is element-wise, on the
- * board's cores (hal_parallel). The weights, a few hundred bytes, are read once per vector. */
-static PROFILED void rmsnorm(float *o, const float *x, uint32_t stride, const flm_tensor *w, uint32_t n_dim, uint32_t n,
-                             int squared, float eps, flm_step_stats *st) {
-    for (uint32_t t = 0; t < n; t++) {
-        const float *xt = x + (size_t)t * stride;
-        float *ot = o + (size_t)t * stride, ss;
+/* inv[t] = 1 / sqrt(the mean of vector t's squares + eps) for vectors [t0, t1) (hal_parallel: a
+ * vector's sum on one core, in its one order: flm_dot_f32's, the first square, then + each next),
+ * the squares in o where o is not x. */
+static void norm_sums(void *ctx, uint32_t t0, uint32_t t1) {
+    norm_job *j = ctx;
+    const uint32_t n_dim = j->n_dim;   /* (held across the float calls) */
+    for (uint32_t t = t0; t < t1; t++) {
+        const float *xt = j->x + (size_t)t * j->stride, *ot = j->o + (size_t)t * j->stride;
+        float ss;
         if (ot != xt) {
-            square_job q = {ot, xt};
-            if (!squared) hal_parallel(squares, &q, n_dim);
             ss = ot[0];
             for (uint32_t i = 1; i < n_dim; i++) ss = ss + ot[i];
         } else {
             ss = flm_dot_f32(xt, xt, n_dim);
         }
-        ss = ss / (float)n_dim + eps;
-        norm_job j = {ot, xt, (const float *)(const void *)w->data, 1.0f / flm_sqrtf(ss)};
+        ss = ss / (float)n_dim + j->eps;
+        j->inv[t] = 1.0f / flm_sqrtf(ss);
+    }
+}
+
+/* RMSNorm of n vectors x + t * stride (each of n_dim) into o + t * stride (o may be x), NORM_BLOCK
+ * at a time: their squares made on the board's cores into o first where o is not x (squared: o
+ * holds them already, made with the residual before it: add_sq_rows), each vector's sum of squares
+ * on one core (one vector: the calling one), the scaling element-wise on the board's cores
+ * (hal_parallel). The weights, a few hundred bytes, are read once per vector. */
+static PROFILED void rmsnorm(float *o, const float *x, uint32_t stride, const flm_tensor *w, uint32_t n_dim, uint32_t n,
+                             int squared, float eps, flm_step_stats *st) {
+    for (uint32_t t0 = 0; t0 < n; t0 += NORM_BLOCK) {
+        norm_job j;   /* field by field: inv is filled by norm_sums */
+        j.o = o + (size_t)t0 * stride;
+        j.x = x + (size_t)t0 * stride;
+        j.g = (const float *)(const void *)w->data;
+        j.stride = stride;
+        j.n = n - t0 < NORM_BLOCK ? n - t0 : NORM_BLOCK;
+        j.n_dim = n_dim;
+        j.eps = eps;
+        if (o != x && !squared) hal_parallel(squares, &j, n_dim);
+        if (j.n == 1u) norm_sums(&j, 0u, 1u);
+        else hal_parallel(norm_sums, &j, j.n);
         hal_parallel(norm_scale, &j, n_dim);
     }
     st->bytes[w->tier] += n * n_dim * 4u;
@@ -287,21 +321,28 @@ static void rope_run(float *v, uint32_t p0, uint32_t p1, uint32_t half, const fl
     }
 }
 
-/* The query's pairs then the key's, [u0, u1) of them (hal_parallel): nq of the query's. */
-typedef struct { float *q, *k; uint32_t nq, half; const float *cos, *sin; } rope_job;
+/* The query's pairs then the key's of n tokens, [u0, u1) of their n * per (hal_parallel): per pairs
+ * a token, nq of them the query's; token t's query and key at q and k + t * stride, its RoPE row at
+ * cos and sin + t * half. */
+typedef struct { float *q, *k; uint32_t nq, per, half, stride; const float *cos, *sin; } rope_job;
 
 static void rope_pairs(void *ctx, uint32_t u0, uint32_t u1) {
     const rope_job *j = ctx;
-    if (u0 < j->nq) rope_run(j->q, u0, u1 < j->nq ? u1 : j->nq, j->half, j->cos, j->sin);
-    if (u1 > j->nq) rope_run(j->k, (u0 > j->nq ? u0 : j->nq) - j->nq, u1 - j->nq, j->half, j->cos, j->sin);
+    for (uint32_t t = u0 < j->per ? 0u : u0 / j->per, b = t * j->per; b < u1; t++, b += j->per) {   /* (a token: no division) */
+        const uint32_t a = u0 > b ? u0 - b : 0u, z = u1 - b < j->per ? u1 - b : j->per;
+        float *q = j->q + (size_t)t * j->stride, *k = j->k + (size_t)t * j->stride;
+        const float *c = j->cos + (size_t)t * j->half, *sn = j->sin + (size_t)t * j->half;
+        if (a < j->nq) rope_run(q, a, z < j->nq ? z : j->nq, j->half, c, sn);
+        if (z > j->nq) rope_run(k, (a > j->nq ? a : j->nq) - j->nq, z - j->nq, j->half, c, sn);
+    }
 }
 
-/* RoPE of one token's query (n_heads heads) and key (n_kv_heads), every pair independent: on the
- * board's cores. */
-static PROFILED void rope(const flm_model *m, float *q, float *k, const float *cos, const float *sin) {
-    const uint32_t half = m->head_dim / 2u;
-    rope_job j = {q, k, m->n_heads * half, half, cos, sin};
-    hal_parallel(rope_pairs, &j, (m->n_heads + m->n_kv_heads) * half);
+/* RoPE of n tokens' queries (n_heads heads) and keys (n_kv_heads), token t's at q and k + t * dim,
+ * every pair independent: on the board's cores, one hand-over for the pass. */
+static PROFILED void rope(const flm_model *m, float *q, float *k, const float *cos, const float *sin, uint32_t n) {
+    const uint32_t half = m->head_dim / 2u, per = (m->n_heads + m->n_kv_heads) * half;
+    rope_job j = {q, k, m->n_heads * half, per, half, m->dim, cos, sin};
+    hal_parallel(rope_pairs, &j, n * per);
 }
 
 /* Row (layer l, position t, kv head h) of the K or V cache. */
@@ -328,6 +369,27 @@ static PROFILED void kv_put(const flm_state *s, uint32_t l, uint32_t t, const fl
     for (uint32_t h = 0; h < m->n_kv_heads; h++)
         kv_row_put(m, is_k ? k_at(s, l, t, h) : v_at(s, l, t, h), x + h * m->head_dim,
                    is_k && m->kv_fmt == FLM_KV_K12);
+}
+
+/* Tokens [t0, t1) of a pass's n: token t's row (x + t * stride) into the cache at position pos + t
+ * (hal_parallel: each token's rows its own). */
+typedef struct { const flm_state *s; uint32_t l, pos; const float *x; uint32_t stride; int is_k; } kv_job;
+
+static void kv_tokens(void *ctx, uint32_t t0, uint32_t t1) {
+    const kv_job *j = ctx;
+    for (uint32_t t = t0; t < t1; t++) kv_put(j->s, j->l, j->pos + t, j->x + (size_t)t * j->stride, j->is_k);
+}
+
+/* kv_put of the n tokens of a pass whose rows are x + t * stride: a token alone on this core, several
+ * on the board's cores. */
+static void kv_put_all(const flm_state *s, uint32_t l, uint32_t pos, const float *x, uint32_t stride, uint32_t n,
+                       int is_k) {
+    if (n == 1u) {
+        kv_put(s, l, pos, x, is_k);
+        return;
+    }
+    kv_job j = {s, l, pos, x, stride, is_k};
+    hal_parallel(kv_tokens, &j, n);
 }
 
 /* The bytes attention reads of one position's K and V rows (the codes, not the padding). */
@@ -679,13 +741,11 @@ void flm_body_many(flm_state *s, const uint32_t *tokens, uint32_t n, uint32_t po
         /* v, then k, pass through scratch into the cache (an integer KV quantizes into its rows, not xq) */
         hal_matmul_then(&L->wk);
         matmul_same_x(s, &L->wv, &L->wq, s->xb, dim, n, s->xb2, dim, 0, st);
-        for (uint32_t t = 0; t < n; t++) kv_put(s, l, pos + t, s->xb2 + (size_t)t * dim, 0);
+        kv_put_all(s, l, pos, s->xb2, dim, n, 0);
         hal_matmul_then(&L->wo);
         matmul_same_x(s, &L->wk, &L->wv, s->xb, dim, n, s->xb2, dim, 0, st);
-        for (uint32_t t = 0; t < n; t++) {
-            rope(m, s->q + (size_t)t * dim, s->xb2 + (size_t)t * dim, s->cos + t * half, s->sin + t * half);
-            kv_put(s, l, pos + t, s->xb2 + (size_t)t * dim, 1);   /* read only in attention */
-        }
+        rope(m, s->q, s->xb2, s->cos, s->sin, n);
+        kv_put_all(s, l, pos, s->xb2, dim, n, 1);   /* read only in attention */
         /* in order, causal: token t reads the rows of positions up to its own (its K row was stored
          * above); its output replaces its K values in xb2, which the cache holds now */
         for (uint32_t t = 0; t < n; t++) attention(s, l, pos + t, s->q + (size_t)t * dim, s->xb2 + (size_t)t * dim, st);

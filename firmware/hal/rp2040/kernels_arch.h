@@ -295,12 +295,13 @@ static void rows4(void (*fn)(flm_rs_job4 *), const flm_tensor *w, uint32_t geom,
     fn(&j);
 }
 
-void flm_rs_staged_rows(const flm_tensor *w, const flm_batch *b, uint32_t n, const uint32_t *stage, uint32_t r) {
+void flm_rs_staged_rows(const flm_tensor *w, const flm_batch *b, uint32_t t0, uint32_t t1, const uint32_t *stage,
+                        uint32_t r) {
     const uint32_t geom = rs_geom(w, b->xq), words = stage_words(w, b);
     if (w->fmt != FLM_Q8) {
-        uint32_t t = 0;
-        for (; t + 4u <= n; t += 4u) rows4(flm_rs_rows4_q4_m0, w, geom, b, t, stage + (size_t)t * words, r);
-        for (; t < n; t++) {
+        uint32_t t = t0;
+        for (; t + 4u <= t1; t += 4u) rows4(flm_rs_rows4_q4_m0, w, geom, b, t, stage + (size_t)t * words, r);
+        for (; t < t1; t++) {
             flm_rs_job j = {w->data, w->stride, w->rows, stage + (size_t)t * words, geom,
                             b->xs[(size_t)t * b->xs_stride], b->out + (size_t)t * b->out_stride + r};
             flm_rs_rows_q4_m0(&j);
@@ -308,7 +309,7 @@ void flm_rs_staged_rows(const flm_tensor *w, const flm_batch *b, uint32_t n, con
         return;
     }
     void (*const q8)(flm_rs_job4 *) = q8_wide(w, b) ? flm_rs_rows4w_q8_m0 : flm_rs_rows4_q8_m0;
-    for (uint32_t t = 0; t < n; t += 4u) rows4(q8, w, geom, b, t, stage + (size_t)t / 4u * words, r);
+    for (uint32_t t = t0; t < t1; t += 4u) rows4(q8, w, geom, b, t, stage + (size_t)t / 4u * words, r);
 }
 
 /* The boot self-check's pass (kernel_hooks.h FLM_PASS_ROWS_AGREE): the staged rows of FLM_CHECK_TOKENS
@@ -323,7 +324,7 @@ static int pass_rows_agree(const flm_tensor *w, const flm_act *x, uint32_t strid
     if (w->rows > CHECK_ROWS || w->cols > 96u || !flm_rs_stage_fit(w, &b)) return 1;
     const uint32_t n = flm_rs_staged(w, &b);
     flm_rs_stage(w, &b, stage, 0u, n);
-    flm_rs_staged_rows(w, &b, n, stage, 0u);
+    flm_rs_staged_rows(w, &b, 0u, n, stage, 0u);
     for (uint32_t t = 0; t < n; t++)
         for (uint32_t r = 0; r < w->rows; r++) {
             const float ref = row_rs(w, r, x + (size_t)t * stride, xs + t, dot_q8_scalar, dot_q4o_scalar);
@@ -358,8 +359,9 @@ void flm_rs_stage(const flm_tensor *w, const flm_batch *b, uint32_t *stage, uint
     (void)w, (void)b, (void)stage, (void)t0, (void)t1;
 }
 
-void flm_rs_staged_rows(const flm_tensor *w, const flm_batch *b, uint32_t n, const uint32_t *stage, uint32_t r) {
-    (void)w, (void)b, (void)n, (void)stage, (void)r;
+void flm_rs_staged_rows(const flm_tensor *w, const flm_batch *b, uint32_t t0, uint32_t t1, const uint32_t *stage,
+                        uint32_t r) {
+    (void)w, (void)b, (void)t0, (void)t1, (void)stage, (void)r;
 }
 #endif
 #endif

@@ -27,7 +27,8 @@ int flm_rs_stage_fit(const flm_tensor *w, const flm_batch *b);
 uint32_t flm_rs_staged(const flm_tensor *w, const flm_batch *b);
 /* Stages tokens [t0, t1) of those (q8: t0 and t1 multiples of 4) into stage[0, FLM_RS_STAGE_WORDS). */
 void flm_rs_stage(const flm_tensor *w, const flm_batch *b, uint32_t *stage, uint32_t t0, uint32_t t1);
-/* Rows [0, w->rows) of w (a chunk's view) for b's tokens [0, n) staged in stage, into their
- * outputs' rows from r on. */
-void flm_rs_staged_rows(const flm_tensor *w, const flm_batch *b, uint32_t n, const uint32_t *stage, uint32_t r);
+/* Rows [0, w->rows) of w (a chunk's view) for b's tokens [t0, t1) staged in stage (t0 a multiple of
+ * 4, q8's t1 too), into their outputs' rows from r on. */
+void flm_rs_staged_rows(const flm_tensor *w, const flm_batch *b, uint32_t t0, uint32_t t1, const uint32_t *stage,
+                        uint32_t r);
 #endif

@@ -6,9 +6,10 @@
  * once the address is sent (datasheet 4.10 SSI; host/emu/ssidirect.mjs). So the product takes the
  * SSI out of XIP mode and has DMA channel 0 (datasheet 2.5, paced by DREQ_XIP_SSIRX) carry the rows
  * chunk by chunk (whole rows, up to STREAM_CHUNK_BYTES) into a ring of STREAM_SLOTS SRAM buffers;
- * then the SSI goes back to XIP mode. The cores take chunks in turn, whole, and each computes its
- * chunk's rows for every token from the buffer, through a view tensor (its data the buffer): no
- * hand-over per chunk, only one per product. A read starts as soon as the last one ended (the DMA's
+ * then the SSI goes back to XIP mode. The cores take chunks in turn, whole (a pass of two quads or
+ * more: each in two halves of its tokens), and each computes its chunk's rows for its tokens from
+ * the buffer, through a view tensor (its data the buffer): no hand-over per chunk, only one per
+ * product. A read starts as soon as the last one ended (the DMA's
  * completion interrupt, or a core looking) and the chunk's buffer is free again. The rows' bytes
  * are the flash's and a row's value does not depend on which core computes it, so the logits are
  * bit for bit those of the XIP path.
@@ -71,6 +72,10 @@ typedef struct {
     uint32_t lanes;                         /* 1: a q4 product of one token (take_chunks_lanes) */
     const uint32_t *stage;                  /* tokens [0, staged) of a pass, their activations staged */
     uint32_t staged;
+    uint32_t split;                         /* a pass of two quads staged or more: each chunk taken
+                                               twice, its staged tokens [0, split) and then the rest
+                                               (the product's last chunk shared: the cores end
+                                               closer together); 0: once, whole */
     uint32_t base;                          /* chunk j's buffer: (base + j) % STREAM_SLOTS */
     flm_range_fn each;                      /* per-row work on the output (hal_matmul_each), 0: none */
     void *each_ctx;
@@ -78,8 +83,9 @@ typedef struct {
     uint32_t ahead_words;                   /* its first chunk's words */
     volatile uint32_t issued;               /* chunks whose read has started (chunks + 1: and the
                                                next product's first) */
-    volatile uint32_t taken;                /* chunks a core has taken */
+    volatile uint32_t taken;                /* chunks (split: halves) a core has taken */
     volatile uint32_t free[STREAM_SLOTS];   /* per buffer: the chunk that may be read into it next */
+    uint32_t halves[STREAM_SLOTS];          /* split: per buffer, its chunk's halves done (under the lock) */
     flm_tensor view[2];                     /* per core: its chunk, the data its buffer (set up in
                                                place, no struct copy: memcpy runs from flash) */
 } stream_job;
@@ -176,18 +182,21 @@ FLM_RAMFUNC static int arrived(const stream_job *s, uint32_t j) {
     return j + 1u < issued || (j + 1u == issued && !REG(DMA_COUNT));
 }
 
-/* Each core's loop: take a chunk, wait for it (starting the next read if the DMA is idle), compute
- * its rows for every token of the batch, free its buffer. */
+/* Each core's loop: take a chunk (split: a half of one), wait for it (starting the next read if the
+ * DMA is idle), compute its rows for every token of the batch (split: the half's), free its buffer
+ * (split: once both halves are done). */
 FLM_RAMFUNC static void take_chunks(stream_job *s) {
     flm_tensor *v = &s->view[REG(SIO_CPUID) & 1u];
     const flm_batch *b = s->b;
+    const uint32_t sh = s->split != 0u, items = s->chunks << sh;
     for (;;) {
         lock();
         pump(s);
-        const uint32_t j = s->taken;
-        if (j < s->chunks) s->taken = j + 1u;
+        const uint32_t i = s->taken;
+        if (i < items) s->taken = i + 1u;
         unlock();
-        if (j >= s->chunks) return;
+        if (i >= items) return;
+        const uint32_t j = i >> sh, second = i & sh;
         while (!arrived(s, j)) {
             lock();
             pump(s);
@@ -198,13 +207,26 @@ FLM_RAMFUNC static void take_chunks(stream_job *s) {
         v->data = (const uint8_t *)stream_buf[slot];
         v->rows = chunk_rows(s->w, s->per, j);
         v->length = v->rows * v->stride;
-        if (s->staged) flm_rs_staged_rows(v, b, s->staged, s->stage, r);
-        for (uint32_t t = s->staged; t < b->n; t++)
+        const uint32_t t0 = second ? s->split : 0u, t1 = sh && !second ? s->split : s->staged;
+        if (t1 > t0) flm_rs_staged_rows(v, b, t0, t1, s->stage, r);
+        for (uint32_t t = sh && !second ? b->n : s->staged; t < b->n; t++)
             flm_matvec_rows(v, 0, v->rows, b->xq + (size_t)t * b->xq_stride, b->xs + (size_t)t * b->xs_stride,
                             b->out + (size_t)t * b->out_stride + r);
         __asm volatile("dmb" ::: "memory");   /* the rows read before the buffer is handed back */
-        s->free[slot] = j + STREAM_SLOTS;
-        if (s->each) {   /* the buffer's next read first: the work needs only the outputs */
+        uint32_t done = 1u;
+        if (sh) {   /* the second half done frees the buffer */
+            lock();
+            done = ++s->halves[slot] == 2u;
+            if (done) {
+                s->halves[slot] = 0u;
+                s->free[slot] = j + STREAM_SLOTS;
+                pump(s);
+            }
+            unlock();
+        } else {
+            s->free[slot] = j + STREAM_SLOTS;
+        }
+        if (s->each && done) {   /* the buffer's next read first: the work needs only the outputs */
             lock();
             pump(s);
             unlock();
@@ -238,6 +260,7 @@ FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b, const 
     s->b = b;
     s->stage = stage;
     s->staged = staged;
+    s->split = staged / 8u * 4u;
     s->per = STREAM_CHUNK_BYTES / w->stride;
     s->chunks = (w->rows + s->per - 1u) / s->per;
     /* its first chunk read ahead by the product before it, or read first */
@@ -256,7 +279,10 @@ FLM_RAMFUNC static void streamed(const flm_tensor *w, const flm_batch *b, const 
     s->each_ctx = each_ctx;
     each_fn = 0;
     s->lanes = b->n == 1u && flm_rs_lanes_fit(w, b->xq);
-    for (uint32_t i = 0; i < STREAM_SLOTS; i++) s->free[(s->base + i) % STREAM_SLOTS] = i;
+    for (uint32_t i = 0; i < STREAM_SLOTS; i++) {
+        s->free[(s->base + i) % STREAM_SLOTS] = i;
+        s->halves[i] = 0u;
+    }
     s->view[0] = s->view[1] = *w;   /* copied here, while XIP still runs (memcpy) */
     REG(SSI_SSIENR) = 0u;
     ssi_frames = 0u;
