@@ -30,7 +30,7 @@ def input_moments(ir: ModelIR, positions: int = POSITIONS, seed: int = 1) -> dic
     fp32's sampled text (a seed of its own: not the text the fidelity measure scores on)."""
     fp = fp32_model(ir)
     fp.taps = {}
-    for seq in sample_text(ir, positions, seed).seqs:
+    for seq in sample_text(ir, positions, seed, answers=False).seqs:
         for pos, tok in enumerate(seq[:-1]):
             fp.forward(tok, pos)
     return fp.taps

@@ -120,10 +120,12 @@ def fp32_model(ir: ModelIR) -> Fp32Model:
     return Fp32Model(ir, *rope_tables(ir.config))
 
 
-def sample_text(ir: ModelIR, positions: int, seed: int = 0, tokens=None) -> Probe:
+def sample_text(ir: ModelIR, positions: int, seed: int = 0, tokens=None, say=None, answers: bool = True) -> Probe:
     """Sequences of at most the context's length holding ``positions`` predictions in all, sampled
     from fp32 at temperature 1 from BOS (numpy's generator seeded with ``seed``), or the one sequence
-    ``tokens`` when given (its first ``positions`` predictions, as many as it and the context hold)."""
+    ``tokens`` when given (its first ``positions`` predictions, as many as it and the context hold);
+    ``say(done, positions)`` after each sequence. ``answers`` False keeps the tokens alone, not fp32's
+    distributions and routes (a long text of a large vocabulary's would not fit in memory)."""
     fp, c = fp32_model(ir), ir.config
     rng = np.random.default_rng(seed)
     probe = Probe([], [], [])
@@ -134,15 +136,19 @@ def sample_text(ir: ModelIR, positions: int, seed: int = 0, tokens=None) -> Prob
         logp, routes = [], []
         for pos in range(n):
             lp = log_softmax(fp.forward(seq[pos], pos))
-            logp.append(lp)
-            routes.append(fp.routes)
+            if answers:
+                logp.append(lp)
+                routes.append(fp.routes)
             if tokens is None:
                 p = np.exp(lp)
                 seq.append(int(rng.choice(len(p), p=p / p.sum())))
         probe.seqs.append(seq[:n + 1])
-        probe.fp_logp.append(np.stack(logp[:len(seq) - 1]))
-        probe.fp_routes.append(routes)
+        if answers:
+            probe.fp_logp.append(np.stack(logp[:len(seq) - 1]))
+            probe.fp_routes.append(routes)
         left = 0 if tokens is not None else left - n
+        if say is not None:
+            say(probe.positions, positions)
     return probe
 
 

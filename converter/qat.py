@@ -9,9 +9,9 @@ gradients straight through), and every product's input quantized as the device q
 scale over the whole input vector, codes within +-127 for q4 and +-2047 for q8). k starts at
 quantize's ceil(group scale / S) and is learned with the weights (LearnedGrid; clipping allowed):
 quantize(grids=...) then rounds the trained weights against the learned k, the codes the student saw.
-The loss is KL(fp32 || student) over the teacher's full next-token distributions on text the fp32
-model sampled itself (converter/fidelity.py's sampler, a seed apart from the fidelity probe's), Adam
-with a cosine schedule. The result is an fp32 ModelIR: quantize() turns it into the blob's codes as it
+The loss is KL(fp32 || student) over the teacher's full next-token distributions (fp32 in torch, a
+batch at a time) on text the fp32 model sampled itself (converter/fidelity.py's sampler, a seed apart
+from the fidelity probe's), Adam with a cosine schedule. The result is an fp32 ModelIR: quantize() turns it into the blob's codes as it
 would any checkpoint, so the format, the engine and bit-exactness do not change."""
 from __future__ import annotations
 
@@ -29,34 +29,17 @@ from .numerics import act_qmax
 from .quantize import quantize_matrix
 from .torch_import import ir_to_module
 
-# measured on stories260K with a q4 embedding, KL to fp32 on the fidelity probe (2,000 positions, k12 KV):
-# g16 0.139 rounded to nearest, 0.041 after 500 steps at 3e-4 with ceil's k (0.055 at 1e-3, 0.044 after 800
-# steps at 3e-4), 0.034 with k learned at 1e-3; g32 0.183, 0.048 after 800 steps at 1e-4 with ceil's k
+# measured on stories260K with a q4 embedding, KL to fp32 on the fidelity probe (2,000 positions, k12 KV): g16
+# 0.139 rounded to nearest; trained with ceil's k on 16,384 positions 0.041 after 500 steps at 3e-4 (0.055 at
+# 1e-3, 0.044 after 800 steps); k learned at 1e-3: 0.034 on 16,384 positions, 0.029 on 65,536, 0.028 on 131,072
+# (0.027 after 1,000 steps; peak rates 5e-4 / 2e-3: 0.028, ΔCE 0.030). The text is what limits it, not the
+# steps: 65,536 positions at 8 sequences a step for 1,000 steps 0.029. g32 0.183, 0.048 (800 steps, ceil's k)
 STEPS = 500            # optimizer steps
-POSITIONS = 16384      # fp32 predictions the student learns from (whole sequences from BOS)
+POSITIONS = 131072     # fp32 predictions the student learns from (whole sequences from BOS)
 BATCH = 4              # sequences a step
 LR = 3e-4              # Adam's peak learning rate; the cosine schedule takes it to 0
 SEED = 2               # the training text's (the fidelity probe samples with 0, GPTQ's moments with 1)
 LR_GRID = 1e-3         # the learned multipliers' peak rate (on log k: a step moves k by about 0.1%)
-
-
-def fake_quant(w: torch.Tensor, fmt: str, group_size: int) -> torch.Tensor:
-    """What quantize_matrix(w, fmt, group_size, rowscale=True).dequantize() gives (float64 scale
-    arithmetic, as there), with gradients through the rounding as if it were the identity."""
-    rows, cols = w.shape
-    qmax = FORMATS[fmt].qmax
-    ng = -(-cols // group_size)
-    wg = torch.nn.functional.pad(w, (0, ng * group_size - cols)).reshape(rows, ng, group_size)
-    with torch.no_grad():
-        scales = (wg.abs().amax(-1) / qmax).double()
-        smax = scales.amax(1, keepdim=True)
-        m, e = torch.frexp(torch.clamp(smax / MULT_MAX, min=2.0 ** -149))
-        row = torch.where(smax > 0, torch.ldexp(torch.ones_like(m), e - (m == 0.5).int()).float().double(),
-                          torch.zeros_like(smax))
-        eff = torch.ceil(scales / torch.where(row > 0, row, 1.0)) * row
-        safe = torch.where(eff > 0, eff, 1.0)
-    q = torch.clamp(torch.round(wg.double() / safe[..., None]), -qmax, qmax) * eff[..., None]
-    return (wg + (q.float() - wg).detach()).reshape(rows, ng * group_size)[:, :cols]
 
 
 def act_fake_quant(x: torch.Tensor, qmax: int) -> torch.Tensor:
@@ -99,15 +82,6 @@ class LearnedGrid(torch.nn.Module):
         return q.float().reshape(rows, ng * self.group_size)[:, :cols]
 
 
-class FakeQuant(torch.nn.Module):
-    def __init__(self, fmt: str, group_size: int):
-        super().__init__()
-        self.fmt, self.group_size = fmt, group_size
-
-    def forward(self, w):
-        return fake_quant(w, self.fmt, self.group_size)
-
-
 def quantized_matrices(qm: QuantModel) -> dict[str, QTensor]:
     """The recipe's quantized matrices; refuses what the fake quantizer does not model."""
     mats = {n: t for n, t in qm.tensors.items() if isinstance(t, QTensor)}
@@ -118,16 +92,19 @@ def quantized_matrices(qm: QuantModel) -> dict[str, QTensor]:
     return mats
 
 
-def student_of(ir: ModelIR, mats: dict[str, QTensor], learn_grid: bool = False) -> torch.nn.Module:
-    """The fp32 model in torch with every quantized matrix fake-quantized (``learn_grid``: with learned
-    multipliers) and each product's input quantized as the device does (the tied head's input through
-    the final norm's output)."""
-    plain = replace(ir, tensors={n: t.dequantize() if isinstance(t, QTensor) else t for n, t in ir.tensors.items()})
-    model = ir_to_module(plain)
+def fp32_module(ir: ModelIR) -> torch.nn.Module:
+    """The model in torch with every tensor in float (a quantized checkpoint's dequantized)."""
+    return ir_to_module(replace(ir, tensors={n: t.dequantize() if isinstance(t, QTensor) else t
+                                             for n, t in ir.tensors.items()}))
+
+
+def student_of(ir: ModelIR, mats: dict[str, QTensor]) -> torch.nn.Module:
+    """The fp32 model in torch with every quantized matrix fake-quantized (LearnedGrid) and each
+    product's input quantized as the device does (the tied head's input through the final norm's output)."""
+    model = fp32_module(ir)
     for name, t in mats.items():
         mod = model.get_submodule(name)
-        fq = LearnedGrid(mod.weight, t.fmt, t.group_size) if learn_grid else FakeQuant(t.fmt, t.group_size)
-        parametrize.register_parametrization(mod, "weight", fq)
+        parametrize.register_parametrization(mod, "weight", LearnedGrid(mod.weight, t.fmt, t.group_size))
         if isinstance(mod, torch.nn.Linear):
             mod.register_forward_pre_hook(lambda m, a, qmax=act_qmax(t): (act_fake_quant(a[0], qmax),))
     head = "tok_embeddings" if ir.config.tied else "output"
@@ -137,31 +114,32 @@ def student_of(ir: ModelIR, mats: dict[str, QTensor], learn_grid: bool = False) 
 
 
 def train(ir: ModelIR, qm: QuantModel, steps: int | None = None, positions: int | None = None, batch: int = BATCH,
-          lr: float = LR, seed: int = SEED, lr_grid: float | None = LR_GRID, say=None) -> tuple[ModelIR, dict]:
+          lr: float = LR, seed: int = SEED, lr_grid: float = LR_GRID, say=None, say_text=None) -> tuple[ModelIR, dict]:
     """``ir`` with weights trained against ``qm``'s recipe (the nearest-rounded model quantize() made
     of ``ir``: its formats and groups) for ``steps`` (None: STEPS) on ``positions`` (None: POSITIONS),
-    and per matrix the grid (row scales, multipliers) for quantize(grids=...): learned at ``lr_grid``'s
-    peak rate, or (None) the one quantize gives the trained weights. ``say(step, steps, loss)`` every 50
-    steps. Deterministic for a seed (torch's CPU kernels, the same thread count)."""
+    and per matrix the grid (row scales, multipliers) for quantize(grids=...), learned at ``lr_grid``'s
+    peak rate. ``say_text(done, positions)`` as fp32 samples the text, ``say(step, steps, loss)``
+    every 50 steps. Deterministic for a seed (torch's CPU kernels, the same thread count)."""
     steps = STEPS if steps is None else steps
     positions = POSITIONS if positions is None else positions
     if steps < 1 or positions < 1 or batch < 1:
         raise ModelError(f"qat needs steps, positions and batch of at least 1 (got {steps}, {positions}, {batch})")
     mats = quantized_matrices(qm)
-    probe = sample_text(ir, positions, seed)
-    n = min(len(s) - 1 for s in probe.seqs)    # the last sequence may be short: every batch row the same length
-    tokens = torch.tensor([s[:n] for s in probe.seqs])
-    target = torch.from_numpy(np.stack([lp[:n] for lp in probe.fp_logp]).astype(np.float32))
+    seqs = sample_text(ir, positions, seed, say=say_text, answers=False).seqs
+    n = min(len(s) - 1 for s in seqs)    # the last sequence may be short: every batch row the same length
+    tokens = torch.tensor([s[:n] for s in seqs])
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    student = student_of(ir, mats, lr_grid is not None).train()
+    teacher = fp32_module(ir).eval()     # fp32's distributions a batch at a time: kept, a long text's would not fit
+    student = student_of(ir, mats).train()
     grid = [p for n, p in student.named_parameters() if n.endswith("log_k")]
     rest = [p for n, p in student.named_parameters() if not n.endswith("log_k")]
     opt = torch.optim.Adam([dict(params=rest, lr=lr)] + ([dict(params=grid, lr=lr_grid)] if grid else []))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.5 * (1 + math.cos(math.pi * i / steps)))
     for i in range(steps):
         idx = torch.randint(0, len(tokens), (min(batch, len(tokens)),), generator=gen)
-        tl = target[idx]
+        with torch.no_grad():
+            tl = torch.log_softmax(teacher(tokens[idx]), -1)
         lq = torch.log_softmax(student(tokens[idx]), -1)
         loss = (tl.exp() * (tl - lq)).sum(-1).mean()
         opt.zero_grad()
@@ -176,7 +154,7 @@ def train(ir: ModelIR, qm: QuantModel, steps: int | None = None, positions: int 
             mod = student.get_submodule(name)
             p = mod.parametrizations.weight.original if name in mats else mod.weight
             trained[name] = p.detach().float().numpy().copy()
-            if name in mats and lr_grid is not None:
+            if name in mats:
                 g = mod.parametrizations.weight[0]
                 grids[name] = (g.row.float().numpy()[:, 0].copy(), g.multipliers().numpy().astype(np.uint8))
     return replace(ir, tensors=trained), grids

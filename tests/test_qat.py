@@ -24,19 +24,9 @@ from modelzoo import random_model
 from nativeboard import assert_matches_reference, native_link, run
 
 
-def test_fake_quant_is_the_row_scaled_quantizer_bit_for_bit():
-    rng = np.random.default_rng(0)
-    for shape, g, fmt in (((20, 70), 32, "q4"), ((33, 172), 16, "q4"), ((8, 64), 32, "q8"), ((5, 9), 4, "q4")):
-        w = (rng.standard_normal(shape) * rng.uniform(1e-4, 3, (shape[0], 1))).astype(np.float32)
-        w[0, :g] = 0                      # an all-zero group: multiplier 0, codes 0
-        w[1] = 0                          # an all-zero row: row scale 0
-        got = qat.fake_quant(torch.from_numpy(w), fmt, g).numpy()
-        assert np.array_equal(got, quantize_matrix(w, fmt, g, rowscale=True).dequantize()), (shape, g, fmt)
-
-
-def test_fake_quant_passes_gradients_straight_through():
+def test_a_grid_passes_gradients_to_the_weights_straight_through():
     w = torch.randn(4, 32, requires_grad=True)
-    qat.fake_quant(w, "q4", 16).sum().backward()
+    qat.LearnedGrid(w, "q4", 16)(w).sum().backward()
     assert torch.equal(w.grad, torch.ones_like(w))
 
 
@@ -51,10 +41,10 @@ def test_activation_fake_quant_is_the_devices_whole_vector_quantization():
 
 def test_a_learned_grid_is_the_quantizer_with_that_grid_given_bit_for_bit():
     rng = np.random.default_rng(2)
-    for shape, g, fmt in (((20, 70), 16, "q4"), ((33, 172), 32, "q4"), ((8, 64), 8, "q8")):
-        w = (rng.standard_normal(shape) * rng.uniform(1e-3, 3, (shape[0], 1))).astype(np.float32)
-        w[0, :g] = 0
-        w[1] = 0
+    for shape, g, fmt in (((20, 70), 16, "q4"), ((33, 172), 32, "q4"), ((8, 64), 8, "q8"), ((5, 9), 4, "q4")):
+        w = (rng.standard_normal(shape) * rng.uniform(1e-4, 3, (shape[0], 1))).astype(np.float32)
+        w[0, :g] = 0                      # an all-zero group: multiplier 0, codes 0
+        w[1] = 0                          # an all-zero row: row scale 0
         grid = qat.LearnedGrid(torch.from_numpy(w), fmt, g)
         assert np.array_equal(grid(torch.from_numpy(w)).detach().numpy(),
                               quantize_matrix(w, fmt, g, rowscale=True).dequantize()), (shape, g, fmt)
@@ -93,15 +83,13 @@ def trained(ir, steps=60, positions=192, seed=qat.SEED, quant=(), **kw):
     return qat.train(ir, quantize(ir, "q4", 32, quant), steps=steps, positions=positions, seed=seed, **kw)
 
 
-def test_qat_lowers_kl_to_fp32_below_nearest_rounding_with_fixed_and_learned_grids():
+def test_qat_lowers_kl_to_fp32_below_nearest_rounding():
     _, ir = random_model(seed=3, vocab_size=64)
     probe = sample_text(ir, 150, seed=0)
     plain = teacher_forced(quantize(ir, "q4", 32), "k12", probe)
-    for lr_grid in (None, qat.LR_GRID):
-        tir, grids = trained(ir, lr_grid=lr_grid)
-        assert bool(grids) == (lr_grid is not None)
-        tuned = teacher_forced(quantize(tir, "q4", 32, grids=grids), "k12", probe)
-        assert tuned["kl_mean"] < 0.8 * plain["kl_mean"], (lr_grid, plain, tuned)
+    tir, grids = trained(ir)
+    tuned = teacher_forced(quantize(tir, "q4", 32, grids=grids), "k12", probe)
+    assert tuned["kl_mean"] < 0.8 * plain["kl_mean"], (plain, tuned)
 
 
 def test_qat_is_deterministic_for_a_seed_and_changes_with_it():
@@ -145,6 +133,7 @@ def test_convert_calibrate_qat_records_it_writes_the_same_blob_twice_and_refuses
     assert main(args + ["--no-report"]) == 0
     out = capsys.readouterr().out
     assert "quantization-aware training" in out and "trained 3 steps on 60 positions" in out
+    assert "fp32 sampled 60 of 60 positions of its own text" in out
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["convert"]["calibrate"] == "qat"
     args2 = [a if a != str(tmp_path / "out") else str(tmp_path / "again") for a in args]
     assert main(args2 + ["--no-report"]) == 0                # the same blob twice

@@ -145,22 +145,45 @@ def convert(console, checkpoint, outdir, recipe: Recipe = Recipe(), tokenizer=No
     return model
 
 
+class _TimeLeft:
+    """The time left at ``done`` of ``total`` (", about N min left"), from the rate since the first call:
+    the set-up before it does not repeat."""
+
+    def __init__(self):
+        self.first: tuple[int, float] | None = None
+
+    def __call__(self, done: int, total: int) -> str:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = (done, now)
+        d0, t1 = self.first
+        if not d0 < done < total:
+            return ""
+        minutes = (now - t1) / (done - d0) * (total - done) / 60
+        return f", about {minutes:.0f} min left" if minutes >= 0.5 else ", under a minute left"
+
+
 def _trained(console, ir, nearest, fmt, group_size, overrides, scales):
     """The model quantized from weights qat.train distilled from fp32 against ``nearest``'s recipe."""
     t0 = time.monotonic()
     console.print("  quantization-aware training takes minutes (--calibrate gptq: seconds, at KL ~3x higher on q4)")
-    first = []                   # when step 1 ended: the steps' rate from then on gives the time left
     with console.status(f"quantization-aware training: fp32 sampling {qat.POSITIONS:,} positions of its own text") as st:
-        def say(i, n, loss):     # a line every 50 steps too: a log without the live status sees it working
-            now = time.monotonic()
-            if not first:
-                first.append((i, now))
-            i0, t1 = first[0]
-            left = f", about {(now - t1) / (i - i0) * (n - i) / 60:.0f} min left" if i > i0 and i < n else ""
-            text = f"step {i}/{n}, KL to fp32 {loss:.4f} ({now - t0:.0f} s{left})"
+        # a line every tenth of the text and every 50 steps too: a log without the live status sees it working
+        text_left, steps_left, tenths = _TimeLeft(), _TimeLeft(), []
+
+        def say_text(done, total):
+            text = f"fp32 sampled {done:,} of {total:,} positions of its own text ({time.monotonic() - t0:.0f} s" \
+                   f"{text_left(done, total)})"
+            st.update(f"quantization-aware training: {text}")
+            if 10 * done // total > len(tenths):
+                tenths.append(done)
+                console.print(f"  {text}")
+
+        def say(i, n, loss):
+            text = f"step {i}/{n}, KL to fp32 {loss:.4f} ({time.monotonic() - t0:.0f} s{steps_left(i, n)})"
             st.update(f"quantization-aware training: {text}")
             console.print(f"  {text}")
-        trained, grids = qat.train(ir, nearest, say=say)
+        trained, grids = qat.train(ir, nearest, say=say, say_text=say_text)
         qm = Q.quantize(trained, default_format=fmt, group_size=group_size, overrides=overrides, scales=scales,
                         grids=grids)
     console.print(f"  trained {qat.STEPS} steps on {qat.POSITIONS:,} positions in {time.monotonic() - t0:.0f} s")
