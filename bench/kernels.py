@@ -5,7 +5,7 @@ A probe firmware (bench/rp2040_probe.c in place of the app's main.c; the same en
 soft-float and compiler flags as the real firmware) times, with the Cortex-M0+'s SysTick counting
 processor clock cycles (rp2040js's per-instruction cycle counts):
 
-* the matvec (flm_matvec) in cycles per weight, q8 and q4, groups of 32 and 128, row-scaled (the
+* the matvec (flm_matvec) in cycles per weight, q8 and q4, groups of 32 and 128 (q4 16 too), row-scaled (the
   default format: integer group dots, an integer fold, one float scaling per row) and with f32
   scales per group (group dots, a float term each, a float fold); the integer group dots alone over
   the same bytes (one call of flm_dot_q8 / flm_dot_q4 per group, so a call's cost per group
@@ -223,7 +223,7 @@ def measure(work: Path) -> dict:
         cols, rows = 512, 64
         mv = {}
         for fmt, fname in ((Q8, "q8"), (Q4, "q4")):
-            for g in (32, 128):
+            for g in (16, 32, 128) if fmt == Q4 else (32, 128):   # q4's default groups are 16
                 n = cols * rows
                 mv[f"{fname}_g{g}"] = dict(matvec_row_scaled=p.matvec_cycles(0, fmt, g, cols, rows, 2) / n,
                                            matvec=p.matvec_cycles(0, fmt, g, cols, rows) / n,
@@ -252,6 +252,8 @@ def section(work: Path) -> dict:
         **{f"kernels q8 row-scaled / f32-scaled cycles per weight, g{g}": rs[g] / mv[f"q8_g{g}"]["matvec"]
            for g in (32, 128)},
         "kernels q4/q8 row-scaled cycles per weight, g32": mv["q4_g32"]["matvec_row_scaled"] / rs[32],
+        "kernels q4 row-scaled cycles per weight, g16/g32": (mv["q4_g16"]["matvec_row_scaled"]
+                                                              / mv["q4_g32"]["matvec_row_scaled"]),
         "kernels q4/q8 cycles per weight, g32": mv["q4_g32"]["matvec"] / mv["q8_g32"]["matvec"],
         "kernels g128/g32 cycles per weight, q8": mv["q8_g128"]["matvec"] / mv["q8_g32"]["matvec"],
         "kernels int dot share of the q8 g32 matvec": mv["q8_g32"]["dot_only"] / mv["q8_g32"]["matvec"]}}

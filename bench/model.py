@@ -14,7 +14,7 @@ from converter.formats import KV_DEFAULT, StateTiers
 from converter.ir import ModelConfig, ModelIR
 from converter.llama2c import write_llama2c_v2
 from converter.load import load_model
-from converter.quantize import quantize
+from converter.quantize import DEFAULT_GROUP, quantize
 from converter.tokenizer import encode
 from firmware.build import build_firmware
 from host.link.port import Link, open_port
@@ -33,25 +33,21 @@ def default_ir():
 
 
 def converted(ir, fmt: str, overrides=(), scales: str | None = None):
-    """``ir`` quantized to ``fmt`` in groups of 32 with ``overrides`` (and ``scales``, convert's
-    --scales), and the greedy head's index if the calibration keeps it: what ``flashlm convert``
-    makes (--head-index auto)."""
-    qm = quantize(ir, fmt, GROUP, list(overrides), scales=scales)
+    """``ir`` quantized to ``fmt`` in convert's default groups (q8 32, q4 16) with ``overrides`` (and
+    ``scales``, convert's --scales), and the greedy head's index if the calibration keeps it: what
+    ``flashlm convert`` makes (--head-index auto)."""
+    qm = quantize(ir, fmt, DEFAULT_GROUP[fmt], list(overrides), scales=scales)
     qm.head_index = headcalib.calibrate(qm)[0]
     return qm
 
 
-# The q4 speed model keeps the shape issue 21's figures were measured on (groups of 32, the embedding and head
-# q8); convert's q4 default since stop 29 takes groups of 16 with both q4 (the fidelity section measures it).
-SPEED_Q4_OVERRIDES = ("tok_embeddings=q8:32", "head=q8:32")
-
-
 @functools.cache
 def default_quant(fmt: str, scales: str | None = None):
-    """The default model in groups of 32, rounded to nearest (speed does not depend on the rounding): q8 as
-    ``flashlm convert --format q8 [--scales scales]`` shapes it, q4 with its embedding and head q8
-    (SPEED_Q4_OVERRIDES)."""
-    return converted(default_ir(), fmt, SPEED_Q4_OVERRIDES if fmt == "q4" else (), scales=scales)
+    """The default model as ``flashlm convert --format fmt [--scales scales]`` shapes it, rounded to
+    nearest (speed does not depend on the rounding): q8 in groups of 32 (its head of 8), q4 in groups
+    of 16 with its embedding and head q4 (until stop 30 the speed bench's q4 kept issue 21's shape:
+    groups of 32, the embedding and head q8)."""
+    return converted(default_ir(), fmt, scales=scales)
 
 
 # The 15M-parameter llama2.c shape (stories15M: dim 288, 6 layers, 6 heads, vocab 32000, context 256)

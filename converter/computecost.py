@@ -26,6 +26,7 @@ Q4_MAC_FACTOR = 1.5      # [EST] a q4 multiply-accumulate against a q8 one: nibb
 # MULS), the other two a least-squares fit to the emulated per-phase cycles of models/default q8
 # and q4 (row scales, int8 KV, the head index; XIP model off: what compute alone costs)
 CHIP_COMPUTE = {"RP2040": (5.3, 61.0, 0.71)}
+Q4_LANE_WORDS = 544      # the most lane words a q4 row-scaled product's rows take (rs_lanes_rp2040.h FLM_RS_LANE_WORDS)
 
 
 def compute_cycles(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32",
@@ -59,6 +60,7 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
     dq_flops = float(comp.get("dequant_flops", 2.0))
     quad = float(comp.get("q8_quad_mac_factor", 1.0))
     quad4 = float(comp.get("q4_quad_mac_factor", 1.0))
+    q4_g16 = float(comp.get("q4_g16_cycles", 0.0))
     stage = int(comp.get("pass_stage_words", 0))
     by = spec.by_name()
     d, hd, hid = cfg.dim, cfg.head_dim, cfg.hidden_dim
@@ -70,13 +72,15 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
         with four-token rows (kernels_arch.h flm_rs_staged_rows), the quads' tokens at
         ``q8_quad_mac_factor`` / ``q4_quad_mac_factor`` of a single token's cost: q8, groups of 16
         or 32 codes, as many quads as its stage of ``pass_stage_words`` holds at 2 words a column;
-        q4, groups of a multiple of 32 codes and at most 1,024 columns, every token's lanes (17
-        words per 32 columns) staged or none."""
+        q4, groups of 16 or of a multiple of 32 codes and at most 1,024 columns, every token's lanes
+        (17 words per 32 columns, 9 per 16 for groups of 16) staged or none."""
         if pass_n < 4 or not w.rowscale:
             return 1.0
         if w.fmt == "q4":
-            lanes = w.cols // 32 * 17
-            if quad4 == 1.0 or w.group % 32 or w.cols % w.group or w.cols > 1024 or pass_n * lanes > stage:
+            sub = 16 if w.group == 16 else 32
+            lanes = w.cols // sub * (sub // 2 + 1)
+            if (quad4 == 1.0 or (w.group != 16 and w.group % 32) or w.cols % w.group or w.cols > 1024
+                    or lanes > Q4_LANE_WORDS or pass_n * lanes > stage):
                 return 1.0
             return 1.0 - (1.0 - quad4) * (pass_n // 4 * 4) / pass_n
         if quad == 1.0 or w.group not in (16, 32):
@@ -87,11 +91,13 @@ def compute_parts(spec: ModelSpec, pos: int, prof: dict, kv: str = "f32", sampli
     def rows_cycles(w: TensorSpec) -> float:
         """The rows' multiply-accumulates, per row the scaling: per group a term (conversion, two
         products) and an add, or row-scaled one integer multiply-add per group and three float
-        operations per row (kernels_ref.h row_rs)."""
+        operations per row (kernels_ref.h row_rs); row-scaled q4 in groups of 16, ``q4_g16_cycles``
+        per 32 columns more (a board whose lanes then come in sub-blocks of 16)."""
         groups = -(-w.cols // w.group)
         macs = w.rows * w.cols * (q4f if w.fmt == "q4" else 1.0) * quad_factor(w)
         if w.rowscale:
-            return (macs + w.rows * groups) * cpm + w.rows * 3 * cpf
+            sub = w.rows * w.cols / 32 * q4_g16 if w.fmt == "q4" and w.group == 16 else 0.0
+            return (macs + w.rows * groups) * cpm + sub + w.rows * 3 * cpf
         return macs * cpm + w.rows * groups * 4 * cpf
 
     def matvec(w: TensorSpec, phase: str, share: float = 1.0) -> float:

@@ -225,6 +225,26 @@ def test_four_token_rows_cost_their_factor_of_a_mac(fmt):
     assert saved > 0 and saved == pytest.approx((rows(0.5, 1) - rows(0.5, 8)) * (1 - f) / 0.5, rel=1e-9)
 
 
+def test_q4_in_groups_of_16_costs_its_second_sub_block():
+    """rp2040-emu's [compute] q4_g16_cycles: a row-scaled q4 product in groups of 16 costs that much more per
+    32 columns of each row (the lanes' sub-blocks of 16, softfloat_m0.s flm_rs_rows_q4h_m0); groups of 32
+    and q8 nothing (q4's head is in groups of 16 whatever the group)."""
+    x = board("rp2040-emu")["compute"]["q4_g16_cycles"]
+    assert x > 0
+
+    def rows(qm, cycles):
+        prof = copy.deepcopy(board("rp2040-emu"))
+        prof["compute"]["q4_g16_cycles"] = cycles
+        return sum(K.compute_parts(C.ModelSpec.from_quant(qm), 5, prof)[1].values())
+
+    ir = random_model(seed=3, dim=64, n_heads=4, hidden_dim=128)[1]       # a tied head: the embedding's rows
+    for qm in (quantize(ir, "q4", 16), quantize(ir, "q4", 32), quantize(ir, "q8", 16)):
+        g16 = [t for t in C.ModelSpec.from_quant(qm).tensors if t.fmt == "q4" and t.group == 16 and t.rowscale]
+        extra = sum(t.rows * t.cols / 32 * x for t in g16)
+        assert rows(qm, x) - rows(qm, 0.0) == pytest.approx(extra, rel=1e-9)
+        assert bool(extra) == (qm.tensors["layers.0.ffn.w1"].fmt == "q4" or qm.tensors["tok_embeddings"].fmt == "q4")
+
+
 # ---------------------------------------------------------------------------------------------
 # the emulated RP2040: predicted vs measured prefill (deterministic cycles; a loose band)
 

@@ -11,7 +11,8 @@
 /* Built-in tensors of 3 rows and 3 groups of g, as q8 and q4 with f32, fp16 and row scales, each
  * with 3g columns (whole groups) and 3g - 3 (a short last group): g = 24 (the Cortex-M0+ whole-row
  * loops' odd step and a whole turn of two, softfloat_m0.s), 23 (odd groups: q4 halves a byte), 32
- * (the Cortex-M0+ row-scaled kernels: a pair of rows and a single one, q4's lanes), and on cores
+ * (the Cortex-M0+ row-scaled kernels: a pair of rows and a single one, q4's lanes), 16 (q4's lanes in
+ * sub-blocks of 16), and on cores
  * with SIMD the group sizes of the vectorised rows (64, 128); pseudo-random codes, activations as the
  * engine passes them (q8: 12-bit, -2047 and 2047 among them; q4: 8-bit, -127 and 127 among them),
  * multipliers up to 255. Every row alone (flm_matvec_row) and all three at once (flm_matvec_rows)
@@ -21,10 +22,10 @@
 #define SC_ROWS 3u
 #define SC_NG 3u
 #ifdef FLM_VECTOR
-static const uint32_t sc_groups[] = {24u, 23u, 32u, 64u, 128u};
+static const uint32_t sc_groups[] = {24u, 23u, 32u, 16u, 64u, 128u};
 #define SC_GMAX 128u
 #else
-static const uint32_t sc_groups[] = {24u, 23u, 32u};
+static const uint32_t sc_groups[] = {24u, 23u, 32u, 16u};
 #define SC_GMAX 32u
 #endif
 

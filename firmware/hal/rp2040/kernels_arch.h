@@ -136,31 +136,46 @@ static inline __attribute__((always_inline)) void axpy_m0(int32_t *acc, const in
 #define FLM_AXPY_Q8 axpy_m0
 
 /* The row-scaled rows. The q4 kernel's activations (softfloat_m0.s Q4L_WORD), on the stack: per
- * sub-block of 32 columns a start value, minus the share of the codes' offset 8, then per 8 columns
- * (x_j << 16) + x_{j+4}, j = 0..3 (q4's codes are 8-bit: |x| <= 127 keeps the lanes' sums exact).
- * Up to LANE_COLS columns: FLM_RS_LANE_WORDS words, 2,176 bytes of the RP2040's 8 KB stack floor. */
+ * sub-block of 32 columns (16 for groups of 16) a start value, minus the share of the codes' offset
+ * 8, then per 8 columns (x_j << 16) + x_{j+4}, j = 0..3 (q4's codes are 8-bit: |x| <= 127 keeps the
+ * lanes' sums exact). Up to LANE_COLS columns (groups of 16: 960): FLM_RS_LANE_WORDS words, 2,176
+ * bytes of the RP2040's 8 KB stack floor. */
 #define LANE_COLS 1024u
 _Static_assert(FLM_RS_LANE_WORDS == LANE_COLS / 32u * 17u, "softfloat_m0.h's lanes size");
 
-/* Their shape: whole groups of a multiple of 8 columns (q4: of 32, at most LANE_COLS columns, so
- * that its row sums fit an int32; q8's are int64), word-aligned activations (docs/formats.md). 0:
- * another shape (the portable row); else geom = n_groups | group << 16. */
+/* q4's lanes come in sub-blocks of 32 columns, or of 16 for groups of 16 (a start value each: a
+ * group's sum is whole sub-blocks'): the sub-block's columns, and the lane words of cols columns. */
+static inline uint32_t q4_sub(uint32_t group) {
+    return group == 16u ? 16u : 32u;
+}
+
+static inline uint32_t lane_words(uint32_t cols, uint32_t sub) {
+    return cols / sub * (sub / 2u + 1u);
+}
+
+/* Their shape: whole groups of a multiple of 8 columns (q4: 16 or a multiple of 32, lanes of at most
+ * FLM_RS_LANE_WORDS words, at most LANE_COLS columns so that its row sums fit an int32; q8's are
+ * int64), word-aligned activations (docs/formats.md). 0: another shape (the portable row); else
+ * geom = n_groups | group << 16. */
 static uint32_t rs_geom(const flm_tensor *w, const flm_act *xq) {
     const uint32_t g = w->group, q8 = w->fmt == FLM_Q8;
-    const int ok = w->cols % g == 0u && g % (q8 ? 8u : 32u) == 0u && (q8 || w->cols <= LANE_COLS) &&
-                   !((uintptr_t)xq & 3u);
+    const int ok = w->cols % g == 0u && !((uintptr_t)xq & 3u) &&
+                   (q8 ? g % 8u == 0u
+                       : (g == 16u || g % 32u == 0u) && w->cols <= LANE_COLS &&
+                             lane_words(w->cols, q4_sub(g)) <= FLM_RS_LANE_WORDS);
     return ok ? w->cols / g | g << 16 : 0u;
 }
 
-/* The lanes of cols activations x (a multiple of 32, at most LANE_COLS): cols / 32 * 17 words, one
- * every step words from p on (step 4: one token of four interleaved, flm_rs_rows4_q4_m0's stage),
- * each start value plus bias (that kernel's 2^15: its high lanes without the low ones' SXTH). */
-static inline __attribute__((always_inline)) void lanes_into(const flm_act *x, uint32_t cols, uint32_t *p,
-                                                             uint32_t step, uint32_t bias) {
-    for (uint32_t s = 0; s < cols; s += 32u) {
+/* The lanes of cols activations x (a multiple of sub, 16 or 32): lane_words(cols, sub) words, one
+ * every step words from p on (step 4: one token of four interleaved, the stage of flm_rs_rows4_q4_m0 or
+ * of its groups-of-16 form), each start value plus bias (those kernels' 2^15: their high lanes without
+ * the low ones' SXTH). */
+static inline __attribute__((always_inline)) void lanes_into(const flm_act *x, uint32_t cols, uint32_t sub,
+                                                             uint32_t *p, uint32_t step, uint32_t bias) {
+    for (uint32_t s = 0; s < cols; s += sub) {
         uint32_t *start = p, sum = 0;
         p += step;
-        for (uint32_t b = s; b < s + 32u; b += 8u)
+        for (uint32_t b = s; b < s + sub; b += 8u)
             for (uint32_t i = 0; i < 4u; i++, p += step) {
                 const uint32_t v = ((uint32_t)(int32_t)x[b + i] << 16) + (uint32_t)(int32_t)x[b + i + 4u];
                 *p = v;
@@ -171,15 +186,21 @@ static inline __attribute__((always_inline)) void lanes_into(const flm_act *x, u
 }
 
 /* One token's lanes, contiguous (a constant step: the one-token products build them per product) */
-static __attribute__((noinline)) void lanes_build(const flm_act *x, uint32_t cols, uint32_t *p) {
-    lanes_into(x, cols, p, 1u, 0u);
+static __attribute__((noinline)) void lanes_build(const flm_act *x, uint32_t cols, uint32_t sub, uint32_t *p) {
+    lanes_into(x, cols, sub, p, 1u, 0u);
 }
 
-static __attribute__((noinline)) void rows_rs_lanes(flm_rs_job *j, uint32_t cols) {
+/* The q4 rows of lanes in sub-blocks of sub columns */
+static inline __attribute__((always_inline)) void rows_q4(flm_rs_job *j, uint32_t sub) {
+    if (sub == 16u) flm_rs_rows_q4h_m0(j);
+    else flm_rs_rows_q4_m0(j);
+}
+
+static __attribute__((noinline)) void rows_rs_lanes(flm_rs_job *j, uint32_t cols, uint32_t sub) {
     uint32_t lanes[FLM_RS_LANE_WORDS];
-    lanes_build(j->x, cols, lanes);
+    lanes_build(j->x, cols, sub, lanes);
     j->x = lanes;
-    flm_rs_rows_q4_m0(j);
+    rows_q4(j, sub);
 }
 
 /* Per core (SIO CPUID): the lanes a streamed product prepared (flm_rs_lanes_m0), of activations x
@@ -189,6 +210,7 @@ static __attribute__((noinline)) void rows_rs_lanes(flm_rs_job *j, uint32_t cols
 static struct {
     const flm_act *x;
     const uint32_t *lanes;
+    uint32_t sub;
 } lanes_ready[2];
 
 int flm_rs_lanes_fit(const flm_tensor *w, const flm_act *xq) {
@@ -199,7 +221,8 @@ void flm_rs_lanes_m0(const flm_tensor *w, const flm_act *xq, uint32_t *lanes) {
     const uint32_t core = CPUID & 1u;
     lanes_ready[core].x = 0;
     if (!w) return;
-    lanes_build(xq, w->cols, lanes);
+    lanes_ready[core].sub = q4_sub(w->group);
+    lanes_build(xq, w->cols, lanes_ready[core].sub, lanes);
     lanes_ready[core].lanes = lanes;
     lanes_ready[core].x = xq;
 }
@@ -214,14 +237,14 @@ static inline __attribute__((always_inline)) int rs_rows_m0(const flm_tensor *w,
         flm_rs_rows_q8_m0(&j);
         return 1;
     }
-    const uint32_t core = CPUID & 1u;
-    if (lanes_ready[core].x == xq) {
+    const uint32_t core = CPUID & 1u, sub = q4_sub(w->group);
+    if (lanes_ready[core].x == xq && lanes_ready[core].sub == sub) {
         j.x = lanes_ready[core].lanes;
-        flm_rs_rows_q4_m0(&j);
+        rows_q4(&j, sub);
         return 1;
     }
     if (r1 - r0 < 2u) return 0;
-    rows_rs_lanes(&j, w->cols);
+    rows_rs_lanes(&j, w->cols, sub);
     return 1;
 }
 #define FLM_RS_ROWS rs_rows_m0
@@ -235,7 +258,7 @@ static uint32_t q8_wide(const flm_tensor *w, const flm_batch *b) {
 }
 
 static uint32_t stage_words(const flm_tensor *w, const flm_batch *b) {
-    return w->fmt == FLM_Q8 ? (2u + 2u * q8_wide(w, b)) * w->cols : w->cols / 32u * 17u;
+    return w->fmt == FLM_Q8 ? (2u + 2u * q8_wide(w, b)) * w->cols : lane_words(w->cols, q4_sub(w->group));
 }
 
 int flm_rs_stage_fit(const flm_tensor *w, const flm_batch *b) {
@@ -253,13 +276,13 @@ uint32_t flm_rs_staged(const flm_tensor *w, const flm_batch *b) {
 }
 
 void flm_rs_stage(const flm_tensor *w, const flm_batch *b, uint32_t *stage, uint32_t t0, uint32_t t1) {
-    const uint32_t cols = w->cols, words = stage_words(w, b);
+    const uint32_t cols = w->cols, words = stage_words(w, b), sub = q4_sub(w->group);
     if (w->fmt != FLM_Q8) {
         const uint32_t quads = flm_rs_staged(w, b) / 4u * 4u;
         for (uint32_t t = t0; t < t1; t++) {
             const flm_act *x = b->xq + (size_t)t * b->xq_stride;
-            if (t < quads) lanes_into(x, cols, stage + (size_t)t / 4u * 4u * words + t % 4u, 4u, 0x8000u);
-            else lanes_build(x, cols, stage + (size_t)t * words);
+            if (t < quads) lanes_into(x, cols, sub, stage + (size_t)t / 4u * 4u * words + t % 4u, 4u, 0x8000u);
+            else lanes_build(x, cols, sub, stage + (size_t)t * words);
         }
         return;
     }
@@ -299,12 +322,14 @@ void flm_rs_staged_rows(const flm_tensor *w, const flm_batch *b, uint32_t t0, ui
                         uint32_t r) {
     const uint32_t geom = rs_geom(w, b->xq), words = stage_words(w, b);
     if (w->fmt != FLM_Q8) {
+        const uint32_t sub = q4_sub(w->group);
         uint32_t t = t0;
-        for (; t + 4u <= t1; t += 4u) rows4(flm_rs_rows4_q4_m0, w, geom, b, t, stage + (size_t)t * words, r);
+        for (; t + 4u <= t1; t += 4u)
+            rows4(sub == 16u ? flm_rs_rows4_q4h_m0 : flm_rs_rows4_q4_m0, w, geom, b, t, stage + (size_t)t * words, r);
         for (; t < t1; t++) {
             flm_rs_job j = {w->data, w->stride, w->rows, stage + (size_t)t * words, geom,
                             b->xs[(size_t)t * b->xs_stride], b->out + (size_t)t * b->out_stride + r};
-            flm_rs_rows_q4_m0(&j);
+            rows_q4(&j, sub);
         }
         return;
     }

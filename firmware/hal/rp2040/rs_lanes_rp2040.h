@@ -4,7 +4,7 @@
 #define FLM_RS_LANES_RP2040_H
 #include "hal.h"
 
-#define FLM_RS_LANE_WORDS 544u   /* the lanes of up to 1,024 columns: 17 words per 32 */
+#define FLM_RS_LANE_WORDS 544u   /* the lanes of up to 1,024 columns: 17 words per 32 (groups of 16: 960, 9 per 16) */
 
 /* 1 if the row-scaled rows of w against xq take lanes (q4, the assembly's shape), else 0. */
 int flm_rs_lanes_fit(const flm_tensor *w, const flm_act *xq);

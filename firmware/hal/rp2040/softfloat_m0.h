@@ -36,6 +36,7 @@ typedef struct {
 } flm_rs_job;
 void flm_rs_rows_q8_m0(flm_rs_job *j);
 void flm_rs_rows_q4_m0(flm_rs_job *j);
+void flm_rs_rows_q4h_m0(flm_rs_job *j);   /* groups of 16: lanes in sub-blocks of 16 columns */
 /* Four tokens' q8 rows at once (a pass of several tokens): x their activation codes staged per
  * column as two words (tokens 0 | 1 << 16, 2 | 3 << 16: kernels_arch.h), or for the w form as four
  * int32; xs[t] and out[t] each token's X and outputs, out[t] advanced; each token's out[] bit for bit
@@ -50,10 +51,11 @@ typedef struct {
 } flm_rs_job4;
 void flm_rs_rows4_q8_m0(flm_rs_job4 *j);
 void flm_rs_rows4w_q8_m0(flm_rs_job4 *j);
-/* The same for q4 (groups of a multiple of 32 codes, at most 1,024 columns): x the four tokens'
- * lanes interleaved word by word (kernels_arch.h flm_rs_stage), their start values biased by 2^15;
- * each token's out[] bit for bit flm_rs_rows_q4_m0's. */
+/* The same for q4 (groups of a multiple of 32 codes, at most 1,024 columns; q4h: groups of 16): x the
+ * four tokens' lanes interleaved word by word (kernels_arch.h flm_rs_stage), their start values biased
+ * by 2^15; each token's out[] bit for bit flm_rs_rows_q4_m0's (q4h_m0's). */
 void flm_rs_rows4_q4_m0(flm_rs_job4 *j);
+void flm_rs_rows4_q4h_m0(flm_rs_job4 *j);
 float flm_rs_scale(int32_t acc, float s, float x);   /* the drivers' float(acc) * (s * x) of an int32 acc */
 
 /* The attention's integer loops (kernel_hooks.h FLM_DOT2_Q8, FLM_DOT2_Q12, FLM_AXPY_Q8; n a multiple

@@ -871,8 +871,9 @@ flm_group_term:
 
 @ One q4 row's integer part: r0 = row, r1 = lanes, r2 = geom -> r12 = acc; clobbers r0-r11, lr.
 @ r8 = a group's code bytes, r9 = its k, r10 = its codes end, r11 = the next k, lr = the row's
-@ codes end.
-    .macro Q4_BODY
+@ codes end. \words code words a sub-block: 4 (32 columns, groups of a multiple of 32) or 2 (16, the
+@ lanes of groups of 16: a start value every 16 columns).
+    .macro Q4_BODY words
     adds r0, #4
     mov r11, r0
     CODES_OF r0, r2, r3
@@ -893,11 +894,10 @@ flm_group_term:
     mov r4, r0
     add r4, r8
     mov r10, r4
-2:  ldm r1!, {r2}               @ a sub-block of 32 columns
+2:  ldm r1!, {r2}               @ a sub-block
+    .rept \words
     Q4L_WORD
-    Q4L_WORD
-    Q4L_WORD
-    Q4L_WORD
+    .endr
     sxth r5, r2                 @ the low lane
     subs r2, r2, r5
     asrs r2, r2, #16            @ the high lane: the sub-block's sum
@@ -1136,8 +1136,10 @@ flm_rs_finish_slow:
     b 20b
     .size flm_rs_rows_q8_m0, . - flm_rs_rows_q8_m0
 
-@ void flm_rs_rows_q4_m0(flm_rs_job *j): j->x is the lanes (kernels_arch.h rows_rs_lanes). Locals as above.
-    JOB_DRIVER flm_rs_rows_q4_m0
+@ void flm_rs_rows_q4_m0(flm_rs_job *j): j->x is the lanes (kernels_arch.h rows_rs_lanes), sub-blocks
+@ of 32 columns; flm_rs_rows_q4h_m0 the same for groups of 16 (sub-blocks of 16). Locals as above.
+    .macro Q4_ROWS name, words
+    JOB_DRIVER \name
 20: ldr r4, [sp, #8]
     ldr r5, [r4, #8]
     cmp r5, #0
@@ -1146,11 +1148,14 @@ flm_rs_finish_slow:
 21: JOB_TAKE 1
     ldr r1, [r4, #12]
     ldr r2, [r4, #16]
-    Q4_BODY
+    Q4_BODY \words
     PASS_OUT r12, 0
     b 20b
     .ltorg
-    .size flm_rs_rows_q4_m0, . - flm_rs_rows_q4_m0
+    .size \name, . - \name
+    .endm
+    Q4_ROWS flm_rs_rows_q4_m0, 4
+    Q4_ROWS flm_rs_rows_q4h_m0, 2
 
 @ ---- four tokens' row-scaled q8 rows (a pass of several tokens: kernels_arch.h flm_rs_staged_rows): each
 @ code word loaded and each code sign-extended once for four tokens, whose activation codes are
@@ -1398,7 +1403,9 @@ flm_rs_finish_slow:
     str r5, [sp, #(4 * \t)]
     .endm
 
-    ROWS4_ROW flm_rs_rows4_q4_m0, 1
+@ \name's rows, \words code words a sub-block (Q4_BODY's)
+    .macro Q4Q_ROWS name, words
+    ROWS4_ROW \name, 1
     mov r1, r2
     movs r3, #15
     lsls r4, r3, #16
@@ -1416,10 +1423,9 @@ flm_rs_finish_slow:
     mov r9, r5
     mov r10, r6
     mov r11, r7
+    .rept \words
     Q4Q_WORD
-    Q4Q_WORD
-    Q4Q_WORD
-    Q4Q_WORD
+    .endr
     mov r2, lr
     Q4Q_ACC r8, 0
     Q4Q_ACC r9, 1
@@ -1433,7 +1439,10 @@ flm_rs_finish_slow:
     beq 26f
     b 22b
 26: ROWS4_OUT
-    .size flm_rs_rows4_q4_m0, . - flm_rs_rows4_q4_m0
+    .size \name, . - \name
+    .endm
+    Q4Q_ROWS flm_rs_rows4_q4_m0, 4
+    Q4Q_ROWS flm_rs_rows4_q4h_m0, 2
 
 @ ---- float __aeabi_fdiv(float a, float b) -----------------------------------------------
 @ Normal operands and a normal quotient: 25 quotient bits by restoring division (the carry of
