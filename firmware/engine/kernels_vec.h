@@ -104,7 +104,7 @@ static inline __attribute__((always_inline)) int32_t dot_q4x_vec(const uint8_t *
 #endif
 
 /* The shapes with their own instantiations, (format, q8, group size): loops of a constant length. */
-#define EACH_SHAPE(X) X(q8, 1, 32) X(q8, 1, 64) X(q8, 1, 128) X(q4, 0, 32) X(q4, 0, 64) X(q4, 0, 128)
+#define EACH_SHAPE(X) X(q8, 1, 32) X(q8, 1, 64) X(q8, 1, 128) X(q4, 0, 16) X(q4, 0, 32) X(q4, 0, 64) X(q4, 0, 128)
 #define ISUMS(fmt, q8, G)                                                                                         \
     static FLM_CLONES void isums_##fmt##_##G(const uint8_t *codes, size_t step, const flm_act *x, uint32_t ng,    \
                                              int32_t *isum) {                                                     \
@@ -171,7 +171,9 @@ static inline __attribute__((always_inline)) float row_rs_whole(const uint8_t *r
 }
 
 /* The row-scaled shapes with their own instantiations: (format, kind, group size). */
-#define EACH_RS_SHAPE(X) X(q8, 1, 32) X(q8, 1, 64) X(q8, 1, 128) X(q4, KIND_Q4O, 32) X(q4, KIND_Q4O, 64) X(q4, KIND_Q4O, 128)
+/* (q4 in groups of 16: convert's q4 default) */
+#define EACH_RS_SHAPE(X) X(q8, 1, 32) X(q8, 1, 64) X(q8, 1, 128) X(q4, KIND_Q4O, 16) X(q4, KIND_Q4O, 32) \
+    X(q4, KIND_Q4O, 64) X(q4, KIND_Q4O, 128)
 #define ROWS_RS(fmt, kind, G)                                                                                     \
     static FLM_CLONES void rows_rs_##fmt##_##G(const uint8_t *data, size_t stride, uint32_t r0, uint32_t r1,        \
                                                const flm_act *xq, const float *xs, uint32_t ng, float *out) {       \
