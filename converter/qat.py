@@ -11,8 +11,9 @@ quantize's ceil(group scale / S) and is learned with the weights (LearnedGrid; c
 quantize(grids=...) then rounds the trained weights against the learned k, the codes the student saw.
 The loss is KL(fp32 || student) over the teacher's full next-token distributions (fp32 in torch, a
 batch at a time) on text the fp32 model sampled itself (converter/fidelity.py's sampler, a seed apart
-from the fidelity probe's), Adam with a cosine schedule. The result is an fp32 ModelIR: quantize() turns it into the blob's codes as it
-would any checkpoint, so the format, the engine and bit-exactness do not change."""
+from the fidelity probe's), Adam with a cosine schedule. The result is an fp32 ModelIR: quantize()
+turns it into the blob's codes as it would any checkpoint, so the format, the engine and
+bit-exactness do not change."""
 from __future__ import annotations
 
 import math
@@ -131,7 +132,7 @@ def train(ir: ModelIR, qm: QuantModel, steps: int | None = None, positions: int 
     tokens = torch.tensor([s[:n] for s in seqs])
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    teacher = fp32_module(ir).eval()     # fp32's distributions a batch at a time: kept, a long text's would not fit
+    teacher = fp32_module(ir).eval()     # fp32's distributions a batch at a time: a long text's would not fit in memory
     student = student_of(ir, mats).train()
     grid = [p for n, p in student.named_parameters() if n.endswith("log_k")]
     rest = [p for n, p in student.named_parameters() if not n.endswith("log_k")]
