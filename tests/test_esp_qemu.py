@@ -26,7 +26,7 @@ from converter.quantize import quantize
 from converter.reference import FLAG_ALL_LOGITS, NO_TOKEN, generate
 from firmware.build import build_firmware
 from host.boards.qemu import start_qemu_board
-from host.link.messages import Hello, Log, Ping, SelfTest
+from host.link.messages import Done, Hello, Log, Ping, SelfTest
 from host.link.port import Link
 from modelzoo import random_model, random_ple_model
 from nativeboard import assert_steps_match, rebuilt_board, recv_until, run
@@ -107,7 +107,8 @@ def test_qemu_board_is_bit_exact_with_the_reference(board, case, images, tmp_pat
     with booted(board, images(board), qm, tmp_path, kv, batch) as (link, hello):
         assert hello.board == board and hello.clock_name == load_board(board)["timer"] == "emulated instructions"
         assert hello.golden == "exact" and hello.bit_exact.startswith("yes")
-        toks, _, _ = run(link, PROMPT, 8, logits=False, all_logits=True, batch=1)   # every step's whole head
+        toks, _, last = run(link, PROMPT, 8, logits=False, all_logits=True, batch=1)   # every step's whole head
+        assert isinstance(last, Done) and last.reason == "max_tokens", last         # what the board said instead
         assert_steps_match(toks, generate(qm, PROMPT, 8, flags=FLAG_ALL_LOGITS, kv=kv))
         assert all(sum(t.us) > 0 for t in toks)                                     # the clock counts
         toks, _, _ = run(link, REPEATS, 6, logits=False, batch=batch)                # prefill in passes
